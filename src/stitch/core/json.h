@@ -1,0 +1,30 @@
+// Boost.JSON forms of core types, for code that builds or reads larger JSON
+// documents. Kept out of the plain headers so that most translation units do
+// not pay for Boost.JSON's headers.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include <boost/json/value.hpp>
+
+#include "absl/status/statusor.h"
+#include "stitch/core/constraint.h"
+#include "stitch/core/state.h"
+
+namespace stitch {
+
+// The constraint in `v` (null or an object); see constraint.h for the rules.
+[[nodiscard]] absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const boost::json::value& v);
+boost::json::value ConstraintToJsonValue(const VersionConstraint& c);
+
+// A JSON integer in [0, kMaxVersion] from `v`, or an error naming `field`.
+[[nodiscard]] absl::StatusOr<int64_t> VersionFromJsonValue(const boost::json::value& v,
+                                                           std::string_view field);
+
+boost::json::value ReplicaStateToJsonValue(const ReplicaState& s);
+[[nodiscard]] absl::StatusOr<ReplicaState> ReplicaStateFromJsonValue(const boost::json::value& v);
+
+boost::json::value PoolStateToJsonValue(const PoolState& s);
+
+}  // namespace stitch

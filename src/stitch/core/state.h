@@ -1,0 +1,65 @@
+// Replica and pool state, as reported by a sidecar's /server_info and a
+// gateway's /replicas. Plain values; JSON forms in json.h (Boost.JSON) and as
+// text here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stitch/core/version.h"
+
+namespace stitch {
+
+enum class SyncState { kIdle, kFetching, kStaging, kCommitting, kError };
+
+// "IDLE", "FETCHING", "STAGING", "COMMITTING", "ERROR".
+std::string_view SyncStateName(SyncState s);
+[[nodiscard]] absl::StatusOr<SyncState> ParseSyncState(std::string_view name);
+
+enum class CommitMode { kInPlace, kQuiesce };
+
+// "in_place", "quiesce".
+std::string_view CommitModeName(CommitMode m);
+[[nodiscard]] absl::StatusOr<CommitMode> ParseCommitMode(std::string_view name);
+
+// What one sidecar reports about itself (GET /server_info).
+struct ReplicaState {
+  bool ready = false;
+  std::optional<VersionRef> applied;
+  SyncState sync_state = SyncState::kIdle;
+  std::string reason;
+  std::string run_id;
+  CommitMode commit_mode = CommitMode::kInPlace;
+  int64_t active_requests = 0;
+  bool update_destination_ready = false;
+  std::string update_destination_error;
+  std::string terminal_error;
+  // Timings and counters of the last reconcile pass (stage_s, commit_s, ...).
+  std::map<std::string, double> metrics;
+
+  std::string ToJson() const;
+  [[nodiscard]] static absl::StatusOr<ReplicaState> FromJson(std::string_view json);
+};
+
+// What a gateway knows about one replica.
+struct ReplicaStatus {
+  std::string url;
+  bool reachable = false;
+  ReplicaState state;
+  int64_t in_flight = 0;  // requests the gateway has outstanding on it
+  std::string last_error;
+};
+
+struct PoolState {
+  std::vector<ReplicaStatus> replicas;
+
+  int ready_count() const;
+  std::string ToJson() const;
+};
+
+}  // namespace stitch

@@ -1,0 +1,53 @@
+// The Hugging Face sharded-checkpoint index, `model.safetensors.index.json`:
+//   {"metadata": {"version": "000007", ...}, "weight_map": {"<tensor>": "<file>"}}
+// Stitch's metadata keys: `version` (the version number as a string, zero
+// padded to six digits), and for DELTA versions `delta_encoding: "xor"`,
+// `compression_format: "zstd"`, `checksum_format: "xxh3-128"` and
+// `base_version`. Other metadata keys are preserved.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "stitch/core/manifest.h"
+
+namespace stitch {
+
+struct CheckpointIndex {
+  // String-valued metadata. Non-string metadata values (HF's "total_size" is
+  // a number) are kept as their JSON text in `other_metadata` and written
+  // back unchanged.
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> other_metadata;
+  std::map<std::string, std::string> weight_map;  // tensor name -> payload file
+
+  // metadata.version parsed, if present.
+  [[nodiscard]] absl::StatusOr<std::optional<int64_t>> version() const;
+  bool is_delta() const;
+
+  // The manifest this index describes. Requires metadata.version; a DELTA
+  // needs the four delta keys with the supported values.
+  [[nodiscard]] absl::StatusOr<VersionManifest> ToManifest() const;
+
+  // Parses and validates: an object with an object `weight_map` of string
+  // values, each a safe payload file name (ValidatePayloadFileName).
+  [[nodiscard]] static absl::StatusOr<CheckpointIndex> Parse(std::string_view json);
+  std::string ToJson() const;
+};
+
+// Reads `<dir>/model.safetensors.index.json`. When the directory has no index
+// but exactly one `model.safetensors`, returns a synthesized index mapping
+// its tensors to it (single-file checkpoints), with no metadata.
+[[nodiscard]] absl::StatusOr<CheckpointIndex> ReadIndex(const std::filesystem::path& dir);
+
+// Writes the index into `dir` durably (temp file, fsync, rename, fsync dir).
+[[nodiscard]] absl::Status WriteIndex(const std::filesystem::path& dir, const CheckpointIndex& index);
+
+// The zero-padded metadata form of a version number: "000007".
+std::string VersionMetadataString(int64_t version);
+
+}  // namespace stitch

@@ -1,0 +1,299 @@
+#include "stitch/store/fs_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <boost/url/url.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <set>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
+#include "stitch/store/pointer_cas.h"
+
+namespace stitch {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr std::string_view kPointerFile = "latest";
+constexpr std::string_view kLockFile = ".latest.lock";
+constexpr std::string_view kUpdatesDir = "updates";
+
+// Holds an exclusive flock until destroyed. flock locks belong to the open
+// file description, so each call excludes other threads of this process as
+// well as other processes.
+absl::StatusOr<UniqueFd> LockExclusive(const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd) return ErrnoStatus(errno, "open", path);
+  while (::flock(fd.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) return ErrnoStatus(errno, "lock", path);
+  }
+  return fd;
+}
+
+// Every regular file under `dir`, as relative generic paths. Anything that
+// is neither a directory nor a regular file is reported as such, so that it
+// can never compare equal to a published file.
+absl::StatusOr<std::set<std::string>> ListFiles(const fs::path& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    fs::file_status st = it->symlink_status(ec);
+    if (ec) break;
+    if (fs::is_directory(st)) continue;
+    std::string rel = it->path().lexically_relative(dir).generic_string();
+    out.insert(fs::is_regular_file(st) ? rel : absl::StrCat(rel, " (not a regular file)"));
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", dir.string(), ": ", ec.message()));
+  return out;
+}
+
+// True when the two files hold the same bytes.
+absl::StatusOr<bool> SameBytes(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  uintmax_t size_a = fs::file_size(a, ec);
+  if (ec) return ErrnoStatus(ec.value(), "stat", a);
+  uintmax_t size_b = fs::file_size(b, ec);
+  if (ec) return ErrnoStatus(ec.value(), "stat", b);
+  if (size_a != size_b) return false;
+  UniqueFd fa(::open(a.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fa) return ErrnoStatus(errno, "open", a);
+  UniqueFd fb(::open(b.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fb) return ErrnoStatus(errno, "open", b);
+  constexpr size_t kChunk = 1 << 20;
+  std::vector<char> ba(kChunk), bb(kChunk);
+  for (uintmax_t offset = 0; offset < size_a;) {
+    size_t want = static_cast<size_t>(std::min<uintmax_t>(kChunk, size_a - offset));
+    ssize_t na = ::pread(fa.get(), ba.data(), want, static_cast<off_t>(offset));
+    if (na < 0 && errno == EINTR) continue;
+    if (na < 0) return ErrnoStatus(errno, "read", a);
+    ssize_t nb = ::pread(fb.get(), bb.data(), static_cast<size_t>(na), static_cast<off_t>(offset));
+    if (nb < 0 && errno == EINTR) continue;
+    if (nb < 0) return ErrnoStatus(errno, "read", b);
+    if (na == 0 || nb != na) return false;  // a file shrank while being compared
+    if (std::memcmp(ba.data(), bb.data(), static_cast<size_t>(na)) != 0) return false;
+    offset += static_cast<uintmax_t>(na);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string FileUriForPath(const fs::path& absolute_path) {
+  boost::urls::url u;
+  u.set_scheme("file");
+  u.set_host("");
+  u.set_path(absolute_path.generic_string());
+  return std::string(u.buffer());
+}
+
+FsStore::FsStore(fs::path root, std::string run_id)
+    : root_(std::move(root)),
+      run_id_(std::move(run_id)),
+      uri_(FileUriForPath(root_)),
+      where_(absl::StrCat("store ", uri_)) {}
+
+absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std::string run_id) {
+  if (!run_id.empty()) {
+    if (absl::Status s = ValidateRunId(run_id); !s.ok()) return s;
+  }
+  if (root.empty()) return absl::InvalidArgumentError("store path is empty");
+  std::error_code ec;
+  fs::path abs = fs::absolute(root, ec).lexically_normal();
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store ", root.string(), ": cannot make the path absolute: ", ec.message()));
+  }
+  if (!abs.has_filename() && abs.has_relative_path()) abs = abs.parent_path();
+  auto store = std::unique_ptr<FsStore>(new FsStore(abs, std::move(run_id)));
+  fs::path updates = abs / kUpdatesDir;
+  bool created = fs::create_directories(updates, ec);
+  if (ec || !fs::is_directory(updates)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(store->where(), ": cannot create ", updates.string(), ": ",
+                     ec ? ec.message() : "not a directory", "; check the path and permissions"));
+  }
+  if (created) {
+    // Make the new directories' entries durable before anything relies on them.
+    if (absl::Status s = FsyncPath(abs); !s.ok()) return Annotate(s, store->where());
+    if (abs.has_parent_path()) {
+      if (absl::Status s = FsyncPath(abs.parent_path()); !s.ok()) {
+        return Annotate(s, store->where());
+      }
+    }
+  }
+  return store;
+}
+
+fs::path FsStore::VersionDir(int64_t version) const {
+  return root_ / kUpdatesDir / VersionDirName(version);
+}
+
+absl::Status FsStore::Refresh() { return absl::OkStatus(); }
+
+absl::StatusOr<std::optional<VersionRef>> FsStore::ReadPointer() {
+  auto text = ReadFileToString(root_ / kPointerFile);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) return std::nullopt;
+    return Annotate(text.status(), where_);
+  }
+  return ParsePointerText(where_, *text);
+}
+
+absl::Status FsStore::AdvancePointer(const std::optional<VersionRef>& expected,
+                                     const VersionRef& proposed) {
+  auto lock = LockExclusive(root_ / kLockFile);
+  if (!lock.ok()) return Annotate(lock.status(), where_);
+  auto actual = ReadPointer();
+  if (!actual.ok()) return actual.status();
+  if (absl::Status s = CheckCompareAndSwap(where_, run_id_, expected, *actual, proposed); !s.ok()) {
+    return s;
+  }
+  return Annotate(WriteFileAtomically(root_ / kPointerFile, proposed.ToString()), where_);
+}
+
+absl::Status FsStore::PublishFiles(int64_t version, const fs::path& dir) {
+  if (run_id_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where_, ": opened without a run id, so it cannot publish; open it with one"));
+  }
+  auto contents = ReadVersionDir(dir, version);
+  if (!contents.ok()) return Annotate(contents.status(), where_);
+  fs::path final_dir = VersionDir(version);
+  std::error_code ec;
+  if (fs::equivalent(dir, final_dir, ec)) return Adopt(*contents, final_dir);
+  if (fs::exists(final_dir, ec)) {
+    if (absl::Status s = CompareExisting(*contents, final_dir); !s.ok()) return s;
+    // A retry after a crash: make sure what is there is durable too.
+    return Annotate(FsyncTree(final_dir), where_);
+  }
+  return CopyIn(*contents, final_dir);
+}
+
+absl::Status FsStore::Adopt(const VersionDirContents& contents, const fs::path& final_dir) {
+  fs::path index = final_dir / kIndexFileName;
+  auto on_disk = ReadFileToString(index);
+  if (!on_disk.ok() || *on_disk != contents.index_json) {
+    if (absl::Status s = WriteFileAtomically(index, contents.index_json); !s.ok()) {
+      return Annotate(s, where_);
+    }
+  }
+  if (absl::Status s = FsyncTree(final_dir); !s.ok()) return Annotate(s, where_);
+  return Annotate(FsyncPath(final_dir.parent_path()), where_);
+}
+
+absl::Status FsStore::CopyIn(const VersionDirContents& contents, const fs::path& final_dir) {
+  fs::path staging = TempSiblingPath(final_dir);
+  std::error_code ec;
+  if (!fs::create_directory(staging, ec)) {
+    return absl::InternalError(absl::StrCat(where_, ": create ", staging.string(), ": ",
+                                            ec ? ec.message() : "already exists"));
+  }
+  auto stage = [&]() -> absl::Status {
+    if (absl::Status s = WriteFileAtomically(staging / kIndexFileName, contents.index_json);
+        !s.ok()) {
+      return s;
+    }
+    for (const std::string& name : contents.manifest.files) {
+      fs::path to = staging / name;
+      fs::create_directories(to.parent_path(), ec);
+      if (ec) return ErrnoStatus(ec.value(), "create", to.parent_path());
+      if (absl::Status s = CopyFileDurably(contents.dir / name, to); !s.ok()) return s;
+    }
+    return FsyncTree(staging);
+  };
+  absl::Status status = stage();
+  if (status.ok()) {
+    status = RenameDurably(staging, final_dir);
+    // Another publisher renamed the same version into place first: that is a
+    // retry if its bytes are ours, and a refusal otherwise.
+    if (absl::IsAlreadyExists(status)) status = CompareExisting(contents, final_dir);
+  }
+  if (fs::exists(staging, ec)) fs::remove_all(staging, ec);
+  return Annotate(status, where_);
+}
+
+absl::Status FsStore::CompareExisting(const VersionDirContents& contents,
+                                      const fs::path& final_dir) {
+  auto differs = [&](std::string_view what) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        where_, ": version ", final_dir.filename().string(), " already exists and ", what,
+        "; versions are immutable: publish under a new version number"));
+  };
+  auto present = ListFiles(final_dir);
+  if (!present.ok()) return Annotate(present.status(), where_);
+  std::set<std::string> wanted(contents.manifest.files.begin(), contents.manifest.files.end());
+  wanted.insert(std::string(kIndexFileName));
+  if (*present != wanted) {
+    std::vector<std::string> diff;
+    std::set_symmetric_difference(present->begin(), present->end(), wanted.begin(), wanted.end(),
+                                  std::back_inserter(diff));
+    return differs(absl::StrCat("holds a different set of files (",
+                                absl::StrJoin(diff, ", ", [](std::string* out, const auto& s) {
+                                  absl::StrAppend(out, "\"", absl::CEscape(s), "\"");
+                                }),
+                                ")"));
+  }
+  auto index = ReadFileToString(final_dir / kIndexFileName);
+  if (!index.ok()) return Annotate(index.status(), where_);
+  if (*index != contents.index_json) return differs("its index differs");
+  for (const std::string& name : contents.manifest.files) {
+    auto same = SameBytes(contents.dir / name, final_dir / name);
+    if (!same.ok()) return Annotate(same.status(), where_);
+    if (!*same) return differs(absl::StrCat("its \"", absl::CEscape(name), "\" differs"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VersionManifest> FsStore::ReadManifest(int64_t version) {
+  if (absl::Status s = ValidateVersionNumber(version); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": ", s.message()));
+  }
+  fs::path dir = VersionDir(version);
+  auto text = ReadFileToString(dir / kIndexFileName);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::NotFoundError(
+          absl::StrCat(where_, ": version ", VersionDirName(version), " is not published"));
+    }
+    return Annotate(text.status(), where_);
+  }
+  auto corrupt = [&](std::string_view why) {
+    return absl::DataLossError(absl::StrCat(where_, ": version ", VersionDirName(version),
+                                            " has a bad index: ", why));
+  };
+  auto index = CheckpointIndex::Parse(*text);
+  if (!index.ok()) return corrupt(index.status().message());
+  auto manifest = index->ToManifest();
+  if (!manifest.ok()) return corrupt(manifest.status().message());
+  if (manifest->version != version) {
+    return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
+  }
+  return manifest;
+}
+
+absl::StatusOr<fs::path> FsStore::Materialize(int64_t version) {
+  auto manifest = ReadManifest(version);
+  if (!manifest.ok()) return manifest.status();
+  fs::path dir = VersionDir(version);
+  std::error_code ec;
+  for (const std::string& name : manifest->files) {
+    if (!fs::is_regular_file(dir / name, ec)) {
+      return absl::DataLossError(absl::StrCat(where_, ": version ", VersionDirName(version),
+                                              " is missing its payload file \"",
+                                              absl::CEscape(name), "\""));
+    }
+  }
+  return dir;
+}
+
+}  // namespace stitch

@@ -1,0 +1,94 @@
+// The filesystem store: a run's versions and `latest` pointer under one
+// directory (local disk or a shared filesystem with POSIX rename and flock).
+//
+//   <root>/latest                      the pointer: a version identity
+//   <root>/.latest.lock                flock'ed around every compare-and-swap
+//   <root>/updates/weight_vNNNNNN/     one published version (index + payload)
+//   <root>/updates/.weight_v*.tmp-*    a publisher's staging directory; names
+//                                      starting with '.' are never versions
+//
+// Durability: PublishFiles stages the files in a temporary sibling directory,
+// fsyncs every file and directory, then renames it into place and fsyncs
+// updates/. AdvancePointer replaces `latest` atomically (temp file, fsync,
+// rename, fsync root) while holding an exclusive flock on `.latest.lock` over
+// the read-compare-write, so two processes (or threads) racing from the same
+// predecessor never both win.
+//
+// Error messages start with "store file:///<root>".
+//
+// Thread-safety: safe to call from several threads and processes at once.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "stitch/store/store.h"
+#include "stitch/store/version_dir.h"
+
+namespace stitch {
+
+class FsStore final : public Store {
+ public:
+  // Opens the store rooted at `root` (made absolute against the current
+  // directory) for `run_id`, creating `root` and `root/updates` if missing.
+  // `run_id` must pass ValidateRunId, or be empty for a read-only view that
+  // refuses PublishFiles and AdvancePointer.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<FsStore>> Open(
+      const std::filesystem::path& root, std::string run_id);
+
+  std::string uri() const override { return uri_; }
+  const std::string& run_id() const override { return run_id_; }
+  const std::filesystem::path& root() const { return root_; }
+  // `<root>/updates/weight_vNNNNNN`, whether or not it exists.
+  std::filesystem::path VersionDir(int64_t version) const;
+
+  // A no-op: a local (or POSIX-coherent shared) filesystem is always current.
+  [[nodiscard]] absl::Status Refresh() override;
+
+  [[nodiscard]] absl::StatusOr<std::optional<VersionRef>> ReadPointer() override;
+  [[nodiscard]] absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
+                                            const VersionRef& proposed) override;
+
+  // Copies the index and the weight_map's payload files of `dir` (nothing
+  // else) into `<root>/updates/weight_vNNNNNN`, or adopts `dir` in place when
+  // it already is that directory (fsyncing it, and writing metadata.version
+  // into its index when missing). An existing version with identical files
+  // (same names, same bytes) is a successful retry; any difference is an
+  // AlreadyExists error: versions are immutable.
+  [[nodiscard]] absl::Status PublishFiles(int64_t version,
+                                          const std::filesystem::path& dir) override;
+
+  // NotFound when `updates/weight_vNNNNNN` or its index is missing.
+  [[nodiscard]] absl::StatusOr<VersionManifest> ReadManifest(int64_t version) override;
+
+  // The version's own directory, after checking every payload file exists.
+  [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
+
+ private:
+  FsStore(std::filesystem::path root, std::string run_id);
+
+  // "store file:///<root>", the prefix of every message.
+  const std::string& where() const { return where_; }
+  [[nodiscard]] absl::Status CopyIn(const VersionDirContents& contents,
+                                    const std::filesystem::path& final_dir);
+  [[nodiscard]] absl::Status Adopt(const VersionDirContents& contents,
+                                   const std::filesystem::path& final_dir);
+  // OK when `final_dir` holds exactly the files of `contents`, byte for byte;
+  // AlreadyExists naming the first difference otherwise.
+  [[nodiscard]] absl::Status CompareExisting(const VersionDirContents& contents,
+                                             const std::filesystem::path& final_dir);
+
+  const std::filesystem::path root_;
+  const std::string run_id_;
+  const std::string uri_;
+  const std::string where_;
+};
+
+// "file:///abs/path" for an absolute path, percent-encoding what a URI path
+// cannot hold.
+std::string FileUriForPath(const std::filesystem::path& absolute_path);
+
+}  // namespace stitch

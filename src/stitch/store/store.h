@@ -1,0 +1,87 @@
+// The Store port: where a run's versions and its `latest` pointer live.
+//
+// A store is rooted at a directory (filesystem) or a prefix (S3) and scoped
+// to one run: operations on versions of another run are refused. The pointer
+// may name another run (that is how a run change reaches replicas); reading it
+// returns whatever it names.
+//
+// Layout under the root:
+//   latest                                   text: the version identity
+//   updates/weight_vNNNNNN/model.safetensors.index.json
+//   updates/weight_vNNNNNN/<payload files>
+//
+// Invariant: version bytes are complete and durable before the pointer can
+// name them. PublishFiles makes them so; AdvancePointer moves the pointer
+// with a compare-and-swap.
+//
+// Thread-safety: implementations are safe to call from several threads. All
+// calls block (disk or network): never call them on an event-loop thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "stitch/core/manifest.h"
+#include "stitch/core/version.h"
+
+namespace stitch {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // The store's URI, for messages ("file:///runs/a", "s3://b/p", "mem://x").
+  virtual std::string uri() const = 0;
+  // The run this store is scoped to.
+  virtual const std::string& run_id() const = 0;
+
+  // Makes other hosts' writes visible (a no-op where they always are).
+  [[nodiscard]] virtual absl::Status Refresh() = 0;
+
+  // The version the pointer names, or nullopt when it was never set. A
+  // pointer that exists but cannot be parsed is an error, never "unset".
+  [[nodiscard]] virtual absl::StatusOr<std::optional<VersionRef>> ReadPointer() = 0;
+
+  // Compare-and-swap: sets the pointer to `proposed` only if it still holds
+  // `expected` (nullopt: unset). On a mismatch returns a kPointerConflict
+  // error (core/errors.h) carrying the three values; a move that
+  // CheckPointerMove refuses returns its kPointerRewind error. Two callers
+  // racing from the same `expected` never both succeed. `proposed` may name
+  // another run only through Claim.
+  [[nodiscard]] virtual absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
+                                                    const VersionRef& proposed) = 0;
+
+  // Makes every file of `dir` (a version directory: index plus payload files)
+  // complete and durable as version `version` of this store's run. Does not
+  // move the pointer. Versions are immutable: publishing different bytes over
+  // an existing version fails; republishing identical bytes succeeds (a retry
+  // after a crash). REQUIRES: every weight_map file of the index exists.
+  [[nodiscard]] virtual absl::Status PublishFiles(int64_t version,
+                                                  const std::filesystem::path& dir) = 0;
+
+  // Reads and validates a published version's index. NotFound when the
+  // version does not exist.
+  [[nodiscard]] virtual absl::StatusOr<VersionManifest> ReadManifest(int64_t version) = 0;
+
+  // A local directory holding the published files of `version` (the store's
+  // own directory for a filesystem store; a verified cache for remote ones).
+  [[nodiscard]] virtual absl::StatusOr<std::filesystem::path> Materialize(int64_t version) = 0;
+};
+
+// Opens a store for `run_id` from a URI: a plain path or file:///abs/path
+// (filesystem store), mem://NAME (in-memory store shared within a process),
+// s3://bucket/prefix[?endpoint=URL&region=R] where supported. `cache_dir` is
+// where remote stores materialize versions.
+struct StoreOptions {
+  std::string run_id;
+  std::filesystem::path cache_dir;
+};
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
+                                                               const StoreOptions& options);
+
+}  // namespace stitch
