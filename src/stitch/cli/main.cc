@@ -1,8 +1,14 @@
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 
 #include "stitch/cli/commands.h"
 
 int main(int argc, char** argv) {
+  // Logs (wake warnings, ...) go to stderr: stdout carries command output.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("stitch"));
+  spdlog::set_pattern("stitch: %l: %v");
   CLI::App app{"stitch: the versioned control plane for disaggregated reinforcement learning",
                "stitch"};
   app.require_subcommand(1);
@@ -11,6 +17,11 @@ int main(int argc, char** argv) {
   stitch::AddPublishCommand(app, &exit_code);
   stitch::AddPointerCommand(app, &exit_code);
   stitch::AddDeltaCommand(app, &exit_code);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints the usage error (or the help); a usage error exits 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   return exit_code;
 }

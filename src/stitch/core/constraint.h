@@ -51,7 +51,8 @@ struct VersionConstraint {
 // The constraint a trainer attaches to a rollout request: `exact` when given,
 // else `min_version = latest - lag` when `latest` is known (never below 0),
 // else empty. REQUIRES: lag >= 0.
-[[nodiscard]] absl::StatusOr<VersionConstraint> MakeRequestConstraint(
-    std::optional<int64_t> latest, int64_t lag, std::optional<int64_t> exact);
+[[nodiscard]] absl::StatusOr<VersionConstraint> MakeRequestConstraint(std::optional<int64_t> latest,
+                                                                      int64_t lag,
+                                                                      std::optional<int64_t> exact);
 
 }  // namespace stitch

@@ -48,10 +48,9 @@ ErrorKind GetErrorKind(const absl::Status& status) {
 
 absl::Status ConflictError(std::string_view where, const ConflictDetails& d) {
   auto show = [](const std::string& v) { return v.empty() ? std::string("<unset>") : v; };
-  absl::Status status = absl::AbortedError(
-      absl::StrCat(AbslView(where), ": pointer changed concurrently (expected ", show(d.expected),
-                   ", found ", show(d.actual), ", proposed ", show(d.proposed),
-                   "); re-read the pointer and retry"));
+  absl::Status status = absl::AbortedError(absl::StrCat(
+      AbslView(where), ": pointer changed concurrently (expected ", show(d.expected), ", found ",
+      show(d.actual), ", proposed ", show(d.proposed), "); re-read the pointer and retry"));
   status.SetPayload(kExpectedUrl, absl::Cord(d.expected));
   status.SetPayload(kActualUrl, absl::Cord(d.actual));
   status.SetPayload(kProposedUrl, absl::Cord(d.proposed));

@@ -16,11 +16,11 @@ absl::StatusOr<int64_t> VersionFromJsonValue(const json::value& v, std::string_v
   if (v.is_int64()) {
     n = v.get_int64();
   } else if (v.is_uint64()) {
-    return absl::OutOfRangeError(absl::StrCat(field, " ", v.get_uint64(),
-                                              " is above the maximum ", kMaxVersion));
+    return absl::OutOfRangeError(
+        absl::StrCat(field, " ", v.get_uint64(), " is above the maximum ", kMaxVersion));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(field, " must be a non-negative integer, got ",
-                                                   json::serialize(v)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be a non-negative integer, got ", json::serialize(v)));
   }
   if (absl::Status s = ValidateVersionNumber(n); !s.ok()) {
     return absl::OutOfRangeError(absl::StrCat(field, ": ", s.message()));
@@ -32,15 +32,16 @@ absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const json::value& v) 
   VersionConstraint c;
   if (v.is_null()) return c;
   if (!v.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight_version must be an object like {\"min_version\": N} or {\"exact_version\": N}, got ",
-        json::serialize(v)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_version must be an object like {\"min_version\": N} or "
+                     "{\"exact_version\": N}, got ",
+                     json::serialize(v)));
   }
   for (const auto& [key, value] : v.get_object()) {
     if (key != "min_version" && key != "exact_version") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "weight_version has unknown field \"", AbslView(key),
-          "\" (expected min_version or exact_version)"));
+      return absl::InvalidArgumentError(absl::StrCat("weight_version has unknown field \"",
+                                                     AbslView(key),
+                                                     "\" (expected min_version or exact_version)"));
     }
     if (value.is_null()) continue;
     auto n = VersionFromJsonValue(value, absl::StrCat("weight_version.", AbslView(key)));
@@ -155,7 +156,8 @@ absl::StatusOr<ReplicaState> ReplicaStateFromJsonValue(const json::value& v) {
     s.commit_mode = *mode;
   }
   if (const json::value* f = o.if_contains("active_requests")) {
-    if (!f->is_int64() || f->get_int64() < 0) return TypeError("active_requests", "an integer >= 0");
+    if (!f->is_int64() || f->get_int64() < 0)
+      return TypeError("active_requests", "an integer >= 0");
     s.active_requests = f->get_int64();
   }
   if (const json::value* f = o.if_contains("metrics"); f && !f->is_null()) {

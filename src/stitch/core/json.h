@@ -15,7 +15,8 @@
 namespace stitch {
 
 // The constraint in `v` (null or an object); see constraint.h for the rules.
-[[nodiscard]] absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const boost::json::value& v);
+[[nodiscard]] absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(
+    const boost::json::value& v);
 boost::json::value ConstraintToJsonValue(const VersionConstraint& c);
 
 // A JSON integer in [0, kMaxVersion] from `v`, or an error naming `field`.

@@ -12,10 +12,10 @@ TEST(ValidatePayloadFileName, AcceptsRelativeNames) {
 }
 
 TEST(ValidatePayloadFileName, RejectsUnsafeNames) {
-  for (std::string name : {std::string(""), std::string("/etc/passwd"), std::string("../x"),
-                           std::string("a/../../b"), std::string("a/./b"), std::string("a//b"),
-                           std::string("a\\b"), std::string("a/"), std::string(".."),
-                           std::string("a\0b", 3), std::string(256, 'x')}) {
+  for (std::string name :
+       {std::string(""), std::string("/etc/passwd"), std::string("../x"), std::string("a/../../b"),
+        std::string("a/./b"), std::string("a//b"), std::string("a\\b"), std::string("a/"),
+        std::string(".."), std::string("a\0b", 3), std::string(256, 'x')}) {
     absl::Status s = ValidatePayloadFileName(name);
     EXPECT_FALSE(s.ok()) << name;
     EXPECT_NE(s.message().find("unsafe file name"), std::string::npos) << s;

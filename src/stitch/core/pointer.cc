@@ -12,8 +12,8 @@ absl::StatusOr<PointerMove> CheckPointerMove(std::string_view where,
   if (current->run_id != proposed.run_id) return PointerMove::kRunReset;
   if (proposed.version <= current->version) {
     return WithKind(absl::FailedPreconditionError(absl::StrCat(
-                        AbslView(where), ": refusing to rewind the pointer from ", current->ToString(),
-                        " to ", proposed.ToString(),
+                        AbslView(where), ": refusing to rewind the pointer from ",
+                        current->ToString(), " to ", proposed.ToString(),
                         "; versions only move forward inside a run (start a new run id to "
                         "restart)")),
                     ErrorKind::kPointerRewind);
@@ -23,9 +23,9 @@ absl::StatusOr<PointerMove> CheckPointerMove(std::string_view where,
 
 absl::Status PointerConflict(std::string_view where, const std::optional<VersionRef>& expected,
                              const std::optional<VersionRef>& actual, const VersionRef& proposed) {
-  return ConflictError(where, ConflictDetails{expected ? expected->ToString() : "",
-                                              actual ? actual->ToString() : "",
-                                              proposed.ToString()});
+  return ConflictError(
+      where, ConflictDetails{expected ? expected->ToString() : "", actual ? actual->ToString() : "",
+                             proposed.ToString()});
 }
 
 FollowAction PlanFollow(const std::optional<VersionRef>& applied, const VersionRef& pointer) {

@@ -30,8 +30,9 @@ absl::StatusOr<SyncState> ParseSyncState(std::string_view name) {
                       SyncState::kCommitting, SyncState::kError}) {
     if (name == SyncStateName(s)) return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown sync state \"", AbslView(name), "\" (expected IDLE|FETCHING|STAGING|COMMITTING|ERROR)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown sync state \"", AbslView(name),
+                   "\" (expected IDLE|FETCHING|STAGING|COMMITTING|ERROR)"));
 }
 
 std::string_view CommitModeName(CommitMode m) {
@@ -52,7 +53,8 @@ std::string ReplicaState::ToJson() const {
 absl::StatusOr<ReplicaState> ReplicaState::FromJson(std::string_view json) {
   boost::system::error_code ec;
   boost::json::value v = boost::json::parse(json, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("server_info is not JSON: ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("server_info is not JSON: ", ec.message()));
   return ReplicaStateFromJsonValue(v);
 }
 
@@ -62,6 +64,8 @@ int PoolState::ready_count() const {
   return n;
 }
 
-std::string PoolState::ToJson() const { return boost::json::serialize(PoolStateToJsonValue(*this)); }
+std::string PoolState::ToJson() const {
+  return boost::json::serialize(PoolStateToJsonValue(*this));
+}
 
 }  // namespace stitch

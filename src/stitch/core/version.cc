@@ -87,8 +87,8 @@ std::string VersionDirName(int64_t version) {
 absl::StatusOr<int64_t> ParseVersionDirName(std::string_view name_std) {
   absl::string_view name = AbslView(name_std);
   if (!absl::StartsWith(name, kDirPrefix)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", absl::CEscape(name), "\" is not a version directory name (weight_vNNNNNN)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", absl::CEscape(name), "\" is not a version directory name (weight_vNNNNNN)"));
   }
   return ParseDigits(name.substr(kDirPrefix.size()), name);
 }
@@ -109,8 +109,8 @@ absl::StatusOr<VersionRef> VersionRef::Parse(std::string_view text) {
     ref.run_id = std::string(run);
     tail = t.substr(slash + 1);
     if (!absl::StartsWith(tail, kDirPrefix)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", shown, "\" is not a version identity (expected <run_id>/weight_vNNNNNN)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", shown, "\" is not a version identity (expected <run_id>/weight_vNNNNNN)"));
     }
   }
   if (absl::StartsWith(tail, kDirPrefix)) {

@@ -38,8 +38,10 @@ std::string Checksum128::ToHex() const {
 
 absl::StatusOr<Checksum128> Checksum128::FromHex(std::string_view hex) {
   auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat("checksum \"", absl::CEscape(hex.substr(0, 64)),
-                                                   "\" is not 32 hex digits (xxh3-128)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checksum \"",
+                     absl::CEscape(absl::string_view(hex.data(), std::min<size_t>(hex.size(), 64))),
+                     "\" is not 32 hex digits (xxh3-128)"));
   };
   if (hex.size() != 32) return bad();
   XXH128_canonical_t canonical;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stitch/core/errors.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -27,7 +28,7 @@ UniqueFd::~UniqueFd() {
 }
 
 absl::Status ErrnoStatus(int e, std::string_view operation, const fs::path& path) {
-  std::string msg = absl::StrCat(operation, " ", path.string(), ": ", std::strerror(e));
+  std::string msg = absl::StrCat(AbslView(operation), " ", path.string(), ": ", std::strerror(e));
   switch (e) {
     case ENOENT:
     case ENOTDIR:
@@ -85,7 +86,8 @@ absl::Status FsyncPath(const fs::path& path) {
 
 fs::path TempSiblingPath(const fs::path& path) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  std::string name = absl::StrFormat(".%s.tmp-%d-%016x", path.filename().string(), ::getpid(), rng());
+  std::string name =
+      absl::StrFormat(".%s.tmp-%d-%016x", path.filename().string(), ::getpid(), rng());
   return path.parent_path() / name;
 }
 
@@ -165,7 +167,9 @@ absl::Status FsyncTree(const fs::path& dir) {
 
 absl::Status RenameDurably(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, "rename to", to);
-  auto parent = [](const fs::path& p) { return p.parent_path().empty() ? fs::path(".") : p.parent_path(); };
+  auto parent = [](const fs::path& p) {
+    return p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  };
   if (absl::Status s = FsyncPath(parent(to)); !s.ok()) return s;
   if (parent(from) != parent(to)) return FsyncPath(parent(from));
   return absl::OkStatus();

@@ -24,13 +24,13 @@ namespace fs = std::filesystem;
 namespace json = boost::json;
 namespace {
 
-constexpr std::string_view kSingleFileName = "model.safetensors";
+constexpr char kSingleFileName[] = "model.safetensors";
 
 // The four DELTA keys and the one value Stitch reads for each (base_version
 // is a version number instead).
 struct DeltaKey {
-  std::string_view key;
-  std::string_view supported;
+  absl::string_view key;
+  absl::string_view supported;
 };
 constexpr DeltaKey kDeltaKeys[] = {
     {"delta_encoding", "xor"},
@@ -38,18 +38,18 @@ constexpr DeltaKey kDeltaKeys[] = {
     {"checksum_format", "xxh3-128"},
 };
 
-absl::Status IndexError(std::string_view what) {
+absl::Status IndexError(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("checkpoint index: ", what));
 }
 
 // A metadata version field: a string of decimal digits within kMaxVersion.
-absl::StatusOr<int64_t> ParseVersionField(const CheckpointIndex& index, std::string_view key) {
+absl::StatusOr<int64_t> ParseVersionField(const CheckpointIndex& index, absl::string_view key) {
   auto it = index.metadata.find(std::string(key));
   if (it == index.metadata.end()) {
     auto other = index.other_metadata.find(std::string(key));
     if (other != index.other_metadata.end()) {
-      return IndexError(absl::StrCat("metadata.", key, " must be a string of digits like \"000007\", got ",
-                                     other->second));
+      return IndexError(absl::StrCat(
+          "metadata.", key, " must be a string of digits like \"000007\", got ", other->second));
     }
     return absl::NotFoundError(absl::StrCat("checkpoint index: no metadata.", key));
   }
@@ -110,9 +110,10 @@ absl::StatusOr<VersionManifest> CheckpointIndex::ToManifest() const {
     for (const DeltaKey& d : kDeltaKeys) {
       auto it = metadata.find(std::string(d.key));
       if (it == metadata.end()) {
-        std::string_view why = other_metadata.contains(std::string(d.key)) ? "is not a string" : "is missing";
-        return IndexError(absl::StrCat("DELTA metadata.", d.key, " ", why, " (expected \"",
-                                       d.supported, "\")"));
+        absl::string_view why =
+            other_metadata.contains(std::string(d.key)) ? "is not a string" : "is missing";
+        return IndexError(
+            absl::StrCat("DELTA metadata.", d.key, " ", why, " (expected \"", d.supported, "\")"));
       }
       if (it->second != d.supported) {
         return IndexError(absl::StrCat("unsupported ", d.key, " ", QuoteForMessage(it->second),
@@ -121,7 +122,8 @@ absl::StatusOr<VersionManifest> CheckpointIndex::ToManifest() const {
     }
     absl::StatusOr<int64_t> base = ParseVersionField(*this, "base_version");
     if (absl::IsNotFound(base.status())) {
-      return IndexError("DELTA metadata.base_version is missing (the version the delta applies to)");
+      return IndexError(
+          "DELTA metadata.base_version is missing (the version the delta applies to)");
     }
     if (!base.ok()) return base.status();
     m.base_version = *base;
@@ -207,12 +209,12 @@ absl::StatusOr<CheckpointIndex> ReadIndex(const fs::path& dir) {
   const fs::path single = dir / kSingleFileName;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint directory ", dir.string(), " does not exist or is not a directory"));
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir.string(),
+                                            " does not exist or is not a directory"));
   }
   if (!fs::exists(single, ec)) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir.string(), " has neither ",
-                                            kIndexFileName, " nor ", kSingleFileName));
+                                            AbslView(kIndexFileName), " nor ", kSingleFileName));
   }
   absl::StatusOr<SafetensorsHeader> header = ReadSafetensorsHeader(single);
   if (!header.ok()) return header.status();

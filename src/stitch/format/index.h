@@ -25,27 +25,39 @@ struct CheckpointIndex {
   std::map<std::string, std::string> other_metadata;
   std::map<std::string, std::string> weight_map;  // tensor name -> payload file
 
-  // metadata.version parsed, if present.
+  // metadata.version parsed, if present: a string of decimal digits
+  // ("000007") no larger than kMaxVersion. Anything else, including a JSON
+  // number, is an InvalidArgument error.
   [[nodiscard]] absl::StatusOr<std::optional<int64_t>> version() const;
+  // Whether metadata has a `delta_encoding` key (of any type).
   bool is_delta() const;
 
   // The manifest this index describes. Requires metadata.version; a DELTA
-  // needs the four delta keys with the supported values.
+  // needs the four delta keys with the supported values; every weight_map
+  // value must be a safe payload file name. InvalidArgument errors name the
+  // missing key or the unsupported value.
   [[nodiscard]] absl::StatusOr<VersionManifest> ToManifest() const;
 
-  // Parses and validates: an object with an object `weight_map` of string
-  // values, each a safe payload file name (ValidatePayloadFileName).
+  // Parses and validates: an object with an optional object `metadata` and an
+  // object `weight_map` of string values, each a safe payload file name
+  // (ValidatePayloadFileName). A key repeated inside any object is an error;
+  // other top-level keys are ignored.
   [[nodiscard]] static absl::StatusOr<CheckpointIndex> Parse(std::string_view json);
+  // Compact JSON with keys in sorted order (deterministic). `other_metadata`
+  // text that is not JSON is written as a string.
   std::string ToJson() const;
 };
 
 // Reads `<dir>/model.safetensors.index.json`. When the directory has no index
-// but exactly one `model.safetensors`, returns a synthesized index mapping
-// its tensors to it (single-file checkpoints), with no metadata.
+// but a `model.safetensors`, returns a synthesized index mapping its tensors
+// to it (single-file checkpoints), with no metadata. NotFound, naming `dir`,
+// when it has neither; errors in the files name the file.
 [[nodiscard]] absl::StatusOr<CheckpointIndex> ReadIndex(const std::filesystem::path& dir);
 
 // Writes the index into `dir` durably (temp file, fsync, rename, fsync dir).
-[[nodiscard]] absl::Status WriteIndex(const std::filesystem::path& dir, const CheckpointIndex& index);
+// Refuses (InvalidArgument) an index with an unsafe payload file name.
+[[nodiscard]] absl::Status WriteIndex(const std::filesystem::path& dir,
+                                      const CheckpointIndex& index);
 
 // The zero-padded metadata form of a version number: "000007".
 std::string VersionMetadataString(int64_t version);

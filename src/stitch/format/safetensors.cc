@@ -83,7 +83,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::Status Invalid(std::string_view tensor, std::string_view what) {
+absl::Status Invalid(std::string_view tensor, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(tensor), ": ", what));
 }
 
@@ -105,7 +105,8 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(std::string_view name, const json::v
   for (const auto& [key, value] : v.get_object()) {
     if (key == "dtype") {
       if (!value.is_string()) {
-        return Invalid(name, absl::StrCat("dtype is a ", JsonKindName(value), ", expected a string"));
+        return Invalid(name,
+                       absl::StrCat("dtype is a ", JsonKindName(value), ", expected a string"));
       }
       auto d = ParseDType(value.get_string());
       if (!d.ok()) return Invalid(name, d.status().message());
@@ -143,7 +144,9 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(std::string_view name, const json::v
         return Invalid(name, absl::StrCat("data_offsets is ", json::serialize(value).substr(0, 100),
                                           ", expected [begin, end] (non-negative integers)"));
       }
-      if (*e < *b) return Invalid(name, absl::StrCat("data_offsets [", *b, ", ", *e, "] end before they begin"));
+      if (*e < *b)
+        return Invalid(name,
+                       absl::StrCat("data_offsets [", *b, ", ", *e, "] end before they begin"));
       t.begin = *b;
       t.end = *e;
       has_offsets = true;
@@ -153,7 +156,7 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(std::string_view name, const json::v
     }
   }
   if (!has_dtype || !has_shape || !has_offsets) {
-    std::string_view missing = !has_dtype ? "dtype" : !has_shape ? "shape" : "data_offsets";
+    absl::string_view missing = !has_dtype ? "dtype" : !has_shape ? "shape" : "data_offsets";
     return Invalid(name, absl::StrCat("entry lacks ", missing));
   }
   const size_t element_size = DTypeSize(t.dtype);
@@ -162,9 +165,10 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(std::string_view name, const json::v
     return Invalid(name, absl::StrCat("shape ", ShapeString(t.shape), " has too many elements"));
   }
   if (*bytes != t.nbytes()) {
-    return Invalid(name, absl::StrCat("shape ", ShapeString(t.shape), " of ", DTypeName(t.dtype),
-                                      " needs ", *bytes, " bytes but data_offsets [", t.begin, ", ",
-                                      t.end, "] hold ", t.nbytes()));
+    return Invalid(
+        name, absl::StrCat("shape ", ShapeString(t.shape), " of ", AbslView(DTypeName(t.dtype)),
+                           " needs ", *bytes, " bytes but data_offsets [", t.begin, ", ", t.end,
+                           "] hold ", t.nbytes()));
   }
   return t;
 }
@@ -172,8 +176,8 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(std::string_view name, const json::v
 absl::Status ParseMetadata(const json::value& v, std::map<std::string, std::string>& out) {
   const json::object* o = v.if_object();
   if (o == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "__metadata__ is a ", JsonKindName(v), ", expected an object of strings"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("__metadata__ is a ", JsonKindName(v), ", expected an object of strings"));
   }
   for (const auto& [key, value] : *o) {
     if (!value.is_string()) {
@@ -206,10 +210,10 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   for (const DTypeEntry& e : kDTypes) {
     if (e.name == name) return e.dtype;
   }
-  std::vector<std::string_view> names;
-  for (const DTypeEntry& e : kDTypes) names.push_back(e.name);
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", QuoteForMessage(name),
-                                                 " (supported: ", absl::StrJoin(names, ", "), ")"));
+  const std::string names = absl::StrJoin(
+      kDTypes, ", ", [](std::string* out, const DTypeEntry& e) { out->append(e.name); });
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype ", QuoteForMessage(name), " (supported: ", names, ")"));
 }
 
 int64_t TensorInfo::numel() const {
@@ -221,22 +225,23 @@ int64_t TensorInfo::numel() const {
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> prefix,
                                                          uint64_t file_size) {
   if (prefix.size() > file_size) {
-    return absl::InvalidArgumentError(absl::StrCat("given ", prefix.size(),
-                                                   " bytes of a file said to be only ", file_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("given ", prefix.size(), " bytes of a file said to be only ", file_size));
   }
   if (file_size < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "file is ", file_size, " bytes, shorter than the 8-byte header length: not a safetensors file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("file is ", file_size,
+                     " bytes, shorter than the 8-byte header length: not a safetensors file"));
   }
   if (prefix.size() < 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("only ", prefix.size(), " bytes of the file given, need the 8-byte header length"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "only ", prefix.size(), " bytes of the file given, need the 8-byte header length"));
   }
   const uint64_t header_len = LoadLittleEndian64(prefix.first(8));
   if (header_len > kMaxSafetensorsHeader) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("header length ", header_len, " is above the limit of ", kMaxSafetensorsHeader,
-                     " bytes: corrupt or not a safetensors file"));
+    return absl::InvalidArgumentError(absl::StrCat("header length ", header_len,
+                                                   " is above the limit of ", kMaxSafetensorsHeader,
+                                                   " bytes: corrupt or not a safetensors file"));
   }
   if (header_len > file_size - 8) {
     return absl::InvalidArgumentError(
@@ -244,9 +249,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::by
                      file_size, " bytes): truncated or not a safetensors file"));
   }
   if (prefix.size() - 8 < header_len) {
-    return absl::InvalidArgumentError(absl::StrCat("only ", prefix.size(),
-                                                   " bytes of the file given, the header needs ",
-                                                   8 + header_len));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "only ", prefix.size(), " bytes of the file given, the header needs ", 8 + header_len));
   }
   std::string_view text(reinterpret_cast<const char*>(prefix.data()) + 8, header_len);
 
@@ -255,7 +259,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::by
   json::monotonic_resource arena(std::max<size_t>(4096, header_len * 2));
   absl::StatusOr<json::value> doc = ParseJsonStrict(text, &arena);
   if (!doc.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("header is not valid JSON: ", doc.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("header is not valid JSON: ", doc.status().message()));
   }
   const json::object* root = doc->if_object();
   if (root == nullptr) {
@@ -289,22 +294,23 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::by
   const TensorInfo* prev = nullptr;
   for (const TensorInfo& t : h.tensors) {
     if (t.begin > cursor) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data bytes [", cursor, ", ", t.begin, ") belong to no tensor (a hole before tensor ",
-          QuoteForMessage(t.name), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("data bytes [", cursor, ", ", t.begin,
+                                                     ") belong to no tensor (a hole before tensor ",
+                                                     QuoteForMessage(t.name), ")"));
     }
     if (t.begin < cursor) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", QuoteForMessage(t.name), " data_offsets [", t.begin, ", ", t.end,
-          "] overlap tensor ", QuoteForMessage(prev->name), " [", prev->begin, ", ", prev->end, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", QuoteForMessage(t.name), " data_offsets [", t.begin, ", ", t.end,
+                       "] overlap tensor ", QuoteForMessage(prev->name), " [", prev->begin, ", ",
+                       prev->end, "]"));
     }
     cursor = t.end;
     prev = &t;
   }
   if (cursor != data_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the tensors end at data byte ", cursor, " but the data section has ", data_size,
-                     " bytes: ", data_size - cursor, " trailing bytes (file size mismatch)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the tensors end at data byte ", cursor, " but the data section has ", data_size,
+        " bytes: ", data_size - cursor, " trailing bytes (file size mismatch)"));
   }
   return h;
 }
@@ -405,8 +411,9 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
-  auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
-                             [&](uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
+  auto it =
+      std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                       [&](uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
   if (it == by_name_.end() || header_.tensors[*it].name != name) return nullptr;
   return &header_.tensors[*it];
 }
@@ -423,12 +430,14 @@ absl::Status SafetensorsWriter::Add(std::string name, DType dtype, std::vector<i
   if (name == kMetadataKey) return Invalid(name, "the name is reserved for file metadata");
   if (names_.contains(name)) return Invalid(name, "declared twice");
   for (int64_t d : shape) {
-    if (d < 0) return Invalid(name, absl::StrCat("shape ", ShapeString(shape), " has a negative dimension"));
+    if (d < 0)
+      return Invalid(name, absl::StrCat("shape ", ShapeString(shape), " has a negative dimension"));
   }
   std::optional<uint64_t> expected = ByteSize(shape, DTypeSize(dtype));
   if (!expected || *expected != nbytes) {
-    return Invalid(name, absl::StrCat("shape ", ShapeString(shape), " of ", DTypeName(dtype),
-                                      " does not hold ", nbytes, " bytes"));
+    return Invalid(name,
+                   absl::StrCat("shape ", ShapeString(shape), " of ", AbslView(DTypeName(dtype)),
+                                " does not hold ", nbytes, " bytes"));
   }
   uint64_t end = 0;
   if (__builtin_add_overflow(data_size_, nbytes, &end)) {
@@ -520,7 +529,8 @@ class FileOutput final : public SafetensorsWriter::Output {
 
   absl::Status Usable() const {
     if (finished_) {
-      return absl::InvalidArgumentError(absl::StrCat("write ", path_.string(), ": already finished"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("write ", path_.string(), ": already finished"));
     }
     return error_;
   }

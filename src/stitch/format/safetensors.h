@@ -33,7 +33,23 @@ namespace stitch {
 
 inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 
-enum class DType { kBool, kU8, kI8, kU16, kI16, kF16, kBF16, kU32, kI32, kF32, kU64, kI64, kF64, kF8E4M3, kF8E5M2 };
+enum class DType {
+  kBool,
+  kU8,
+  kI8,
+  kU16,
+  kI16,
+  kF16,
+  kBF16,
+  kU32,
+  kI32,
+  kF32,
+  kU64,
+  kI64,
+  kF64,
+  kF8E4M3,
+  kF8E5M2
+};
 
 // "BOOL", "U8", ..., "BF16", "F32", "F8_E4M3", "F8_E5M2" (safetensors spelling).
 std::string_view DTypeName(DType d);
@@ -62,7 +78,8 @@ struct SafetensorsHeader {
 
 // Validates and parses a header. `prefix` holds at least the first
 // min(file_size, 8 + header length) bytes of the file; `file_size` is the
-// whole file's size. Pure: no I/O, safe on arbitrary bytes (fuzzed).
+// whole file's size. Pure: no I/O, safe on arbitrary bytes (fuzzed). Errors
+// are InvalidArgument, one line, without the file name (callers add it).
 [[nodiscard]] absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     std::span<const std::byte> prefix, uint64_t file_size);
 
@@ -135,7 +152,8 @@ class SafetensorsWriter {
   void SetMetadata(std::string key, std::string value);
 
   // Creates (truncates) `path` and writes the header.
-  [[nodiscard]] absl::StatusOr<std::unique_ptr<Output>> Begin(const std::filesystem::path& path) const;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<Output>> Begin(
+      const std::filesystem::path& path) const;
 
   // The serialized header (8-byte length + JSON, padded with spaces to a
   // multiple of 8 bytes).
@@ -158,8 +176,8 @@ struct TensorView {
 };
 
 // Writes `tensors` (in the given order) and `metadata` to `path`, fsync'ed.
-[[nodiscard]] absl::Status WriteSafetensors(const std::filesystem::path& path,
-                                            const std::vector<TensorView>& tensors,
-                                            const std::map<std::string, std::string>& metadata = {});
+[[nodiscard]] absl::Status WriteSafetensors(
+    const std::filesystem::path& path, const std::vector<TensorView>& tensors,
+    const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace stitch

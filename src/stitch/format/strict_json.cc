@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
 
 namespace stitch {
 namespace json = boost::json;
@@ -103,8 +104,8 @@ struct StrictHandler {
 
 std::string QuoteForMessage(std::string_view s) {
   constexpr size_t kMaxShown = 200;
-  if (s.size() <= kMaxShown) return absl::StrCat("\"", absl::CEscape(s), "\"");
-  return absl::StrCat("\"", absl::CEscape(s.substr(0, kMaxShown)), "\"...");
+  if (s.size() <= kMaxShown) return absl::StrCat("\"", absl::CEscape(AbslView(s)), "\"");
+  return absl::StrCat("\"", absl::CEscape(AbslView(s.substr(0, kMaxShown))), "\"...");
 }
 
 bool IsValidUtf8(std::string_view s) {
@@ -135,7 +136,7 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
-std::string_view JsonKindName(const json::value& v) {
+absl::string_view JsonKindName(const json::value& v) {
   switch (v.kind()) {
     case json::kind::object:
       return "object";

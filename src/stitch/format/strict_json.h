@@ -10,6 +10,7 @@
 #include <boost/json/value.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace stitch {
 
@@ -31,6 +32,6 @@ std::string QuoteForMessage(std::string_view s);
 bool IsValidUtf8(std::string_view s);
 
 // "object", "array", "string", "number", "bool" or "null".
-std::string_view JsonKindName(const boost::json::value& v);
+absl::string_view JsonKindName(const boost::json::value& v);
 
 }  // namespace stitch

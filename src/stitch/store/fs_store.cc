@@ -4,8 +4,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include <boost/url/url.hpp>
 #include <algorithm>
+#include <boost/url/url.hpp>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
@@ -16,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stitch/core/errors.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/store/pointer_cas.h"
@@ -103,9 +104,6 @@ FsStore::FsStore(fs::path root, std::string run_id)
       where_(absl::StrCat("store ", uri_)) {}
 
 absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std::string run_id) {
-  if (!run_id.empty()) {
-    if (absl::Status s = ValidateRunId(run_id); !s.ok()) return s;
-  }
   if (root.empty()) return absl::InvalidArgumentError("store path is empty");
   std::error_code ec;
   fs::path abs = fs::absolute(root, ec).lexically_normal();
@@ -114,7 +112,13 @@ absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std
         absl::StrCat("store ", root.string(), ": cannot make the path absolute: ", ec.message()));
   }
   if (!abs.has_filename() && abs.has_relative_path()) abs = abs.parent_path();
-  auto store = std::unique_ptr<FsStore>(new FsStore(abs, std::move(run_id)));
+  auto store = std::unique_ptr<FsStore>(new FsStore(abs, run_id));
+  if (!run_id.empty()) {
+    if (absl::Status s = ValidateRunId(run_id); !s.ok()) return Annotate(s, store->where());
+  }
+  // A read-only view creates nothing: a missing root reads as an unset
+  // pointer and no versions.
+  if (store->run_id_.empty()) return store;
   fs::path updates = abs / kUpdatesDir;
   bool created = fs::create_directories(updates, ec);
   if (ec || !fs::is_directory(updates)) {
@@ -224,10 +228,10 @@ absl::Status FsStore::CopyIn(const VersionDirContents& contents, const fs::path&
 
 absl::Status FsStore::CompareExisting(const VersionDirContents& contents,
                                       const fs::path& final_dir) {
-  auto differs = [&](std::string_view what) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        where_, ": version ", final_dir.filename().string(), " already exists and ", what,
-        "; versions are immutable: publish under a new version number"));
+  auto differs = [&](absl::string_view what) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(where_, ": version ", final_dir.filename().string(), " already exists and ",
+                     what, "; versions are immutable: publish under a new version number"));
   };
   auto present = ListFiles(final_dir);
   if (!present.ok()) return Annotate(present.status(), where_);
@@ -238,9 +242,10 @@ absl::Status FsStore::CompareExisting(const VersionDirContents& contents,
     std::set_symmetric_difference(present->begin(), present->end(), wanted.begin(), wanted.end(),
                                   std::back_inserter(diff));
     return differs(absl::StrCat("holds a different set of files (",
-                                absl::StrJoin(diff, ", ", [](std::string* out, const auto& s) {
-                                  absl::StrAppend(out, "\"", absl::CEscape(s), "\"");
-                                }),
+                                absl::StrJoin(diff, ", ",
+                                              [](std::string* out, const auto& s) {
+                                                absl::StrAppend(out, "\"", absl::CEscape(s), "\"");
+                                              }),
                                 ")"));
   }
   auto index = ReadFileToString(final_dir / kIndexFileName);
@@ -267,9 +272,9 @@ absl::StatusOr<VersionManifest> FsStore::ReadManifest(int64_t version) {
     }
     return Annotate(text.status(), where_);
   }
-  auto corrupt = [&](std::string_view why) {
-    return absl::DataLossError(absl::StrCat(where_, ": version ", VersionDirName(version),
-                                            " has a bad index: ", why));
+  auto corrupt = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat(where_, ": version ", VersionDirName(version), " has a bad index: ", why));
   };
   auto index = CheckpointIndex::Parse(*text);
   if (!index.ok()) return corrupt(index.status().message());

@@ -35,7 +35,8 @@ class FsStore final : public Store {
   // Opens the store rooted at `root` (made absolute against the current
   // directory) for `run_id`, creating `root` and `root/updates` if missing.
   // `run_id` must pass ValidateRunId, or be empty for a read-only view that
-  // refuses PublishFiles and AdvancePointer.
+  // creates nothing (a missing root reads as an unset pointer) and refuses
+  // PublishFiles and AdvancePointer.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FsStore>> Open(
       const std::filesystem::path& root, std::string run_id);
 

@@ -55,6 +55,8 @@ class MemStore final : public Store {
 
  private:
   struct State;
+  // The state shared by every store named `name`, created on first use.
+  static State& SharedState(const std::string& name);
   MemStore(std::string name, std::string run_id, std::filesystem::path cache_dir, State* state);
 
   const std::string name_;

@@ -9,13 +9,13 @@ namespace stitch {
 
 absl::StatusOr<std::optional<VersionRef>> ParsePointerText(std::string_view where,
                                                            std::string_view text) {
-  if (absl::StripAsciiWhitespace(text).empty()) return std::nullopt;
+  if (absl::StripAsciiWhitespace(AbslView(text)).empty()) return std::nullopt;
   auto ref = VersionRef::Parse(text);
   if (!ref.ok()) {
     // VersionRef's message quotes the text; say which file it came from and
     // that nothing was assumed.
     return absl::Status(ref.status().code(),
-                        absl::StrCat(where, ": pointer: ", ref.status().message(),
+                        absl::StrCat(AbslView(where), ": pointer: ", ref.status().message(),
                                      "; fix or rewrite the pointer (it is not treated as unset)"));
   }
   return std::optional<VersionRef>(*std::move(ref));
@@ -26,16 +26,17 @@ absl::Status CheckCompareAndSwap(std::string_view where, std::string_view run_id
                                  const std::optional<VersionRef>& actual,
                                  const VersionRef& proposed) {
   if (run_id.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": opened without a run id, so it cannot move the pointer; open it with one"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(where),
+                     ": opened without a run id, so it cannot move the pointer; open it with one"));
   }
   if (proposed.run_id != run_id) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": refusing to point at ", proposed.ToString(),
-                     ": this store is scoped to run \"", run_id, "\""));
+        absl::StrCat(AbslView(where), ": refusing to point at ", proposed.ToString(),
+                     ": this store is scoped to run \"", AbslView(run_id), "\""));
   }
   if (absl::Status s = ValidateVersionNumber(proposed.version); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(where), ": ", s.message()));
   }
   if (actual != expected) return PointerConflict(where, expected, actual, proposed);
   return CheckPointerMove(where, actual, proposed).status();

@@ -49,10 +49,12 @@ class Store {
 
   // Compare-and-swap: sets the pointer to `proposed` only if it still holds
   // `expected` (nullopt: unset). On a mismatch returns a kPointerConflict
-  // error (core/errors.h) carrying the three values; a move that
-  // CheckPointerMove refuses returns its kPointerRewind error. Two callers
-  // racing from the same `expected` never both succeed. `proposed` may name
-  // another run only through Claim.
+  // error (core/errors.h) carrying the three values (checked first, so a
+  // pointer that changed under the caller always reads as a conflict); a
+  // move that CheckPointerMove refuses returns its kPointerRewind error. Two
+  // callers racing from the same `expected` never both succeed. `proposed`
+  // must name this store's run (InvalidArgument otherwise); the pointer may
+  // currently name another run, which is how a claim resets it.
   [[nodiscard]] virtual absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                                                     const VersionRef& proposed) = 0;
 
@@ -76,7 +78,9 @@ class Store {
 // Opens a store for `run_id` from a URI: a plain path or file:///abs/path
 // (filesystem store), mem://NAME (in-memory store shared within a process),
 // s3://bucket/prefix[?endpoint=URL&region=R] where supported. `cache_dir` is
-// where remote stores materialize versions.
+// where remote (and in-memory) stores materialize versions. An empty
+// `run_id` opens a read-only view: it reads the pointer, manifests and
+// versions, creates nothing, and refuses PublishFiles and AdvancePointer.
 struct StoreOptions {
   std::string run_id;
   std::filesystem::path cache_dir;

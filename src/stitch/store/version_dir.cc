@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/version.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 
@@ -16,8 +17,8 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
   }
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("version directory ", dir.string(),
-                                            " does not exist or is not a directory"));
+    return absl::NotFoundError(
+        absl::StrCat("version directory ", dir.string(), " does not exist or is not a directory"));
   }
   auto index = ReadIndex(dir);
   if (!index.ok()) return index.status();
@@ -30,10 +31,10 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
   out.dir = dir;
   if (recorded->has_value()) {
     if (**recorded != version) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          (dir / kIndexFileName).string(), " records metadata.version ", **recorded,
-          " but is being published as version ", version,
-          "; rename the directory or fix the index"));
+      return absl::InvalidArgumentError(absl::StrCat((dir / kIndexFileName).string(),
+                                                     " records metadata.version ", **recorded,
+                                                     " but is being published as version ", version,
+                                                     "; rename the directory or fix the index"));
     }
     auto bytes = ReadFileToString(dir / kIndexFileName);
     if (!bytes.ok()) return bytes.status();

@@ -1,0 +1,267 @@
+// The sidecar's proxy overhead: requests per second and p50/p99 latency of
+// POST /generate sent directly to a minimal instant-answer engine stub, and
+// through a sidecar in front of that stub, at 1, 64 and 1024 concurrent
+// connections. Each line compares the sidecar with the direct baseline
+// measured in the same run.
+//
+//   proxy_bench [--seconds S] [--concurrency 1,64,1024]
+//
+// Targets (issue 5): at 64 concurrent connections the sidecar adds under
+// 1 ms of p99 latency and keeps at least 0.5x the direct throughput; 1024
+// concurrent connections are held with no errors.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "stitch/engine/sglang_engine.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/server.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/replica/clock.h"
+#include "stitch/replica/sidecar.h"
+#include "stitch/store/mem_store.h"
+
+namespace stitch {
+namespace {
+
+using boost::asio::awaitable;
+using Clock = std::chrono::steady_clock;
+
+// The engine stub: answers every generation at once, and every control
+// route with success, so that only HTTP and the sidecar's work are measured.
+awaitable<void> Stub(HttpExchange& ex) {
+  std::string_view path = TargetPath(ex.request().target);
+  if (path == "/generate") {
+    (void)co_await ex.Respond(JsonResponse(
+        200,
+        R"({"text":"ok","output_ids":[1],"meta_info":{"id":"x","finish_reason":{"type":"length"},"prompt_tokens":5,"completion_tokens":1}})"));
+  } else {
+    (void)co_await ex.Respond(JsonResponse(200, R"({"success":true,"message":"ok"})"));
+  }
+}
+
+struct Result {
+  double seconds = 0;
+  uint64_t ok = 0;
+  uint64_t errors = 0;
+  std::string first_error;
+  double p50_ms = 0;
+  double p99_ms = 0;
+  double rps() const { return seconds > 0 ? static_cast<double>(ok) / seconds : 0; }
+};
+
+struct WorkerStats {
+  std::vector<double> latencies_ms;
+  uint64_t errors = 0;
+  std::string first_error;
+};
+
+// One connection's worth of load: sequential requests until `stop`.
+awaitable<void> Worker(HttpClient& client, HttpOrigin origin, const std::atomic<bool>& stop,
+                       const std::atomic<bool>& measuring, WorkerStats& stats,
+                       std::atomic<int>& running) {
+  HttpRequest request;
+  request.method = "POST";
+  request.target = "/generate";
+  request.headers.Set("Content-Type", "application/json");
+  request.body =
+      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":0}})";
+  while (!stop.load(std::memory_order_relaxed)) {
+    const auto start = Clock::now();
+    auto response = co_await client.Send(origin, request);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (!measuring.load(std::memory_order_relaxed)) continue;
+    if (!response.ok() || response->status != 200) {
+      if (stats.errors++ == 0) {
+        stats.first_error = response.ok()
+                                ? "HTTP " + std::to_string(response->status) + " " + response->body
+                                : std::string(response.status().message());
+      }
+      continue;
+    }
+    stats.latencies_ms.push_back(ms);
+  }
+  running.fetch_sub(1);
+}
+
+Result Measure(const HttpOrigin& origin, int connections, double seconds) {
+  EventLoop loop;
+  ClientOptions options;
+  options.max_idle_per_origin = static_cast<size_t>(connections) + 16;
+  options.request_timeout = std::chrono::seconds(30);
+  HttpClient client(loop.executor(), options);
+  std::atomic<bool> stop{false};
+  std::atomic<bool> measuring{false};
+  std::atomic<int> running{connections};
+  std::vector<WorkerStats> stats(static_cast<size_t>(connections));
+  for (int i = 0; i < connections; ++i) {
+    boost::asio::co_spawn(
+        loop.executor(),
+        Worker(client, origin, stop, measuring, stats[static_cast<size_t>(i)], running),
+        boost::asio::detached);
+  }
+  // Warm up (connections open, caches fill), then measure.
+  const auto warmup = std::chrono::duration<double>(std::min(0.5, seconds / 4));
+  std::this_thread::sleep_for(warmup);
+  measuring = true;
+  const auto start = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  measuring = false;
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  stop = true;
+  while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+  Result r;
+  r.seconds = elapsed;
+  std::vector<double> all;
+  for (WorkerStats& s : stats) {
+    all.insert(all.end(), s.latencies_ms.begin(), s.latencies_ms.end());
+    if (s.errors > 0 && r.first_error.empty()) r.first_error = s.first_error;
+    r.errors += s.errors;
+  }
+  r.ok = all.size();
+  if (!all.empty()) {
+    std::sort(all.begin(), all.end());
+    r.p50_ms = all[all.size() / 2];
+    r.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  }
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  double seconds = 3;
+  std::vector<int> levels = {1, 64, 1024};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--seconds" && i + 1 < argc) {
+      if (!absl::SimpleAtod(argv[++i], &seconds) || seconds <= 0) {
+        std::fprintf(stderr, "proxy_bench: --seconds needs a positive number\n");
+        return 2;
+      }
+    } else if (arg == "--concurrency" && i + 1 < argc) {
+      levels.clear();
+      for (absl::string_view part : absl::StrSplit(argv[++i], ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+          std::fprintf(stderr, "proxy_bench: --concurrency needs positive integers: 1,64,1024\n");
+          return 2;
+        }
+        levels.push_back(n);
+      }
+    } else {
+      std::fprintf(stderr, "usage: proxy_bench [--seconds S] [--concurrency 1,64,1024]\n");
+      return 2;
+    }
+  }
+
+  // Three endpoints of every connection live in this process.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+
+  // The stub engine on its own loop.
+  EventLoop stub_loop;
+  ServerOptions stub_options;
+  stub_options.backlog = 8192;
+  auto stub = HttpServer::Start(stub_loop.executor(), stub_options, Stub);
+  if (!stub.ok()) {
+    std::fprintf(stderr, "proxy_bench: stub: %s\n", std::string(stub.status().message()).c_str());
+    return 1;
+  }
+  const HttpOrigin stub_origin{"127.0.0.1", (*stub)->port()};
+
+  // The sidecar on its own loop, following an in-memory store whose pointer
+  // is unset (ready at once at the boot version).
+  WorkerPool pool(2);
+  auto sidecar_loop = std::make_unique<EventLoop>();
+  SteadyClock clock;
+  auto store = MemStore::Open("proxy-bench", "bench");
+  if (!store.ok()) return 1;
+  SglangEngineOptions engine_options;
+  engine_options.url = "http://127.0.0.1:" + std::to_string(stub_origin.port);
+  engine_options.base_checkpoint_dir = "/nonexistent-base";
+  engine_options.destination = UpdateDestination::kCpu;
+  auto engine = SglangEngine::Make(sidecar_loop->executor(), engine_options);
+  if (!engine.ok()) return 1;
+  Sidecar::Settings settings;
+  settings.reconciler.run_id = "bench";
+  settings.reconciler.base_checkpoint_dir = engine_options.base_checkpoint_dir;
+  settings.proxy.engine = stub_origin;
+  settings.server.backlog = 8192;
+  Sidecar::Ports ports{sidecar_loop->executor(), &pool, store->get(), engine->get(), &clock};
+  auto sidecar = sidecar_loop->BlockOn(Sidecar::Start(settings, ports));
+  if (!sidecar.ok()) {
+    std::fprintf(stderr, "proxy_bench: sidecar: %s\n",
+                 std::string(sidecar.status().message()).c_str());
+    return 1;
+  }
+  const HttpOrigin sidecar_origin{"127.0.0.1", (*sidecar)->port()};
+  for (int i = 0; i < 200; ++i) {
+    auto health = HttpFetch("GET", (*sidecar)->url() + "/health");
+    if (health.ok() && health->status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  std::printf("proxy_bench: POST /generate, %.1f s per point, instant-answer engine stub\n",
+              seconds);
+  std::printf("%6s  %-8s %10s %9s %9s %7s | %10s %10s %10s\n", "conns", "path", "req/s", "p50 ms",
+              "p99 ms", "errors", "rps ratio", "+p50 ms", "+p99 ms");
+  bool ok = true;
+  for (int n : levels) {
+    Result direct = Measure(stub_origin, n, seconds);
+    Result proxied = Measure(sidecar_origin, n, seconds);
+    std::printf("%6d  %-8s %10.0f %9.3f %9.3f %7llu |\n", n, "direct", direct.rps(), direct.p50_ms,
+                direct.p99_ms, static_cast<unsigned long long>(direct.errors));
+    const double ratio = direct.rps() > 0 ? proxied.rps() / direct.rps() : 0;
+    std::printf("%6d  %-8s %10.0f %9.3f %9.3f %7llu | %10.2f %10.3f %10.3f\n", n, "sidecar",
+                proxied.rps(), proxied.p50_ms, proxied.p99_ms,
+                static_cast<unsigned long long>(proxied.errors), ratio,
+                proxied.p50_ms - direct.p50_ms, proxied.p99_ms - direct.p99_ms);
+    if (!direct.first_error.empty()) {
+      std::printf("        direct error: %s\n", direct.first_error.c_str());
+    }
+    if (!proxied.first_error.empty()) {
+      std::printf("        sidecar error: %s\n", proxied.first_error.c_str());
+    }
+    if (n == 64) {
+      const bool latency = proxied.p99_ms - direct.p99_ms < 1.0;
+      const bool throughput = ratio >= 0.5;
+      std::printf("        target @64: added p99 < 1 ms: %s; throughput >= 0.5x direct: %s\n",
+                  latency ? "met" : "MISSED", throughput ? "met" : "MISSED");
+      ok = ok && latency && throughput;
+    }
+    if (n >= 1024) {
+      const bool held = proxied.errors == 0 && direct.errors == 0 && proxied.ok > 0;
+      std::printf("        target @%d: held with no errors: %s\n", n, held ? "met" : "MISSED");
+      ok = ok && held;
+    }
+  }
+
+  sidecar_loop->BlockOn((*sidecar)->Shutdown());
+  sidecar->reset();
+  engine->reset();
+  sidecar_loop.reset();
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace stitch
+
+int main(int argc, char** argv) { return stitch::Main(argc, argv); }

@@ -1,0 +1,45 @@
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "stitch/cli/commands.h"
+#include "stitch/cli/report.h"
+#include "stitch/store/store.h"
+
+namespace stitch {
+namespace {
+
+int RunPointer(const std::string& store_uri, const std::string& cache_dir) {
+  // No run id: reading the pointer is not scoped to a run.
+  auto store = OpenStore(store_uri, StoreOptions{{}, cache_dir});
+  if (!store.ok()) return ReportFailure(store.status());
+  auto pointer = (*store)->ReadPointer();
+  if (!pointer.ok()) return ReportFailure(pointer.status());
+  if (!*pointer) {
+    return ReportFailure(absl::NotFoundError(
+        absl::StrCat("store ", (*store)->uri(),
+                     ": the pointer is unset (nothing claimed yet); run `stitch claim` first")));
+  }
+  std::cout << (*pointer)->ToString() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddPointerCommand(CLI::App& app, int* exit_code) {
+  static std::string store_uri;
+  static std::string cache_dir;
+  CLI::App* cmd = app.add_subcommand(
+      "pointer", "Print the version the store's pointer names (exit 1 if unset)");
+  cmd->add_option("--store", store_uri,
+                  "Store URI: a path, file:///abs/path, mem://NAME or "
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")
+      ->required();
+  cmd->add_option("--cache-dir", cache_dir,
+                  "Where remote (s3://) stores download versions (unused by local stores)");
+  cmd->callback([exit_code] { *exit_code = RunPointer(store_uri, cache_dir); });
+}
+
+}  // namespace stitch

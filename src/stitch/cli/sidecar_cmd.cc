@@ -1,0 +1,223 @@
+// `stitch sidecar`: the replica sidecar beside one inference engine
+// (docs/sidecar.md). Exit status: 0 after SIGINT or SIGTERM, 1 when it could
+// not start, 2 for refused flags, 3 after a terminal error (a failed commit,
+// a dead engine), so that a supervisor replaces the replica.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <boost/asio/signal_set.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "stitch/cli/commands.h"
+#include "stitch/cli/report.h"
+#include "stitch/core/errors.h"
+#include "stitch/engine/sglang_engine.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/replica/clock.h"
+#include "stitch/replica/sidecar.h"
+#include "stitch/store/store.h"
+
+namespace stitch {
+namespace {
+
+constexpr int kExitRefused = 2;
+constexpr int kExitTerminal = 3;
+// How long an orderly shutdown may take before the process just ends.
+constexpr auto kShutdownGrace = std::chrono::seconds(10);
+
+// Where a remote store caches versions: beside the local checkpoint when
+// there is one, else a fresh temporary directory.
+absl::StatusOr<std::filesystem::path> CacheDir(const SidecarConfig& config) {
+  if (!config.local_checkpoint.empty()) {
+    std::filesystem::path local = std::filesystem::absolute(config.local_checkpoint);
+    return local.parent_path() / absl::StrCat(".", local.filename().string(), ".store-cache");
+  }
+  std::string pattern = (std::filesystem::temp_directory_path() / "stitch-sidecar-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("sidecar: cannot create a cache directory under ",
+                                            std::filesystem::temp_directory_path().string()));
+  }
+  return std::filesystem::path(pattern);
+}
+
+// Ends the process if an orderly shutdown hangs (an engine that never
+// answers must not keep a dead replica around).
+class ShutdownDeadline {
+ public:
+  explicit ShutdownDeadline(int exit_code)
+      : thread_([this, exit_code] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_for(lock, kShutdownGrace, [this] { return done_; })) {
+            std::cerr << "stitch: sidecar: shutdown took longer than " << kShutdownGrace.count()
+                      << " s; exiting now\n";
+            std::_Exit(exit_code);
+          }
+        }) {}
+  ~ShutdownDeadline() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Each proxied request holds two sockets: let thousands of them in.
+void RaiseOpenFileLimit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+}
+
+int RunSidecar(const SidecarFlags& flags) {
+  auto config = CheckSidecarFlags(flags);
+  if (!config.ok()) {
+    ReportFailure(config.status());
+    return kExitRefused;
+  }
+  RaiseOpenFileLimit();
+  auto cache = CacheDir(*config);
+  if (!cache.ok()) return ReportFailure(cache.status());
+  auto store = OpenStore(config->store_uri, StoreOptions{config->reconciler.run_id, *cache});
+  if (!store.ok()) return ReportFailure(Annotate(store.status(), "sidecar: --store"));
+
+  WorkerPool pool(2);
+  auto loop = std::make_unique<EventLoop>();
+  SteadyClock clock;
+
+  SglangEngineOptions engine_options;
+  engine_options.url = config->engine_url;
+  engine_options.base_checkpoint_dir = config->reconciler.base_checkpoint_dir;
+  engine_options.local_checkpoint_dir = config->local_checkpoint;
+  engine_options.destination = config->update_mode;
+  std::unique_ptr<Engine> engine;
+  if (config->engine == EngineKind::kSglang) {
+    auto made = SglangEngine::Make(loop->executor(), engine_options);
+    if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
+    engine = *std::move(made);
+  } else {
+    auto made = StockSglangEngine::Make(loop->executor(), engine_options, pool);
+    if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
+    engine = *std::move(made);
+  }
+
+  Sidecar::Settings settings;
+  settings.reconciler = config->reconciler;
+  settings.watchdog = config->watchdog;
+  settings.proxy.engine = config->engine_http.origin;
+  settings.server = config->server;
+  // Both callbacks run on the loop thread, so they never race each other.
+  absl::Notification stop;
+  std::optional<absl::Status> terminal;  // written on the loop before stop is notified
+  settings.on_terminal = [&](const absl::Status& why) {
+    if (!stop.HasBeenNotified()) {
+      terminal = why;
+      stop.Notify();
+    }
+  };
+  Sidecar::Ports ports{loop->executor(), &pool, store->get(), engine.get(), &clock};
+  auto started = loop->BlockOn(Sidecar::Start(settings, ports));
+  if (!started.ok()) return ReportFailure(started.status());
+  std::unique_ptr<Sidecar> sidecar = *std::move(started);
+  auto signals = std::make_unique<boost::asio::signal_set>(loop->executor(), SIGINT, SIGTERM);
+  signals->async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec && !stop.HasBeenNotified()) stop.Notify();
+  });
+
+  std::cout << "stitch sidecar: listening on " << sidecar->url() << " (engine "
+            << config->engine_url << " [" << engine->name() << ", "
+            << UpdateDestinationName(config->update_mode) << "], store " << (*store)->uri()
+            << ", run " << config->reconciler.run_id << ")" << std::endl;
+
+  stop.WaitForNotification();
+  const int exit_code = terminal.has_value() ? kExitTerminal : 0;
+  if (terminal.has_value()) {
+    std::cerr << "stitch: sidecar: terminal error, exiting so that the replica is replaced: "
+              << terminal->message() << std::endl;
+  }
+  {
+    ShutdownDeadline deadline(exit_code);
+    loop->BlockOn([&]() -> boost::asio::awaitable<void> {
+      signals.reset();
+      co_await sidecar->Shutdown();
+    }());
+    // I/O objects go before their loop, once nothing uses them.
+    sidecar.reset();
+    engine.reset();
+    loop.reset();
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+void AddSidecarCommand(CLI::App& app, int* exit_code) {
+  static SidecarFlags flags;
+  CLI::App* cmd = app.add_subcommand(
+      "sidecar",
+      "Run the replica sidecar beside one inference engine: follow the store's pointer and serve "
+      "the versioned rollout API");
+  cmd->add_option("--store", flags.store,
+                  "Store URI: a path, file:///abs/path, mem://NAME or "
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")
+      ->required();
+  cmd->add_option("--run-id", flags.run_id, "The run the base checkpoint belongs to")->required();
+  cmd->add_option("--engine", flags.engine,
+                  "sglang (stages by itself) or sglang-stock (the sidecar stages)")
+      ->capture_default_str();
+  cmd->add_option("--engine-url", flags.engine_url, "The engine's URL, http://host:port")
+      ->required();
+  cmd->add_option("--base-checkpoint", flags.base_checkpoint,
+                  "The checkpoint directory the engine was started with")
+      ->required();
+  cmd->add_option("--local-checkpoint", flags.local_checkpoint,
+                  "Where versions are staged on disk (required for --update-mode disk and "
+                  "sglang-stock)");
+  cmd->add_option("--update-mode", flags.update_mode, "disk or cpu")->capture_default_str();
+  cmd->add_option("--commit-mode", flags.commit_mode,
+                  "in_place (exact pins drain) or quiesce (everything drains)")
+      ->capture_default_str();
+  cmd->add_option("--boot-version", flags.boot_version,
+                  "The version the base checkpoint holds (a resumed run's saved version)")
+      ->capture_default_str();
+  cmd->add_flag("--flush-cache-on-commit", flags.flush_cache_on_commit,
+                "Flush the engine's prefix cache with every commit");
+  cmd->add_option("--reconcile-interval", flags.reconcile_interval_s,
+                  "Seconds between backstop reconciles (0 disables them)")
+      ->capture_default_str();
+  cmd->add_option("--watchdog-interval", flags.watchdog_interval_s,
+                  "Seconds between engine health probes (0 disables the watchdog)")
+      ->capture_default_str();
+  cmd->add_option("--watchdog-threshold", flags.watchdog_threshold,
+                  "Failed probes in a row that end the replica")
+      ->capture_default_str();
+  cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
+      ->capture_default_str();
+  cmd->callback([exit_code] { *exit_code = RunSidecar(flags); });
+}
+
+}  // namespace stitch

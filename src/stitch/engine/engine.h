@@ -1,0 +1,158 @@
+// The Engine port: how a replica sidecar drives the inference engine beside
+// it (DESIGN.md, "Engine protocol"). The sidecar is the only thing that talks
+// to the engine's control surface; everything it needs goes through here.
+//
+// Lifecycle, as the reconciler uses it:
+//   InitializeDestination(boot)     once, before the replica enters rotation
+//   Stage(plan)                     while the engine keeps serving
+//   Pause(); Commit(target); Resume()
+//                                   the only paused moment (admission closed)
+//   ResetToBoot(boot)               a run change, while paused and drained
+//   Health(timeout)                 the watchdog's probe
+// and, on the data plane, TagRequest / StampResponse for every versioned
+// request, Abort for requests whose client went away.
+//
+// Errors: every method returns a Status the caller must look at.
+//   InitializeDestination  any error is terminal for the replica
+//   Stage                  errors are transient (the live weights are untouched)
+//   Commit                 any error is terminal: the live weights are unknown
+//   Pause, Resume, ResetToBoot, FlushCache   Unavailable when the engine did
+//                          not answer, Internal when it refused
+//
+// Threading: methods are called on one event-loop thread (the one whose
+// executor the adapter was built with); the coroutines they return never
+// block it (blocking work goes to a worker pool). TagRequest and
+// StampResponse are plain functions, safe from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stitch/core/manifest.h"
+#include "stitch/core/version.h"
+
+namespace boost::json {
+class object;
+}
+
+namespace stitch {
+
+// Where staged versions update the engine's weights.
+enum class UpdateDestination {
+  kDisk,  // a local checkpoint directory, loaded with /update_weights_from_disk
+  kCpu,   // an in-memory image in the engine, swapped in by /update_weights_from_cpu
+};
+
+// "disk", "cpu".
+std::string_view UpdateDestinationName(UpdateDestination d);
+[[nodiscard]] absl::StatusOr<UpdateDestination> ParseUpdateDestination(std::string_view name);
+
+// One version of the chain a stage needs, as materialized locally.
+struct StagedVersion {
+  int64_t version = 0;
+  VersionManifest manifest;
+  std::filesystem::path dir;  // holds the version's index and payload files
+};
+
+// What Stage prepares: the engine's weights at `target`, built from an
+// anchor and the chain of versions after it.
+struct StagePlan {
+  VersionRef target;
+  // The boot checkpoint of the target's run and its version: the anchor when
+  // `chain` starts with a DELTA.
+  std::filesystem::path base_checkpoint_dir;
+  int64_t base_version = 0;
+  // Oldest first; the last one is `target`. The first is a FULL version (the
+  // anchor) or a DELTA whose base is `base_version`. Every directory sits in
+  // `source_dir`.
+  std::vector<StagedVersion> chain;
+  // The directory holding the chain's version directories (weight_vNNNNNN):
+  // a filesystem store's `updates/`, or a remote store's local cache.
+  std::filesystem::path source_dir;
+};
+
+// The versions a response reports: the version at generation start
+// (captured at admission) and at its end.
+struct VersionStamp {
+  int64_t start = 0;
+  int64_t end = 0;
+};
+
+// The versioned routes of the proxy, which decide how requests are tagged
+// and responses stamped.
+enum class ApiRoute {
+  kGenerate,         // SGLang's native /generate
+  kCompletions,      // OpenAI /v1/completions
+  kChatCompletions,  // OpenAI /v1/chat/completions
+};
+
+// The prefix that isolates one serving version in the engine's prefix cache:
+// "wv<version>;<run_id>/".
+std::string CacheIsolationPrefix(const VersionRef& serving);
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // "sglang", "sglang-stock", ... for messages and /server_info.
+  virtual std::string_view name() const = 0;
+
+  // Prepares wherever staged versions go (a local checkpoint seeded with the
+  // boot weights, an in-memory image) for the engine serving `boot`, the
+  // boot checkpoint's version. Called once before anything else.
+  virtual boost::asio::awaitable<absl::Status> InitializeDestination(const VersionRef& boot) = 0;
+
+  // Prepares `plan.target` while the engine keeps serving. A failure leaves
+  // the live weights untouched; a later Stage may be asked for the same or
+  // another target.
+  virtual boost::asio::awaitable<absl::Status> Stage(const StagePlan& plan) = 0;
+
+  // Activates the most recently staged target. REQUIRES: Pause() succeeded
+  // and `target` is what the last successful Stage prepared.
+  struct CommitOptions {
+    bool flush_cache = false;
+  };
+  virtual boost::asio::awaitable<absl::Status> Commit(const VersionRef& target,
+                                                      CommitOptions options) = 0;
+
+  // Pauses generation in place: running requests keep their state and
+  // continue after Resume().
+  virtual boost::asio::awaitable<absl::Status> Pause() = 0;
+  virtual boost::asio::awaitable<absl::Status> Resume() = 0;
+  virtual boost::asio::awaitable<absl::Status> FlushCache() = 0;
+
+  // Reloads the boot checkpoint as the serving weights (labelled `boot`) and
+  // re-initializes the update destination from it. REQUIRES: paused, with no
+  // request in flight.
+  virtual boost::asio::awaitable<absl::Status> ResetToBoot(const VersionRef& boot) = 0;
+
+  // OK when the engine answers its health check within `timeout`.
+  virtual boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds timeout) = 0;
+
+  // Best effort: asks the engine to end the requests with these ids.
+  virtual boost::asio::awaitable<void> Abort(std::vector<std::string> rids) = 0;
+
+  // Tags a versioned request so that the engine's prefix cache never mixes
+  // versions: SGLang's /generate gets `extra_key`, the OpenAI routes
+  // `cache_salt`, each "<CacheIsolationPrefix(serving)><the caller's own
+  // value>".
+  virtual void TagRequest(ApiRoute route, boost::json::object& body,
+                          const VersionRef& serving) const;
+
+  // Stamps a response object (or one streamed event) with `stamp`:
+  // `weight_version_start` and `weight_version_end` as integers, inside
+  // `meta_info` for /generate (where `meta_info.weight_version` becomes the
+  // end version as a string, as SGLang reports it), at the top level for the
+  // OpenAI routes.
+  virtual void StampResponse(ApiRoute route, boost::json::object& body, VersionStamp stamp) const;
+};
+
+}  // namespace stitch

@@ -1,0 +1,201 @@
+// Test-only: an in-process HTTP server that answers like SGLang, for tests
+// of the engine adapters and the sidecar's proxy. It runs on its own event
+// loop, records every request, and answers:
+//   - a route given a scripted answer (SetAnswer): that answer;
+//   - POST /generate, /v1/completions, /v1/chat/completions: a small
+//     generation result echoing the request body as `request`, or, with
+//     `stream: true`, server-sent events (`events` of them, then
+//     `data: [DONE]`), the second one held until ReleaseStream();
+//   - a route set to hang (Hang): no answer until the client goes away,
+//     which it records;
+//   - anything else: 200 {"success": true, "message": "ok"}.
+// Thread-safe: tests call it from their own thread while it serves.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "absl/synchronization/mutex.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/http.h"
+#include "stitch/net/server.h"
+#include "stitch/net/sse.h"
+
+namespace stitch::testing {
+
+class FakeSglangServer {
+ public:
+  FakeSglangServer()
+      : loop_(std::make_unique<EventLoop>()),
+        stream_gate_(std::make_unique<boost::asio::steady_timer>(loop_->executor())) {
+    stream_gate_->expires_at(boost::asio::steady_timer::time_point::max());
+    auto server = HttpServer::Start(loop_->executor(), ServerOptions{},
+                                    [this](HttpExchange& ex) { return Handle(ex); });
+    if (server.ok()) server_ = *std::move(server);
+  }
+  // Ends every exchange and waits for the handlers before anything they use
+  // goes away.
+  ~FakeSglangServer() {
+    ReleaseStream();
+    loop_->BlockOn(Shutdown());
+    server_.reset();
+    loop_.reset();
+  }
+
+  bool started() const { return server_ != nullptr; }
+  std::string url() const { return server_->url(); }
+  HttpOrigin origin() const { return HttpOrigin{"127.0.0.1", server_->port()}; }
+
+  // Every later request to `path` gets `answer`.
+  void SetAnswer(const std::string& path, HttpResponse answer) {
+    absl::MutexLock lock(&mu_);
+    answers_[path] = std::move(answer);
+  }
+  // Requests to `path` get no answer until their client disconnects.
+  void Hang(const std::string& path) {
+    absl::MutexLock lock(&mu_);
+    hanging_.insert(path);
+  }
+  // How many events a streamed generation sends.
+  void SetStreamEvents(int n) {
+    absl::MutexLock lock(&mu_);
+    events_ = n;
+  }
+  // Lets held streams send the rest of their events.
+  void ReleaseStream() {
+    boost::asio::post(loop_->executor(), [this] {
+      stream_released_ = true;
+      if (stream_gate_) stream_gate_->cancel();
+    });
+  }
+
+  std::vector<HttpRequest> requests() const {
+    absl::MutexLock lock(&mu_);
+    return requests_;
+  }
+  std::vector<HttpRequest> RequestsTo(std::string_view path) const {
+    absl::MutexLock lock(&mu_);
+    std::vector<HttpRequest> out;
+    for (const HttpRequest& r : requests_) {
+      if (TargetPath(r.target) == path) out.push_back(r);
+    }
+    return out;
+  }
+  // Hanging requests whose client went away.
+  int disconnects() const {
+    absl::MutexLock lock(&mu_);
+    return disconnects_;
+  }
+  // Requests being answered now.
+  int in_flight() const {
+    absl::MutexLock lock(&mu_);
+    return in_flight_;
+  }
+
+ private:
+  boost::asio::awaitable<void> Shutdown() {
+    if (server_) co_await server_->Shutdown();
+    stream_gate_.reset();
+  }
+
+  boost::asio::awaitable<void> Handle(HttpExchange& ex) {
+    std::string path(TargetPath(ex.request().target));
+    std::optional<HttpResponse> answer;
+    bool hang = false;
+    int events = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      requests_.push_back(ex.request());
+      if (auto it = answers_.find(path); it != answers_.end()) answer = it->second;
+      hang = hanging_.contains(path);
+      events = events_;
+      ++in_flight_;
+    }
+    co_await Answer(ex, path, std::move(answer), hang, events);
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  }
+
+  boost::asio::awaitable<void> Answer(HttpExchange& ex, const std::string& path,
+                                      std::optional<HttpResponse> answer, bool hang, int events) {
+    if (answer.has_value()) {
+      (void)co_await ex.Respond(*std::move(answer));
+      co_return;
+    }
+    if (hang) {
+      co_await ex.WaitDisconnected();
+      absl::MutexLock lock(&mu_);
+      ++disconnects_;
+      co_return;
+    }
+    const bool generation =
+        path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions";
+    if (!generation) {
+      (void)co_await ex.Respond(JsonResponse(200, R"({"success":true,"message":"ok"})"));
+      co_return;
+    }
+    boost::system::error_code ec;
+    boost::json::value body = boost::json::parse(ex.request().body, ec);
+    const bool stream = !ec && body.is_object() && body.get_object().contains("stream") &&
+                        body.get_object().at("stream").is_bool() &&
+                        body.get_object().at("stream").get_bool();
+    if (!stream) {
+      boost::json::object out;
+      out["text"] = "ok";
+      out["request"] = ec ? boost::json::value(ex.request().body) : body;
+      if (path == "/generate") {
+        boost::json::object meta;
+        meta["id"] = "fake";
+        meta["weight_version"] = "engine-says";
+        out["meta_info"] = std::move(meta);
+      }
+      (void)co_await ex.Respond(JsonResponse(200, boost::json::serialize(out)));
+      co_return;
+    }
+    HttpHeaders headers;
+    headers.Add("Content-Type", "text/event-stream");
+    absl::Status begun = co_await ex.BeginStream(200, std::move(headers));
+    if (!begun.ok()) co_return;
+    for (int i = 0; i < events; ++i) {
+      if (i == 1) {
+        while (!stream_released_ && !ex.disconnected()) {
+          co_await stream_gate_->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+        }
+      }
+      boost::json::object event;
+      event["text"] = std::string(static_cast<size_t>(i + 1), 'x');
+      event["index"] = i;
+      if (path == "/generate") event["meta_info"] = boost::json::object();
+      absl::Status written = co_await ex.WriteChunk(SseEvent(boost::json::serialize(event)));
+      if (!written.ok()) co_return;
+    }
+    (void)co_await ex.WriteChunk(SseEvent("[DONE]"));
+    (void)co_await ex.EndStream();
+  }
+
+  std::unique_ptr<EventLoop> loop_;
+  std::unique_ptr<boost::asio::steady_timer> stream_gate_;  // loop thread only
+  std::unique_ptr<HttpServer> server_;
+  bool stream_released_ = false;  // loop thread only
+  mutable absl::Mutex mu_;
+  std::vector<HttpRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, HttpResponse> answers_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> hanging_ ABSL_GUARDED_BY(mu_);
+  int events_ ABSL_GUARDED_BY(mu_) = 3;
+  int disconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace stitch::testing

@@ -1,0 +1,145 @@
+// Engine adapters for SGLang's HTTP API (and the reference engine, which
+// speaks the same API).
+//
+//   SglangEngine       an engine that stages by itself through
+//                      POST /stage_weight_update (Stitch's SGLang fork, the
+//                      reference engine), into a local checkpoint directory
+//                      (destination disk) or an in-memory image
+//                      (destination cpu); commits with
+//                      /update_weights_from_disk or /update_weights_from_cpu.
+//   StockSglangEngine  an unmodified SGLang: the sidecar stages itself, on a
+//                      worker pool, materializing the target into the local
+//                      checkpoint directory with the delta codec, then asks
+//                      the engine to load it with /update_weights_from_disk.
+//
+// Both pause with /pause_generation {"mode": "in_place"}, resume with
+// /continue_generation, flush with /flush_cache, probe /health and abort with
+// /abort_request. An engine call succeeds when the engine answers 2xx and,
+// for answers carrying `success`, `success` is true. Errors name the engine
+// URL and the route: Unavailable when the engine did not answer (refused,
+// reset, timed out), Internal with the engine's own message when it refused.
+//
+// Threading: an adapter is bound to one event loop (the executor it was
+// built with) and used only from coroutines running there.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "absl/status/statusor.h"
+#include "stitch/engine/engine.h"
+#include "stitch/net/client.h"
+#include "stitch/net/http.h"
+#include "stitch/net/worker_pool.h"
+
+namespace stitch {
+
+struct SglangEngineOptions {
+  // The engine's base URL, "http://host:port".
+  std::string url;
+  // The boot checkpoint the engine was started with.
+  std::filesystem::path base_checkpoint_dir;
+  // Where staged versions go: required for destination disk and for the
+  // stock engine, ignored for destination cpu.
+  std::filesystem::path local_checkpoint_dir;
+  UpdateDestination destination = UpdateDestination::kDisk;
+  // Control calls (pause, resume, flush, abort, reset's load).
+  std::chrono::milliseconds control_timeout = std::chrono::seconds(60);
+  // Staging a version; the engine keeps serving meanwhile.
+  std::chrono::milliseconds stage_timeout = std::chrono::hours(1);
+  // Loading the staged version (the paused moment) or the boot checkpoint.
+  std::chrono::milliseconds commit_timeout = std::chrono::minutes(10);
+};
+
+// The HTTP control surface both adapters share. Not instantiable by itself.
+class SglangHttpEngine : public Engine {
+ public:
+  ~SglangHttpEngine() override;
+
+  boost::asio::awaitable<absl::Status> Pause() override;
+  boost::asio::awaitable<absl::Status> Resume() override;
+  boost::asio::awaitable<absl::Status> FlushCache() override;
+  boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds timeout) override;
+  boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
+
+  const SglangEngineOptions& options() const { return options_; }
+
+ protected:
+  // REQUIRES: `url` parses (Make* checks it).
+  SglangHttpEngine(boost::asio::any_io_executor executor, SglangEngineOptions options, HttpUrl url);
+
+  // POSTs `body` (JSON) to `path` and checks the answer as described above.
+  boost::asio::awaitable<absl::Status> Call(std::string_view path, std::string body,
+                                            std::chrono::milliseconds timeout);
+  // /update_weights_from_disk for `dir`, labelled with `version` (its
+  // identity: the engine learns the run too).
+  boost::asio::awaitable<absl::Status> LoadFromDisk(const std::filesystem::path& dir,
+                                                    const VersionRef& version, bool flush_cache);
+
+  const SglangEngineOptions options_;
+  const HttpUrl url_;
+  HttpClient client_;
+};
+
+// Checks `options` for an engine that stages by itself: a URL that parses,
+// a base checkpoint, and a local checkpoint for destination disk.
+class SglangEngine final : public SglangHttpEngine {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<SglangEngine>> Make(
+      boost::asio::any_io_executor executor, SglangEngineOptions options);
+
+  std::string_view name() const override { return "sglang"; }
+
+  // POST /stage_weight_update without a checkpoint source: the engine
+  // prepares its destination at the boot version.
+  boost::asio::awaitable<absl::Status> InitializeDestination(const VersionRef& boot) override;
+  // POST /stage_weight_update with the plan's source directory.
+  boost::asio::awaitable<absl::Status> Stage(const StagePlan& plan) override;
+  // /update_weights_from_disk of the local checkpoint, or
+  // /update_weights_from_cpu.
+  boost::asio::awaitable<absl::Status> Commit(const VersionRef& target,
+                                              CommitOptions options) override;
+  // Loads the base checkpoint, then re-initializes the destination.
+  boost::asio::awaitable<absl::Status> ResetToBoot(const VersionRef& boot) override;
+
+ private:
+  using SglangHttpEngine::SglangHttpEngine;
+  boost::asio::awaitable<absl::Status> StageRequest(const std::string& run_id, int64_t base_version,
+                                                    int64_t target_version,
+                                                    const std::filesystem::path* source_dir);
+};
+
+// Checks `options`: a URL that parses, a base checkpoint, a local checkpoint,
+// destination disk. Codec work runs on `pool`, which must outlive the engine.
+class StockSglangEngine final : public SglangHttpEngine {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<StockSglangEngine>> Make(
+      boost::asio::any_io_executor executor, SglangEngineOptions options, WorkerPool& pool);
+
+  std::string_view name() const override { return "sglang-stock"; }
+
+  // Seeds the local checkpoint with the boot checkpoint (delta codec).
+  boost::asio::awaitable<absl::Status> InitializeDestination(const VersionRef& boot) override;
+  // Materializes the target into the local checkpoint (delta codec): only
+  // the deltas after what it holds when it holds an earlier version of the
+  // run, else from the chain's anchor.
+  boost::asio::awaitable<absl::Status> Stage(const StagePlan& plan) override;
+  // /update_weights_from_disk of the local checkpoint.
+  boost::asio::awaitable<absl::Status> Commit(const VersionRef& target,
+                                              CommitOptions options) override;
+  // Loads the base checkpoint, then re-seeds the local checkpoint.
+  boost::asio::awaitable<absl::Status> ResetToBoot(const VersionRef& boot) override;
+
+ private:
+  StockSglangEngine(boost::asio::any_io_executor executor, SglangEngineOptions options, HttpUrl url,
+                    WorkerPool& pool);
+  WorkerPool& pool_;
+};
+
+}  // namespace stitch

@@ -1,0 +1,389 @@
+#include "stitch/engine/sglang_engine.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "stitch/engine/fake_sglang_server.h"
+#include "stitch/format/delta_apply.h"
+#include "stitch/format/delta_encode.h"
+#include "stitch/format/fileio.h"
+#include "stitch/net/event_loop.h"
+#include "tests/support/loopback_http.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
+
+namespace stitch {
+namespace {
+
+namespace json = boost::json;
+using testing::FakeSglangServer;
+
+json::object Parse(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  EXPECT_FALSE(ec) << text;
+  return v.is_object() ? v.get_object() : json::object();
+}
+
+// Tagging and stamping ------------------------------------------------------
+
+class PlainEngine final : public Engine {
+ public:
+  std::string_view name() const override { return "plain"; }
+  boost::asio::awaitable<absl::Status> InitializeDestination(const VersionRef&) override {
+    co_return absl::OkStatus();
+  }
+  boost::asio::awaitable<absl::Status> Stage(const StagePlan&) override {
+    co_return absl::OkStatus();
+  }
+  boost::asio::awaitable<absl::Status> Commit(const VersionRef&, CommitOptions) override {
+    co_return absl::OkStatus();
+  }
+  boost::asio::awaitable<absl::Status> Pause() override { co_return absl::OkStatus(); }
+  boost::asio::awaitable<absl::Status> Resume() override { co_return absl::OkStatus(); }
+  boost::asio::awaitable<absl::Status> FlushCache() override { co_return absl::OkStatus(); }
+  boost::asio::awaitable<absl::Status> ResetToBoot(const VersionRef&) override {
+    co_return absl::OkStatus();
+  }
+  boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds) override {
+    co_return absl::OkStatus();
+  }
+  boost::asio::awaitable<void> Abort(std::vector<std::string>) override { co_return; }
+};
+
+TEST(EngineTaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
+  PlainEngine engine;
+  json::object body = Parse(R"({"text":"hi","extra_key":"user-7"})");
+  engine.TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 7});
+  EXPECT_EQ(body.at("extra_key").as_string(), "wv7;r1/user-7");
+  EXPECT_FALSE(body.contains("cache_salt"));
+
+  json::object bare = Parse(R"({"text":"hi"})");
+  engine.TagRequest(ApiRoute::kGenerate, bare, VersionRef{"r1", 12});
+  EXPECT_EQ(bare.at("extra_key").as_string(), "wv12;r1/");
+}
+
+TEST(EngineTaggingTest, OpenAiRoutesGetACacheSalt) {
+  PlainEngine engine;
+  for (ApiRoute route : {ApiRoute::kCompletions, ApiRoute::kChatCompletions}) {
+    json::object body = Parse(R"({"prompt":"hi","cache_salt":"s"})");
+    engine.TagRequest(route, body, VersionRef{"run-b", 3});
+    EXPECT_EQ(body.at("cache_salt").as_string(), "wv3;run-b/s");
+    EXPECT_FALSE(body.contains("extra_key"));
+  }
+}
+
+TEST(EngineTaggingTest, DifferentVersionsNeverShareACacheKey) {
+  PlainEngine engine;
+  json::object a = Parse(R"({"extra_key":"k"})");
+  json::object b = Parse(R"({"extra_key":"k"})");
+  json::object c = Parse(R"({"extra_key":"k"})");
+  engine.TagRequest(ApiRoute::kGenerate, a, VersionRef{"r1", 1});
+  engine.TagRequest(ApiRoute::kGenerate, b, VersionRef{"r1", 11});
+  engine.TagRequest(ApiRoute::kGenerate, c, VersionRef{"r2", 1});
+  EXPECT_NE(a.at("extra_key"), b.at("extra_key"));
+  EXPECT_NE(a.at("extra_key"), c.at("extra_key"));
+}
+
+TEST(EngineStampingTest, GenerateIsStampedInsideMetaInfo) {
+  PlainEngine engine;
+  json::object body = Parse(R"({"text":"x","meta_info":{"id":"a","weight_version":"9"}})");
+  engine.StampResponse(ApiRoute::kGenerate, body, VersionStamp{4, 5});
+  const json::object& meta = body.at("meta_info").as_object();
+  EXPECT_EQ(meta.at("weight_version_start").as_int64(), 4);
+  EXPECT_EQ(meta.at("weight_version_end").as_int64(), 5);
+  EXPECT_EQ(meta.at("weight_version").as_string(), "5");
+  EXPECT_EQ(meta.at("id").as_string(), "a");
+  EXPECT_FALSE(body.contains("weight_version_start"));
+
+  json::object no_meta = Parse(R"({"text":"x"})");
+  engine.StampResponse(ApiRoute::kGenerate, no_meta, VersionStamp{2, 2});
+  EXPECT_EQ(no_meta.at("meta_info").at("weight_version_end").as_int64(), 2);
+}
+
+TEST(EngineStampingTest, OpenAiRoutesAreStampedAtTheTopLevel) {
+  PlainEngine engine;
+  json::object body = Parse(R"({"id":"cmpl","choices":[]})");
+  engine.StampResponse(ApiRoute::kChatCompletions, body, VersionStamp{7, 8});
+  EXPECT_EQ(body.at("weight_version_start").as_int64(), 7);
+  EXPECT_EQ(body.at("weight_version_end").as_int64(), 8);
+  EXPECT_FALSE(body.contains("meta_info"));
+}
+
+// The SGLang adapters ---------------------------------------------------------
+
+class SglangEngineTest : public ::testing::Test {
+ protected:
+  SglangEngineOptions Options(UpdateDestination destination) {
+    SglangEngineOptions o;
+    o.url = fake_.url();
+    o.base_checkpoint_dir = tmp_ / "base";
+    o.local_checkpoint_dir = destination == UpdateDestination::kDisk ? tmp_ / "local" : "";
+    o.destination = destination;
+    o.control_timeout = std::chrono::seconds(10);
+    return o;
+  }
+  template <typename T>
+  T Await(boost::asio::awaitable<T> task) {
+    return loop_.BlockOn(std::move(task));
+  }
+  static StagePlan Plan(const std::filesystem::path& source) {
+    StagePlan plan;
+    plan.target = VersionRef{"r1", 3};
+    plan.base_version = 0;
+    plan.source_dir = source;
+    return plan;
+  }
+
+  stitch::testing::TempDir tmp_;
+  FakeSglangServer fake_;
+  EventLoop loop_;
+};
+
+TEST_F(SglangEngineTest, DiskDestinationStagesAndCommitsThroughTheEngine) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE(Await((*engine)->InitializeDestination(VersionRef{"r1", 0})).ok());
+  EXPECT_TRUE(Await((*engine)->Stage(Plan(tmp_ / "store/updates"))).ok());
+  EXPECT_TRUE(Await((*engine)->Pause()).ok());
+  EXPECT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 3}, Engine::CommitOptions{true})).ok());
+  EXPECT_TRUE(Await((*engine)->Resume()).ok());
+
+  auto stages = fake_.RequestsTo("/stage_weight_update");
+  ASSERT_EQ(stages.size(), 2u);
+  json::object init = Parse(stages[0].body);
+  EXPECT_EQ(init.at("base_checkpoint_dir").as_string(), (tmp_ / "base").string());
+  EXPECT_EQ(init.at("base_version").as_int64(), 0);
+  EXPECT_EQ(init.at("target_version").as_int64(), 0);
+  EXPECT_EQ(init.at("destination").as_string(), "disk");
+  EXPECT_EQ(init.at("local_checkpoint_dir").as_string(), (tmp_ / "local").string());
+  EXPECT_FALSE(init.contains("checkpoint_source_dir"));
+  EXPECT_EQ(init.at("run_id").as_string(), "r1");
+  json::object stage = Parse(stages[1].body);
+  EXPECT_EQ(stage.at("target_version").as_int64(), 3);
+  EXPECT_EQ(stage.at("checkpoint_source_dir").as_string(), (tmp_ / "store/updates").string());
+
+  auto pauses = fake_.RequestsTo("/pause_generation");
+  ASSERT_EQ(pauses.size(), 1u);
+  EXPECT_EQ(Parse(pauses[0].body).at("mode").as_string(), "in_place");
+  auto loads = fake_.RequestsTo("/update_weights_from_disk");
+  ASSERT_EQ(loads.size(), 1u);
+  json::object load = Parse(loads[0].body);
+  EXPECT_EQ(load.at("model_path").as_string(), (tmp_ / "local").string());
+  EXPECT_EQ(load.at("weight_version").as_string(), "r1/weight_v000003");
+  EXPECT_EQ(load.at("flush_cache").as_bool(), true);
+  EXPECT_EQ(fake_.RequestsTo("/continue_generation").size(), 1u);
+}
+
+TEST_F(SglangEngineTest, CpuDestinationCommitsFromMemory) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE(Await((*engine)->Stage(Plan(tmp_ / "updates"))).ok());
+  EXPECT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 3}, Engine::CommitOptions{false})).ok());
+  json::object stage = Parse(fake_.RequestsTo("/stage_weight_update").at(0).body);
+  EXPECT_EQ(stage.at("destination").as_string(), "cpu");
+  EXPECT_FALSE(stage.contains("local_checkpoint_dir"));
+  auto commits = fake_.RequestsTo("/update_weights_from_cpu");
+  ASSERT_EQ(commits.size(), 1u);
+  json::object commit = Parse(commits[0].body);
+  EXPECT_EQ(commit.at("target_version").as_int64(), 3);
+  EXPECT_EQ(commit.at("flush_cache").as_bool(), false);
+  EXPECT_TRUE(fake_.RequestsTo("/update_weights_from_disk").empty());
+}
+
+TEST_F(SglangEngineTest, ResetLoadsTheBaseCheckpointThenReinitialisesTheDestination) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
+  ASSERT_TRUE(engine.ok());
+  EXPECT_TRUE(Await((*engine)->ResetToBoot(VersionRef{"r2", 4})).ok());
+  auto requests = fake_.requests();
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0].target, "/update_weights_from_disk");
+  EXPECT_EQ(Parse(requests[0].body).at("model_path").as_string(), (tmp_ / "base").string());
+  EXPECT_EQ(Parse(requests[0].body).at("weight_version").as_string(), "r2/weight_v000004");
+  EXPECT_EQ(requests[1].target, "/stage_weight_update");
+  EXPECT_EQ(Parse(requests[1].body).at("target_version").as_int64(), 4);
+}
+
+TEST_F(SglangEngineTest, RefusalCarriesTheEnginesMessage) {
+  fake_.SetAnswer("/update_weights_from_disk",
+                  JsonResponse(200, R"({"success":false,"message":"shape mismatch in q_proj"})"));
+  fake_.SetAnswer("/stage_weight_update",
+                  JsonResponse(400, R"({"error":{"message":"missing delta file"}})"));
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
+  ASSERT_TRUE(engine.ok());
+  absl::Status commit = Await((*engine)->Commit(VersionRef{"r1", 3}, Engine::CommitOptions{}));
+  EXPECT_TRUE(absl::IsInternal(commit)) << commit;
+  EXPECT_NE(commit.message().find("shape mismatch in q_proj"), std::string::npos) << commit;
+  EXPECT_NE(commit.message().find("/update_weights_from_disk"), std::string::npos) << commit;
+  absl::Status stage = Await((*engine)->Stage(Plan(tmp_ / "updates")));
+  EXPECT_NE(stage.message().find("missing delta file"), std::string::npos) << stage;
+  EXPECT_NE(stage.message().find("HTTP 400"), std::string::npos) << stage;
+}
+
+TEST_F(SglangEngineTest, UnreachableEngineIsUnavailable) {
+  SglangEngineOptions options = Options(UpdateDestination::kDisk);
+  options.url = stitch::testing::UnreachableUrl();
+  auto engine = SglangEngine::Make(loop_.executor(), options);
+  ASSERT_TRUE(engine.ok());
+  absl::Status health = Await((*engine)->Health(std::chrono::seconds(2)));
+  EXPECT_TRUE(absl::IsUnavailable(health)) << health;
+  absl::Status pause = Await((*engine)->Pause());
+  EXPECT_TRUE(absl::IsUnavailable(pause)) << pause;
+  EXPECT_NE(pause.message().find("/pause_generation"), std::string::npos) << pause;
+}
+
+TEST_F(SglangEngineTest, HealthFollowsTheEnginesStatus) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
+  ASSERT_TRUE(engine.ok());
+  EXPECT_TRUE(Await((*engine)->Health(std::chrono::seconds(2))).ok());
+  fake_.SetAnswer("/health", JsonResponse(503, R"({"message":"scheduler stalled"})"));
+  absl::Status health = Await((*engine)->Health(std::chrono::seconds(2)));
+  EXPECT_TRUE(absl::IsUnavailable(health));
+  EXPECT_NE(health.message().find("scheduler stalled"), std::string::npos) << health;
+}
+
+TEST_F(SglangEngineTest, HangingHealthTimesOut) {
+  fake_.Hang("/health");
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
+  ASSERT_TRUE(engine.ok());
+  absl::Status health = Await((*engine)->Health(std::chrono::milliseconds(200)));
+  EXPECT_TRUE(absl::IsUnavailable(health)) << health;
+}
+
+TEST_F(SglangEngineTest, AbortSendsEachRid) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
+  ASSERT_TRUE(engine.ok());
+  Await((*engine)->Abort({"a", "b"}));
+  auto aborts = fake_.RequestsTo("/abort_request");
+  ASSERT_EQ(aborts.size(), 2u);
+  EXPECT_EQ(Parse(aborts[1].body).at("rid").as_string(), "b");
+}
+
+TEST_F(SglangEngineTest, InconsistentOptionsAreRefused) {
+  SglangEngineOptions no_local = Options(UpdateDestination::kDisk);
+  no_local.local_checkpoint_dir.clear();
+  auto disk = SglangEngine::Make(loop_.executor(), no_local);
+  EXPECT_NE(disk.status().message().find("--local-checkpoint"), std::string::npos);
+  WorkerPool pool(1);
+  auto stock_cpu =
+      StockSglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu), pool);
+  EXPECT_NE(stock_cpu.status().message().find("--update-mode disk"), std::string::npos);
+  SglangEngineOptions bad_url = Options(UpdateDestination::kDisk);
+  bad_url.url = "ftp://x";
+  EXPECT_FALSE(SglangEngine::Make(loop_.executor(), bad_url).ok());
+}
+
+// The stock adapter stages on the sidecar's side with the delta codec.
+TEST_F(SglangEngineTest, StockEngineMaterializesDeltasIntoTheLocalCheckpoint) {
+  namespace fs = std::filesystem;
+  // Boot checkpoint (v0) and two later checkpoints; the store holds deltas.
+  ASSERT_TRUE(stitch::testing::WriteTestVersionAt(tmp_ / "base", 0, {.seed = 1}).ok());
+  ASSERT_TRUE(stitch::testing::WriteTestVersionAt(tmp_ / "ckpt1", 1, {.seed = 2}).ok());
+  ASSERT_TRUE(stitch::testing::WriteTestVersionAt(tmp_ / "ckpt2", 2, {.seed = 3}).ok());
+  EncodeOptions e1;
+  e1.version = 1;
+  e1.base_version = 0;
+  ASSERT_TRUE(EncodeDelta(tmp_ / "base", tmp_ / "ckpt1", tmp_ / "updates/weight_v000001", e1).ok());
+  EncodeOptions e2;
+  e2.version = 2;
+  e2.base_version = 1;
+  ASSERT_TRUE(
+      EncodeDelta(tmp_ / "ckpt1", tmp_ / "ckpt2", tmp_ / "updates/weight_v000002", e2).ok());
+
+  {
+    std::FILE* config = std::fopen((tmp_ / "base/config.json").c_str(), "w");
+    std::fputs("{\"model_type\":\"llama\"}", config);
+    std::fclose(config);
+  }
+  WorkerPool pool(2);
+  auto engine = StockSglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk), pool);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(Await((*engine)->InitializeDestination(VersionRef{"r1", 0})).ok());
+  auto held = ReadHeldVersion(tmp_ / "local");
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status();
+  EXPECT_EQ((*held)->version, 0);
+
+  StagePlan plan;
+  plan.target = VersionRef{"r1", 2};
+  plan.base_checkpoint_dir = tmp_ / "base";
+  plan.base_version = 0;
+  plan.source_dir = tmp_ / "updates";
+  for (int v = 1; v <= 2; ++v) {
+    StagedVersion sv;
+    sv.version = v;
+    sv.manifest.version = v;
+    sv.manifest.kind = VersionKind::kDelta;
+    sv.dir = tmp_ / "updates" / VersionDirName(v);
+    plan.chain.push_back(sv);
+  }
+  // Committing before staging names the mismatch and loads nothing.
+  absl::Status early = Await((*engine)->Commit(VersionRef{"r1", 2}, Engine::CommitOptions{}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(early)) << early;
+  EXPECT_TRUE(fake_.RequestsTo("/update_weights_from_disk").empty());
+
+  absl::Status staged = Await((*engine)->Stage(plan));
+  ASSERT_TRUE(staged.ok()) << staged;
+  held = ReadHeldVersion(tmp_ / "local");
+  ASSERT_TRUE(held.ok() && held->has_value());
+  EXPECT_EQ((*held)->version, 2);
+  // The staged tensors are the target's, byte for byte.
+  EXPECT_TRUE(stitch::testing::VerifyVersionDir(tmp_ / "local").ok());
+  for (const auto& entry : fs::directory_iterator(tmp_ / "ckpt2")) {
+    if (entry.path().extension() != ".safetensors") continue;
+    auto want = ReadFileToString(entry.path());
+    auto got = ReadFileToString(tmp_ / "local" / entry.path().filename());
+    ASSERT_TRUE(want.ok() && got.ok()) << entry.path();
+    EXPECT_EQ(*want, *got) << entry.path().filename();
+  }
+
+  ASSERT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 2}, Engine::CommitOptions{})).ok());
+  auto loads = fake_.RequestsTo("/update_weights_from_disk");
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(Parse(loads[0].body).at("model_path").as_string(), (tmp_ / "local").string());
+  EXPECT_TRUE(fake_.RequestsTo("/stage_weight_update").empty());
+
+  // A FULL version holds no config.json: the staged directory still gets
+  // the base checkpoint's, so that the engine can load it.
+  ASSERT_TRUE(
+      stitch::testing::WriteTestVersionAt(tmp_ / "updates" / VersionDirName(3), 3, {.seed = 4})
+          .ok());
+  StagePlan full;
+  full.target = VersionRef{"r1", 3};
+  full.base_checkpoint_dir = tmp_ / "base";
+  full.source_dir = tmp_ / "updates";
+  StagedVersion v3;
+  v3.version = 3;
+  v3.manifest.version = 3;
+  v3.manifest.kind = VersionKind::kFull;
+  v3.dir = tmp_ / "updates" / VersionDirName(3);
+  full.chain.push_back(v3);
+  absl::Status staged_full = Await((*engine)->Stage(full));
+  ASSERT_TRUE(staged_full.ok()) << staged_full;
+  EXPECT_TRUE(fs::exists(tmp_ / "local/config.json"));
+  held = ReadHeldVersion(tmp_ / "local");
+  ASSERT_TRUE(held.ok() && held->has_value());
+  EXPECT_EQ((*held)->version, 3);
+
+  // A corrupt delta fails the staging and leaves the local checkpoint alone.
+  fs::path broken = tmp_ / "updates" / VersionDirName(2);
+  for (const auto& entry : fs::directory_iterator(broken)) {
+    if (entry.path().extension() == ".safetensors") fs::resize_file(entry.path(), 40);
+  }
+  plan.target = VersionRef{"r1", 2};
+  absl::Status initialized = Await((*engine)->InitializeDestination(VersionRef{"r1", 0}));
+  ASSERT_TRUE(initialized.ok()) << initialized;
+  absl::Status corrupt = Await((*engine)->Stage(plan));
+  EXPECT_FALSE(corrupt.ok());
+  held = ReadHeldVersion(tmp_ / "local");
+  ASSERT_TRUE(held.ok() && held->has_value());
+  EXPECT_EQ((*held)->version, 0);
+}
+
+}  // namespace
+}  // namespace stitch

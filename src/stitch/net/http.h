@@ -1,0 +1,109 @@
+// HTTP vocabulary shared by the server and the client: requests, responses,
+// header lists, origins and URLs. No I/O and no Boost headers here; parsing of
+// URLs and request targets is done by Boost.URL in http.cc.
+//
+// Framing headers (Content-Length, Transfer-Encoding, Connection, Keep-Alive,
+// TE, Trailer, Upgrade, Proxy-Connection) are owned by the library: the server
+// and the client set them from the message they send and ignore any found in
+// HttpRequest::headers or HttpResponse::headers, so a handler can forward a
+// received message without scrubbing it first.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stitch {
+
+// An ordered list of header fields. Names compare case-insensitively; values
+// are kept as received. Repeated names are allowed (Add) and kept in order.
+class HttpHeaders {
+ public:
+  using Field = std::pair<std::string, std::string>;
+
+  HttpHeaders() = default;
+  HttpHeaders(std::initializer_list<Field> fields) : fields_(fields) {}
+
+  // The value of the first field named `name`, or nullopt. The view is valid
+  // until the headers are modified.
+  std::optional<std::string_view> Get(std::string_view name) const;
+  bool Has(std::string_view name) const { return Get(name).has_value(); }
+
+  // Replaces every field named `name` by one field with `value`.
+  void Set(std::string_view name, std::string_view value);
+  // Appends a field, keeping existing ones of the same name.
+  void Add(std::string_view name, std::string_view value);
+  // Removes every field named `name`; returns how many were removed.
+  size_t Remove(std::string_view name);
+
+  const std::vector<Field>& fields() const { return fields_; }
+  auto begin() const { return fields_.begin(); }
+  auto end() const { return fields_.end(); }
+  size_t size() const { return fields_.size(); }
+  bool empty() const { return fields_.empty(); }
+  void reserve(size_t n) { fields_.reserve(n); }
+
+ private:
+  std::vector<Field> fields_;
+};
+
+// True for the framing headers listed at the top of this file.
+bool IsFramingHeader(std::string_view name);
+
+struct HttpRequest {
+  std::string method = "GET";
+  // Origin form: "/path?query". The client sends it as is.
+  std::string target = "/";
+  HttpHeaders headers;
+  std::string body;
+};
+
+struct HttpResponse {
+  int status = 200;
+  HttpHeaders headers;
+  std::string body;
+};
+
+// A response with `body` and "Content-Type: application/json".
+HttpResponse JsonResponse(int status, std::string body);
+
+// The JSON error body used across Stitch: {"type": <type>, "message": <message>}
+// (properly escaped).
+std::string JsonErrorBody(std::string_view type, std::string_view message);
+
+// The path of an origin-form request target ("/a/b" for "/a/b?x=1"), still
+// percent-encoded. An unparseable target is returned whole.
+std::string_view TargetPath(std::string_view target);
+
+// The standard reason phrase of `status` ("Not Found"), or "" when unknown.
+std::string_view StatusReason(int status);
+
+// Where a client sends requests: scheme http, a host (name or IP address
+// literal) and a port.
+struct HttpOrigin {
+  std::string host;
+  uint16_t port = 80;
+
+  // "http://host:port" (IPv6 literals in brackets).
+  std::string ToString() const;
+  friend bool operator==(const HttpOrigin&, const HttpOrigin&) = default;
+};
+
+struct HttpUrl {
+  HttpOrigin origin;
+  std::string target;  // "/path?query"; "/" when the URL has no path
+
+  std::string ToString() const { return origin.ToString() + target; }
+};
+
+// Parses an absolute http URL ("http://host[:port][/path][?query]"). Errors
+// (InvalidArgument) name the URL: other schemes, user info, fragments, a
+// missing host or a bad port are refused.
+[[nodiscard]] absl::StatusOr<HttpUrl> ParseHttpUrl(std::string_view url);
+
+}  // namespace stitch

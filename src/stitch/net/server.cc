@@ -1,0 +1,682 @@
+#include "stitch/net/server.h"
+
+#include <algorithm>
+#include <exception>
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/chunk_encode.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/rfc7230.hpp>
+#include <boost/beast/http/serializer.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "stitch/core/errors.h"
+#include "stitch/net/asio_internal.h"
+
+namespace stitch {
+
+namespace http = boost::beast::http;
+using net_internal::Clock;
+using net_internal::kAwait;
+using net_internal::LoopEvent;
+using net_internal::SocketDeadline;
+using net_internal::Tcp;
+
+struct HttpServer::State {
+  State(boost::asio::any_io_executor ex, ServerOptions opts, HttpHandler h)
+      : executor(std::move(ex)),
+        options(std::move(opts)),
+        handler(std::move(h)),
+        acceptor(executor),
+        drained(executor) {}
+
+  void StopOnLoop();
+
+  boost::asio::any_io_executor executor;
+  const ServerOptions options;
+  const HttpHandler handler;
+  Tcp::acceptor acceptor;
+  // Loop thread only.
+  bool stopped = false;
+  absl::flat_hash_set<net_internal::ServerConnection*> connections;
+  LoopEvent drained;  // set once stopped and every connection has ended
+  // Any thread.
+  std::atomic<uint64_t> accepted{0};
+  std::atomic<uint64_t> active{0};
+  std::atomic<uint64_t> requests{0};
+};
+
+namespace net_internal {
+namespace {
+
+// While a handler runs, the disconnect monitor reads at most this much
+// pipelined data ahead; beyond it the connection is no longer watched.
+constexpr size_t kMonitorReadSize = 4096;
+// The first read of a request.
+constexpr size_t kFirstReadSize = 8192;
+// After an error answer, unread request bytes are drained for at most this
+// long and this much, so that closing does not reset the connection before
+// the client has read the answer.
+constexpr auto kLingerTime = std::chrono::seconds(2);
+constexpr size_t kLingerBytes = size_t{1} << 20;
+
+bool IsParseError(const boost::system::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::bad_method).category() &&
+         ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
+
+}  // namespace
+
+// One accepted connection. Lives on the frame of its serving coroutine.
+class ServerConnection {
+ public:
+  ServerConnection(std::shared_ptr<HttpServer::State> server, Tcp::socket socket)
+      : server_(std::move(server)),
+        options_(server_->options),
+        socket_(std::move(socket)),
+        deadline_(socket_),
+        monitor_done_(socket_.get_executor()),
+        disconnect_event_(socket_.get_executor()) {
+    server_->connections.insert(this);
+    boost::system::error_code ec;
+    socket_.set_option(Tcp::no_delay(true), ec);
+    Tcp::endpoint remote = socket_.remote_endpoint(ec);
+    if (!ec) peer_ = absl::StrCat(remote.address().to_string(), ":", remote.port());
+  }
+  ~ServerConnection() {
+    server_->connections.erase(this);
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+  ServerConnection(const ServerConnection&) = delete;
+  ServerConnection& operator=(const ServerConnection&) = delete;
+
+  boost::asio::awaitable<void> Run() {
+    try {
+      co_await Serve();
+    } catch (const std::exception&) {
+      // Only an impossible state gets here (every I/O error is a value):
+      // dropping the connection is the safe answer.
+    }
+    boost::system::error_code ec;
+    socket_.shutdown(Tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+  // The server is stopping: cancel everything and close.
+  void Stop() {
+    stopping_ = true;
+    MarkDisconnected();
+    boost::system::error_code ec;
+    socket_.shutdown(Tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+ private:
+  friend class stitch::HttpExchange;
+
+  boost::asio::awaitable<void> Serve() {
+    bool first = true;
+    while (!stopping_) {
+      if (buffer_.size() == 0) {
+        // Waiting for the next request is a plain read (not a readiness
+        // wait), so a request that is already there costs one recv.
+        deadline_.ArmAfter(first ? options_.header_timeout : options_.idle_timeout);
+        auto [ec, n] = co_await socket_.async_read_some(buffer_.prepare(kFirstReadSize), kAwait);
+        buffer_.commit(n);
+        if (ec || stopping_) co_return;
+      }
+      first = false;
+      parser_.emplace();
+      parser_->header_limit(static_cast<uint32_t>(
+          std::min<size_t>(options_.max_header_bytes, std::numeric_limits<uint32_t>::max())));
+      parser_->body_limit(options_.max_body_bytes);
+      deadline_.ArmAfter(options_.header_timeout);
+      auto [ec, n] = co_await http::async_read_header(socket_, buffer_, *parser_, kAwait);
+      if (ec) {
+        co_await Reject(ec);
+        co_return;
+      }
+      if (!parser_->is_done()) {
+        if (boost::beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+          http::response<http::empty_body> cont{http::status::continue_, parser_->get().version()};
+          auto status = co_await TimedWrite(
+              [&] { return http::async_write(socket_, cont, kAwait); }, "100 Continue");
+          if (!status.ok()) co_return;
+        }
+        deadline_.ArmAfter(options_.body_timeout);
+        auto [body_ec, body_n] = co_await http::async_read(socket_, buffer_, *parser_, kAwait);
+        if (body_ec) {
+          co_await Reject(body_ec);
+          co_return;
+        }
+      }
+      deadline_.Disarm();
+      if (!co_await Handle()) co_return;
+    }
+  }
+
+  // Answers a request that could not be read, when there is someone to answer.
+  boost::asio::awaitable<void> Reject(const boost::system::error_code& ec) {
+    if (stopping_ || deadline_.expired() || !socket_.is_open()) co_return;
+    if (ec == http::error::body_limit) {
+      co_await AnswerAndClose(413, "PayloadTooLarge",
+                              absl::StrCat("the request body exceeds the server's limit of ",
+                                           options_.max_body_bytes, " bytes; send a smaller body"));
+    } else if (ec == http::error::header_limit) {
+      co_await AnswerAndClose(431, "HeadersTooLarge",
+                              absl::StrCat("the request header exceeds the server's limit of ",
+                                           options_.max_header_bytes, " bytes"));
+    } else if (IsParseError(ec)) {
+      co_await AnswerAndClose(400, "BadRequest",
+                              absl::StrCat("malformed HTTP request (", ec.message(),
+                                           "); send a valid HTTP/1.1 request"));
+    }
+  }
+
+  boost::asio::awaitable<void> AnswerAndClose(int status, std::string_view type,
+                                              std::string message) {
+    http::response<http::string_body> res{static_cast<http::status>(status), 11};
+    res.set(http::field::content_type, "application/json");
+    res.body() = JsonErrorBody(type, message);
+    res.keep_alive(false);
+    res.prepare_payload();
+    auto written = co_await TimedWrite([&] { return http::async_write(socket_, res, kAwait); },
+                                       "error answer");
+    if (!written.ok()) co_return;
+    boost::system::error_code ec;
+    socket_.shutdown(Tcp::socket::shutdown_send, ec);
+    deadline_.ArmAfter(std::min<Clock::duration>(options_.body_timeout, kLingerTime));
+    size_t drained = 0;
+    while (drained < kLingerBytes && socket_.is_open()) {
+      buffer_.clear();
+      auto [read_ec, n] = co_await socket_.async_read_some(buffer_.prepare(16384), kAwait);
+      if (read_ec) break;
+      drained += n;
+    }
+    deadline_.Disarm();
+  }
+
+  // Runs the handler on the request just read. Returns whether the
+  // connection may serve another request.
+  boost::asio::awaitable<bool> Handle() {
+    http::request<http::string_body> msg = parser_->release();
+    parser_.reset();
+    server_->requests.fetch_add(1, std::memory_order_relaxed);
+    HttpRequest request;
+    request.method = std::string(msg.method_string());
+    request.target = std::string(msg.target());
+    for (const auto& field : msg) request.headers.Add(field.name_string(), field.value());
+    request.body = std::move(msg.body());
+    HttpExchange exchange(this, std::move(request), peer_, msg.version(), msg.keep_alive());
+
+    handler_running_ = true;
+    monitor_requested_ = false;
+    std::string handler_error;
+    try {
+      co_await server_->handler(exchange);
+    } catch (const std::exception& e) {
+      handler_error = e.what();
+      if (handler_error.empty()) handler_error = "unknown exception";
+    } catch (...) {
+      handler_error = "non-standard exception";
+    }
+    handler_running_ = false;
+    co_await StopMonitor();
+
+    if (!exchange.response_started() && !disconnected_ && socket_.is_open()) {
+      std::string message = handler_error.empty()
+                                ? absl::StrCat("the handler for ", exchange.request().method, " ",
+                                               AbslView(TargetPath(exchange.request().target)),
+                                               " returned without responding")
+                                : absl::StrCat("the handler for ", exchange.request().method, " ",
+                                               AbslView(TargetPath(exchange.request().target)),
+                                               " failed: ", handler_error);
+      exchange.close_after_ = !handler_error.empty();
+      (void)co_await exchange.Respond(JsonResponse(500, JsonErrorBody("HandlerError", message)));
+    } else if (!handler_error.empty()) {
+      co_return false;
+    }
+    if (exchange.state_ == HttpExchange::State::kStreaming) co_return false;
+    co_return exchange.keep_alive_ && !exchange.close_after_ && !broken_ && !disconnected_ &&
+        !stopping_ && socket_.is_open();
+  }
+
+  // Keeps a read pending while the handler runs: end of stream or an error
+  // means the client is gone. Bytes that arrive instead are the next
+  // pipelined request; they are kept in buffer_ for the next round. Started
+  // on the handler's first interest (see server.h): a quick handler that
+  // never asks pays no extra read, cancellation and wake-up.
+  void EnsureMonitor() {
+    if (!handler_running_ || monitor_requested_ || disconnected_) return;
+    monitor_requested_ = true;
+    monitor_done_.Reset();
+    monitor_active_ = true;
+    ReadForMonitor();
+  }
+
+  void ReadForMonitor() {
+    if (!socket_.is_open() || buffer_.size() >= options_.max_header_bytes) {
+      monitor_active_ = false;
+      monitor_done_.Set();
+      return;
+    }
+    socket_.async_read_some(
+        buffer_.prepare(kMonitorReadSize),
+        boost::asio::bind_cancellation_slot(monitor_cancel_.slot(),
+                                            [this](const boost::system::error_code& ec, size_t n) {
+                                              buffer_.commit(n);
+                                              if (!ec && !monitor_stopping_) {
+                                                ReadForMonitor();
+                                                return;
+                                              }
+                                              if (ec && ec != boost::asio::error::operation_aborted)
+                                                MarkDisconnected();
+                                              monitor_active_ = false;
+                                              monitor_done_.Set();
+                                            }));
+  }
+
+  boost::asio::awaitable<void> StopMonitor() {
+    if (!monitor_active_) co_return;
+    monitor_stopping_ = true;
+    monitor_cancel_.emit(boost::asio::cancellation_type::terminal);
+    co_await monitor_done_.Wait();
+    monitor_stopping_ = false;
+  }
+
+  void MarkDisconnected() {
+    if (disconnected_) return;
+    disconnected_ = true;
+    disconnect_event_.Set();
+    // Emitting may run cancellation handlers that register or unregister
+    // signals; iterate over a copy.
+    std::vector<boost::asio::cancellation_signal*> signals = cancel_on_disconnect_;
+    for (boost::asio::cancellation_signal* signal : signals) {
+      signal->emit(boost::asio::cancellation_type::terminal);
+    }
+  }
+
+  template <typename StartWrite>
+  boost::asio::awaitable<absl::Status> TimedWrite(StartWrite start, std::string_view what) {
+    deadline_.ArmAfter(options_.write_timeout);
+    auto [ec, n] = co_await start();
+    deadline_.Disarm();
+    if (!ec) co_return absl::OkStatus();
+    broken_ = true;
+    MarkDisconnected();
+    if (deadline_.expired()) {
+      co_return absl::UnavailableError(
+          absl::StrCat("writing the ", AbslView(what), " to client ", peer_, " timed out after ",
+                       options_.write_timeout.count(), " ms; the client stopped reading"));
+    }
+    co_return absl::UnavailableError(absl::StrCat("writing the ", AbslView(what), " to client ",
+                                                  peer_, " failed: ", ec.message(),
+                                                  "; the client disconnected"));
+  }
+
+  std::shared_ptr<HttpServer::State> server_;
+  const ServerOptions& options_;
+  Tcp::socket socket_;
+  boost::beast::flat_buffer buffer_;
+  SocketDeadline deadline_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string peer_ = "unknown peer";
+
+  boost::asio::cancellation_signal monitor_cancel_;
+  LoopEvent monitor_done_;
+  bool monitor_active_ = false;
+  bool monitor_requested_ = false;  // for the current request
+  bool monitor_stopping_ = false;
+
+  bool handler_running_ = false;
+  bool disconnected_ = false;
+  bool broken_ = false;  // a write failed: the socket is unusable
+  bool stopping_ = false;
+  LoopEvent disconnect_event_;
+  std::vector<boost::asio::cancellation_signal*> cancel_on_disconnect_;
+};
+
+}  // namespace net_internal
+
+using net_internal::ServerConnection;
+
+// ---------------------------------------------------------------------------
+// HttpExchange
+
+HttpExchange::HttpExchange(ServerConnection* connection, HttpRequest request, std::string peer,
+                           unsigned version, bool keep_alive)
+    : connection_(connection),
+      request_(std::move(request)),
+      peer_(std::move(peer)),
+      version_(version == 10 ? 10 : 11),
+      keep_alive_(keep_alive) {}
+
+bool HttpExchange::disconnected() const {
+  connection_->EnsureMonitor();
+  return connection_->disconnected_;
+}
+
+boost::asio::awaitable<void> HttpExchange::WaitDisconnected() {
+  connection_->EnsureMonitor();
+  co_await connection_->disconnect_event_.Wait();
+}
+
+boost::asio::awaitable<void> HttpExchange::RunUntilDisconnected(boost::asio::awaitable<void> op) {
+  connection_->EnsureMonitor();
+  if (connection_->disconnected_) co_return;
+  boost::asio::cancellation_signal signal;
+  connection_->cancel_on_disconnect_.push_back(&signal);
+  std::exception_ptr error;
+  try {
+    co_await boost::asio::co_spawn(
+        co_await boost::asio::this_coro::executor, std::move(op),
+        boost::asio::bind_cancellation_slot(signal.slot(), boost::asio::use_awaitable));
+  } catch (const boost::system::system_error& e) {
+    if (e.code() != boost::asio::error::operation_aborted) error = std::current_exception();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  auto& signals = connection_->cancel_on_disconnect_;
+  signals.erase(std::find(signals.begin(), signals.end(), &signal));
+  if (error) std::rethrow_exception(error);
+}
+
+absl::Status HttpExchange::CheckWritable(std::string_view what) const {
+  if (writing_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        AbslView(what),
+        " while another write to the same exchange is in progress; await each write first"));
+  }
+  if (connection_->broken_ || !connection_->socket_.is_open()) {
+    return absl::UnavailableError(
+        absl::StrCat(AbslView(what), " failed: client ", peer_, " disconnected"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Copies the non-framing headers into `message`; reports "Connection: close".
+template <typename Message>
+void CopyHeaders(const HttpHeaders& headers, Message& message, bool* close) {
+  for (const auto& [name, value] : headers) {
+    if (IsFramingHeader(name)) {
+      if (boost::beast::iequals(name, "connection") && http::token_list(value).exists("close")) {
+        *close = true;
+      }
+      continue;
+    }
+    message.insert(name, value);
+  }
+}
+
+absl::Status CheckStatusCode(int status) {
+  if (status < 200 || status > 999) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response status ", status, " is not a final HTTP status (200..999)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+boost::asio::awaitable<absl::Status> HttpExchange::Respond(HttpResponse response) {
+  if (state_ != State::kNone) {
+    co_return absl::FailedPreconditionError(
+        "Respond() called after a response was already started; send one response per request");
+  }
+  if (absl::Status s = CheckWritable("Respond()"); !s.ok()) co_return s;
+  if (absl::Status s = CheckStatusCode(response.status); !s.ok()) co_return s;
+  state_ = State::kResponded;
+  http::response<http::string_body> res;
+  res.version(version_);
+  res.result(static_cast<unsigned>(response.status));
+  CopyHeaders(response.headers, res, &close_after_);
+  res.keep_alive(keep_alive_ && !close_after_);
+  if (response.status != 204 && response.status != 304) res.body() = std::move(response.body);
+  res.prepare_payload();
+  if (request_.method == "HEAD") res.body().clear();
+  writing_ = true;
+  ServerConnection& c = *connection_;
+  absl::Status status =
+      co_await c.TimedWrite([&] { return http::async_write(c.socket_, res, kAwait); }, "response");
+  writing_ = false;
+  co_return status;
+}
+
+boost::asio::awaitable<absl::Status> HttpExchange::BeginStream(int status_code,
+                                                               HttpHeaders headers) {
+  if (state_ != State::kNone) {
+    co_return absl::FailedPreconditionError(
+        "BeginStream() called after a response was already started");
+  }
+  if (absl::Status s = CheckWritable("BeginStream()"); !s.ok()) co_return s;
+  if (absl::Status s = CheckStatusCode(status_code); !s.ok()) co_return s;
+  state_ = State::kStreaming;
+  http::response<http::empty_body> res;
+  res.version(version_);
+  res.result(static_cast<unsigned>(status_code));
+  CopyHeaders(headers, res, &close_after_);
+  // HTTP/1.0 has no chunked encoding: the body ends when the connection does.
+  if (version_ == 10) close_after_ = true;
+  res.keep_alive(keep_alive_ && !close_after_);
+  if (version_ == 11) res.chunked(true);
+  http::response_serializer<http::empty_body> serializer{res};
+  writing_ = true;
+  ServerConnection& c = *connection_;
+  c.EnsureMonitor();
+  absl::Status status = co_await c.TimedWrite(
+      [&] { return http::async_write_header(c.socket_, serializer, kAwait); }, "stream header");
+  writing_ = false;
+  co_return status;
+}
+
+boost::asio::awaitable<absl::Status> HttpExchange::WriteChunk(std::string bytes) {
+  if (state_ != State::kStreaming) {
+    co_return absl::FailedPreconditionError(
+        "WriteChunk() called outside a stream; call BeginStream() first");
+  }
+  if (bytes.empty()) co_return absl::OkStatus();
+  if (absl::Status s = CheckWritable("WriteChunk()"); !s.ok()) co_return s;
+  writing_ = true;
+  ServerConnection& c = *connection_;
+  absl::Status status;
+  if (version_ == 11) {
+    status = co_await c.TimedWrite(
+        [&] {
+          return boost::asio::async_write(c.socket_, http::make_chunk(boost::asio::buffer(bytes)),
+                                          kAwait);
+        },
+        "stream chunk");
+  } else {
+    status = co_await c.TimedWrite(
+        [&] { return boost::asio::async_write(c.socket_, boost::asio::buffer(bytes), kAwait); },
+        "stream chunk");
+  }
+  writing_ = false;
+  co_return status;
+}
+
+boost::asio::awaitable<absl::Status> HttpExchange::EndStream() {
+  if (state_ != State::kStreaming) {
+    co_return absl::FailedPreconditionError(
+        "EndStream() called outside a stream; call BeginStream() first");
+  }
+  if (absl::Status s = CheckWritable("EndStream()"); !s.ok()) co_return s;
+  state_ = State::kStreamEnded;
+  if (version_ == 10) co_return absl::OkStatus();
+  writing_ = true;
+  ServerConnection& c = *connection_;
+  absl::Status status = co_await c.TimedWrite(
+      [&] { return boost::asio::async_write(c.socket_, http::make_chunk_last(), kAwait); },
+      "end of stream");
+  writing_ = false;
+  co_return status;
+}
+
+// ---------------------------------------------------------------------------
+// HttpServer
+
+void HttpServer::State::StopOnLoop() {
+  if (stopped) return;
+  stopped = true;
+  boost::system::error_code ec;
+  acceptor.close(ec);
+  std::vector<ServerConnection*> open(connections.begin(), connections.end());
+  for (ServerConnection* connection : open) connection->Stop();
+  if (connections.empty()) drained.Set();
+}
+
+namespace {
+
+boost::asio::awaitable<void> ServeConnection(std::shared_ptr<HttpServer::State> state,
+                                             Tcp::socket socket) {
+  state->active.fetch_add(1, std::memory_order_relaxed);
+  {
+    ServerConnection connection(state, std::move(socket));
+    co_await connection.Run();
+  }
+  state->active.fetch_sub(1, std::memory_order_relaxed);
+  if (state->stopped && state->connections.empty()) state->drained.Set();
+}
+
+boost::asio::awaitable<void> AcceptLoop(std::shared_ptr<HttpServer::State> state) {
+  for (;;) {
+    auto [ec, socket] = co_await state->acceptor.async_accept(kAwait);
+    if (state->stopped || ec == boost::asio::error::operation_aborted) co_return;
+    if (ec) {
+      // Out of descriptors or buffers: back off briefly instead of spinning.
+      boost::asio::steady_timer pause(state->executor, std::chrono::milliseconds(50));
+      co_await pause.async_wait(kAwait);
+      continue;
+    }
+    state->accepted.fetch_add(1, std::memory_order_relaxed);
+    boost::asio::co_spawn(state->executor, ServeConnection(state, std::move(socket)),
+                          boost::asio::detached);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(boost::asio::any_io_executor executor,
+                                                              ServerOptions options,
+                                                              HttpHandler handler) {
+  auto state = std::make_shared<State>(std::move(executor), std::move(options), std::move(handler));
+  const ServerOptions& opts = state->options;
+  boost::system::error_code ec;
+  boost::asio::ip::address address = boost::asio::ip::make_address(opts.host, ec);
+  if (ec) {
+    Tcp::resolver resolver(state->executor);
+    auto results = resolver.resolve(opts.host, "", ec);
+    if (ec || results.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("listen host \"", opts.host, "\" does not resolve",
+                       ec ? absl::StrCat(" (", ec.message(), ")") : std::string(),
+                       "; pass an IP address such as 127.0.0.1 or 0.0.0.0"));
+    }
+    address = results.begin()->endpoint().address();
+  }
+  Tcp::endpoint endpoint(address, opts.port);
+  auto fail = [&](const char* step) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.host, ":", opts.port, ": ",
+                                               step, ": ", ec.message(),
+                                               "; pick another port or free the address"));
+  };
+  Tcp::acceptor& acceptor = state->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (ec) return fail("open");
+  acceptor.set_option(Tcp::acceptor::reuse_address(true), ec);
+  if (ec) return fail("SO_REUSEADDR");
+  acceptor.bind(endpoint, ec);
+  if (ec) return fail("bind");
+  acceptor.listen(opts.backlog, ec);
+  if (ec) return fail("listen");
+  uint16_t port = acceptor.local_endpoint(ec).port();
+  if (ec) return fail("local address");
+  std::string host = address.to_string();
+  boost::asio::co_spawn(state->executor, AcceptLoop(state), boost::asio::detached);
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(state), port, std::move(host)));
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+std::string HttpServer::url() const { return HttpOrigin{host_, port_}.ToString(); }
+
+void HttpServer::Stop() {
+  boost::asio::dispatch(state_->executor, [state = state_] { state->StopOnLoop(); });
+}
+
+boost::asio::awaitable<void> HttpServer::Shutdown() {
+  std::shared_ptr<State> state = state_;
+  state->StopOnLoop();
+  while (!state->connections.empty()) co_await state->drained.Wait();
+}
+
+ServerStats HttpServer::stats() const {
+  ServerStats s;
+  s.connections_accepted = state_->accepted.load(std::memory_order_relaxed);
+  s.connections_active = state_->active.load(std::memory_order_relaxed);
+  s.requests = state_->requests.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// HttpRouter
+
+void HttpRouter::Add(std::string method, std::string path, HttpHandler handler) {
+  routes_[std::move(path)].push_back(Route{std::move(method), std::move(handler)});
+}
+
+boost::asio::awaitable<void> HttpRouter::Dispatch(HttpExchange& exchange) const {
+  const HttpRequest& request = exchange.request();
+  std::string_view path = TargetPath(request.target);
+  auto it = routes_.find(AbslView(path));
+  if (it != routes_.end()) {
+    for (const Route& route : it->second) {
+      if (route.method == request.method) {
+        co_await route.handler(exchange);
+        co_return;
+      }
+    }
+  }
+  if (fallback_) {
+    co_await fallback_(exchange);
+    co_return;
+  }
+  if (it == routes_.end()) {
+    (void)co_await exchange.Respond(JsonResponse(
+        404, JsonErrorBody("NotFound",
+                           absl::StrCat("no route for ", request.method, " ", AbslView(path)))));
+    co_return;
+  }
+  std::vector<std::string> allowed;
+  for (const Route& route : it->second) allowed.push_back(route.method);
+  HttpResponse response = JsonResponse(
+      405, JsonErrorBody("MethodNotAllowed",
+                         absl::StrCat(request.method, " is not allowed on ", AbslView(path),
+                                      "; use ", absl::StrJoin(allowed, " or "))));
+  response.headers.Add("Allow", absl::StrJoin(allowed, ", "));
+  (void)co_await exchange.Respond(std::move(response));
+}
+
+HttpHandler HttpRouter::AsHandler() const {
+  auto router = std::make_shared<const HttpRouter>(*this);
+  return [router](HttpExchange& exchange) { return router->Dispatch(exchange); };
+}
+
+}  // namespace stitch

@@ -1,0 +1,237 @@
+// HTTP/1.1 server on Boost.Asio C++20 coroutines.
+//
+// One server runs on one executor, normally an io_context run by a single
+// thread (see EventLoop): every connection, handler and timer of the server
+// lives on that thread, so the hot path takes no locks. Thousands of
+// concurrent connections cost one coroutine each, never a thread.
+//
+// Per connection the server reads a request (header and body, each under its
+// own timeout and size limit), hands an HttpExchange to the handler coroutine,
+// writes what the handler sends, and keeps the connection alive for the next
+// request when both sides allow it. The server answers by itself, with a JSON
+// error body ({"type", "message"}) and then closes the connection:
+//   400 BadRequest          a request Beast cannot parse
+//   413 PayloadTooLarge     a body over ServerOptions::max_body_bytes
+//   431 HeadersTooLarge     a header over ServerOptions::max_header_bytes
+//   500 HandlerError        a handler that returned without responding or threw
+// Timeouts close the connection without an answer.
+//
+// Client disconnects: from the handler's first interest (a call to
+// disconnected(), WaitDisconnected() or CancelOnDisconnect(), or
+// BeginStream()) until it returns, the server keeps a read pending on the
+// socket. End of stream or an error on it marks the exchange disconnected:
+// disconnected() turns true, WaitDisconnected() returns, and operations run
+// through CancelOnDisconnect() receive Asio terminal cancellation. A failed
+// write and the server stopping do the same. A client that half-closes its
+// side after sending the request counts as disconnected (the usual proxy
+// convention). Quick handlers that never ask pay nothing for this.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stitch/net/http.h"
+
+namespace stitch {
+
+namespace net_internal {
+class ServerConnection;
+}
+
+struct ServerOptions {
+  // Address to listen on: an IP literal or a name resolved once at start.
+  std::string host = "127.0.0.1";
+  // 0 picks a free port; HttpServer::port() tells which.
+  uint16_t port = 0;
+  // Largest request body accepted (413 beyond).
+  size_t max_body_bytes = size_t{64} << 20;
+  // Largest request header accepted (431 beyond).
+  size_t max_header_bytes = size_t{64} << 10;
+  // From the first byte of a request (or the accept) to its complete header.
+  std::chrono::milliseconds header_timeout = std::chrono::seconds(30);
+  // For reading a request body once its header arrived.
+  std::chrono::milliseconds body_timeout = std::chrono::seconds(60);
+  // How long a keep-alive connection may sit idle between requests.
+  std::chrono::milliseconds idle_timeout = std::chrono::seconds(60);
+  // For each write to the client (a response, a stream's header or chunk).
+  // A client that stops reading for this long is treated as disconnected.
+  std::chrono::milliseconds write_timeout = std::chrono::seconds(60);
+  // Listen backlog.
+  int backlog = 4096;
+};
+
+// One request and its response, handed to the handler. Owned by the server;
+// valid until the handler coroutine returns. All methods must be called on the
+// server's executor; at most one write (Respond, BeginStream, WriteChunk,
+// EndStream) may be in progress at a time.
+class HttpExchange {
+ public:
+  HttpExchange(const HttpExchange&) = delete;
+  HttpExchange& operator=(const HttpExchange&) = delete;
+
+  const HttpRequest& request() const { return request_; }
+  // Mutable so a handler can move the body out instead of copying it.
+  HttpRequest& request() { return request_; }
+  // The client's address, "ip:port".
+  const std::string& peer() const { return peer_; }
+
+  // Sends a complete response. Framing headers in `response.headers` are
+  // ignored except "Connection: close", which ends the connection after this
+  // response. Errors: FailedPrecondition when a response was already started,
+  // Unavailable when the write failed (the client is then disconnected()).
+  [[nodiscard]] boost::asio::awaitable<absl::Status> Respond(HttpResponse response);
+
+  // Streaming: sends the status and headers at once (chunked transfer
+  // encoding; plain body then close for HTTP/1.0 clients), then each
+  // WriteChunk() goes out immediately, then EndStream() ends the body and
+  // the connection may be reused. A handler that returns without EndStream()
+  // gets its connection closed, so the client sees a truncated body. Same
+  // errors as Respond(); an empty chunk is a no-op.
+  [[nodiscard]] boost::asio::awaitable<absl::Status> BeginStream(int status, HttpHeaders headers);
+  [[nodiscard]] boost::asio::awaitable<absl::Status> WriteChunk(std::string bytes);
+  [[nodiscard]] boost::asio::awaitable<absl::Status> EndStream();
+
+  // True once a response or a stream's header was sent.
+  bool response_started() const { return state_ != State::kNone; }
+
+  // True once the client is gone (end of stream or an error on its socket,
+  // a failed write, or the server stopping). The first call starts watching
+  // the socket, so it usually returns false; poll it or use the awaitables.
+  bool disconnected() const;
+
+  // Returns once disconnected() is true, or when the awaiting coroutine is
+  // cancelled (so it composes with `||` from awaitable_operators).
+  boost::asio::awaitable<void> WaitDisconnected();
+
+  // Runs `op` and cancels it (Asio terminal cancellation, delivered to
+  // whatever `op` is awaiting) when the client disconnects. Returns op's
+  // result, or CancelledError when the client was already gone, or when the
+  // cancellation made `op` throw instead of returning. Calls may be nested or
+  // concurrent. Typical use in a proxy:
+  //   auto upstream = co_await ex.CancelOnDisconnect(client.Send(origin, req));
+  template <typename T>
+  requires std::constructible_from<T, absl::Status> boost::asio::awaitable<T> CancelOnDisconnect(
+      boost::asio::awaitable<T> op) {
+    std::optional<T> result;
+    co_await RunUntilDisconnected(StoreResult(std::move(op), &result));
+    if (!result.has_value()) co_return T(absl::CancelledError("the client disconnected"));
+    co_return std::move(*result);
+  }
+
+ private:
+  friend class net_internal::ServerConnection;
+  enum class State { kNone, kResponded, kStreaming, kStreamEnded };
+
+  HttpExchange(net_internal::ServerConnection* connection, HttpRequest request, std::string peer,
+               unsigned version, bool keep_alive);
+
+  template <typename T>
+  static boost::asio::awaitable<void> StoreResult(boost::asio::awaitable<T> op,
+                                                  std::optional<T>* out) {
+    out->emplace(co_await std::move(op));
+  }
+  boost::asio::awaitable<void> RunUntilDisconnected(boost::asio::awaitable<void> op);
+  absl::Status CheckWritable(std::string_view what) const;
+
+  net_internal::ServerConnection* connection_;
+  HttpRequest request_;
+  std::string peer_;
+  unsigned version_;  // 10 or 11
+  bool keep_alive_;   // the request allows reusing the connection
+  bool close_after_ = false;
+  bool writing_ = false;
+  State state_ = State::kNone;
+};
+
+// A request handler. It runs on the server's executor and must not block it:
+// use RunBlocking (worker_pool.h) for blocking work. Exceptions it throws are
+// caught: 500 when nothing was sent yet, otherwise the connection is closed.
+using HttpHandler = std::function<boost::asio::awaitable<void>(HttpExchange&)>;
+
+struct ServerStats {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_active = 0;
+  uint64_t requests = 0;
+};
+
+class HttpServer {
+ public:
+  // Binds and listens on options.host:options.port, then accepts on
+  // `executor`, which must outlive the server. Errors: InvalidArgument for a host that does not
+  // resolve, Unavailable when the address cannot be bound (in use, not local). Thread-safe (may be
+  // called off the loop thread).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      boost::asio::any_io_executor executor, ServerOptions options, HttpHandler handler);
+
+  // Stop()s. Connections already accepted finish on the executor: they close
+  // promptly, but a handler coroutine runs until it returns (it sees
+  // disconnected()), so whatever handlers reference must outlive the
+  // executor's last run, or the handlers must be drained first (Shutdown()).
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The bound port.
+  uint16_t port() const { return port_; }
+  // "http://host:port" of the bound address.
+  std::string url() const;
+
+  // Closes the listener and every connection: pending reads and writes are
+  // cancelled and every running exchange is marked disconnected. Returns at
+  // once. Idempotent; thread-safe.
+  void Stop();
+
+  // Stop()s, then returns once every connection has ended and every handler
+  // returned. Must be awaited on the server's executor.
+  boost::asio::awaitable<void> Shutdown();
+
+  // Counters, readable from any thread.
+  ServerStats stats() const;
+
+  struct State;
+
+ private:
+  HttpServer(std::shared_ptr<State> state, uint16_t port, std::string host)
+      : state_(std::move(state)), port_(port), host_(std::move(host)) {}
+
+  std::shared_ptr<State> state_;
+  uint16_t port_;
+  std::string host_;
+};
+
+// A tiny router: exact path (request target without its query) plus method.
+// Unknown paths get 404 and known paths with another method 405 (with an
+// Allow header), both with JSON error bodies, unless a fallback is set.
+class HttpRouter {
+ public:
+  void Add(std::string method, std::string path, HttpHandler handler);
+  // Handles every request no route matches (instead of the 404 and 405).
+  void SetFallback(HttpHandler handler) { fallback_ = std::move(handler); }
+
+  boost::asio::awaitable<void> Dispatch(HttpExchange& exchange) const;
+
+  // A handler for HttpServer::Start holding a copy of this router.
+  HttpHandler AsHandler() const;
+
+ private:
+  struct Route {
+    std::string method;
+    HttpHandler handler;
+  };
+  absl::flat_hash_map<std::string, std::vector<Route>> routes_;
+  HttpHandler fallback_;
+};
+
+}  // namespace stitch

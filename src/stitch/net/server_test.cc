@@ -1,0 +1,450 @@
+#include "stitch/net/server.h"
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/net_test_util.h"
+#include "stitch/net/sse.h"
+
+namespace stitch {
+namespace {
+
+using boost::asio::awaitable;
+using std::chrono::milliseconds;
+using testing::Echo;
+using testing::Get;
+using testing::Harness;
+using testing::Post;
+using testing::RawSocket;
+using testing::WaitUntil;
+
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+TEST(HttpServerTest, RoundTripsGetAndPostWithHeadersAndBody) {
+  Harness h(Echo);
+  HttpRequest get = Get("/info?verbose=1");
+  get.headers.Add("X-Test", "hello");
+  auto r = h.Send(get);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->headers.Get("x-method"), "GET");
+  EXPECT_EQ(r->headers.Get("X-TARGET"), "/info?verbose=1");
+  EXPECT_EQ(r->headers.Get("x-test-echo"), "hello");
+  EXPECT_EQ(r->body, "");
+
+  std::string big(200000, 'x');
+  for (size_t i = 0; i < big.size(); i += 7) big[i] = static_cast<char>('a' + i % 26);
+  auto p = h.Send(Post("/generate", big));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->status, 200);
+  EXPECT_EQ(p->headers.Get("x-method"), "POST");
+  EXPECT_EQ(p->body, big);
+  EXPECT_EQ(p->headers.Get("content-length"), std::to_string(big.size()));
+}
+
+TEST(HttpServerTest, SequentialRequestsReuseOneKeepAliveConnection) {
+  Harness h(Echo);
+  for (int i = 0; i < 20; ++i) {
+    auto r = h.Send(Post("/n", std::to_string(i)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->body, std::to_string(i));
+  }
+  EXPECT_EQ(h.server->stats().connections_accepted, 1u);
+  EXPECT_EQ(h.server->stats().requests, 20u);
+  EXPECT_EQ(h.client->connections_opened(), 1u);
+  EXPECT_EQ(h.client->idle_connections(), 1u);
+}
+
+TEST(HttpServerTest, BodyOverTheLimitGets413) {
+  ServerOptions options;
+  options.max_body_bytes = 1024;
+  Harness h(Echo, options);
+  auto small = h.Send(Post("/", std::string(1024, 'a')));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->status, 200);
+
+  auto r = h.Send(Post("/", std::string(4096, 'a')));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(r->headers.Get("content-type"), "application/json");
+  EXPECT_NE(r->body.find("\"type\":\"PayloadTooLarge\""), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("1024"), std::string::npos) << r->body;
+
+  // A chunked body has no length up front: the limit trips while reading it.
+  RawSocket raw(h.server->port());
+  ASSERT_TRUE(raw.connected());
+  raw.Send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" +
+           std::string(2048, 'b') + "\r\n0\r\n\r\n");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
+}
+
+TEST(HttpServerTest, MalformedRequestGets400AndClose) {
+  Harness h(Echo);
+  RawSocket raw(h.server->port());
+  ASSERT_TRUE(raw.connected());
+  raw.Send("THIS IS NOT HTTP\r\n\r\n");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+  EXPECT_NE(answer.find("BadRequest"), std::string::npos) << answer;
+  EXPECT_EQ(h.server->stats().requests, 0u);
+}
+
+TEST(HttpServerTest, OversizedHeaderGets431) {
+  ServerOptions options;
+  options.max_header_bytes = 1024;
+  Harness h(Echo, options);
+  RawSocket raw(h.server->port());
+  raw.Send("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(4096, 'h') + "\r\n\r\n");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 431", 0), 0u) << answer;
+}
+
+TEST(HttpServerTest, StalledHeaderIsClosedAfterTheHeaderTimeout) {
+  ServerOptions options;
+  options.header_timeout = milliseconds(100);
+  Harness h(Echo, options);
+  RawSocket raw(h.server->port());
+  raw.Send("GET / HTTP/1.1\r\nHost: x\r\n");  // never finished
+  auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(answer, "");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(h.server->stats().requests, 0u);
+}
+
+TEST(HttpServerTest, IdleKeepAliveConnectionIsClosedAndTheClientReconnects) {
+  ServerOptions options;
+  options.idle_timeout = milliseconds(50);
+  Harness h(Echo, options);
+  ASSERT_TRUE(h.Send(Get("/1")).ok());
+  ASSERT_TRUE(WaitUntil([&] { return h.server->stats().connections_active == 0; }));
+  // The pooled connection is dead now: the client must notice and reconnect.
+  auto r = h.Send(Get("/2"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->headers.Get("x-target"), "/2");
+  EXPECT_EQ(h.server->stats().connections_accepted, 2u);
+  EXPECT_EQ(h.client->connections_opened(), 2u);
+}
+
+TEST(HttpServerTest, StreamedEventsArriveOneByOne) {
+  std::atomic<bool> second_sent{false};
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    HttpHeaders headers = testing::EventStreamHeaders();
+    headers.Add("Cache-Control", "no-cache");
+    absl::Status s = co_await ex.BeginStream(200, std::move(headers));
+    if (s.ok()) s = co_await ex.WriteChunk(SseEvent("first"));
+    co_await h.gate->Wait();  // opened by the client once it has the first event
+    second_sent = true;
+    if (s.ok()) s = co_await ex.WriteChunk(SseEvent("second"));
+    if (s.ok()) s = co_await ex.WriteChunk(SseEvent("[DONE]"));
+    if (s.ok()) s = co_await ex.EndStream();
+    EXPECT_TRUE(s.ok()) << s;
+  });
+
+  std::vector<std::string> events;
+  bool second_was_sent_before_first_arrived = true;
+  CallOptions options;
+  options.stream_idle_timeout = milliseconds(10000);
+  absl::Status result = h.client_loop.BlockOn([&]() -> awaitable<absl::Status> {
+    auto stream = co_await h.client->SendStreamed(h.origin(), Post("/generate", "{}"), options);
+    if (!stream.ok()) co_return stream.status();
+    EXPECT_EQ(stream->status(), 200);
+    EXPECT_EQ(stream->headers().Get("content-type"), "text/event-stream");
+    EXPECT_EQ(stream->headers().Get("transfer-encoding"), "chunked");
+    SseEventSplitter splitter;
+    for (;;) {
+      auto chunk = co_await stream->Read();
+      if (!chunk.ok()) co_return chunk.status();
+      if (chunk->empty()) break;
+      splitter.Append(*chunk);
+      while (auto event = splitter.Next()) {
+        events.push_back(*SseData(*event));
+        if (events.size() == 1) {
+          second_was_sent_before_first_arrived = second_sent.load();
+          h.gate->Open();
+        }
+      }
+    }
+    EXPECT_TRUE(stream->finished());
+    co_return absl::OkStatus();
+  }());
+  ASSERT_TRUE(result.ok()) << result;
+  EXPECT_FALSE(second_was_sent_before_first_arrived);
+  EXPECT_EQ(events, (std::vector<std::string>{"first", "second", "[DONE]"}));
+  // The stream ended cleanly, so its connection went back to the pool.
+  EXPECT_EQ(h.client->idle_connections(), 1u);
+  auto again = h.Send(Get("/after-stream"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(h.server->stats().connections_accepted, 1u);
+}
+
+TEST(HttpServerTest, HandlerSeesTheClientDisconnect) {
+  absl::Notification started, disconnected;
+  std::atomic<bool> flag_before{true}, flag_after{false};
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    flag_before = ex.disconnected();
+    started.Notify();
+    co_await ex.WaitDisconnected();
+    flag_after = ex.disconnected();
+    disconnected.Notify();
+  });
+  RawSocket raw(h.server->port());
+  raw.Send("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(kWait));
+  EXPECT_FALSE(disconnected.HasBeenNotified());
+  raw.Close();
+  ASSERT_TRUE(disconnected.WaitForNotificationWithTimeout(kWait));
+  EXPECT_FALSE(flag_before.load());
+  EXPECT_TRUE(flag_after.load());
+}
+
+TEST(HttpServerTest, ClientDisconnectCancelsTheProxiedUpstreamCall) {
+  absl::Notification upstream_started, upstream_saw_disconnect, proxy_done;
+  absl::Status proxy_status;
+  EventLoop upstream_loop;
+  auto upstream =
+      HttpServer::Start(upstream_loop.executor(), {}, [&](HttpExchange& ex) -> awaitable<void> {
+        upstream_started.Notify();
+        co_await ex.WaitDisconnected();
+        upstream_saw_disconnect.Notify();
+      });
+  ASSERT_TRUE(upstream.ok()) << upstream.status();
+  HttpOrigin upstream_origin{"127.0.0.1", (*upstream)->port()};
+
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    absl::StatusOr<HttpResponse> r = co_await ex.CancelOnDisconnect(
+        h.loop_client->Send(upstream_origin, Post("/generate", ex.request().body)));
+    proxy_status = r.status();
+    proxy_done.Notify();
+  });
+  h.loop_client.emplace(h.loop.executor());
+
+  RawSocket raw(h.server->port());
+  raw.Send("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  ASSERT_TRUE(upstream_started.WaitForNotificationWithTimeout(kWait));
+  raw.Close();
+  ASSERT_TRUE(proxy_done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(proxy_status.code(), absl::StatusCode::kCancelled) << proxy_status;
+  // Cancelling closed the upstream connection, so the engine side knows too.
+  ASSERT_TRUE(upstream_saw_disconnect.WaitForNotificationWithTimeout(kWait));
+}
+
+TEST(HttpServerTest, ClientDisconnectCancelsAProxiedStream) {
+  absl::Notification upstream_saw_disconnect, proxy_done;
+  absl::Status proxy_status;
+  EventLoop upstream_loop;
+  auto upstream =
+      HttpServer::Start(upstream_loop.executor(), {}, [&](HttpExchange& ex) -> awaitable<void> {
+        (void)co_await ex.BeginStream(200, testing::EventStreamHeaders());
+        (void)co_await ex.WriteChunk(SseEvent("token-1"));
+        co_await ex.WaitDisconnected();
+        upstream_saw_disconnect.Notify();
+      });
+  ASSERT_TRUE(upstream.ok()) << upstream.status();
+  HttpOrigin upstream_origin{"127.0.0.1", (*upstream)->port()};
+
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    proxy_status = co_await ex.CancelOnDisconnect([&]() -> awaitable<absl::Status> {
+      auto stream = co_await h.loop_client->SendStreamed(upstream_origin, Post("/generate", "{}"));
+      if (!stream.ok()) co_return stream.status();
+      absl::Status s = co_await ex.BeginStream(stream->status(), stream->headers());
+      while (s.ok()) {
+        auto chunk = co_await stream->Read();
+        if (!chunk.ok()) co_return chunk.status();
+        if (chunk->empty()) co_return co_await ex.EndStream();
+        s = co_await ex.WriteChunk(std::move(*chunk));
+      }
+      co_return s;
+    }());
+    proxy_done.Notify();
+  });
+  h.loop_client.emplace(h.loop.executor());
+
+  RawSocket raw(h.server->port());
+  raw.Send("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  std::string got = raw.ReadUntil("token-1");
+  EXPECT_NE(got.find("data: token-1"), std::string::npos) << got;
+  raw.Close();
+  ASSERT_TRUE(proxy_done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(proxy_status.code(), absl::StatusCode::kCancelled) << proxy_status;
+  ASSERT_TRUE(upstream_saw_disconnect.WaitForNotificationWithTimeout(kWait));
+}
+
+TEST(HttpServerTest, OneThreadHoldsAThousandConcurrentSlowRequests) {
+  constexpr int kRequests = 1000;
+  int arrived = 0;  // server loop thread only
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    // Nobody is answered until every request is being handled at once.
+    if (++arrived == kRequests) h.gate->Open();
+    co_await h.gate->Wait();
+    (void)co_await ex.Respond(testing::Text(200, ex.request().target));
+  });
+
+  struct Results {
+    std::vector<int> status = std::vector<int>(kRequests, 0);
+    std::atomic<int> remaining{kRequests};
+    absl::Notification done;
+  } results;
+  for (int i = 0; i < kRequests; ++i) {
+    Spawn(h.client_loop.executor(),
+          [](HttpClient* client, HttpOrigin origin, Results* results, int i) -> awaitable<void> {
+            CallOptions options;
+            options.timeout = milliseconds(60000);
+            auto r = co_await client->Send(origin, Get("/" + std::to_string(i)), options);
+            results->status[i] = r.ok() && r->body == "/" + std::to_string(i) ? r->status : -1;
+            if (--results->remaining == 0) results->done.Notify();
+          }(&*h.client, h.origin(), &results, i));
+  }
+  ASSERT_TRUE(results.done.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  for (int i = 0; i < kRequests; ++i) ASSERT_EQ(results.status[i], 200) << "request " << i;
+  EXPECT_EQ(h.server->stats().connections_accepted, static_cast<uint64_t>(kRequests));
+  EXPECT_EQ(h.server->stats().requests, static_cast<uint64_t>(kRequests));
+}
+
+TEST(HttpServerTest, HandlerWithoutAResponseGets500) {
+  Harness h([](HttpExchange& ex) -> awaitable<void> {
+    if (ex.request().target == "/throw") throw std::runtime_error("boom");
+    co_return;
+  });
+  auto silent = h.Send(Get("/silent"));
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  EXPECT_EQ(silent->status, 500);
+  EXPECT_NE(silent->body.find("HandlerError"), std::string::npos) << silent->body;
+  auto thrown = h.Send(Get("/throw"));
+  ASSERT_TRUE(thrown.ok()) << thrown.status();
+  EXPECT_EQ(thrown->status, 500);
+  EXPECT_NE(thrown->body.find("boom"), std::string::npos) << thrown->body;
+}
+
+TEST(HttpServerTest, SecondResponseIsRefused) {
+  absl::Status second;
+  absl::Notification handled;
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.Respond(testing::Text(201, "one"));
+    second = co_await ex.Respond(testing::Text(200, "two"));
+    handled.Notify();
+  });
+  auto r = h.Send(Get("/"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 201);
+  EXPECT_EQ(r->body, "one");
+  ASSERT_TRUE(handled.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(HttpServerTest, RouterDispatchesByMethodAndPath) {
+  HttpRouter router;
+  router.Add("GET", "/health", [](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.Respond(JsonResponse(200, R"({"ready":true})"));
+  });
+  router.Add("POST", "/wake", [](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.Respond(testing::Text(202, "woken"));
+  });
+  Harness h(router.AsHandler());
+  auto health = h.Send(Get("/health?probe=1"));
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->status, 200);
+  auto wake = h.Send(Post("/wake", ""));
+  ASSERT_TRUE(wake.ok());
+  EXPECT_EQ(wake->status, 202);
+  auto missing = h.Send(Get("/nope"));
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_NE(missing->body.find("NotFound"), std::string::npos);
+  auto wrong = h.Send(Get("/wake"));
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ(wrong->status, 405);
+  EXPECT_EQ(wrong->headers.Get("allow"), "POST");
+}
+
+TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  Harness h(Echo);
+  RawSocket raw(h.server->port());
+  raw.Send(
+      "GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  size_t first = answer.find("X-Target: /first");
+  size_t second = answer.find("X-Target: /second");
+  ASSERT_NE(first, std::string::npos) << answer;
+  ASSERT_NE(second, std::string::npos) << answer;
+  EXPECT_LT(first, second);
+  EXPECT_EQ(h.server->stats().requests, 2u);
+}
+
+TEST(HttpServerTest, Http10ClientGetsAnAnswerAndTheConnectionCloses) {
+  Harness h(Echo);
+  RawSocket raw(h.server->port());
+  raw.Send("POST /old HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(answer.rfind("HTTP/1.0 200", 0), 0u) << answer;
+  EXPECT_EQ(answer.substr(answer.size() - 3), "abc");
+}
+
+TEST(HttpServerTest, ExpectContinueIsHonoured) {
+  Harness h(Echo);
+  RawSocket raw(h.server->port());
+  raw.Send("POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  std::string interim = raw.ReadUntil("\r\n\r\n");
+  EXPECT_EQ(interim.rfind("HTTP/1.1 100 Continue", 0), 0u) << interim;
+  raw.Send("hello");
+  std::string answer = raw.ReadUntil("hello");
+  EXPECT_NE(answer.find("HTTP/1.1 200 OK"), std::string::npos) << answer;
+}
+
+TEST(HttpServerTest, ShutdownDisconnectsRunningHandlersAndDrains) {
+  absl::Notification started;
+  std::atomic<bool> handler_saw_disconnect{false};
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    started.Notify();
+    co_await ex.WaitDisconnected();
+    handler_saw_disconnect = true;
+  });
+  RawSocket raw(h.server->port());
+  raw.Send("GET /long HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(kWait));
+  h.loop.BlockOn(h.server->Shutdown());
+  EXPECT_TRUE(handler_saw_disconnect.load());
+  EXPECT_EQ(h.server->stats().connections_active, 0u);
+  bool closed = false;
+  raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  RawSocket late(h.server->port());
+  EXPECT_FALSE(late.connected());
+}
+
+TEST(HttpServerTest, ListeningOnABusyPortIsUnavailable) {
+  Harness h(Echo);
+  ServerOptions options;
+  options.port = h.server->port();
+  auto second = HttpServer::Start(h.loop.executor(), options, Echo);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find(std::to_string(options.port)), std::string::npos);
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,365 @@
+#include "stitch/publish/multihost.h"
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <optional>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/pointer.h"
+#include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
+#include "stitch/publish/receipts.h"
+#include "stitch/publish/wake.h"
+#include "stitch/store/s3_sha256.h"
+#include "stitch/store/s3_store.h"
+
+namespace stitch {
+namespace fs = std::filesystem;
+namespace json = boost::json;
+namespace {
+
+// One rank's contribution to a step: how the step went for it, plus data
+// (a receipt, or where to find it).
+struct StepMessage {
+  absl::Status status;
+  std::string payload;
+};
+
+std::string EncodeStep(const absl::Status& status, std::string_view payload) {
+  json::object o;
+  o["code"] = static_cast<int>(status.code());
+  o["message"] = std::string(status.message());
+  o["kind"] = static_cast<int>(GetErrorKind(status));
+  if (auto conflict = GetConflictDetails(status)) {
+    o["conflict"] = json::array{conflict->expected, conflict->actual, conflict->proposed};
+  }
+  o["payload"] = std::string(payload);
+  return json::serialize(o);
+}
+
+absl::StatusOr<StepMessage> DecodeStep(std::string_view where, std::string_view text) {
+  json::error_code ec;
+  json::value v = json::parse(json::string_view(text.data(), text.size()), ec);
+  const json::object* o = ec ? nullptr : v.if_object();
+  const json::value* code = o ? o->if_contains("code") : nullptr;
+  const json::value* message = o ? o->if_contains("message") : nullptr;
+  const json::value* kind = o ? o->if_contains("kind") : nullptr;
+  const json::value* payload = o ? o->if_contains("payload") : nullptr;
+  if (code == nullptr || !code->is_int64() || message == nullptr || !message->is_string() ||
+      kind == nullptr || !kind->is_int64() || payload == nullptr || !payload->is_string()) {
+    return absl::InternalError(
+        absl::StrCat(AbslView(where),
+                     ": a rank sent a malformed all-gather value; are all ranks running the "
+                     "same stitch?"));
+  }
+  StepMessage out;
+  out.payload = std::string(payload->as_string());
+  auto status_code = static_cast<absl::StatusCode>(code->as_int64());
+  if (status_code == absl::StatusCode::kOk) return out;
+  const json::value* conflict = o->if_contains("conflict");
+  if (conflict != nullptr && conflict->is_array() && conflict->as_array().size() == 3) {
+    const json::array& a = conflict->as_array();
+    if (a[0].is_string() && a[1].is_string() && a[2].is_string()) {
+      out.status = ConflictError(
+          where, ConflictDetails{std::string(a[0].as_string()), std::string(a[1].as_string()),
+                                 std::string(a[2].as_string())});
+      return out;
+    }
+  }
+  out.status = absl::Status(status_code, std::string(message->as_string()));
+  int64_t k = kind->as_int64();
+  if (k > static_cast<int64_t>(ErrorKind::kOther) &&
+      k <= static_cast<int64_t>(ErrorKind::kVersionNotReady)) {
+    out.status = WithKind(std::move(out.status), static_cast<ErrorKind>(k));
+  }
+  return out;
+}
+
+// All-gathers this rank's step outcome; returns every rank's, in rank order.
+absl::StatusOr<std::vector<StepMessage>> Exchange(TrainerComms& comms, std::string_view where,
+                                                  const absl::Status& status,
+                                                  std::string_view payload) {
+  auto values = comms.AllGather(EncodeStep(status, payload));
+  if (!values.ok()) return Annotate(values.status(), where);
+  if (static_cast<int>(values->size()) != comms.world_size()) {
+    return absl::InternalError(absl::StrCat(AbslView(where), ": all-gather returned ",
+                                            values->size(), " values for ", comms.world_size(),
+                                            " ranks"));
+  }
+  std::vector<StepMessage> out;
+  for (const std::string& v : *values) {
+    auto m = DecodeStep(where, v);
+    if (!m.ok()) return m.status();
+    out.push_back(*std::move(m));
+  }
+  return out;
+}
+
+// The first failure among the ranks (this rank's own status when it is the
+// one), else OK.
+absl::Status FirstFailure(const std::vector<StepMessage>& messages, int self,
+                          const absl::Status& own) {
+  for (size_t r = 0; r < messages.size(); ++r) {
+    if (messages[r].status.ok()) continue;
+    if (static_cast<int>(r) == self) return own;
+    if (r == 0) return messages[r].status;
+    return Annotate(messages[r].status, absl::StrCat("rank ", r));
+  }
+  return absl::OkStatus();
+}
+
+// The payload files a host leader uploads when it was not told.
+absl::StatusOr<std::vector<std::string>> DiscoverHostFiles(const fs::path& dir) {
+  std::error_code ec;
+  std::set<std::string> out;
+  fs::path index_path = dir / kIndexFileName;
+  if (fs::is_regular_file(index_path, ec)) {
+    auto text = ReadFileToString(index_path);
+    if (!text.ok()) return text.status();
+    auto index = CheckpointIndex::Parse(*text);
+    if (!index.ok()) return Annotate(index.status(), index_path.string());
+    for (const auto& [tensor, file] : index->weight_map) {
+      if (fs::is_regular_file(dir / file, ec)) out.insert(file);
+    }
+    return std::vector<std::string>(out.begin(), out.end());
+  }
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("version directory ", dir.string(), " does not exist or is not a directory"));
+  }
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string rel = it->path().lexically_relative(dir).generic_string();
+    bool hidden = it->path().filename().string().starts_with(".");
+    if (hidden) {
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file(ec) && it->path().extension() == ".safetensors") out.insert(rel);
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", dir.string(), ": ", ec.message()));
+  return std::vector<std::string>(out.begin(), out.end());
+}
+
+// A mounted store: the leader's files are already in the shared directory;
+// committing them means making them durable and saying what they hold.
+absl::StatusOr<std::vector<FileReceipt>> CommitSharedFiles(const fs::path& dir,
+                                                           const std::vector<std::string>& files) {
+  std::vector<FileReceipt> out;
+  std::set<fs::path> dirs{dir};
+  for (const std::string& name : files) {
+    if (absl::Status s = ValidatePayloadFileName(name); !s.ok()) return s;
+    fs::path path = dir / name;
+    auto digest = HashFile(path);
+    if (!digest.ok()) return digest.status();
+    if (absl::Status s = FsyncPath(path); !s.ok()) return s;
+    for (fs::path p = path.parent_path(); p != dir && p.has_relative_path(); p = p.parent_path()) {
+      dirs.insert(p);
+    }
+    out.push_back(FileReceipt{name, digest->size, digest->sha256});
+  }
+  for (const fs::path& d : dirs) {
+    if (absl::Status s = FsyncPath(d); !s.ok()) return s;
+  }
+  return out;
+}
+
+// Rank 0's index, as the store must keep it: nullopt when `dir` has none.
+struct LoadedIndex {
+  VersionManifest manifest;
+  std::string json;
+};
+absl::StatusOr<std::optional<LoadedIndex>> LoadIndex(const fs::path& dir, int64_t version) {
+  fs::path path = dir / kIndexFileName;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<LoadedIndex>();
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  auto index = CheckpointIndex::Parse(*text);
+  if (!index.ok()) return Annotate(index.status(), path.string());
+  auto recorded = index->version();
+  if (!recorded.ok()) return Annotate(recorded.status(), path.string());
+  LoadedIndex out;
+  if (recorded->has_value()) {
+    if (**recorded != version) {
+      return absl::InvalidArgumentError(absl::StrCat(path.string(), " records metadata.version ",
+                                                     **recorded,
+                                                     " but is being published as version ", version,
+                                                     "; rename the directory or fix the index"));
+    }
+    out.json = *std::move(text);
+  } else {
+    index->metadata["version"] = VersionMetadataString(version);
+    out.json = index->ToJson();
+  }
+  auto manifest = index->ToManifest();
+  if (!manifest.ok()) return Annotate(manifest.status(), path.string());
+  out.manifest = *std::move(manifest);
+  return std::optional<LoadedIndex>(std::move(out));
+}
+
+absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const VersionRef& ref,
+                    const std::optional<VersionRef>& expected,
+                    const std::vector<StepMessage>& uploads, std::string_view where) {
+  std::vector<UploadReceipt> receipts;
+  for (const StepMessage& m : uploads) {
+    if (m.payload.empty()) continue;  // not a host leader
+    std::string text = m.payload;
+    if (s3 != nullptr) {
+      auto stored = s3->GetReceipt(ref.version, m.payload);
+      if (!stored.ok()) return stored.status();
+      text = *std::move(stored);
+    }
+    auto receipt = ReceiptFromJson(text);
+    if (!receipt.ok()) return Annotate(receipt.status(), where);
+    receipts.push_back(*std::move(receipt));
+  }
+  if (s3 == nullptr) {
+    // Make the other hosts' writes visible before looking at them.
+    if (absl::Status s = store.Refresh(); !s.ok()) return s;
+  }
+  auto index = LoadIndex(dir, ref.version);
+  if (!index.ok()) return Annotate(index.status(), where);
+  std::optional<VersionManifest> manifest;
+  if (index->has_value()) manifest = (*index)->manifest;
+
+  StatFilesFn stat;
+  if (s3 != nullptr) {
+    stat = [&](const std::vector<std::string>& files) -> absl::StatusOr<std::vector<FileReceipt>> {
+      auto stored = s3->StatVersionFiles(ref.version, files);
+      if (!stored.ok()) return stored.status();
+      std::vector<FileReceipt> out;
+      for (const StoredFile& f : *stored) out.push_back(FileReceipt{f.name, f.size, f.sha256});
+      return out;
+    };
+  } else {
+    stat = [&](const std::vector<std::string>& files) -> absl::StatusOr<std::vector<FileReceipt>> {
+      std::vector<FileReceipt> out;
+      for (const std::string& file : files) {
+        auto digest = HashFile(dir / file);
+        if (!digest.ok()) {
+          return Annotate(digest.status(),
+                          absl::StrCat(AbslView(where), ": rank 0 cannot see a receipted file"));
+        }
+        out.push_back(FileReceipt{file, digest->size, digest->sha256});
+      }
+      return out;
+    };
+  }
+  auto verified = VerifyReceipts(where, ref.version, manifest, receipts, stat);
+  if (!verified.ok()) return verified.status();
+
+  absl::Status published = s3 != nullptr ? s3->PublishIndex(ref.version, (*index)->json)
+                                         : store.PublishFiles(ref.version, dir);
+  if (!published.ok()) return published;
+  return store.AdvancePointer(expected, ref);
+}
+
+}  // namespace
+
+std::string HostReceiptName(int rank) { return absl::StrFormat("rank-%06d", rank); }
+
+absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, const fs::path& dir,
+                                            const MultiHostPublishOptions& options) {
+  const std::string where = absl::StrCat("store ", store.uri());
+  const int rank = comms.rank();
+  auto* s3 = dynamic_cast<S3Store*>(&store);
+
+  // Checks every rank makes on its own.
+  fs::path version_dir = dir.lexically_normal();
+  if (!version_dir.has_filename()) version_dir = version_dir.parent_path();
+  VersionRef ref;
+  absl::Status local = ValidateRunId(store.run_id());
+  if (!local.ok()) {
+    local = absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", local.message()));
+  } else {
+    const std::string name = version_dir.filename().string();
+    auto number = ParseVersionDirName(name);
+    if (!number.ok() || VersionDirName(*number) != name) {
+      local = absl::InvalidArgumentError(absl::StrCat(
+          where, ": cannot publish ", dir.string(), ": \"", absl::CEscape(name),
+          "\" is not a version identity; name the directory weight_vNNNNNN (six digits or more, "
+          "zero padded)"));
+    } else {
+      ref = VersionRef{store.run_id(), *number};
+    }
+  }
+
+  // 1. begin: the expected pointer, and no upload for a doomed version.
+  std::optional<VersionRef> expected;
+  absl::Status begin = local;
+  if (begin.ok() && rank == 0) {
+    begin = [&]() -> absl::Status {
+      if (absl::Status s = store.Refresh(); !s.ok()) return s;
+      auto pointer = store.ReadPointer();
+      if (!pointer.ok()) return pointer.status();
+      if (!*pointer || (*pointer)->run_id != ref.run_id) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            where, ": run ", ref.run_id, " is not claimed (the pointer ",
+            *pointer ? absl::StrCat("names ", (*pointer)->ToString()) : std::string("is unset"),
+            "); run `stitch claim` first"));
+      }
+      expected = *pointer;
+      return CheckPointerMove(where, *pointer, ref).status();
+    }();
+  }
+  auto step = Exchange(comms, where, begin, "");
+  if (!step.ok()) return step.status();
+  if (absl::Status s = FirstFailure(*step, rank, begin); !s.ok()) return s;
+
+  // 2. upload: each host leader's files, durable, with a receipt.
+  absl::Status upload;
+  std::string payload;
+  if (comms.IsHostLeader()) {
+    upload = [&]() -> absl::Status {
+      std::vector<std::string> files = options.files;
+      if (files.empty()) {
+        auto found = DiscoverHostFiles(version_dir);
+        if (!found.ok()) return Annotate(found.status(), where);
+        files = *std::move(found);
+      }
+      UploadReceipt receipt{ref.version, HostReceiptName(rank), {}};
+      if (s3 != nullptr) {
+        auto stored = s3->UploadVersionFiles(ref.version, version_dir, files);
+        if (!stored.ok()) return stored.status();
+        for (const StoredFile& f : *stored) {
+          receipt.files.push_back(FileReceipt{f.name, f.size, f.sha256});
+        }
+        if (absl::Status s = s3->PutReceipt(ref.version, receipt.host, ReceiptToJson(receipt));
+            !s.ok()) {
+          return s;
+        }
+        payload = receipt.host;
+      } else {
+        auto committed = CommitSharedFiles(version_dir, files);
+        if (!committed.ok()) return Annotate(committed.status(), where);
+        receipt.files = *std::move(committed);
+        payload = ReceiptToJson(receipt);
+      }
+      return absl::OkStatus();
+    }();
+    if (!upload.ok()) payload.clear();
+  }
+  step = Exchange(comms, where, upload, payload);
+  if (!step.ok()) return step.status();
+  if (absl::Status s = FirstFailure(*step, rank, upload); !s.ok()) return s;
+
+  // 3. commit: rank 0 verifies, publishes and moves the pointer last.
+  absl::Status outcome;
+  if (rank == 0) {
+    outcome = Commit(store, s3, version_dir, ref, expected, *step, where);
+    if (outcome.ok()) WakeAfterMove(options.pool, ref);
+  }
+  auto last = Exchange(comms, where, outcome, "");
+  if (!last.ok()) return last.status();
+  if (absl::Status s = FirstFailure(*last, rank, outcome); !s.ok()) return s;
+  return ref;
+}
+
+}  // namespace stitch

@@ -1,0 +1,224 @@
+// The multi-host publisher over stores every host mounts (a shared
+// filesystem store, the in-memory store). The S3 variant runs against a
+// real S3 protocol server in tests/s3_multihost_test.cc.
+#include "stitch/publish/multihost.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/format/fileio.h"
+#include "stitch/publish/claim.h"
+#include "stitch/store/fs_store.h"
+#include "stitch/store/mem_store.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TestShardName;
+using testing::TestVersionOptions;
+
+// Runs PublishFromHosts on `world` threads (ranks_per_host to a host), each
+// rank with its own store from `open` and its own file list.
+std::vector<absl::StatusOr<VersionRef>> RunRanks(
+    int world, int ranks_per_host, const std::function<std::unique_ptr<Store>()>& open,
+    const fs::path& dir, const std::vector<std::vector<std::string>>& files) {
+  ThreadCommsGroup group(world, ranks_per_host);
+  std::vector<std::unique_ptr<Store>> stores;
+  for (int r = 0; r < world; ++r) stores.push_back(open());
+  std::vector<absl::StatusOr<VersionRef>> results(world, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      MultiHostPublishOptions options;
+      options.files = files[static_cast<size_t>(r)];
+      results[r] = PublishFromHosts(*stores[r], group.comms(r), dir, options);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+class MultiHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = FsStore::Open(root_, "run-a");
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE(ClaimRun(**store, 0, nullptr).ok());
+  }
+  std::unique_ptr<Store> OpenFs() {
+    auto store = FsStore::Open(root_, "run-a");
+    EXPECT_TRUE(store.ok());
+    return store.ok() ? std::unique_ptr<Store>(*std::move(store)) : nullptr;
+  }
+  VersionRef Pointer() {
+    auto store = OpenFs();
+    auto p = store->ReadPointer();
+    EXPECT_TRUE(p.ok() && p->has_value());
+    return p.ok() && p->has_value() ? **p : VersionRef{};
+  }
+  testing::TempDir tmp_;
+  fs::path root_ = tmp_ / "store";
+};
+
+TEST_F(MultiHostTest, HostsOfAMountedStoreCommitAndRankZeroPublishes) {
+  // Four ranks on two hosts write one shared directory (the mount), each
+  // host leader naming the shard its host wrote.
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  auto results = RunRanks(4, 2, [&] { return OpenFs(); }, *dir,
+                          {{TestShardName(two, 0)}, {}, {TestShardName(two, 1)}, {}});
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(*r, (VersionRef{"run-a", 1}));
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+  EXPECT_TRUE(testing::VerifyVersionDir(root_ / "updates" / "weight_v000001").ok());
+}
+
+TEST_F(MultiHostTest, TheStoresOwnVersionDirectoryCanBeTheSharedDirectory) {
+  TestVersionOptions two{.shards = 2};
+  fs::path dir = root_ / "updates" / "weight_v000001";
+  ASSERT_TRUE(testing::WriteTestVersionAt(dir, 1, two).ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, dir,
+                          {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+TEST_F(MultiHostTest, AShardNoHostCommittedIsRefusedAndThePointerStays) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  // Host 1 never wrote its shard: looking for its files, it finds only
+  // host 0's.
+  fs::remove(*dir / TestShardName(two, 1));
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir, {{TestShardName(two, 0)}, {}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), TestShardName(two, 1)))
+        << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
+  EXPECT_FALSE(fs::exists(root_ / "updates" / "weight_v000001"));
+}
+
+TEST_F(MultiHostTest, AFileTheIndexDoesNotNameIsRefused) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  fs::copy_file(*dir / TestShardName(two, 1), *dir / "copy.safetensors");
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir,
+                          {{TestShardName(two, 0), TestShardName(two, 1)}, {"copy.safetensors"}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "copy.safetensors"));
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
+}
+
+// Rank 0's comms that rewrites a file right after the upload all-gather:
+// another writer changing a host's shard after it was committed.
+class TamperingComms final : public TrainerComms {
+ public:
+  TamperingComms(TrainerComms& inner, fs::path victim)
+      : inner_(inner), victim_(std::move(victim)) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  bool IsHostLeader() const override { return inner_.IsHostLeader(); }
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view value) override {
+    auto out = inner_.AllGather(value);
+    if (++calls_ == 2) {
+      EXPECT_TRUE(WriteFileAtomically(victim_, "changed").ok());
+    }
+    return out;
+  }
+
+ private:
+  TrainerComms& inner_;
+  fs::path victim_;
+  int calls_ = 0;
+};
+
+TEST_F(MultiHostTest, AFileChangedAfterItsHostCommittedIsRefused) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  ThreadCommsGroup group(2, 1);
+  TamperingComms rank0(group.comms(0), *dir / TestShardName(two, 1));
+  auto s0 = OpenFs();
+  auto s1 = OpenFs();
+  absl::StatusOr<VersionRef> r0 = absl::UnknownError("not run");
+  absl::StatusOr<VersionRef> r1 = absl::UnknownError("not run");
+  std::thread t0(
+      [&] { r0 = PublishFromHosts(*s0, rank0, *dir, {.files = {TestShardName(two, 0)}}); });
+  std::thread t1([&] {
+    r1 = PublishFromHosts(*s1, group.comms(1), *dir, {.files = {TestShardName(two, 1)}});
+  });
+  t0.join();
+  t1.join();
+  for (const auto* r : {&r0, &r1}) {
+    EXPECT_TRUE(absl::IsDataLoss(r->status())) << r->status().message();
+    EXPECT_EQ(GetErrorKind(r->status()), ErrorKind::kChecksumMismatch);
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
+}
+
+TEST_F(MultiHostTest, AnUnclaimedRunOrARewindStopsEveryRankBeforeUploading) {
+  auto other = FsStore::Open(root_, "run-b");
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(ClaimRun(**other, 0, nullptr).ok());  // the pointer now names run-b
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1);
+  ASSERT_TRUE(dir.ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir, {{}, {}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "not claimed"));
+  }
+  ASSERT_TRUE(ClaimRun(*OpenFs(), 5, nullptr).ok());  // run-a at boot version 5
+  results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir, {{}, {}});
+  for (const auto& r : results) {
+    EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kPointerRewind) << r.status().message();
+  }
+}
+
+TEST_F(MultiHostTest, ABadDirectoryNameOnAnyRankStopsAll) {
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1);
+  ASSERT_TRUE(dir.ok());
+  fs::path renamed = tmp_ / "shared" / "not_a_version";
+  fs::rename(*dir, renamed);
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, renamed, {{}, {}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status().message();
+  }
+}
+
+TEST(MultiHostSingleProcessTest, ASingleProcessTrainerPublishesThroughTheSameProtocol) {
+  testing::TempDir tmp;
+  auto store = MemStore::Open("multihost-single", "run-a", tmp / "cache");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(ClaimRun(**store, 0, nullptr).ok());
+  auto dir = testing::WriteTestVersion(tmp / "src", 1);
+  ASSERT_TRUE(dir.ok());
+  SingleProcessComms comms;
+  auto published = PublishFromHosts(**store, comms, *dir);  // files found from the index
+  ASSERT_TRUE(published.ok()) << published.status().message();
+  auto pointer = (*store)->ReadPointer();
+  ASSERT_TRUE(pointer.ok());
+  EXPECT_EQ(**pointer, (VersionRef{"run-a", 1}));
+  auto materialized = (*store)->Materialize(1);
+  ASSERT_TRUE(materialized.ok());
+  EXPECT_TRUE(testing::VerifyVersionDir(*materialized).ok());
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,213 @@
+#include "stitch/publish/publish.h"
+
+#include <set>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stitch/core/errors.h"
+#include "stitch/format/fileio.h"
+#include "stitch/publish/claim.h"
+#include "stitch/publish/testing_fakes.h"
+#include "stitch/store/fs_store.h"
+#include "stitch/store/mem_store.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using ::stitch::testing::CountingPool;
+using ::stitch::testing::InterferingStore;
+using ::stitch::testing::TempDir;
+using ::stitch::testing::TestVersionOptions;
+using ::stitch::testing::WriteTestVersion;
+using ::testing::HasSubstr;
+
+VersionRef A(int64_t v) { return VersionRef{"run-a", v}; }
+
+class PublishTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = FsStore::Open(tmp_ / "store", "run-a");
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+  void Claim(int64_t boot = 0) { ASSERT_TRUE(ClaimRun(*store_, boot, nullptr).ok()); }
+  fs::path Version(int64_t v, TestVersionOptions options = {}) {
+    auto dir = WriteTestVersion(tmp_ / "src" / std::to_string(sources_++), v, options);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    return dir.ok() ? *dir : fs::path();
+  }
+  std::optional<VersionRef> Pointer() { return *store_->ReadPointer(); }
+  std::set<std::string> Updates() {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(tmp_ / "store" / "updates")) {
+      out.insert(e.path().filename().string());
+    }
+    return out;
+  }
+
+  TempDir tmp_;
+  int sources_ = 0;
+  std::unique_ptr<FsStore> store_;
+};
+
+TEST_F(PublishTest, PublishesAndMovesThePointer) {
+  Claim();
+  CountingPool pool;
+  auto ref = PublishVersion(*store_, Version(1), &pool);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(*ref, A(1));
+  EXPECT_EQ(Pointer(), A(1));
+  EXPECT_TRUE(testing::VerifyVersionDir(*store_->Materialize(1)).ok());
+  EXPECT_EQ(pool.wakes, 1);
+  ASSERT_TRUE(PublishVersion(*store_, Version(2), &pool).ok());
+  EXPECT_EQ(Pointer(), A(2));
+  EXPECT_EQ(pool.wakes, 2);
+}
+
+TEST_F(PublishTest, TrailingSlashOnTheDirectoryIsFine) {
+  Claim();
+  fs::path dir = Version(1);
+  auto ref = PublishVersion(*store_, dir.string() + "/", nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(*ref, A(1));
+}
+
+TEST_F(PublishTest, AnUnclaimedRunIsRefusedBeforeAnythingIsWritten) {
+  CountingPool pool;
+  auto ref = PublishVersion(*store_, Version(1), &pool);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(ref.status()));
+  EXPECT_THAT(
+      std::string(ref.status().message()),
+      HasSubstr("run run-a is not claimed (the pointer is unset); run `stitch claim` first"));
+  EXPECT_EQ(Pointer(), std::nullopt);
+  EXPECT_TRUE(Updates().empty());
+  EXPECT_EQ(pool.wakes, 0);
+}
+
+TEST_F(PublishTest, AnotherRunsPointerMeansNotClaimed) {
+  auto other = FsStore::Open(tmp_ / "store", "run-b");
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(ClaimRun(**other, 0, nullptr).ok());
+  auto ref = PublishVersion(*store_, Version(1), nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ref.status())) << ref.status();
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("names run-b/weight_v000000"));
+  EXPECT_EQ(Pointer(), (VersionRef{"run-b", 0}));
+}
+
+TEST_F(PublishTest, RewindIsRefusedBeforeTheUpload) {
+  Claim(5);
+  for (int64_t v : {5, 3}) {
+    auto ref = PublishVersion(*store_, Version(v), nullptr);
+    ASSERT_FALSE(ref.ok()) << v;
+    EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kPointerRewind) << ref.status();
+  }
+  EXPECT_TRUE(Updates().empty());
+  EXPECT_EQ(Pointer(), A(5));
+}
+
+TEST_F(PublishTest, TheDirectoryNameMustBeItsCanonicalIdentity) {
+  Claim();
+  for (std::string name : {"weight_v1", "weight_v0000001", "v000001", "checkpoint", "weight_v"}) {
+    fs::path dir = tmp_ / "named" / name;
+    ASSERT_TRUE(testing::WriteTestVersionAt(dir, 1).ok());
+    auto ref = PublishVersion(*store_, dir, nullptr);
+    ASSERT_FALSE(ref.ok()) << name;
+    EXPECT_TRUE(absl::IsInvalidArgument(ref.status())) << ref.status();
+    EXPECT_THAT(std::string(ref.status().message()), HasSubstr("weight_vNNNNNN"));
+  }
+  EXPECT_TRUE(Updates().empty());
+  EXPECT_EQ(Pointer(), A(0));
+}
+
+TEST_F(PublishTest, AMissingShardFailsBeforeThePointerMoves) {
+  Claim();
+  CountingPool pool;
+  fs::path dir = Version(1);
+  fs::remove(dir / "model-00002-of-00002.safetensors");
+  InterferingStore watched(*store_);
+  auto ref = PublishVersion(watched, dir, &pool);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_TRUE(absl::IsNotFound(ref.status())) << ref.status();
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("model-00002-of-00002.safetensors"));
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr(store_->uri()));
+  EXPECT_EQ(watched.publish_files_calls, 0);  // refused before the upload began
+  EXPECT_EQ(Pointer(), A(0));
+  EXPECT_TRUE(Updates().empty());  // not even a staging directory
+  EXPECT_EQ(pool.wakes, 0);
+}
+
+TEST_F(PublishTest, APointerChangedDuringTheUploadIsAConflict) {
+  Claim();
+  InterferingStore racing(*store_);
+  // Another publisher of the same run gets version 5 in while we upload 1.
+  racing.after_publish_files = [&] { ASSERT_TRUE(store_->AdvancePointer(A(0), A(5)).ok()); };
+  CountingPool pool;
+  auto ref = PublishVersion(racing, Version(1), &pool);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kPointerConflict) << ref.status();
+  auto details = GetConflictDetails(ref.status());
+  ASSERT_TRUE(details.has_value());
+  EXPECT_EQ(details->expected, "run-a/weight_v000000");
+  EXPECT_EQ(details->actual, "run-a/weight_v000005");
+  EXPECT_EQ(details->proposed, "run-a/weight_v000001");
+  EXPECT_EQ(Pointer(), A(5));
+  EXPECT_EQ(pool.wakes, 0);
+}
+
+TEST_F(PublishTest, ARunChangeDuringTheUploadIsAConflict) {
+  Claim();
+  auto other = FsStore::Open(tmp_ / "store", "run-b");
+  ASSERT_TRUE(other.ok());
+  InterferingStore racing(*store_);
+  racing.after_publish_files = [&] { ASSERT_TRUE(ClaimRun(**other, 0, nullptr).ok()); };
+  auto ref = PublishVersion(racing, Version(1), nullptr);
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kPointerConflict) << ref.status();
+  EXPECT_EQ(Pointer(), (VersionRef{"run-b", 0}));
+}
+
+TEST_F(PublishTest, RetryAfterACrashBetweenUploadAndPointerMoveSucceeds) {
+  Claim();
+  fs::path dir = Version(1);
+  // The crashed attempt made the files durable but never moved the pointer.
+  ASSERT_TRUE(store_->PublishFiles(1, dir).ok());
+  auto ref = PublishVersion(*store_, Version(1), nullptr);  // identical bytes
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(Pointer(), A(1));
+}
+
+TEST_F(PublishTest, DifferentBytesForAnExistingVersionAreRefused) {
+  Claim();
+  ASSERT_TRUE(store_->PublishFiles(1, Version(1, {.seed = 1})).ok());
+  auto ref = PublishVersion(*store_, Version(1, {.seed = 2}), nullptr);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(ref.status())) << ref.status();
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("immutable"));
+  EXPECT_EQ(Pointer(), A(0));
+}
+
+TEST_F(PublishTest, AGarbagePointerStopsThePublish) {
+  Claim();
+  ASSERT_TRUE(WriteFileAtomically(tmp_ / "store" / "latest", "run-a/weight_vX").ok());
+  auto ref = PublishVersion(*store_, Version(1), nullptr);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("weight_vX"));
+  EXPECT_TRUE(Updates().empty());
+}
+
+TEST_F(PublishTest, WorksAgainstTheInMemoryStoreToo) {
+  auto mem = MemStore::Open("publish-test-mem", "run-a", tmp_ / "cache");
+  ASSERT_TRUE(mem.ok());
+  ASSERT_TRUE(ClaimRun(**mem, 0, nullptr).ok());
+  auto ref = PublishVersion(**mem, Version(1), nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(*(*mem)->ReadPointer(), A(1));
+  EXPECT_TRUE(testing::VerifyVersionDir(*(*mem)->Materialize(1)).ok());
+}
+
+}  // namespace
+}  // namespace stitch

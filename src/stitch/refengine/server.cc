@@ -1,0 +1,634 @@
+#include "stitch/refengine/server.h"
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "stitch/core/errors.h"
+#include "stitch/format/index.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/http.h"
+#include "stitch/net/server.h"
+#include "stitch/net/sse.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/refengine/staging.h"
+#include "stitch/refengine/weights.h"
+
+namespace stitch {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+
+absl::Status EngineOptions::Validate() const {
+  if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  if (absl::Status s = ValidateVersionNumber(boot_version); !s.ok()) {
+    return Annotate(s, "--boot-version");
+  }
+  if (!run_id.empty()) {
+    if (absl::Status s = ValidateRunId(run_id); !s.ok()) return Annotate(s, "--run-id");
+  }
+  if (worker_threads < 1) return absl::InvalidArgumentError("worker_threads must be >= 1");
+  if (codec_threads < 0) return absl::InvalidArgumentError("codec_threads must be >= 0");
+  if (absl::Status s = scheduler.Validate(); !s.ok()) return s;
+  return faults.Validate();
+}
+
+namespace {
+
+int HttpStatusFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+      return 400;
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kDataLoss:
+      return 422;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+std::string_view ErrorTypeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return "InvalidRequest";
+    case absl::StatusCode::kNotFound:
+      return "NotFound";
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      return "FailedPrecondition";
+    case absl::StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case absl::StatusCode::kAborted:
+      return "Conflict";
+    case absl::StatusCode::kDataLoss:
+      return "CorruptVersion";
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+      return "EngineBusy";
+    default:
+      return "InternalError";
+  }
+}
+
+HttpResponse ErrorResponse(const absl::Status& status) {
+  const std::string_view message(status.message().data(), status.message().size());
+  HttpResponse response =
+      JsonResponse(HttpStatusFor(status), ErrorJson(ErrorTypeFor(status), message));
+  if (response.status == 503) response.headers.Set("Retry-After", "1");
+  return response;
+}
+
+HttpHeaders EventStreamHeaders() {
+  HttpHeaders headers;
+  headers.Add("Content-Type", "text/event-stream");
+  headers.Add("Cache-Control", "no-cache");
+  return headers;
+}
+
+// Generation updates for one request, delivered on its loop: the scheduler
+// thread posts them, the request's coroutine awaits them.
+class UpdateChannel {
+ public:
+  explicit UpdateChannel(const asio::any_io_executor& executor) : timer_(executor) {
+    timer_.expires_at(asio::steady_timer::time_point::max());
+  }
+
+  void Push(GenerationUpdate update) {
+    updates_.push_back(std::move(update));
+    timer_.cancel();
+  }
+
+  // Returns once an update is queued, or when the awaiting coroutine is
+  // cancelled (so that it composes with `||`).
+  awaitable<void> Wait() {
+    while (updates_.empty()) {
+      co_await timer_.async_wait(asio::as_tuple(asio::use_awaitable));
+      auto state = co_await asio::this_coro::cancellation_state;
+      if (state.cancelled() != asio::cancellation_type::none) co_return;
+    }
+  }
+
+  std::deque<GenerationUpdate>& updates() { return updates_; }
+
+ private:
+  asio::steady_timer timer_;
+  std::deque<GenerationUpdate> updates_;
+};
+
+GenerationSink MakeSink(const asio::any_io_executor& executor,
+                        const std::shared_ptr<UpdateChannel>& channel) {
+  return [executor, weak = std::weak_ptr<UpdateChannel>(channel)](GenerationUpdate update) {
+    asio::post(executor, [weak, update = std::move(update)]() mutable {
+      if (std::shared_ptr<UpdateChannel> c = weak.lock()) c->Push(std::move(update));
+    });
+  };
+}
+
+// Runs `start(done)`, which hands `done` to the scheduler, and resumes on
+// this coroutine's executor with the value `done` receives (from any thread).
+template <typename T, typename Start>
+awaitable<T> SchedulerCall(Start start) {
+  auto executor = co_await asio::this_coro::executor;
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
+      [executor, start = std::move(start)](auto handler) mutable {
+        start([executor, handler = std::move(handler)](T value) mutable {
+          asio::post(executor, [handler = std::move(handler), value = std::move(value)]() mutable {
+            std::move(handler)(std::move(value));
+          });
+        });
+      },
+      asio::use_awaitable);
+}
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+struct EngineServer::Impl {
+  explicit Impl(EngineOptions o) : options(std::move(o)), faults(options.faults) {}
+
+  EngineOptions options;
+  ModelConfig config;
+  int64_t parameters = 0;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  FaultInjector faults;
+
+  // Destroyed in reverse: the HTTP server first (its handlers reference
+  // everything), the event loop last.
+  EventLoop loop;
+  std::unique_ptr<WorkerPool> workers;
+  std::unique_ptr<WeightStager> stager;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<HttpServer> http;
+
+  // Loop thread only.
+  std::mt19937_64 random{std::random_device{}()};
+  bool committing = false;
+
+  mutable absl::Mutex mu;
+  std::optional<CommitOutcome> last_commit ABSL_GUARDED_BY(mu);
+
+  EngineStatus Status() const;
+  HttpRouter Routes();
+
+  std::string NewRid() { return absl::StrFormat("%016x%016x", random(), random()); }
+
+  awaitable<void> Respond(HttpExchange& ex, HttpResponse response) {
+    (void)co_await ex.Respond(std::move(response));
+  }
+  awaitable<void> RespondError(HttpExchange& ex, const absl::Status& status) {
+    HttpResponse response = ErrorResponse(status);
+    co_await Respond(ex, std::move(response));
+  }
+  awaitable<void> RespondJson(HttpExchange& ex, int status, std::string body) {
+    HttpResponse response = JsonResponse(status, std::move(body));
+    co_await Respond(ex, std::move(response));
+  }
+
+  awaitable<void> Generate(HttpExchange& ex, ApiRoute route);
+  awaitable<void> Pause(HttpExchange& ex);
+  awaitable<void> Continue(HttpExchange& ex);
+  awaitable<void> FlushCache(HttpExchange& ex);
+  awaitable<void> AbortRequests(HttpExchange& ex);
+  awaitable<void> Health(HttpExchange& ex);
+  awaitable<void> Stage(HttpExchange& ex);
+  awaitable<void> UpdateFromDisk(HttpExchange& ex);
+  awaitable<void> UpdateFromCpu(HttpExchange& ex);
+  // Swaps `weights` in as `version` and answers the commit.
+  awaitable<void> Commit(HttpExchange& ex, std::shared_ptr<const ModelWeights> weights,
+                         VersionRef version, std::string what,
+                         std::chrono::steady_clock::time_point start);
+};
+
+EngineStatus EngineServer::Impl::Status() const {
+  EngineStatus s;
+  s.model_path = options.model_dir.string();
+  s.served_model_name = options.served_model_name;
+  s.config = config;
+  s.parameters = parameters;
+  s.boot_version = options.boot_version;
+  s.scheduler_options = options.scheduler;
+  s.scheduler = scheduler->stats();
+  s.staging = stager->info();
+  s.faults = options.faults;
+  s.seconds_since_heartbeat = scheduler->SecondsSinceHeartbeat();
+  s.healthy = scheduler->Healthy();
+  s.uptime_seconds = SecondsSince(started);
+  absl::MutexLock lock(&mu);
+  s.last_commit = last_commit;
+  return s;
+}
+
+awaitable<void> EngineServer::Impl::Generate(HttpExchange& ex, ApiRoute route) {
+  using namespace asio::experimental::awaitable_operators;
+  absl::StatusOr<ApiRequest> parsed = ParseApiRequest(route, ex.request().body, config);
+  if (!parsed.ok()) {
+    co_await RespondError(ex, parsed.status());
+    co_return;
+  }
+  ApiRequest& request = *parsed;
+  GenerationRequest& g = request.generation;
+  if (g.rid.empty()) g.rid = NewRid();
+  g.sampling.seed = request.seed.has_value() ? *request.seed : random();
+
+  GenerationProgress progress;
+  progress.rid = g.rid;
+  progress.prompt_tokens = static_cast<int64_t>(g.prompt.size());
+  progress.weight_version = scheduler->weight_version();
+  const ResponseContext context{options.served_model_name, UnixSeconds()};
+  const auto start = std::chrono::steady_clock::now();
+
+  auto executor = co_await asio::this_coro::executor;
+  auto channel = std::make_shared<UpdateChannel>(executor);
+  absl::StatusOr<uint64_t> id = scheduler->Submit(request.generation, MakeSink(executor, channel));
+  if (!id.ok()) {
+    co_await RespondError(ex, id.status());
+    co_return;
+  }
+  if (request.stream) {
+    if (!(co_await ex.BeginStream(200, EventStreamHeaders())).ok()) {
+      scheduler->Abort(*id);
+      co_return;
+    }
+  }
+  StreamCursor cursor;
+  while (!progress.finish.has_value()) {
+    co_await (channel->Wait() || ex.WaitDisconnected());
+    if (ex.disconnected()) {
+      scheduler->Abort(*id);
+      co_return;
+    }
+    while (!channel->updates().empty()) {
+      progress.Apply(std::move(channel->updates().front()));
+      channel->updates().pop_front();
+    }
+    if (progress.finish.has_value()) progress.e2e_latency_seconds = SecondsSince(start);
+    if (!request.stream) continue;
+    std::string chunk;
+    for (const std::string& event : FormatStreamEvents(request, progress, &cursor, context)) {
+      chunk += SseEvent(event);
+    }
+    if (progress.finish.has_value()) chunk += SseEvent("[DONE]");
+    if (!(co_await ex.WriteChunk(std::move(chunk))).ok()) {
+      scheduler->Abort(*id);
+      co_return;
+    }
+  }
+  if (request.stream) {
+    (void)co_await ex.EndStream();
+    co_return;
+  }
+  co_await RespondJson(ex, 200, FormatResponse(request, progress, context));
+}
+
+awaitable<void> EngineServer::Impl::Pause(HttpExchange& ex) {
+  absl::StatusOr<PauseMode> mode = ParsePauseRequest(ex.request().body);
+  if (!mode.ok()) {
+    co_await RespondError(ex, mode.status());
+    co_return;
+  }
+  const PauseMode m = *mode;
+  Scheduler* s = scheduler.get();
+  const int64_t affected = co_await SchedulerCall<int64_t>(
+      [s, m](absl::AnyInvocable<void(int64_t) &&> done) { s->Pause(m, std::move(done)); });
+  std::string body =
+      SuccessJson(absl::StrCat("generation paused (mode ", AbslView(PauseModeName(m)), "); ",
+                               affected, " requests ",
+                               m == PauseMode::kAbort     ? "aborted"
+                               : m == PauseMode::kRetract ? "retracted"
+                                                          : "held in place"),
+                  {{"affected_requests", affected}});
+  co_await RespondJson(ex, 200, std::move(body));
+}
+
+awaitable<void> EngineServer::Impl::Continue(HttpExchange& ex) {
+  Scheduler* s = scheduler.get();
+  const bool was_paused = co_await SchedulerCall<bool>(
+      [s](absl::AnyInvocable<void(bool) &&> done) { s->Continue(std::move(done)); });
+  co_await RespondJson(ex, 200,
+                       SuccessJson(was_paused ? "generation continues"
+                                              : "generation was not paused; nothing to do"));
+}
+
+awaitable<void> EngineServer::Impl::FlushCache(HttpExchange& ex) {
+  Scheduler* s = scheduler.get();
+  const absl::Status status = co_await SchedulerCall<absl::Status>(
+      [s](absl::AnyInvocable<void(absl::Status) &&> done) { s->FlushCache(std::move(done)); });
+  if (!status.ok()) {
+    co_await RespondError(ex, status);
+    co_return;
+  }
+  co_await RespondJson(ex, 200, SuccessJson("cache flushed"));
+}
+
+awaitable<void> EngineServer::Impl::AbortRequests(HttpExchange& ex) {
+  absl::StatusOr<AbortRequest> parsed = ParseAbortRequest(ex.request().body);
+  if (!parsed.ok()) {
+    co_await RespondError(ex, parsed.status());
+    co_return;
+  }
+  Scheduler* s = scheduler.get();
+  AbortRequest request = *std::move(parsed);
+  const int64_t aborted =
+      co_await SchedulerCall<int64_t>([s, request](absl::AnyInvocable<void(int64_t) &&> done) {
+        s->AbortMatching(request.scope, request.rid_prefix, std::move(done));
+      });
+  std::string body =
+      SuccessJson(absl::StrCat("aborted ", aborted, " requests"), {{"aborted_requests", aborted}});
+  co_await RespondJson(ex, 200, std::move(body));
+}
+
+awaitable<void> EngineServer::Impl::Health(HttpExchange& ex) {
+  if (faults.OnHealthCheck()) {
+    // Injected: never answer; the handler ends when the client goes away.
+    co_await ex.WaitDisconnected();
+    co_return;
+  }
+  if (!scheduler->Healthy()) {
+    const absl::Status status = absl::UnavailableError(
+        absl::StrFormat("the scheduler has made no progress for %.1f s (stall timeout %.1f s)",
+                        scheduler->SecondsSinceHeartbeat(),
+                        std::chrono::duration<double>(options.scheduler.stall_timeout).count()));
+    co_await RespondError(ex, status);
+    co_return;
+  }
+  co_await RespondJson(ex, 200, FormatHealth(Status()));
+}
+
+awaitable<void> EngineServer::Impl::Stage(HttpExchange& ex) {
+  absl::StatusOr<StageRequest> parsed = ParseStageRequest(ex.request().body);
+  if (!parsed.ok()) {
+    co_await RespondError(ex, parsed.status());
+    co_return;
+  }
+  if (absl::Status fault = faults.OnStaging(); !fault.ok()) {
+    co_await RespondError(ex, fault);
+    co_return;
+  }
+  StageRequest request = *std::move(parsed);
+  WeightStager* st = stager.get();
+  auto stage = [st, &request] { return st->Stage(request); };
+  absl::StatusOr<StageResult> result = co_await RunBlocking(*workers, std::move(stage));
+  if (!result.ok()) {
+    co_await RespondError(ex, Annotate(result.status(),
+                                       "staging failed, the serving weights "
+                                       "are unchanged"));
+    co_return;
+  }
+  co_await RespondJson(ex, 200, FormatStageResult(*result));
+}
+
+awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
+                                           std::shared_ptr<const ModelWeights> weights,
+                                           VersionRef version, std::string what,
+                                           std::chrono::steady_clock::time_point start) {
+  Scheduler* s = scheduler.get();
+  FaultInjector* f = &faults;
+  absl::StatusOr<SwapResult> swapped = co_await SchedulerCall<absl::StatusOr<SwapResult>>(
+      [s, f, weights = std::move(weights),
+       version](absl::AnyInvocable<void(absl::StatusOr<SwapResult>) &&> done) mutable {
+        s->SwapWeights(
+            std::move(weights), version, [f] { f->OnCommitPaused(); }, std::move(done));
+      });
+  if (!swapped.ok()) {
+    co_await RespondError(ex, swapped.status());
+    co_return;
+  }
+  // The old weights are freed off the loop and off the scheduler thread.
+  std::shared_ptr<const ModelWeights> previous = std::move(swapped->previous);
+  auto release = [&previous] { previous.reset(); };
+  co_await RunBlocking(*workers, std::move(release));
+  CommitOutcome outcome;
+  outcome.weight_version = version;
+  outcome.previous_version = swapped->previous_version;
+  outcome.pause_seconds = swapped->pause_seconds;
+  outcome.resident_requests = swapped->resident_requests;
+  outcome.seconds = SecondsSince(start);
+  outcome.message =
+      absl::StrCat("committed ", version.ToString(), " from ", what, "; ",
+                   outcome.resident_requests, " resident requests continue on the new weights");
+  {
+    absl::MutexLock lock(&mu);
+    last_commit = outcome;
+  }
+  co_await RespondJson(ex, 200, FormatCommitResult(outcome));
+}
+
+awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<UpdateFromDiskRequest> parsed = ParseUpdateFromDiskRequest(ex.request().body);
+  if (!parsed.ok()) {
+    co_await RespondError(ex, parsed.status());
+    co_return;
+  }
+  if (committing) {
+    co_await RespondError(ex, absl::AbortedError("another commit is in progress; retry after it"));
+    co_return;
+  }
+  committing = true;
+  if (absl::Status fault = faults.OnCommit(); !fault.ok()) {
+    committing = false;
+    co_await RespondError(ex, fault);
+    co_return;
+  }
+  UpdateFromDiskRequest request = *std::move(parsed);
+  struct Loaded {
+    std::shared_ptr<const ModelWeights> weights;
+    std::optional<int64_t> recorded_version;
+  };
+  auto load = [&request]() -> absl::StatusOr<Loaded> {
+    absl::StatusOr<std::shared_ptr<const ModelWeights>> w = LoadCheckpoint(request.model_path);
+    if (!w.ok()) return w.status();
+    Loaded out;
+    out.weights = *std::move(w);
+    if (absl::StatusOr<CheckpointIndex> index = ReadIndex(request.model_path); index.ok()) {
+      if (absl::StatusOr<std::optional<int64_t>> v = index->version(); v.ok()) {
+        out.recorded_version = *v;
+      }
+    }
+    return out;
+  };
+  absl::StatusOr<Loaded> loaded = co_await RunBlocking(*workers, std::move(load));
+  if (loaded.ok() && !(loaded->weights->config() == config)) {
+    loaded = absl::InvalidArgumentError(
+        absl::StrCat(request.model_path.string(),
+                     " holds another model configuration than the served one; "
+                     "an engine only loads checkpoints of its own architecture"));
+  }
+  if (!loaded.ok()) {
+    committing = false;
+    co_await RespondError(ex, Annotate(loaded.status(),
+                                       "update_weights_from_disk failed, the "
+                                       "serving weights are unchanged"));
+    co_return;
+  }
+  if (request.abort_all_requests) {
+    Scheduler* s = scheduler.get();
+    (void)co_await SchedulerCall<int64_t>([s](absl::AnyInvocable<void(int64_t) &&> done) {
+      s->AbortMatching(Scheduler::AbortScope::kAll, "", std::move(done));
+    });
+  }
+  const VersionRef current = scheduler->weight_version();
+  VersionRef version = current;
+  if (request.weight_version.has_value()) {
+    version.version = request.weight_version->version;
+    if (!request.weight_version->run_id.empty()) version.run_id = request.weight_version->run_id;
+  } else if (loaded->recorded_version.has_value()) {
+    version.version = *loaded->recorded_version;
+  }
+  co_await Commit(ex, std::move(loaded->weights), version,
+                  absl::StrCat("disk (", request.model_path.string(), ")"), start);
+  committing = false;
+}
+
+awaitable<void> EngineServer::Impl::UpdateFromCpu(HttpExchange& ex) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<UpdateFromCpuRequest> parsed = ParseUpdateFromCpuRequest(ex.request().body);
+  if (!parsed.ok()) {
+    co_await RespondError(ex, parsed.status());
+    co_return;
+  }
+  if (committing) {
+    co_await RespondError(ex, absl::AbortedError("another commit is in progress; retry after it"));
+    co_return;
+  }
+  committing = true;
+  if (absl::Status fault = faults.OnCommit(); !fault.ok()) {
+    committing = false;
+    co_await RespondError(ex, fault);
+    co_return;
+  }
+  const VersionRef target = parsed->target_version;
+  absl::StatusOr<PreparedWeights> prepared = stager->TakePrepared(target.version, target.run_id);
+  if (!prepared.ok()) {
+    committing = false;
+    co_await RespondError(ex, prepared.status());
+    co_return;
+  }
+  co_await Commit(ex, std::move(prepared->weights), prepared->version, "the cpu stage", start);
+  committing = false;
+}
+
+HttpRouter EngineServer::Impl::Routes() {
+  HttpRouter router;
+  auto generation = [this](ApiRoute route) {
+    return [this, route](HttpExchange& ex) { return Generate(ex, route); };
+  };
+  router.Add("POST", "/generate", generation(ApiRoute::kGenerate));
+  router.Add("POST", "/v1/completions", generation(ApiRoute::kCompletions));
+  router.Add("POST", "/v1/chat/completions", generation(ApiRoute::kChatCompletions));
+  router.Add("POST", "/pause_generation", [this](HttpExchange& ex) { return Pause(ex); });
+  router.Add("POST", "/continue_generation", [this](HttpExchange& ex) { return Continue(ex); });
+  router.Add("GET", "/flush_cache", [this](HttpExchange& ex) { return FlushCache(ex); });
+  router.Add("POST", "/flush_cache", [this](HttpExchange& ex) { return FlushCache(ex); });
+  router.Add("POST", "/abort_request", [this](HttpExchange& ex) { return AbortRequests(ex); });
+  router.Add("GET", "/health", [this](HttpExchange& ex) { return Health(ex); });
+  router.Add("POST", "/stage_weight_update", [this](HttpExchange& ex) { return Stage(ex); });
+  router.Add("POST", "/update_weights_from_disk",
+             [this](HttpExchange& ex) { return UpdateFromDisk(ex); });
+  router.Add("POST", "/update_weights_from_cpu",
+             [this](HttpExchange& ex) { return UpdateFromCpu(ex); });
+  auto server_info = [this](HttpExchange& ex) {
+    return RespondJson(ex, 200, FormatServerInfo(Status()));
+  };
+  router.Add("GET", "/server_info", server_info);
+  router.Add("GET", "/get_server_info", server_info);
+  auto model_info = [this](HttpExchange& ex) {
+    return RespondJson(ex, 200, FormatModelInfo(Status()));
+  };
+  router.Add("GET", "/model_info", model_info);
+  router.Add("GET", "/get_model_info", model_info);
+  router.Add("GET", "/v1/models",
+             [this](HttpExchange& ex) { return RespondJson(ex, 200, FormatModelList(Status())); });
+  return router;
+}
+
+absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::Start(EngineOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (options.served_model_name.empty()) {
+    options.served_model_name = options.model_dir.filename().string();
+    if (options.served_model_name.empty()) {
+      options.served_model_name = options.model_dir.parent_path().filename().string();
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const ModelWeights>> weights = LoadCheckpoint(options.model_dir);
+  if (!weights.ok()) return Annotate(weights.status(), "engine: --model");
+
+  auto impl = std::make_unique<Impl>(std::move(options));
+  impl->config = (*weights)->config();
+  for (const TensorSpec& spec : ExpectedTensors(impl->config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    impl->parameters += n;
+  }
+  impl->workers = std::make_unique<WorkerPool>(impl->options.worker_threads);
+  impl->stager = std::make_unique<WeightStager>(impl->config, impl->options.codec_threads);
+  impl->scheduler = std::make_unique<Scheduler>(
+      *std::move(weights), VersionRef{impl->options.run_id, impl->options.boot_version},
+      impl->options.scheduler);
+  ServerOptions server_options;
+  server_options.host = impl->options.host;
+  server_options.port = impl->options.port;
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(impl->loop.executor(), server_options, impl->Routes().AsHandler());
+  if (!http.ok()) return Annotate(http.status(), "engine");
+  impl->http = *std::move(http);
+  return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
+}
+
+EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EngineServer::~EngineServer() { Shutdown(); }
+
+uint16_t EngineServer::port() const { return impl_->http ? impl_->http->port() : 0; }
+
+std::string EngineServer::url() const { return impl_->http ? impl_->http->url() : std::string(); }
+
+const Scheduler& EngineServer::scheduler() const { return *impl_->scheduler; }
+
+EngineStatus EngineServer::Status() const { return impl_->Status(); }
+
+void EngineServer::Shutdown() {
+  if (impl_ == nullptr) return;
+  if (impl_->http != nullptr) {
+    impl_->loop.BlockOn(impl_->http->Shutdown());
+    impl_->http.reset();
+  }
+  impl_->scheduler.reset();
+  impl_->stager.reset();
+  impl_->workers.reset();
+}
+
+}  // namespace stitch

@@ -1,0 +1,659 @@
+// The engine over real HTTP, in-process: generation against the reference
+// forward pass, batching, streaming, in-place commits with requests in
+// flight, staging from disk and into memory, aborts, disconnects, a full
+// queue, bad input, health and fault injection.
+#include "stitch/refengine/server.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "stitch/core/errors.h"
+#include "stitch/net/client.h"
+#include "stitch/refengine/engine_test_util.h"
+#include "stitch/refengine/tokenizer.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using ::stitch::testing::EngineTestConfig;
+using ::stitch::testing::EngineTestTensors;
+using ::stitch::testing::Ids;
+using ::stitch::testing::JsonGet;
+using ::stitch::testing::JsonInts;
+using ::stitch::testing::JsonNumbers;
+using ::stitch::testing::Logprobs;
+using ::stitch::testing::PerturbTensors;
+using ::stitch::testing::ReferenceGenerate;
+using ::stitch::testing::ReferenceOptions;
+using ::stitch::testing::SchedulerGate;
+using ::stitch::testing::SseClient;
+using ::stitch::testing::TempDir;
+using ::stitch::testing::WaitFor;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::vector<int64_t> Wide(const std::vector<int32_t>& ids) {
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::string IdsJson(const std::vector<int32_t>& ids) {
+  return absl::StrCat("[", absl::StrJoin(ids, ","), "]");
+}
+
+// A greedy (or seeded) /generate body for `prompt` that ignores EOS.
+std::string GenerateBody(const std::string& prompt, int max_new_tokens, double temperature = 0,
+                         int seed = 0, const std::string& extra = "") {
+  return absl::StrCat(R"({"text": ")", prompt, R"(", "return_logprob": true,)", extra,
+                      R"( "sampling_params": {"max_new_tokens": )", max_new_tokens,
+                      R"(, "temperature": )", temperature, R"(, "seed": )", seed,
+                      R"(, "ignore_eos": true}})");
+}
+
+ReferenceOptions Greedy(int max_new_tokens, double temperature = 0, int seed = 0) {
+  ReferenceOptions o;
+  o.sampling.temperature = static_cast<float>(temperature);
+  o.sampling.seed = static_cast<uint64_t>(seed);
+  o.max_new_tokens = max_new_tokens;
+  o.ignore_eos = true;
+  return o;
+}
+
+class EngineServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = EngineTestConfig();
+    versions_.push_back(EngineTestTensors(config_, 1));
+    for (int v = 1; v <= 4; ++v) versions_.push_back(PerturbTensors(versions_.back(), 0.05 * v));
+    ASSERT_TRUE(testing::WriteModel(boot_, config_, versions_[0]).ok());
+  }
+  void TearDown() override {
+    gate_.Release();
+    if (server_) server_->Shutdown();
+  }
+
+  void Start(EngineOptions options = {}) {
+    options.model_dir = boot_;
+    options.run_id = "run-a";
+    options.served_model_name = "test-model";
+    options.codec_threads = 1;
+    options.scheduler.before_iteration = gate_.Hook();
+    absl::StatusOr<std::unique_ptr<EngineServer>> s = EngineServer::Start(std::move(options));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+
+  // The standard store: v1 DELTA, v2 DELTA, v3 FULL, v4 DELTA of run-a.
+  void Publish() {
+    ASSERT_TRUE(testing::PublishDelta(updates_, 1, versions_[0], versions_[1], "run-a").ok());
+    ASSERT_TRUE(testing::PublishDelta(updates_, 2, versions_[1], versions_[2], "run-a").ok());
+    ASSERT_TRUE(testing::PublishFull(updates_, 3, versions_[3], "run-a").ok());
+    ASSERT_TRUE(testing::PublishDelta(updates_, 4, versions_[3], versions_[4], "run-a").ok());
+  }
+
+  std::shared_ptr<const ModelWeights> Weights(int v) {
+    return testing::BuildWeights(config_, versions_[static_cast<size_t>(v)]);
+  }
+
+  HttpResponse Call(std::string_view method, std::string_view path, std::string body = {},
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    FetchOptions options;
+    options.timeout = timeout;
+    absl::StatusOr<HttpResponse> r =
+        HttpFetch(method, absl::StrCat(server_->url(), AbslView(path)), std::move(body), options);
+    EXPECT_TRUE(r.ok()) << method << " " << path << ": " << r.status();
+    return r.ok() ? *std::move(r) : HttpResponse{0, {}, ""};
+  }
+  HttpResponse Post(std::string_view path, std::string body) {
+    return Call("POST", path, std::move(body));
+  }
+  HttpResponse Get(std::string_view path) { return Call("GET", path); }
+
+  std::string StageBody(int64_t target, std::string_view destination) {
+    return absl::StrCat(R"({"base_checkpoint_dir": ")", boot_.string(),
+                        R"(", "base_version": 0, "target_version": )", target,
+                        R"(, "run_id": "run-a", "destination": ")", AbslView(destination),
+                        R"(", "checkpoint_source_dir": ")", updates_.string(),
+                        R"(", "local_checkpoint_dir": ")", local_.string(), R"("})");
+  }
+
+  // Generates greedily through HTTP and checks the result against the
+  // reference forward pass under `weights`.
+  void ExpectGeneratesLike(const ModelWeights& weights, std::string_view version) {
+    HttpResponse r = Post("/generate", GenerateBody("Check", 24));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto ref = ReferenceGenerate(weights, EncodeText("Check", BosMode::kPrepend), Greedy(24));
+    EXPECT_THAT(JsonInts(r.body, "output_ids"), ElementsAreArray(Wide(Ids(ref))));
+    EXPECT_THAT(JsonNumbers(r.body, "meta_info.output_token_logprobs", 0),
+                ElementsAreArray(Logprobs(ref)));
+    EXPECT_EQ(JsonGet(r.body, "meta_info.weight_version"), version);
+  }
+
+  // Arms the scheduler gate with `when`, runs `start` (which sends the
+  // requests), then, once the gate holds the scheduler, pauses it there
+  // through HTTP and returns the pause's response: requests running at that
+  // moment stay running (in_place) with exactly the tokens they had.
+  HttpResponse PauseWhen(std::function<bool()> when, std::string_view mode,
+                         const std::function<void()>& start) {
+    gate_.Arm(std::move(when));
+    start();
+    EXPECT_TRUE(gate_.WaitHeld());
+    auto pause = std::async(std::launch::async, [this, mode] {
+      return Post("/pause_generation", absl::StrCat(R"({"mode": ")", AbslView(mode), R"("})"));
+    });
+    EXPECT_TRUE(WaitFor([this] { return server_->scheduler().stats().pending_commands > 0; }));
+    gate_.Release();
+    return pause.get();
+  }
+
+  uint64_t TokensGenerated() const { return server_->scheduler().stats().tokens_generated; }
+
+  TempDir tmp_;
+  fs::path boot_ = tmp_ / "boot";
+  fs::path updates_ = tmp_ / "store" / "updates";
+  fs::path local_ = tmp_ / "local";
+  ModelConfig config_;
+  std::vector<std::vector<HostTensor>> versions_;
+  SchedulerGate gate_;
+  std::unique_ptr<EngineServer> server_;
+};
+
+TEST_F(EngineServerTest, GenerateMatchesTheReferenceForwardPass) {
+  Start();
+  const std::vector<int32_t> prompt = EncodeText("Hello", BosMode::kPrepend);
+  for (auto [temperature, seed] : {std::pair<double, int>{0, 0}, {0.8, 5}, {1.3, 6}}) {
+    HttpResponse r = Post("/generate", GenerateBody("Hello", 30, temperature, seed));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto ref = ReferenceGenerate(*Weights(0), prompt, Greedy(30, temperature, seed));
+    EXPECT_THAT(JsonInts(r.body, "output_ids"), ElementsAreArray(Wide(Ids(ref))));
+    EXPECT_THAT(JsonNumbers(r.body, "meta_info.output_token_logprobs", 0),
+                ElementsAreArray(Logprobs(ref)));
+    EXPECT_EQ(JsonGet(r.body, "text"), DecodeTokens(Ids(ref)));
+    EXPECT_EQ(JsonGet(r.body, "meta_info.finish_reason.type"), "length");
+    EXPECT_EQ(JsonGet(r.body, "meta_info.prompt_tokens"), absl::StrCat(prompt.size()));
+    EXPECT_EQ(JsonGet(r.body, "meta_info.completion_tokens"), "30");
+    EXPECT_EQ(JsonGet(r.body, "meta_info.weight_version"), "0");
+  }
+  // input_ids and text give the same generation; same seed, same result.
+  HttpResponse by_ids =
+      Post("/generate", absl::StrCat(R"({"input_ids": )", IdsJson(prompt),
+                                     R"(, "sampling_params": {"max_new_tokens": 30,
+                                                        "temperature": 0.8, "seed": 5,
+                                                        "ignore_eos": true}})"));
+  ASSERT_EQ(by_ids.status, 200) << by_ids.body;
+  EXPECT_EQ(JsonInts(by_ids.body, "output_ids"),
+            Wide(Ids(ReferenceGenerate(*Weights(0), prompt, Greedy(30, 0.8, 5)))));
+}
+
+TEST_F(EngineServerTest, OpenAiRoutesGenerateTheSameTokens) {
+  Start();
+  const auto ref =
+      ReferenceGenerate(*Weights(0), EncodeText("Hello", BosMode::kPrepend), Greedy(12));
+  HttpResponse c = Post("/v1/completions", R"({"model": "x", "prompt": "Hello", "max_tokens": 12,
+      "temperature": 0, "ignore_eos": true, "logprobs": 0, "cache_salt": "s1"})");
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(JsonGet(c.body, "choices.0.text"), DecodeTokens(Ids(ref)));
+  EXPECT_THAT(JsonNumbers(c.body, "choices.0.logprobs.token_logprobs"),
+              ElementsAreArray(Logprobs(ref)));
+  EXPECT_EQ(JsonGet(c.body, "usage.completion_tokens"), "12");
+  EXPECT_EQ(JsonGet(c.body, "model"), "x");
+  EXPECT_EQ(JsonGet(c.body, "metadata.weight_version"), "0");
+
+  std::vector<ChatMessage> messages = {{"user", "Hi there"}};
+  const auto chat_ref = ReferenceGenerate(
+      *Weights(0), EncodeText(*ApplyChatTemplate(messages), BosMode::kPrepend), Greedy(10));
+  const std::string chat_body = R"({"messages": [{"role": "user", "content": "Hi there"}],
+      "max_tokens": 10, "temperature": 0, "ignore_eos": true})";
+  HttpResponse chat = Post("/v1/chat/completions", chat_body);
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(JsonGet(chat.body, "object"), "chat.completion");
+  EXPECT_EQ(JsonGet(chat.body, "choices.0.message.content"), DecodeTokens(Ids(chat_ref)));
+  EXPECT_EQ(JsonGet(chat.body, "model"), "test-model");
+
+  // Streamed, the deltas add up to the same reply.
+  std::string streamed_body = chat_body;
+  streamed_body.insert(1, R"("stream": true, "stream_options": {"include_usage": true}, )");
+  SseClient sse;
+  ASSERT_EQ(*sse.Open(server_->url(), "/v1/chat/completions", streamed_body), 200);
+  absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 3u);
+  EXPECT_EQ(events->back(), "[DONE]");
+  std::string content;
+  for (size_t i = 0; i + 1 < events->size(); ++i) {
+    content += JsonGet((*events)[i], "choices.0.delta.content").value_or("");
+  }
+  EXPECT_EQ(content, DecodeTokens(Ids(chat_ref)));
+  EXPECT_EQ(JsonGet((*events)[events->size() - 2], "usage.completion_tokens"), "10");
+}
+
+TEST_F(EngineServerTest, StreamedGenerateSendsCumulativeChunksThenDone) {
+  Start();
+  SseClient sse;
+  ASSERT_EQ(*sse.Open(server_->url(), "/generate",
+                      GenerateBody("Stream", 40, 0, 0, R"( "stream": true,)")),
+            200);
+  absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 2u);
+  EXPECT_EQ(events->back(), "[DONE]");
+  const auto ref =
+      ReferenceGenerate(*Weights(0), EncodeText("Stream", BosMode::kPrepend), Greedy(40));
+  const std::string& last = (*events)[events->size() - 2];
+  EXPECT_EQ(JsonInts(last, "output_ids"), Wide(Ids(ref)));
+  EXPECT_EQ(JsonGet(last, "text"), DecodeTokens(Ids(ref)));
+  EXPECT_EQ(JsonGet(last, "meta_info.finish_reason.type"), "length");
+  std::string previous;
+  for (size_t i = 0; i + 1 < events->size(); ++i) {
+    const std::string text = JsonGet((*events)[i], "text").value_or("<none>");
+    EXPECT_THAT(text, StartsWith(previous)) << "chunk " << i << " is not cumulative";
+    previous = text;
+    if (i + 2 < events->size()) {
+      EXPECT_EQ(JsonGet((*events)[i], "meta_info.finish_reason"), "null");
+    }
+  }
+}
+
+TEST_F(EngineServerTest, ConcurrentRequestsBatchAndMatchOneAtATime) {
+  Start();
+  std::vector<std::string> bodies;
+  for (int i = 0; i < 8; ++i) {
+    bodies.push_back(GenerateBody(std::string(static_cast<size_t>(2 + 5 * i), 'a' + i), 20,
+                                  i % 2 == 0 ? 0 : 0.9, 100 + i));
+  }
+  std::vector<std::string> alone;
+  for (const std::string& body : bodies) {
+    HttpResponse r = Post("/generate", body);
+    ASSERT_EQ(r.status, 200);
+    alone.push_back(*JsonGet(r.body, "output_ids") +
+                    *JsonGet(r.body, "meta_info.output_token_logprobs"));
+  }
+  // Line every request up behind a pause so that they share each step.
+  ASSERT_EQ(Post("/pause_generation", R"({"mode": "in_place"})").status, 200);
+  const uint64_t steps_before = server_->scheduler().stats().steps;
+  std::vector<std::future<HttpResponse>> together;
+  for (const std::string& body : bodies) {
+    together.push_back(
+        std::async(std::launch::async, [this, body] { return Post("/generate", body); }));
+  }
+  ASSERT_TRUE(WaitFor([this] { return server_->scheduler().stats().queued == 8; }));
+  ASSERT_EQ(Post("/continue_generation", "").status, 200);
+  for (size_t i = 0; i < together.size(); ++i) {
+    HttpResponse r = together[i].get();
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(*JsonGet(r.body, "output_ids") + *JsonGet(r.body, "meta_info.output_token_logprobs"),
+              alone[i])
+        << "request " << i;
+  }
+  // 160 tokens in far fewer steps: they advanced together.
+  EXPECT_LE(server_->scheduler().stats().steps - steps_before, 25u);
+}
+
+TEST_F(EngineServerTest, InPlacePauseAndCpuCommitWithARequestInFlight) {
+  Publish();
+  Start();
+  HttpResponse staged = Post("/stage_weight_update", StageBody(1, "cpu"));
+  ASSERT_EQ(staged.status, 200) << staged.body;
+  EXPECT_EQ(JsonGet(staged.body, "staged_version"), "1");
+
+  SseClient sse;
+  HttpResponse paused =
+      PauseWhen([this] { return TokensGenerated() >= 5; }, "in_place",
+                [&] {
+                  EXPECT_EQ(*sse.Open(server_->url(), "/generate",
+                                      GenerateBody("Flight", 40, 0, 0, R"( "stream": true,)")),
+                            200);
+                });
+  ASSERT_EQ(paused.status, 200) << paused.body;
+  EXPECT_EQ(JsonGet(paused.body, "affected_requests"), "1");
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "num_running_requests"), "1");
+
+  HttpResponse commit = Post("/update_weights_from_cpu", R"({"target_version": 1})");
+  ASSERT_EQ(commit.status, 200) << commit.body;
+  EXPECT_EQ(JsonGet(commit.body, "success"), "true");
+  EXPECT_EQ(JsonGet(commit.body, "weight_version"), "1");
+  EXPECT_EQ(JsonGet(commit.body, "resident_requests"), "1");
+  ASSERT_EQ(Post("/continue_generation", "{}").status, 200);
+
+  absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 3u);
+  const std::string& last = (*events)[events->size() - 2];
+  const auto prompt = EncodeText("Flight", BosMode::kPrepend);
+  const auto expected =
+      testing::SplitGenerate(*Weights(0), *Weights(1), prompt, Greedy(40), 5, false);
+  EXPECT_EQ(JsonInts(last, "output_ids"), Wide(Ids(expected)));
+  EXPECT_THAT(JsonNumbers(last, "meta_info.output_token_logprobs", 0),
+              ElementsAreArray(Logprobs(expected)));
+  EXPECT_NE(JsonInts(last, "output_ids"),
+            Wide(Ids(ReferenceGenerate(*Weights(0), prompt, Greedy(40)))));
+  EXPECT_EQ(JsonGet(last, "meta_info.weight_version"), "1");
+  EXPECT_EQ(JsonGet(events->front(), "meta_info.weight_version"), "0");
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "weight_version"), "1");
+}
+
+TEST_F(EngineServerTest, CpuStagingOfADeltaChainAndOfAFullThenCommit) {
+  Publish();
+  Start();
+  for (int v : {2, 4}) {
+    HttpResponse staged = Post("/stage_weight_update", StageBody(v, "cpu"));
+    ASSERT_EQ(staged.status, 200) << staged.body;
+    EXPECT_EQ(JsonGet(staged.body, "anchor_version"), v == 2 ? "0" : "3");
+    HttpResponse commit =
+        Post("/update_weights_from_cpu", absl::StrCat(R"({"target_version": "run-a/weight_v00000)",
+                                                      v, R"(", "flush_cache": true})"));
+    ASSERT_EQ(commit.status, 200) << commit.body;
+    ExpectGeneratesLike(*Weights(v), absl::StrCat(v));
+  }
+  const std::string info = Get("/server_info").body;
+  EXPECT_EQ(JsonGet(info, "weight_version_id"), "run-a/weight_v000004");
+  EXPECT_EQ(JsonGet(info, "weight_swaps"), "2");
+}
+
+TEST_F(EngineServerTest, DiskStagingOfADeltaChainAndOfAFullThenLoad) {
+  Publish();
+  Start();
+  for (int v : {2, 4}) {
+    HttpResponse staged = Post("/stage_weight_update", StageBody(v, "disk"));
+    ASSERT_EQ(staged.status, 200) << staged.body;
+    HttpResponse commit = Post("/update_weights_from_disk",
+                               absl::StrCat(R"({"model_path": ")", local_.string(), R"("})"));
+    ASSERT_EQ(commit.status, 200) << commit.body;
+    ExpectGeneratesLike(*Weights(v), absl::StrCat(v));
+  }
+  // A version named in the request wins over the directory's.
+  HttpResponse named = Post("/update_weights_from_disk",
+                            absl::StrCat(R"({"model_path": ")", boot_.string(),
+                                         R"(", "weight_version": "run-a/weight_v000009"})"));
+  ASSERT_EQ(named.status, 200) << named.body;
+  ExpectGeneratesLike(*Weights(0), "9");
+}
+
+TEST_F(EngineServerTest, ACorruptDeltaIsRejectedAndGenerationStaysTheSame) {
+  Publish();
+  Start();
+  HttpResponse before = Post("/generate", GenerateBody("Same", 20));
+  ASSERT_EQ(before.status, 200);
+  ASSERT_TRUE(testing::CorruptVersion(updates_ / "weight_v000001").ok());
+  for (std::string_view destination : {"cpu", "disk"}) {
+    HttpResponse staged = Post("/stage_weight_update", StageBody(2, destination));
+    EXPECT_EQ(staged.status, 422) << staged.body;
+    EXPECT_THAT(staged.body, HasSubstr("weight_v000001"));
+    EXPECT_THAT(staged.body, HasSubstr("serving weights are unchanged"));
+  }
+  HttpResponse commit = Post("/update_weights_from_cpu", R"({"target_version": 2})");
+  EXPECT_EQ(commit.status, 400);
+  EXPECT_THAT(commit.body, HasSubstr("never staged"));
+  HttpResponse after = Post("/generate", GenerateBody("Same", 20));
+  ASSERT_EQ(after.status, 200);
+  EXPECT_EQ(JsonGet(after.body, "output_ids"), JsonGet(before.body, "output_ids"));
+  EXPECT_EQ(JsonGet(after.body, "meta_info.output_token_logprobs"),
+            JsonGet(before.body, "meta_info.output_token_logprobs"));
+  EXPECT_EQ(JsonGet(after.body, "meta_info.weight_version"), "0");
+}
+
+TEST_F(EngineServerTest, ARoundTripOfAnUnchangedModelKeepsTokensAndLogprobs) {
+  ASSERT_TRUE(testing::PublishDelta(updates_, 1, versions_[0], versions_[0], "run-a").ok());
+  ASSERT_TRUE(testing::PublishDelta(updates_, 2, versions_[0], versions_[0], "run-a").ok());
+  Start();
+  const std::string body = GenerateBody("Round trip", 25, 0.9, 77);
+  HttpResponse before = Post("/generate", body);
+  ASSERT_EQ(before.status, 200);
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(1, "cpu")).status, 200);
+  ASSERT_EQ(Post("/update_weights_from_cpu", R"({"target_version": 1})").status, 200);
+  HttpResponse cpu = Post("/generate", body);
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(2, "disk")).status, 200);
+  ASSERT_EQ(Post("/update_weights_from_disk",
+                 absl::StrCat(R"({"model_path": ")", local_.string(), R"("})"))
+                .status,
+            200);
+  HttpResponse disk = Post("/generate", body);
+  for (const HttpResponse* r : {&cpu, &disk}) {
+    EXPECT_EQ(JsonGet(r->body, "output_ids"), JsonGet(before.body, "output_ids"));
+    EXPECT_EQ(JsonGet(r->body, "meta_info.output_token_logprobs"),
+              JsonGet(before.body, "meta_info.output_token_logprobs"));
+  }
+  EXPECT_EQ(JsonGet(cpu.body, "meta_info.weight_version"), "1");
+  EXPECT_EQ(JsonGet(disk.body, "meta_info.weight_version"), "2");
+}
+
+TEST_F(EngineServerTest, AbortsByRidPrefixAndAll) {
+  Start();
+  ASSERT_EQ(Post("/pause_generation", R"({"mode": "in_place"})").status, 200);
+  std::vector<std::future<HttpResponse>> requests;
+  for (std::string rid : {"job-1-a", "job-1-b", "job-2"}) {
+    requests.push_back(std::async(std::launch::async, [this, rid] {
+      return Post("/generate",
+                  GenerateBody("Abort", 100, 0, 0, absl::StrCat(R"( "rid": ")", rid, R"(",)")));
+    }));
+  }
+  ASSERT_TRUE(WaitFor([this] { return server_->scheduler().stats().queued == 3; }));
+  HttpResponse some = Post("/abort_request", R"({"rid": "job-1"})");
+  ASSERT_EQ(some.status, 200) << some.body;
+  EXPECT_EQ(JsonGet(some.body, "aborted_requests"), "2");
+  for (int i = 0; i < 2; ++i) {
+    HttpResponse r = requests[static_cast<size_t>(i)].get();
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(JsonGet(r.body, "meta_info.finish_reason.type"), "abort");
+    EXPECT_THAT(JsonGet(r.body, "meta_info.finish_reason.message").value_or(""),
+                HasSubstr("abort_request"));
+  }
+  // A running request is aborted too.
+  ASSERT_EQ(PauseWhen([this] { return TokensGenerated() >= 3; }, "in_place",
+                      [this] { ASSERT_EQ(Post("/continue_generation", "").status, 200); })
+                .status,
+            200);
+  EXPECT_EQ(server_->scheduler().stats().running, 1);
+  HttpResponse all = Post("/abort_request", R"({"abort_all": true})");
+  EXPECT_EQ(JsonGet(all.body, "aborted_requests"), "1");
+  HttpResponse last = requests[2].get();
+  EXPECT_EQ(JsonGet(last.body, "meta_info.finish_reason.type"), "abort");
+  EXPECT_EQ(JsonGet(last.body, "meta_info.completion_tokens"), "3");
+  EXPECT_EQ(server_->scheduler().stats().running, 0);
+}
+
+TEST_F(EngineServerTest, AClientThatDisconnectsIsAborted) {
+  Start();
+  // Streaming and running.
+  SseClient sse;
+  ASSERT_EQ(PauseWhen([this] { return TokensGenerated() >= 2; }, "in_place",
+                      [&] {
+                        EXPECT_EQ(*sse.Open(server_->url(), "/generate",
+                                            GenerateBody("Bye", 300, 0, 0, R"( "stream": true,)")),
+                                  200);
+                      })
+                .status,
+            200);
+  ASSERT_EQ(server_->scheduler().stats().running, 1);
+  sse.Close();
+  EXPECT_TRUE(WaitFor([this] {
+    SchedulerStats s = server_->scheduler().stats();
+    return s.running == 0 && s.requests_aborted == 1;
+  }));
+  // Not streaming and still queued.
+  {
+    testing::RawHttpRequest raw(server_->port(), "/generate", GenerateBody("Gone", 50));
+    ASSERT_TRUE(raw.sent());
+    ASSERT_TRUE(WaitFor([this] { return server_->scheduler().stats().queued == 1; }));
+  }
+  EXPECT_TRUE(WaitFor([this] {
+    SchedulerStats s = server_->scheduler().stats();
+    return s.queued == 0 && s.requests_aborted == 2;
+  }));
+  ASSERT_EQ(Post("/continue_generation", "").status, 200);
+  EXPECT_EQ(Post("/generate", GenerateBody("Still here", 5)).status, 200);
+}
+
+TEST_F(EngineServerTest, AFullQueueAnswers503) {
+  EngineOptions options;
+  options.scheduler.max_running = 1;
+  options.scheduler.max_queued = 1;
+  Start(options);
+  ASSERT_EQ(Post("/pause_generation", R"({"mode": "in_place"})").status, 200);
+  std::vector<std::future<HttpResponse>> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(
+        std::async(std::launch::async, [this] { return Post("/generate", GenerateBody("Q", 5)); }));
+    const int64_t want = i + 1;
+    ASSERT_TRUE(WaitFor([this, want] { return server_->scheduler().stats().queued == want; }));
+  }
+  HttpResponse full = Post("/generate", GenerateBody("Q", 5));
+  EXPECT_EQ(full.status, 503);
+  EXPECT_EQ(full.headers.Get("retry-after"), "1");
+  EXPECT_EQ(JsonGet(full.body, "type"), "EngineBusy");
+  EXPECT_THAT(JsonGet(full.body, "message").value_or(""), HasSubstr("full"));
+  ASSERT_EQ(Post("/continue_generation", "").status, 200);
+  for (auto& f : held) EXPECT_EQ(f.get().status, 200);
+}
+
+TEST_F(EngineServerTest, BadInputGets4xxWithAMessageAndTheEngineKeepsServing) {
+  Publish();
+  ASSERT_TRUE(
+      testing::PublishDelta(tmp_ / "other" / "updates", 1, versions_[0], versions_[1], "run-b")
+          .ok());
+  Start();
+  const std::string too_long = absl::StrCat(
+      R"({"input_ids": )",
+      IdsJson(std::vector<int32_t>(static_cast<size_t>(config_.max_position_embeddings + 1), 65)),
+      "}");
+  std::string other_run = StageBody(1, "cpu");
+  other_run.replace(other_run.find(updates_.string()), updates_.string().size(),
+                    (tmp_ / "other" / "updates").string());
+  std::string missing_base = StageBody(1, "cpu");
+  missing_base.replace(missing_base.find(boot_.string()), boot_.string().size(),
+                       (tmp_ / "nope").string());
+  std::string missing_source = StageBody(1, "cpu");
+  missing_source.replace(missing_source.find(updates_.string()), updates_.string().size(),
+                         (tmp_ / "nowhere").string());
+  struct Case {
+    std::string method, path, body;
+    int status;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"POST", "/generate", "{\"text\": ", 400, "not valid JSON"},
+      {"POST", "/generate", R"({"text": 12})", 400, "must be a string"},
+      {"POST", "/generate", R"({"text": "a", "sampling_params": {"top_k": "3"}})", 400, "top_k"},
+      {"POST", "/generate", too_long, 400, "context"},
+      {"POST", "/generate", R"({"text": "a", "sampling_params": {"max_new_tokens": 5000}})", 400,
+       "max_new_tokens"},
+      {"POST", "/generate", R"({"text": "a", "sampling_params": {"best": 1}})", 400,
+       "unknown sampling parameter"},
+      {"POST", "/v1/completions", R"({"prompt": "a", "n": 3})", 400, "not supported"},
+      {"POST", "/v1/chat/completions", R"({"messages": []})", 400, "message"},
+      {"POST", "/stage_weight_update", missing_base, 400, "base_checkpoint_dir"},
+      {"POST", "/stage_weight_update", missing_source, 400, "checkpoint_source_dir"},
+      {"POST", "/stage_weight_update", StageBody(8, "cpu"), 400, "weight_v000008"},
+      {"POST", "/stage_weight_update", other_run, 400, "run-b"},
+      {"POST", "/stage_weight_update", R"({"destination": "cpu"})", 400, "base_checkpoint_dir"},
+      {"POST", "/update_weights_from_cpu", R"({"target_version": 3})", 400, "never staged"},
+      {"POST", "/update_weights_from_disk", R"({"model_path": "/no/such/dir"})", 400,
+       "/no/such/dir"},
+      {"POST", "/pause_generation", R"({"mode": "soon"})", 400, "pause mode"},
+      {"POST", "/abort_request", R"({})", 400, "rid"},
+      {"GET", "/generate", "", 405, "POST"},
+      {"GET", "/no_such_route", "", 404, "no route"},
+  };
+  for (const Case& c : cases) {
+    HttpResponse r = Call(c.method, c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body << " -> " << r.body;
+    EXPECT_THAT(r.body, HasSubstr(c.message)) << c.path << " " << c.body;
+  }
+  EXPECT_EQ(Get("/health").status, 200);
+  ExpectGeneratesLike(*Weights(0), "0");
+}
+
+TEST_F(EngineServerTest, HealthIs503WhileTheSchedulerMakesNoProgress) {
+  std::atomic<int64_t> fake_ms{0};
+  EngineOptions options;
+  options.scheduler.stall_timeout = std::chrono::seconds(5);
+  options.scheduler.clock = [&fake_ms] {
+    return std::chrono::steady_clock::time_point(std::chrono::milliseconds(fake_ms.load()));
+  };
+  Start(options);
+  HttpResponse ok = Get("/health");
+  EXPECT_EQ(ok.status, 200);
+  EXPECT_EQ(JsonGet(ok.body, "weight_version"), "0");
+  gate_.Arm([] { return true; });
+  ASSERT_TRUE(gate_.WaitHeld());
+  fake_ms = 30'000;
+  HttpResponse stalled = Get("/health");
+  EXPECT_EQ(stalled.status, 503);
+  EXPECT_THAT(stalled.body, HasSubstr("no progress"));
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "healthy"), "false");
+  gate_.Release();
+  EXPECT_TRUE(WaitFor([this] { return Get("/health").status == 200; }));
+  server_->Shutdown();  // before fake_ms goes away
+}
+
+TEST_F(EngineServerTest, FlushCacheOnlyWhenIdle) {
+  Start();
+  EXPECT_EQ(Get("/flush_cache").status, 200);
+  ASSERT_EQ(Post("/pause_generation", R"({"mode": "in_place"})").status, 200);
+  auto queued = std::async(std::launch::async,
+                           [this] { return Post("/generate", GenerateBody("Flush", 3)); });
+  ASSERT_TRUE(WaitFor([this] { return server_->scheduler().stats().queued == 1; }));
+  HttpResponse busy = Post("/flush_cache", "");
+  EXPECT_EQ(busy.status, 400);
+  EXPECT_THAT(busy.body, HasSubstr("cache not flushed"));
+  ASSERT_EQ(Post("/continue_generation", "").status, 200);
+  EXPECT_EQ(queued.get().status, 200);
+  EXPECT_EQ(Post("/flush_cache", "").status, 200);
+}
+
+TEST_F(EngineServerTest, InfoRoutesReportTheBootVersionAndConfiguration) {
+  EngineOptions options;
+  options.boot_version = 7;
+  Start(options);
+  const std::string info = Get("/server_info").body;
+  EXPECT_EQ(JsonGet(info, "weight_version"), "7");
+  EXPECT_EQ(JsonGet(info, "weight_version_id"), "run-a/weight_v000007");
+  EXPECT_EQ(JsonGet(info, "boot_version"), "7");
+  EXPECT_EQ(JsonGet(info, "paused"), "false");
+  const std::string model = Get("/model_info").body;
+  EXPECT_EQ(JsonGet(model, "weight_version"), "7");
+  EXPECT_EQ(JsonGet(model, "config.hidden_size"), "48");
+  EXPECT_EQ(JsonGet(Get("/get_model_info").body, "is_generation"), "true");
+  EXPECT_EQ(JsonGet(Get("/v1/models").body, "data.0.id"), "test-model");
+  ExpectGeneratesLike(*Weights(0), "7");
+}
+
+TEST_F(EngineServerTest, FaultInjectionFailsStagingsCommitsAndHangsHealth) {
+  Publish();
+  EngineOptions options;
+  options.faults.fail_stagings = 1;
+  options.faults.fail_commits = 1;
+  options.faults.hang_health_after = 1;
+  Start(options);
+  HttpResponse failed = Post("/stage_weight_update", StageBody(1, "cpu"));
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_THAT(failed.body, HasSubstr("injected fault"));
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(1, "cpu")).status, 200);
+  HttpResponse no_commit = Post("/update_weights_from_cpu", R"({"target_version": 1})");
+  EXPECT_EQ(no_commit.status, 500);
+  EXPECT_THAT(no_commit.body, HasSubstr("injected fault"));
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "weight_version"), "0");
+  ASSERT_EQ(Post("/update_weights_from_cpu", R"({"target_version": 1})").status, 200);
+  ExpectGeneratesLike(*Weights(1), "1");
+
+  EXPECT_EQ(Get("/health").status, 200);
+  FetchOptions quick;
+  quick.timeout = std::chrono::milliseconds(300);
+  absl::StatusOr<HttpResponse> hung = HttpFetch("GET", server_->url() + "/health", "", quick);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(hung.status())) << hung.status();
+}
+
+}  // namespace
+}  // namespace stitch

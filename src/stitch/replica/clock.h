@@ -1,0 +1,71 @@
+// Time for the replica's periodic work (the reconciler's backstop, the
+// watchdog), injected so that tests advance it by hand and never sleep.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+namespace stitch {
+
+class Clock {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  using Duration = std::chrono::steady_clock::duration;
+
+  virtual ~Clock() = default;
+
+  virtual TimePoint Now() const = 0;
+
+  // Returns once Now() >= deadline, or early when the awaiting coroutine is
+  // cancelled (Asio cancellation; the coroutine then sees it cancelled).
+  virtual boost::asio::awaitable<void> SleepUntil(TimePoint deadline) = 0;
+
+  boost::asio::awaitable<void> SleepFor(Duration d) { return SleepUntil(Now() + d); }
+};
+
+// The real monotonic clock; sleeps are Asio timers on the awaiting
+// coroutine's executor. Thread-safe.
+class SteadyClock final : public Clock {
+ public:
+  TimePoint Now() const override { return std::chrono::steady_clock::now(); }
+  boost::asio::awaitable<void> SleepUntil(TimePoint deadline) override;
+};
+
+// A clock that moves only when told to, for tests. Sleepers run on the
+// event loop whose executor the clock was built with.
+// Thread-safety: Advance, Now and sleepers may be called from any thread.
+class ManualClock final : public Clock {
+ public:
+  explicit ManualClock(boost::asio::any_io_executor loop);
+  ~ManualClock() override;
+
+  TimePoint Now() const override;
+  boost::asio::awaitable<void> SleepUntil(TimePoint deadline) override;
+
+  // Moves time forward by `d`, then wakes (on the loop) every sleeper whose
+  // deadline has passed.
+  void Advance(Duration d);
+
+  // How many coroutines are sleeping now.
+  size_t sleepers() const;
+  // How many sleeps have started so far (a test waits for the next one to
+  // know that a sleeper has acted on the last Advance).
+  uint64_t sleeps_started() const;
+
+  struct Sleeper;
+
+ private:
+  boost::asio::any_io_executor loop_;
+  mutable std::mutex mu_;
+  TimePoint now_;                   // guarded by mu_
+  std::vector<Sleeper*> sleepers_;  // guarded by mu_
+  uint64_t sleeps_started_ = 0;     // guarded by mu_
+};
+
+}  // namespace stitch

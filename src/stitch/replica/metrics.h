@@ -1,0 +1,40 @@
+// The sidecar's metrics in the Prometheus text format (GET /metrics). The
+// values are a plain snapshot, so rendering needs nothing but this struct.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "stitch/core/state.h"
+#include "stitch/core/version.h"
+#include "stitch/replica/proxy.h"
+#include "stitch/replica/reconciler.h"
+
+namespace stitch {
+
+struct SidecarMetrics {
+  VersionRef applied;
+  bool ready = false;
+  bool terminal = false;
+  SyncState sync_state = SyncState::kIdle;
+  uint64_t admitted = 0;
+  uint64_t rejected_not_ready = 0;
+  uint64_t rejected_terminal = 0;
+  int64_t in_flight = 0;
+  ProxyCounters proxy;
+  ReconcilerCounters reconciler;
+  uint64_t watchdog_probes = 0;
+  uint64_t watchdog_failures = 0;
+};
+
+// Every metric has a `stitch_sidecar_` name, HELP and TYPE lines:
+//   requests_admitted_total, requests_rejected_total{reason}, requests_in_flight,
+//   applied_version{run_id}, ready, terminal, sync_state{state} (one-hot),
+//   stage_duration_seconds_{sum,count}, commit_duration_seconds_{sum,count},
+//   last_stage_seconds, last_commit_seconds, commits_total,
+//   skipped_updates_total, run_switches_total, reconcile_passes_total,
+//   reconcile_errors_total, client_disconnects_total, streamed_requests_total,
+//   forwarded_requests_total, watchdog_probes_total, watchdog_failures_total.
+std::string RenderPrometheus(const SidecarMetrics& m);
+
+}  // namespace stitch

@@ -1,0 +1,451 @@
+#include "stitch/replica/proxy.h"
+
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/json.h"
+#include "stitch/net/sse.h"
+
+namespace stitch {
+
+namespace json = boost::json;
+using boost::asio::awaitable;
+
+namespace {
+
+constexpr std::string_view kBlockedRoutes[] = {
+    "/abort_request",
+    "/continue_generation",
+    "/flush_cache",
+    "/init_weights_update_group",
+    "/load_lora_adapter",
+    "/pause_generation",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+    "/set_internal_state",
+    "/stage_weight_update",
+    "/start_profile",
+    "/stop_profile",
+    "/unload_lora_adapter",
+    "/update_weight_version",
+    "/update_weights_from_cpu",
+    "/update_weights_from_disk",
+    "/update_weights_from_distributed",
+    "/update_weights_from_ipc",
+    "/update_weights_from_tensor",
+};
+
+// Request headers that must not reach the engine: the library owns framing,
+// the engine's Host is not the client's, and a compressed answer could not
+// be stamped.
+bool DropRequestHeader(std::string_view name) {
+  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "host") ||
+         absl::EqualsIgnoreCase(AbslView(name), "accept-encoding") ||
+         absl::EqualsIgnoreCase(AbslView(name), "content-type") ||
+         absl::EqualsIgnoreCase(AbslView(name), "expect");
+}
+
+bool DropResponseHeader(std::string_view name) {
+  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "content-length") ||
+         absl::EqualsIgnoreCase(AbslView(name), "content-encoding");
+}
+
+HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view)) {
+  HttpHeaders to;
+  to.reserve(from.size());
+  for (const auto& [name, value] : from) {
+    if (!drop(name)) to.Add(name, value);
+  }
+  return to;
+}
+
+std::string ErrorBody(std::string_view type, std::string_view message, bool retryable) {
+  json::object body;
+  body["type"] = type;
+  body["message"] = message;
+  if (retryable) body["retryable"] = true;
+  return json::serialize(body);
+}
+
+// Whether a /generate body asks for a batch (a list of prompts).
+size_t BatchSize(const json::object& body) {
+  if (const json::value* text = body.if_contains("text"); text != nullptr && text->is_array()) {
+    return text->get_array().size();
+  }
+  if (const json::value* ids = body.if_contains("input_ids"); ids != nullptr && ids->is_array()) {
+    const json::array& a = ids->get_array();
+    if (!a.empty() && a.front().is_array()) return a.size();
+  }
+  return 0;
+}
+
+// Stamps one JSON document in place: an object, or (a batched /generate)
+// an array of objects. False when `text` is not such a document.
+bool StampDocument(const Engine& engine, ApiRoute route, VersionStamp stamp, std::string& text) {
+  boost::system::error_code ec;
+  json::value doc = json::parse(text, ec);
+  if (ec) return false;
+  if (doc.is_object()) {
+    engine.StampResponse(route, doc.get_object(), stamp);
+  } else if (doc.is_array()) {
+    for (json::value& item : doc.get_array()) {
+      if (item.is_object()) engine.StampResponse(route, item.get_object(), stamp);
+    }
+  } else {
+    return false;
+  }
+  text = json::serialize(doc);
+  return true;
+}
+
+// One server-sent event with its data stamped; other fields are kept.
+// `[DONE]` and data that is not a JSON document pass unchanged.
+std::string StampEvent(const Engine& engine, ApiRoute route, VersionStamp stamp,
+                       const std::string& event) {
+  std::optional<std::string> data = SseData(event);
+  if (!data.has_value() || *data == "[DONE]" || !StampDocument(engine, route, stamp, *data)) {
+    return absl::StrCat(event, "\n");
+  }
+  std::string out;
+  size_t start = 0;
+  while (start < event.size()) {
+    size_t end = event.find('\n', start);
+    if (end == std::string::npos) end = event.size() - 1;
+    std::string_view line(event.data() + start, end + 1 - start);
+    if (!line.starts_with("data")) out.append(line);
+    start = end + 1;
+  }
+  out += SseEvent(*data);
+  return out;
+}
+
+}  // namespace
+
+RouteClass ClassifyRoute(std::string_view path, ApiRoute* route) {
+  if (path == "/generate") {
+    *route = ApiRoute::kGenerate;
+    return RouteClass::kVersioned;
+  }
+  if (path == "/v1/completions") {
+    *route = ApiRoute::kCompletions;
+    return RouteClass::kVersioned;
+  }
+  if (path == "/v1/chat/completions") {
+    *route = ApiRoute::kChatCompletions;
+    return RouteClass::kVersioned;
+  }
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  for (std::string_view blocked : kBlockedRoutes) {
+    if (path == blocked) return RouteClass::kBlocked;
+  }
+  return RouteClass::kOther;
+}
+
+struct VersionedProxy::Call {
+  ApiRoute route = ApiRoute::kGenerate;
+  std::optional<AdmissionGate::Ticket> ticket;
+  std::vector<std::string> rids;
+  HttpRequest upstream;
+};
+
+VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions options,
+                               Engine& engine, AdmissionGate& gate)
+    : loop_(loop), options_(std::move(options)), engine_(engine), gate_(gate), client_(loop, [&] {
+        ClientOptions client;
+        client.request_timeout = options_.upstream_timeout;
+        client.max_idle_per_origin = options_.max_idle_connections;
+        return client;
+      }()) {
+  std::random_device seed;
+  rid_prefix_ = absl::StrFormat("stitch-%08x-", seed());
+}
+
+VersionedProxy::~VersionedProxy() = default;
+
+std::string VersionedProxy::NextRid() { return absl::StrCat(rid_prefix_, ++rid_counter_); }
+
+awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
+  ApiRoute route;
+  switch (ClassifyRoute(TargetPath(exchange.request().target), &route)) {
+    case RouteClass::kVersioned:
+      if (exchange.request().method == "POST") {
+        co_await HandleVersioned(exchange, route);
+        co_return;
+      }
+      break;
+    case RouteClass::kBlocked: {
+      ++counters_.route_blocked;
+      std::string path(TargetPath(exchange.request().target));
+      (void)co_await exchange.Respond(JsonResponse(
+          403, ErrorBody("RouteBlocked",
+                         absl::StrCat(path,
+                                      " is an engine control route: the sidecar alone drives the "
+                                      "engine, so it is not forwarded"),
+                         false)));
+      co_return;
+    }
+    case RouteClass::kOther:
+      break;
+  }
+  co_await Forward(exchange);
+}
+
+void VersionedProxy::AbortUpstream(Call& call) {
+  if (call.rids.empty()) return;
+  boost::asio::co_spawn(loop_, engine_.Abort(call.rids), boost::asio::detached);
+}
+
+awaitable<void> VersionedProxy::EngineUnavailable(HttpExchange& exchange, Call* call,
+                                                  std::string_view why) {
+  if (call != nullptr) AbortUpstream(*call);
+  ++counters_.engine_unavailable;
+  HttpResponse response = JsonResponse(
+      503, ErrorBody("EngineUnavailable",
+                     absl::StrCat("the engine behind this replica is unavailable (", AbslView(why),
+                                  "); retry, possibly on another replica"),
+                     true));
+  response.headers.Set("Retry-After", "1");
+  (void)co_await exchange.Respond(std::move(response));
+}
+
+awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute route) {
+  ++counters_.versioned_requests;
+  auto bad_request = [&](std::string message) -> awaitable<void> {
+    ++counters_.bad_requests;
+    (void)co_await exchange.Respond(JsonResponse(400, ErrorBody("BadRequest", message, false)));
+  };
+
+  boost::system::error_code ec;
+  json::value parsed = json::parse(exchange.request().body, ec);
+  if (ec || !parsed.is_object()) {
+    co_await bad_request(absl::StrCat("the request body must be a JSON object",
+                                      ec ? absl::StrCat(" (", ec.message(), ")") : ""));
+    co_return;
+  }
+  json::object& body = parsed.get_object();
+
+  VersionConstraint constraint;
+  if (json::value* wv = body.if_contains("weight_version"); wv != nullptr) {
+    auto c = ConstraintFromJsonValue(*wv);
+    if (!c.ok()) {
+      co_await bad_request(absl::StrCat("weight_version: ", c.status().message()));
+      co_return;
+    }
+    constraint = *c;
+    body.erase("weight_version");
+  }
+
+  Call call;
+  call.route = route;
+  if (const json::value* rid = body.if_contains("rid"); rid != nullptr && !rid->is_null()) {
+    if (rid->is_string()) {
+      call.rids.emplace_back(rid->get_string().data(), rid->get_string().size());
+    } else if (rid->is_array()) {
+      for (const json::value& r : rid->get_array()) {
+        if (r.is_string()) call.rids.emplace_back(r.get_string().data(), r.get_string().size());
+      }
+    }
+  } else if (size_t n = route == ApiRoute::kGenerate ? BatchSize(body) : 0; n > 0) {
+    json::array rids;
+    std::string base = NextRid();
+    for (size_t i = 0; i < n; ++i) {
+      call.rids.push_back(absl::StrCat(base, "-", i));
+      rids.emplace_back(call.rids.back());
+    }
+    body["rid"] = std::move(rids);
+  } else {
+    call.rids.push_back(NextRid());
+    body["rid"] = call.rids.back();
+  }
+  const json::value* stream_flag = body.if_contains("stream");
+  const bool stream = stream_flag != nullptr && stream_flag->is_bool() && stream_flag->get_bool();
+
+  // Admission: decided at once unless a commit holds it closed.
+  std::optional<absl::StatusOr<AdmissionGate::Ticket>> admitted = gate_.TryAdmit(constraint);
+  if (!admitted.has_value()) {
+    admitted.emplace(co_await exchange.CancelOnDisconnect(gate_.Admit(constraint)));
+  }
+  if (!admitted->ok()) {
+    const absl::Status& s = admitted->status();
+    if (GetErrorKind(s) == ErrorKind::kVersionNotReady) {
+      json::object conflict;
+      conflict["type"] = "WeightVersionNotReady";
+      if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
+        conflict["target_version"] = *t;
+      } else {
+        conflict["target_version"] = nullptr;
+      }
+      conflict["applied"] = gate_.serving().ToString();
+      conflict["applied_version"] = gate_.serving().version;
+      conflict["message"] = std::string(s.message());
+      (void)co_await exchange.Respond(JsonResponse(409, json::serialize(conflict)));
+    } else if (absl::IsCancelled(s) || exchange.disconnected()) {
+      ++counters_.client_disconnects;
+    } else {
+      HttpResponse response =
+          JsonResponse(503, ErrorBody("ReplicaUnavailable", std::string(s.message()), true));
+      response.headers.Set("Retry-After", "1");
+      (void)co_await exchange.Respond(std::move(response));
+    }
+    co_return;
+  }
+  call.ticket.emplace(**std::move(admitted));
+
+  engine_.TagRequest(route, body, call.ticket->start());
+  HttpRequest& up = call.upstream;
+  up.method = "POST";
+  up.target = exchange.request().target;
+  up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+  up.headers.Set("Content-Type", "application/json");
+  up.body = json::serialize(parsed);
+
+  if (stream) {
+    ++counters_.streamed;
+    co_await RelayStream(exchange, call);
+  } else {
+    co_await Relay(exchange, call);
+  }
+}
+
+awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
+  auto response =
+      co_await exchange.CancelOnDisconnect(client_.Send(options_.engine, std::move(call.upstream)));
+  if (!response.ok()) {
+    if (exchange.disconnected()) {
+      AbortUpstream(call);
+      ++counters_.client_disconnects;
+      co_return;
+    }
+    co_await EngineUnavailable(exchange, &call, std::string(response.status().message()));
+    co_return;
+  }
+  HttpResponse out;
+  out.status = response->status;
+  out.headers = CopyHeaders(response->headers, &DropResponseHeader);
+  out.body = std::move(response->body);
+  if (out.status == 200 && StampDocument(engine_, call.route, call.ticket->Stamp(), out.body)) {
+    out.headers.Set("Content-Type", "application/json");
+  }
+  ++counters_.completed;
+  (void)co_await exchange.Respond(std::move(out));
+}
+
+awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) {
+  auto stream = co_await exchange.CancelOnDisconnect(
+      client_.SendStreamed(options_.engine, std::move(call.upstream)));
+  if (!stream.ok()) {
+    if (exchange.disconnected()) {
+      AbortUpstream(call);
+      ++counters_.client_disconnects;
+      co_return;
+    }
+    co_await EngineUnavailable(exchange, &call, std::string(stream.status().message()));
+    co_return;
+  }
+  const std::optional<std::string_view> type = stream->headers().Get("content-type");
+  const bool events = type.has_value() && type->find("text/event-stream") != std::string_view::npos;
+  if (stream->status() != 200 || !events) {
+    // An error answer (or a server that ignored `stream`): relay it whole.
+    auto body = co_await exchange.CancelOnDisconnect(stream->ReadAll());
+    if (!body.ok()) {
+      if (exchange.disconnected()) {
+        AbortUpstream(call);
+        ++counters_.client_disconnects;
+        co_return;
+      }
+      co_await EngineUnavailable(exchange, &call, std::string(body.status().message()));
+      co_return;
+    }
+    HttpResponse out;
+    out.status = stream->status();
+    out.headers = CopyHeaders(stream->headers(), &DropResponseHeader);
+    out.body = *std::move(body);
+    if (out.status == 200) StampDocument(engine_, call.route, call.ticket->Stamp(), out.body);
+    ++counters_.completed;
+    (void)co_await exchange.Respond(std::move(out));
+    co_return;
+  }
+
+  if (absl::Status begun =
+          co_await exchange.BeginStream(200, CopyHeaders(stream->headers(), &DropResponseHeader));
+      !begun.ok()) {
+    AbortUpstream(call);
+    ++counters_.client_disconnects;
+    co_return;
+  }
+  SseEventSplitter splitter;
+  for (;;) {
+    auto chunk = co_await exchange.CancelOnDisconnect(stream->Read());
+    if (!chunk.ok()) {
+      AbortUpstream(call);
+      if (exchange.disconnected()) {
+        ++counters_.client_disconnects;
+        co_return;
+      }
+      // The engine cut the stream: say so in-band, then end the connection
+      // without a proper end of body, so that the client sees the stream as
+      // incomplete.
+      ++counters_.engine_unavailable;
+      (void)co_await exchange.WriteChunk(SseEvent(
+          ErrorBody("EngineUnavailable",
+                    absl::StrCat("the engine stream broke: ", chunk.status().message()), true)));
+      co_return;
+    }
+    if (chunk->empty()) break;
+    splitter.Append(*chunk);
+    std::string out;
+    while (std::optional<std::string> event = splitter.Next()) {
+      out += StampEvent(engine_, call.route, call.ticket->Stamp(), *event);
+    }
+    if (out.empty()) continue;
+    if (absl::Status written = co_await exchange.WriteChunk(std::move(out)); !written.ok()) {
+      AbortUpstream(call);
+      ++counters_.client_disconnects;
+      co_return;
+    }
+  }
+  if (!splitter.pending().empty()) {
+    (void)co_await exchange.WriteChunk(std::string(splitter.pending()));
+  }
+  ++counters_.completed;
+  (void)co_await exchange.EndStream();
+}
+
+awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
+  ++counters_.forwarded;
+  HttpRequest up;
+  up.method = exchange.request().method;
+  up.target = exchange.request().target;
+  up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+  if (std::optional<std::string_view> type = exchange.request().headers.Get("content-type")) {
+    up.headers.Set("Content-Type", *type);
+  }
+  up.body = std::move(exchange.request().body);
+  auto response =
+      co_await exchange.CancelOnDisconnect(client_.Send(options_.engine, std::move(up)));
+  if (!response.ok()) {
+    if (exchange.disconnected()) co_return;
+    co_await EngineUnavailable(exchange, nullptr, std::string(response.status().message()));
+    co_return;
+  }
+  HttpResponse out;
+  out.status = response->status;
+  out.headers = CopyHeaders(response->headers, &DropResponseHeader);
+  out.body = std::move(response->body);
+  (void)co_await exchange.Respond(std::move(out));
+}
+
+}  // namespace stitch

@@ -1,0 +1,107 @@
+// The versioned proxy: how rollout requests reach the engine through the
+// sidecar (DESIGN.md, "Replica sidecar HTTP contract").
+//
+// Versioned routes (POST /generate, /v1/completions, /v1/chat/completions):
+//   - the body's `weight_version` ({"min_version"} / {"exact_version"}) is
+//     consumed, not forwarded; a bad one is a 400 BadRequest;
+//   - `rid` is set when absent (a list of ids for a batched /generate), so
+//     that the request can be aborted;
+//   - the request is admitted by the gate (409 WeightVersionNotReady with
+//     `target_version`, `applied`, `message` when its constraint is unmet;
+//     while a commit holds admission closed it waits);
+//   - the engine tags it for prefix-cache isolation (Engine::TagRequest);
+//   - the response, or each event of a `stream: true` response as it
+//     arrives, is stamped with the start and end versions
+//     (Engine::StampResponse); the ticket is held until the response ends.
+// Engine control routes are never forwarded: 403 RouteBlocked. Every other
+// route is forwarded as is, without admission.
+// When the engine cannot be reached or drops the connection: 503
+// EngineUnavailable with `retryable: true` and `Retry-After: 1`, after a
+// best-effort abort of the request. When the client disconnects, the
+// upstream generation is aborted (/abort_request with its rid) and
+// admission released.
+//
+// Threading: confined to the event loop of the HTTP server it serves.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "stitch/engine/engine.h"
+#include "stitch/net/client.h"
+#include "stitch/net/http.h"
+#include "stitch/net/server.h"
+#include "stitch/replica/admission_gate.h"
+
+namespace stitch {
+
+struct ProxyOptions {
+  // The engine's data plane.
+  HttpOrigin engine;
+  // A non-streamed request: the whole exchange with the engine. A streamed
+  // one: until the response header.
+  std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);
+  // Idle keep-alive connections kept to the engine (one per concurrent
+  // request is what a busy replica needs).
+  size_t max_idle_connections = 4096;
+};
+
+// Counters of the proxy, for /metrics.
+struct ProxyCounters {
+  uint64_t versioned_requests = 0;  // versioned requests received
+  uint64_t streamed = 0;            // of which `stream: true`
+  uint64_t completed = 0;           // answered by the engine, to the end
+  uint64_t bad_requests = 0;        // 400: body or constraint unusable
+  uint64_t route_blocked = 0;       // 403
+  uint64_t engine_unavailable = 0;  // 503 EngineUnavailable (or a stream cut by the engine)
+  uint64_t client_disconnects = 0;  // aborted because the client went away
+  uint64_t forwarded = 0;           // other routes, forwarded as is
+};
+
+// Which route a request path is: a versioned route, an engine control route
+// (blocked), or another one (forwarded).
+enum class RouteClass { kVersioned, kBlocked, kOther };
+RouteClass ClassifyRoute(std::string_view path, ApiRoute* route);
+
+class VersionedProxy {
+ public:
+  // `engine` and `gate` must outlive the proxy.
+  VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions options, Engine& engine,
+                 AdmissionGate& gate);
+  ~VersionedProxy();
+  VersionedProxy(const VersionedProxy&) = delete;
+  VersionedProxy& operator=(const VersionedProxy&) = delete;
+
+  // Handles one request (any route the sidecar does not serve itself).
+  boost::asio::awaitable<void> Handle(HttpExchange& exchange);
+
+  const ProxyCounters& counters() const { return counters_; }
+  const HttpClient& client() const { return client_; }
+
+ private:
+  struct Call;
+  boost::asio::awaitable<void> HandleVersioned(HttpExchange& exchange, ApiRoute route);
+  boost::asio::awaitable<void> Forward(HttpExchange& exchange);
+  boost::asio::awaitable<void> Relay(HttpExchange& exchange, Call& call);
+  boost::asio::awaitable<void> RelayStream(HttpExchange& exchange, Call& call);
+  boost::asio::awaitable<void> EngineUnavailable(HttpExchange& exchange, Call* call,
+                                                 std::string_view why);
+  void AbortUpstream(Call& call);
+  std::string NextRid();
+
+  const boost::asio::any_io_executor loop_;
+  const ProxyOptions options_;
+  Engine& engine_;
+  AdmissionGate& gate_;
+  HttpClient client_;
+  ProxyCounters counters_;
+  std::string rid_prefix_;
+  uint64_t rid_counter_ = 0;
+};
+
+}  // namespace stitch

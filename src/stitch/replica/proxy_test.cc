@@ -1,0 +1,398 @@
+// The sidecar's HTTP surface in one process: the real gate, reconciler and
+// proxy, a scripted engine for the control plane and a fake SGLang server
+// for the data plane.
+#include "stitch/replica/proxy.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "stitch/engine/fake_sglang_server.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/net_test_util.h"
+#include "stitch/net/sse.h"
+#include "stitch/replica/replica_test_util.h"
+#include "stitch/replica/sidecar.h"
+#include "stitch/store/mem_store.h"
+#include "tests/support/loopback_http.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace json = boost::json;
+using boost::asio::awaitable;
+using testing::FakeSglangServer;
+using testing::RawSocket;
+using testing::ScriptedEngine;
+using testing::WaitUntil;
+
+json::object Parse(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  EXPECT_FALSE(ec) << text;
+  return v.is_object() ? v.get_object() : json::object();
+}
+
+class ProxyTest : public ::testing::Test {
+ protected:
+  ProxyTest() {
+    pool_ = std::make_unique<WorkerPool>(2);
+    loop_ = std::make_unique<EventLoop>();
+    clock_ = std::make_unique<ManualClock>(loop_->executor());
+    static std::atomic<int> counter{0};
+    auto mem = MemStore::Open(absl::StrCat("proxy-test-", ++counter), "r1", tmp_ / "cache");
+    EXPECT_TRUE(mem.ok()) << mem.status();
+    store_ = *std::move(mem);
+    engine_ = std::make_unique<ScriptedEngine>(loop_->executor());
+  }
+  // I/O objects go before their loop, once nothing uses them.
+  ~ProxyTest() override {
+    if (sidecar_) loop_->BlockOn(sidecar_->Shutdown());
+    sidecar_.reset();
+    engine_.reset();
+    pool_.reset();
+    loop_.reset();
+  }
+
+  void Start(const std::string& engine_url) {
+    auto url = ParseHttpUrl(engine_url);
+    ASSERT_TRUE(url.ok()) << url.status();
+    Sidecar::Settings settings;
+    settings.reconciler.run_id = "r1";
+    settings.reconciler.base_checkpoint_dir = tmp_ / "base";
+    settings.reconciler.reconcile_interval = Clock::Duration::zero();
+    settings.watchdog.interval = Clock::Duration::zero();
+    settings.proxy.engine = url->origin;
+    settings.proxy.upstream_timeout = std::chrono::seconds(20);
+    Sidecar::Ports ports{loop_->executor(), pool_.get(), store_.get(), engine_.get(), clock_.get()};
+    auto started = loop_->BlockOn(Sidecar::Start(settings, ports));
+    ASSERT_TRUE(started.ok()) << started.status();
+    sidecar_ = *std::move(started);
+  }
+
+  // Runs `fn` on the loop and returns its result.
+  template <typename F>
+  auto OnLoop(F fn) {
+    using R = decltype(fn());
+    return loop_->BlockOn([](F f) -> awaitable<R> { co_return f(); }(std::move(fn)));
+  }
+  bool ReadyAt(int64_t version) {
+    return OnLoop([&] {
+      return sidecar_->reconciler().ready() && sidecar_->gate().serving().version == version;
+    });
+  }
+  int64_t Active() {
+    return OnLoop([&] { return sidecar_->gate().active(); });
+  }
+  std::vector<std::string> Aborted() {
+    return OnLoop([&] { return engine_->aborted; });
+  }
+
+  HttpResponse Send(std::string method, std::string path, std::string body = {}) {
+    auto r = HttpFetch(method, sidecar_->url() + path, std::move(body));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : HttpResponse{};
+  }
+
+  stitch::testing::TempDir tmp_;
+  FakeSglangServer fake_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<EventLoop> loop_;
+  std::unique_ptr<ManualClock> clock_;
+  std::unique_ptr<MemStore> store_;
+  std::unique_ptr<ScriptedEngine> engine_;
+  std::unique_ptr<Sidecar> sidecar_;
+};
+
+TEST_F(ProxyTest, GenerateIsAdmittedTaggedAndStamped) {
+  ASSERT_TRUE(fake_.started());
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  HttpResponse r = Send(
+      "POST", "/generate",
+      R"({"text":"hi","extra_key":"user","weight_version":{"min_version":0},"sampling_params":{}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json::object body = Parse(r.body);
+  const json::object& meta = body.at("meta_info").as_object();
+  EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
+  EXPECT_EQ(meta.at("weight_version_end").as_int64(), 0);
+  EXPECT_EQ(meta.at("weight_version").as_string(), "0");
+  EXPECT_EQ(meta.at("id").as_string(), "fake");
+
+  // What reached the engine: no constraint, a rid, the isolation tag.
+  json::object sent = body.at("request").as_object();
+  EXPECT_FALSE(sent.contains("weight_version"));
+  EXPECT_EQ(sent.at("extra_key").as_string(), "wv0;r1/user");
+  ASSERT_TRUE(sent.contains("rid"));
+  EXPECT_FALSE(sent.at("rid").as_string().empty());
+  EXPECT_TRUE(sent.contains("sampling_params"));
+  EXPECT_EQ(Active(), 0);
+}
+
+TEST_F(ProxyTest, CallersRidIsKept) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  HttpResponse r = Send("POST", "/generate", R"({"text":"hi","rid":"mine"})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(Parse(r.body).at("request").at("rid").as_string(), "mine");
+  // A batch gets one rid per prompt.
+  HttpResponse batch = Send("POST", "/generate", R"({"text":["a","b","c"]})");
+  ASSERT_EQ(batch.status, 200);
+  EXPECT_EQ(Parse(batch.body).at("request").at("rid").as_array().size(), 3u);
+}
+
+TEST_F(ProxyTest, OpenAiRoutesAreSaltedAndStampedAtTheTopLevel) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  for (std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    HttpResponse r =
+        Send("POST", path, R"({"model":"m","prompt":"hi","weight_version":{"exact_version":0}})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    json::object body = Parse(r.body);
+    EXPECT_EQ(body.at("weight_version_start").as_int64(), 0);
+    EXPECT_EQ(body.at("weight_version_end").as_int64(), 0);
+    EXPECT_FALSE(body.contains("meta_info"));
+    EXPECT_EQ(body.at("request").at("cache_salt").as_string(), "wv0;r1/");
+    EXPECT_FALSE(body.at("request").as_object().contains("weight_version"));
+  }
+}
+
+TEST_F(ProxyTest, UnmetConstraintGets409WithItsBodyAndWakesTheReconciler) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  const uint64_t passes = OnLoop([&] { return sidecar_->reconciler().counters().passes; });
+  HttpResponse r = Send("POST", "/generate", R"({"text":"hi","weight_version":{"min_version":5}})");
+  ASSERT_EQ(r.status, 409) << r.body;
+  json::object body = Parse(r.body);
+  EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
+  EXPECT_EQ(body.at("target_version").as_int64(), 5);
+  EXPECT_EQ(body.at("applied").as_string(), "r1/weight_v000000");
+  EXPECT_FALSE(body.at("message").as_string().empty());
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+  // The rejection woke a reconcile pass (no backstop runs here).
+  EXPECT_TRUE(WaitUntil(
+      [&] { return OnLoop([&] { return sidecar_->reconciler().counters().passes; }) > passes; }));
+  HttpResponse metrics = Send("GET", "/metrics");
+  EXPECT_NE(
+      metrics.body.find("stitch_sidecar_requests_rejected_total{reason=\"version_not_ready\"} 1"),
+      std::string::npos)
+      << metrics.body;
+}
+
+TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  HttpResponse not_json = Send("POST", "/generate", "{not json");
+  EXPECT_EQ(not_json.status, 400);
+  EXPECT_EQ(Parse(not_json.body).at("type").as_string(), "BadRequest");
+  HttpResponse bad =
+      Send("POST", "/generate", R"({"text":"x","weight_version":{"min_version":-1}})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("weight_version"), std::string::npos) << bad.body;
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+}
+
+TEST_F(ProxyTest, EngineControlRoutesAreBlocked) {
+  Start(fake_.url());
+  for (std::string path : {"/pause_generation", "/update_weights_from_disk", "/stage_weight_update",
+                           "/abort_request", "/flush_cache"}) {
+    HttpResponse r = Send("POST", path, "{}");
+    EXPECT_EQ(r.status, 403) << path;
+    EXPECT_EQ(Parse(r.body).at("type").as_string(), "RouteBlocked");
+    EXPECT_NE(r.body.find(path), std::string::npos);
+  }
+  EXPECT_TRUE(fake_.requests().empty());
+}
+
+TEST_F(ProxyTest, OtherRoutesAreForwardedAsIs) {
+  fake_.SetAnswer("/model_info", JsonResponse(200, R"({"model_path":"/m"})"));
+  Start(fake_.url());
+  HttpResponse r = Send("GET", "/model_info");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(Parse(r.body).at("model_path").as_string(), "/m");
+  ASSERT_EQ(fake_.RequestsTo("/model_info").size(), 1u);
+  EXPECT_EQ(fake_.RequestsTo("/model_info")[0].method, "GET");
+}
+
+TEST_F(ProxyTest, TransportFailureGivesARetryable503AndReleasesAdmission) {
+  Start(stitch::testing::UnreachableUrl());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  HttpResponse r = Send("POST", "/generate", R"({"text":"hi","rid":"lost"})");
+  ASSERT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.headers.Get("retry-after"), "1");
+  json::object body = Parse(r.body);
+  EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
+  EXPECT_EQ(body.at("retryable").as_bool(), true);
+  EXPECT_EQ(Active(), 0);
+  // The best-effort abort went out.
+  EXPECT_TRUE(WaitUntil([&] {
+    auto aborted = Aborted();
+    return aborted.size() == 1 && aborted[0] == "lost";
+  }));
+  HttpResponse other = Send("GET", "/model_info");
+  EXPECT_EQ(other.status, 503);
+}
+
+TEST_F(ProxyTest, ClientDisconnectAbortsUpstreamAndReleasesAdmission) {
+  fake_.Hang("/generate");
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  {
+    RawSocket client(sidecar_->port());
+    ASSERT_TRUE(client.connected());
+    std::string body = R"({"text":"hi","rid":"gone-1"})";
+    client.Send(
+        absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                     "Content-Length: ", body.size(), "\r\n\r\n", body));
+    ASSERT_TRUE(WaitUntil([&] { return fake_.in_flight() == 1; }));
+    EXPECT_EQ(Active(), 1);
+  }  // the client goes away
+  EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
+  EXPECT_TRUE(WaitUntil([&] {
+    auto aborted = Aborted();
+    return aborted.size() == 1 && aborted[0] == "gone-1";
+  }));
+  // The upstream connection was closed too, so the engine saw it go.
+  EXPECT_TRUE(WaitUntil([&] { return fake_.disconnects() == 1; }));
+  HttpResponse metrics = Send("GET", "/metrics");
+  EXPECT_NE(metrics.body.find("stitch_sidecar_client_disconnects_total 1"), std::string::npos);
+}
+
+TEST_F(ProxyTest, StreamedEventsAreStampedAsTheyArrive) {
+  fake_.SetStreamEvents(3);
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  EventLoop client_loop;
+  HttpClient client(client_loop.executor());
+  auto url = ParseHttpUrl(sidecar_->url());
+  HttpRequest request;
+  request.method = "POST";
+  request.target = "/generate";
+  request.headers.Set("Content-Type", "application/json");
+  request.body = R"({"text":"hi","stream":true,"weight_version":{"min_version":0}})";
+  auto stream = client_loop.BlockOn(client.SendStreamed(url->origin, request));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ(stream->status(), 200);
+
+  SseEventSplitter splitter;
+  std::vector<std::string> events;
+  auto next_event = [&]() -> std::optional<std::string> {
+    for (;;) {
+      if (auto e = splitter.Next()) return e;
+      auto chunk = client_loop.BlockOn(stream->Read());
+      if (!chunk.ok() || chunk->empty()) return std::nullopt;
+      splitter.Append(*chunk);
+    }
+  };
+  // The first event arrives while the engine still holds the second: the
+  // sidecar streams, it does not buffer.
+  std::optional<std::string> first = next_event();
+  ASSERT_TRUE(first.has_value());
+  json::object e0 = Parse(*SseData(*first));
+  EXPECT_EQ(e0.at("index").as_int64(), 0);
+  EXPECT_EQ(e0.at("meta_info").at("weight_version_start").as_int64(), 0);
+  EXPECT_EQ(e0.at("meta_info").at("weight_version_end").as_int64(), 0);
+  EXPECT_EQ(Active(), 1);
+  fake_.ReleaseStream();
+  for (int i = 1; i < 3; ++i) {
+    std::optional<std::string> e = next_event();
+    ASSERT_TRUE(e.has_value());
+    json::object event = Parse(*SseData(*e));
+    EXPECT_EQ(event.at("index").as_int64(), i);
+    EXPECT_EQ(event.at("meta_info").at("weight_version").as_string(), "0");
+  }
+  std::optional<std::string> done = next_event();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(SseData(*done), "[DONE]");
+  EXPECT_FALSE(next_event().has_value());
+  EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
+}
+
+TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
+  // No pointer in the store, the engine still initializing, and admission
+  // closed (as during a commit): /metrics answers anyway.
+  engine_->HoldNext(ScriptedEngine::kInit);
+  Start(fake_.url());
+  std::optional<absl::StatusOr<AdmissionGate::CommitWindow>> window;
+  loop_->BlockOn([&]() -> awaitable<void> {
+    window.emplace(co_await sidecar_->gate().Close(DrainScope::kAll));
+  }());
+  ASSERT_TRUE(window->ok());
+  HttpResponse metrics = Send("GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_EQ(metrics.headers.Get("content-type"), "text/plain; version=0.0.4; charset=utf-8");
+  for (std::string line :
+       {"stitch_sidecar_applied_version{run_id=\"r1\"} 0", "stitch_sidecar_ready 0",
+        "stitch_sidecar_requests_in_flight 0", "stitch_sidecar_sync_state{state=\"IDLE\"} 1",
+        "stitch_sidecar_requests_admitted_total 0",
+        "# TYPE stitch_sidecar_commits_total counter"}) {
+    EXPECT_NE(metrics.body.find(line), std::string::npos) << line << "\n" << metrics.body;
+  }
+  HttpResponse health = Send("GET", "/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(Parse(health.body).at("ready").as_bool(), false);
+  EXPECT_NE(health.body.find("initializing"), std::string::npos) << health.body;
+  HttpResponse info = Send("GET", "/server_info");
+  EXPECT_EQ(info.status, 200);
+  auto state = ReplicaState::FromJson(info.body);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_FALSE(state->ready);
+  EXPECT_FALSE(state->update_destination_ready);
+  OnLoop([&] {
+    window.reset();
+    engine_->Release(ScriptedEngine::kInit);
+    return 0;
+  });
+  EXPECT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  health = Send("GET", "/health");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body, R"({"ready":true})");
+}
+
+TEST_F(ProxyTest, WakeAnswersWithServerInfo) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  HttpResponse r = Send("POST", "/wake");
+  EXPECT_EQ(r.status, 200);
+  auto state = ReplicaState::FromJson(r.body);
+  ASSERT_TRUE(state.ok()) << state.status() << r.body;
+  EXPECT_EQ(state->run_id, "r1");
+  EXPECT_EQ(state->applied, (VersionRef{"r1", 0}));
+}
+
+TEST_F(ProxyTest, RequestWaitingForACommitIsReleasedWhenItsClientLeaves) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  std::optional<absl::StatusOr<AdmissionGate::CommitWindow>> window;
+  loop_->BlockOn([&]() -> awaitable<void> {
+    window.emplace(co_await sidecar_->gate().Close(DrainScope::kAll));
+  }());
+  {
+    RawSocket client(sidecar_->port());
+    std::string body = R"({"text":"hi"})";
+    client.Send(absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
+                             "\r\n\r\n", body));
+    ASSERT_TRUE(WaitUntil([&] {
+      return OnLoop([&] { return sidecar_->proxy().counters().versioned_requests; }) == 1;
+    }));
+  }
+  EXPECT_TRUE(WaitUntil([&] {
+    return OnLoop([&] { return sidecar_->proxy().counters().client_disconnects; }) == 1;
+  }));
+  OnLoop([&] {
+    window.reset();
+    return 0;
+  });
+  EXPECT_EQ(Active(), 0);
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+}
+
+}  // namespace
+}  // namespace stitch

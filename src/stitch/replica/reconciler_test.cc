@@ -1,0 +1,776 @@
+#include "stitch/replica/reconciler.h"
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "stitch/net/event_loop.h"
+#include "stitch/replica/replica_test_util.h"
+#include "stitch/store/mem_store.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+using boost::asio::awaitable;
+using testing::FlakyStore;
+using testing::LoopLatch;
+using testing::PublishDelta;
+using testing::PublishFull;
+using testing::RollingRequest;
+using testing::ScriptedEngine;
+using testing::Settle;
+using testing::SpawnRoll;
+using testing::Until;
+
+// gtest's ASSERT_* return from the function, which a coroutine cannot do.
+#define CO_ASSERT(cond)                            \
+  do {                                             \
+    if (!(cond)) {                                 \
+      ADD_FAILURE() << "assertion failed: " #cond; \
+      co_return;                                   \
+    }                                              \
+  } while (0)
+
+VersionRef Ref(std::string run, int64_t v) { return VersionRef{std::move(run), v}; }
+
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  ReconcilerTest() {
+    pool_ = std::make_unique<WorkerPool>(2);
+    loop_ = std::make_unique<EventLoop>();
+    clock_ = std::make_unique<ManualClock>(loop_->executor());
+    static std::atomic<int> counter{0};
+    std::string name = absl::StrCat(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                    "-", ++counter);
+    auto mem = MemStore::Open(name, "r1", tmp_ / "cache");
+    EXPECT_TRUE(mem.ok()) << mem.status();
+    mem_ = *std::move(mem);
+    store_ = std::make_unique<FlakyStore>(*mem_);
+    engine_ = std::make_unique<ScriptedEngine>(loop_->executor());
+  }
+
+  // I/O objects (timers) go before their loop, once nothing uses them.
+  ~ReconcilerTest() override {
+    if (reconciler_) loop_->BlockOn(reconciler_->Stop());
+    reconciler_.reset();
+    gate_.reset();
+    engine_.reset();
+    latches_.clear();
+    pool_.reset();
+    loop_.reset();
+  }
+
+  // Builds the gate and the reconciler (the backstop off unless asked).
+  void Build(ReconcilerOptions options = {}) {
+    if (options.run_id.empty()) options.run_id = "r1";
+    options.base_checkpoint_dir = tmp_ / "base";
+    gate_ = std::make_unique<AdmissionGate>(loop_->executor(),
+                                            Ref(options.run_id, options.boot_version));
+    reconciler_ = std::make_unique<Reconciler>(loop_->executor(), options, *store_, *engine_,
+                                               *gate_, *pool_, *clock_);
+    reconciler_->SetTerminalListener(
+        [this](const absl::Status& s) { terminal_reports_.push_back(s); });
+  }
+  static ReconcilerOptions NoBackstop(CommitMode mode = CommitMode::kInPlace) {
+    ReconcilerOptions o;
+    o.reconcile_interval = Clock::Duration::zero();
+    o.commit_mode = mode;
+    return o;
+  }
+
+  // Runs the test body on the loop. Callbacks it gave the engine may
+  // reference its locals: they are dropped when it returns.
+  template <typename F>
+  void Run(F body) {
+    loop_->BlockOn([&]() -> awaitable<void> {
+      co_await body();
+      engine_->ClearCallbacks();
+    }());
+  }
+
+  // Latches and requests that coroutines spawned by a test reference; they
+  // live as long as the fixture, so a test that fails early leaves nothing
+  // dangling.
+  LoopLatch& NewLatch() { return latches_.emplace_back(loop_->executor()); }
+  RollingRequest& NewRequest() { return requests_.emplace_back(); }
+
+  void SetPointer(const VersionRef& ref) { mem_->SetPointerTextForTesting(ref.ToString()); }
+  void Full(int64_t v) { PublishFull(*mem_, tmp_.path(), v); }
+  void Delta(int64_t v, int files) { PublishDelta(*mem_, tmp_.path(), v, files); }
+
+  // The replica is idle at `v` of run r1 (or `run`).
+  bool SettledAt(int64_t v, const std::string& run = "r1") const {
+    return reconciler_->applied() == Ref(run, v) && reconciler_->sync_state() == SyncState::kIdle &&
+           reconciler_->ready();
+  }
+
+  stitch::testing::TempDir tmp_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<EventLoop> loop_;
+  std::unique_ptr<ManualClock> clock_;
+  std::unique_ptr<MemStore> mem_;
+  std::unique_ptr<FlakyStore> store_;
+  std::unique_ptr<ScriptedEngine> engine_;
+  std::unique_ptr<AdmissionGate> gate_;
+  std::unique_ptr<Reconciler> reconciler_;
+  std::vector<absl::Status> terminal_reports_;
+  std::deque<LoopLatch> latches_;
+  std::deque<RollingRequest> requests_;
+};
+
+TEST_F(ReconcilerTest, FreshReconcileStagesAndCommitsThePointer) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop(CommitMode::kQuiesce));
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    EXPECT_EQ(engine_->calls, (std::vector<std::string>{"init:r1/weight_v000000", "stage:3",
+                                                        "pause", "commit:3", "resume"}));
+    // Flushing rides on commit options; it is never a separate call.
+    EXPECT_EQ(engine_->Count("flush"), 0u);
+    EXPECT_EQ(engine_->flushed_on_commit, std::vector<bool>{false});
+    const StagePlan& plan = engine_->plans.at(0);
+    EXPECT_EQ(plan.target, Ref("r1", 3));
+    EXPECT_EQ(plan.base_version, 0);
+    CO_ASSERT(plan.chain.size() == 1u);
+    EXPECT_EQ(plan.chain[0].manifest.kind, VersionKind::kFull);
+    EXPECT_EQ(plan.source_dir, plan.chain[0].dir.parent_path());
+    ReplicaState state = reconciler_->State();
+    EXPECT_TRUE(state.ready);
+    EXPECT_EQ(state.applied, Ref("r1", 3));
+    EXPECT_TRUE(state.update_destination_ready);
+    EXPECT_EQ(state.commit_mode, CommitMode::kQuiesce);
+    EXPECT_EQ(state.metrics.at("target_version"), 3);
+    EXPECT_EQ(state.metrics.at("versions"), 3);
+    EXPECT_GE(state.metrics.at("stage_s"), 0);
+    EXPECT_GE(state.metrics.at("commit_s"), 0);
+  });
+}
+
+TEST_F(ReconcilerTest, ReadyLatchesAfterTheFirstCatchUpAndSurvivesLaterErrors) {
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->reason(), "initializing: preparing the engine's update destination");
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    // A later store error is reported but does not take the replica out of
+    // rotation.
+    store_->FailRefreshes(1);
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_TRUE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->reason(), "");
+    EXPECT_NE(reconciler_->State().reason.find("store flake"), std::string::npos)
+        << reconciler_->State().reason;
+  });
+}
+
+TEST_F(ReconcilerTest, UnsetPointerMeansReadyAtTheBootVersion) {
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(0); }));
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000000"});
+  });
+}
+
+TEST_F(ReconcilerTest, DestinationIsInitialisedBeforeAnythingElse) {
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    engine_->HoldNext(ScriptedEngine::kInit);
+    reconciler_->Start();
+    reconciler_->Wake();  // a wake while initializing must not start a pass
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kInit); }));
+    co_await Settle();
+    EXPECT_EQ(store_->refreshes(), 0);
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000000"});
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_FALSE(reconciler_->State().update_destination_ready);
+    EXPECT_NE(reconciler_->reason().find("initializing"), std::string::npos);
+    engine_->Release(ScriptedEngine::kInit);
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_LT(engine_->IndexOf("init:r1/weight_v000000"), engine_->IndexOf("stage:2"));
+    EXPECT_TRUE(reconciler_->State().update_destination_ready);
+  });
+}
+
+TEST_F(ReconcilerTest, DestinationInitialisationFailureIsTerminal) {
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  engine_->init_results.push_back(absl::InternalError("broken destination"));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return !reconciler_->terminal().ok(); }));
+    co_await Settle();
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_EQ(engine_->Count("stage:2"), 0u);
+    ReplicaState state = reconciler_->State();
+    EXPECT_NE(state.terminal_error.find("weight update destination initialization failed"),
+              std::string::npos)
+        << state.terminal_error;
+    EXPECT_NE(state.terminal_error.find("broken destination"), std::string::npos);
+    EXPECT_EQ(state.update_destination_error, "broken destination");
+    EXPECT_EQ(terminal_reports_.size(), 1u);
+    // Requests are refused from now on.
+    auto refused = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(refused.has_value());
+    EXPECT_TRUE(absl::IsUnavailable(refused->status())) << refused->status();
+  });
+}
+
+TEST_F(ReconcilerTest, CatchUpAppliesOneChainWithOneCommit) {
+  Full(3);
+  Delta(4, 1);
+  Delta(5, 2);
+  SetPointer(Ref("r1", 5));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+    EXPECT_EQ(engine_->staged, std::vector<int64_t>{5});
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{5});
+    const StagePlan& plan = engine_->plans.at(0);
+    CO_ASSERT(plan.chain.size() == 3u);
+    EXPECT_EQ(plan.chain[0].version, 3);
+    EXPECT_EQ(plan.chain[0].manifest.kind, VersionKind::kFull);
+    EXPECT_EQ(plan.chain[2].version, 5);
+  });
+}
+
+TEST_F(ReconcilerTest, NewerHeadDuringStagingIsCoalescedBeforeCommit) {
+  ReconcilerOptions options = NoBackstop();
+  options.boot_version = 6;
+  for (int v = 7; v <= 10; ++v) Delta(v, 1);
+  SetPointer(Ref("r1", 7));
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    engine_->HoldNext(ScriptedEngine::kStage, 7);
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kStage); }));
+    SetPointer(Ref("r1", 10));
+    engine_->Release(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return SettledAt(10); }));
+    EXPECT_EQ(engine_->staged, (std::vector<int64_t>{7, 10}));
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{10});
+    const auto& m = reconciler_->last_pass();
+    EXPECT_EQ(m.at("initial_target_version"), 7);
+    EXPECT_EQ(m.at("target_version"), 10);
+    EXPECT_EQ(m.at("coalesced_versions"), 3);
+    EXPECT_EQ(m.at("versions"), 4);
+  });
+}
+
+TEST_F(ReconcilerTest, ContinuousPublishingCannotStarveCommit) {
+  for (int v = 1; v <= 6; ++v) Delta(v, 1);
+  SetPointer(Ref("r1", 1));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    // Every staging publishes the next version, up to 6: a replica that
+    // chased the head before committing would never commit.
+    engine_->on_stage = [this](const StagePlan& plan) {
+      if (plan.target.version < 6) SetPointer(Ref("r1", plan.target.version + 1));
+    };
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return !engine_->committed.empty(); }));
+    EXPECT_EQ(engine_->committed.front(), 2);
+    CO_ASSERT(engine_->calls.size() >= 6u);
+    EXPECT_EQ((std::vector<std::string>(engine_->calls.begin(), engine_->calls.begin() + 6)),
+              (std::vector<std::string>{"init:r1/weight_v000000", "stage:1", "stage:2", "pause",
+                                        "commit:2", "resume"}));
+    // And the next passes keep converging to the final head.
+    CO_ASSERT(co_await Until([&] { return SettledAt(6); }));
+    for (size_t i = 1; i < engine_->committed.size(); ++i) {
+      EXPECT_GT(engine_->committed[i], engine_->committed[i - 1]);
+    }
+  });
+}
+
+TEST_F(ReconcilerTest, CoalescingNeverCrossesRuns) {
+  Delta(1, 1);
+  Full(2);  // run r2's version (the pointer names r2/weight_v000002 later)
+  SetPointer(Ref("r1", 1));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    auto switched = std::make_shared<bool>(false);
+    engine_->on_stage = [this, switched](const StagePlan& plan) {
+      if (!*switched) {
+        *switched = true;
+        EXPECT_EQ(plan.target, Ref("r1", 1));
+        SetPointer(Ref("r2", 2));
+      }
+    };
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return !engine_->committed.empty(); }));
+    // The staged r1 target is committed, never swapped for the other run.
+    EXPECT_EQ(engine_->committed.front(), 1);
+    CO_ASSERT(engine_->calls.size() >= 5u);
+    EXPECT_EQ((std::vector<std::string>(engine_->calls.begin(), engine_->calls.begin() + 5)),
+              (std::vector<std::string>{"init:r1/weight_v000000", "stage:1", "pause", "commit:1",
+                                        "resume"}));
+    // The run change is followed by the next pass, through a reset.
+    CO_ASSERT(co_await Until([&] { return SettledAt(2, "r2"); }));
+    EXPECT_GE(engine_->IndexOf("reset:r2/weight_v000000"), 0);
+  });
+}
+
+TEST_F(ReconcilerTest, FailedReReadOfTheHeadStillCommitsTheStagedTarget) {
+  Delta(1, 1);
+  SetPointer(Ref("r1", 1));
+  store_->FailRefreshNumber(2);  // the re-read after staging
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    EXPECT_EQ(engine_->staged, std::vector<int64_t>{1});
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{1});
+    EXPECT_EQ(reconciler_->last_pass().at("coalesce_failed"), 1);
+  });
+}
+
+TEST_F(ReconcilerTest, RunSwitchResetsAndDrainsRollingRequests) {
+  Full(3);
+  Full(5);  // r2's FULL version
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop());  // in_place: a run change drains anyway
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    LoopLatch& release = NewLatch();
+    RollingRequest& rolling = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint{}, &release, &rolling);
+    CO_ASSERT(co_await Until([&] { return rolling.admitted; }));
+
+    SetPointer(Ref("r2", 5));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return !gate_->is_open(); }));
+    RollingRequest& late = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint{}, nullptr, &late);
+    co_await Settle();
+    // The reset waits for the rolling request, and nothing new is admitted.
+    EXPECT_EQ(engine_->IndexOf("reset:r2/weight_v000000"), -1);
+    EXPECT_FALSE(late.admitted);
+    EXPECT_EQ(reconciler_->sync_state(), SyncState::kCommitting);
+    EXPECT_FALSE(reconciler_->expects_progress());
+
+    release.Open();
+    CO_ASSERT(co_await Until([&] { return SettledAt(5, "r2"); }));
+    CO_ASSERT(co_await Until([&] { return late.done; }));
+    EXPECT_EQ(rolling.stamp->start, 3);
+    EXPECT_EQ(rolling.stamp->end, 3);  // it never crossed the run change
+    EXPECT_EQ(late.start->run_id, "r2");
+    const int reset = engine_->IndexOf("reset:r2/weight_v000000");
+    CO_ASSERT(reset > 0);
+    EXPECT_EQ(engine_->calls[reset - 1], "pause");
+    EXPECT_EQ(engine_->calls[reset + 1], "resume");
+    EXPECT_EQ(engine_->committed.back(), 5);
+    EXPECT_EQ(engine_->Count("flush"), 0u);
+  });
+}
+
+TEST_F(ReconcilerTest, RunSwitchFromBootWeightsSkipsTheReset) {
+  Full(4);
+  SetPointer(Ref("r2", 4));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(4, "r2"); }));
+    for (const std::string& call : engine_->calls)
+      EXPECT_EQ(call.rfind("reset", 0), std::string::npos);
+    EXPECT_EQ(reconciler_->counters().run_switches, 1u);
+  });
+}
+
+TEST_F(ReconcilerTest, RollingRequestsCrossAnInPlaceCommit) {
+  Full(3);
+  Full(4);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop(CommitMode::kInPlace));
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    LoopLatch& release = NewLatch();
+    RollingRequest& rolling = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint::AtLeast(2), &release, &rolling);
+    CO_ASSERT(co_await Until([&] { return rolling.admitted; }));
+    SetPointer(Ref("r1", 4));
+    reconciler_->Wake();
+    // The commit completes while the request is still in flight.
+    CO_ASSERT(co_await Until([&] { return SettledAt(4); }));
+    EXPECT_FALSE(rolling.done);
+    release.Open();
+    CO_ASSERT(co_await Until([&] { return rolling.done; }));
+    EXPECT_EQ(rolling.stamp->start, 3);
+    EXPECT_EQ(rolling.stamp->end, 4);
+  });
+}
+
+TEST_F(ReconcilerTest, ExactPinsDrainBeforeAnInPlaceCommit) {
+  Full(3);
+  Full(4);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop(CommitMode::kInPlace));
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    LoopLatch& release = NewLatch();
+    RollingRequest& pinned = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint::Exact(3), &release, &pinned);
+    CO_ASSERT(co_await Until([&] { return pinned.admitted; }));
+    SetPointer(Ref("r1", 4));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return !gate_->is_open(); }));
+    co_await Settle();
+    EXPECT_EQ(engine_->Count("commit:4"), 0u);
+    release.Open();
+    CO_ASSERT(co_await Until([&] { return SettledAt(4); }));
+    EXPECT_EQ(pinned.stamp->start, 3);
+    EXPECT_EQ(pinned.stamp->end, 3);
+  });
+}
+
+TEST_F(ReconcilerTest, QuiesceCommitDrainsEveryRequest) {
+  Full(3);
+  Full(4);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop(CommitMode::kQuiesce));
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    LoopLatch& release = NewLatch();
+    RollingRequest& rolling = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint{}, &release, &rolling);
+    CO_ASSERT(co_await Until([&] { return rolling.admitted; }));
+    SetPointer(Ref("r1", 4));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return !gate_->is_open(); }));
+    co_await Settle();
+    EXPECT_EQ(engine_->Count("pause"), 1u);  // only the first commit's
+    release.Open();
+    CO_ASSERT(co_await Until([&] { return SettledAt(4); }));
+    EXPECT_EQ(rolling.stamp->end, 3);
+  });
+}
+
+TEST_F(ReconcilerTest, NewRequestWaitsForAnInPlaceCommit) {
+  Full(3);
+  Full(4);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop(CommitMode::kInPlace));
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    LoopLatch& release_rolling = NewLatch();
+    RollingRequest& rolling = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint{}, &release_rolling, &rolling);
+    CO_ASSERT(co_await Until([&] { return rolling.admitted; }));
+
+    engine_->HoldNext(ScriptedEngine::kCommit);
+    SetPointer(Ref("r1", 4));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kCommit); }));
+    RollingRequest& late = NewRequest();
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint{}, nullptr, &late);
+    co_await Settle();
+    EXPECT_FALSE(late.admitted);
+    engine_->Release(ScriptedEngine::kCommit);
+    CO_ASSERT(co_await Until([&] { return late.done; }));
+    EXPECT_EQ(late.start, Ref("r1", 4));
+    EXPECT_FALSE(rolling.done);
+    release_rolling.Open();
+    CO_ASSERT(co_await Until([&] { return rolling.done; }));
+    EXPECT_EQ(rolling.stamp->start, 3);
+    EXPECT_EQ(rolling.stamp->end, 4);
+  });
+}
+
+TEST_F(ReconcilerTest, EmptyDeltasSkipTheEngine) {
+  ReconcilerOptions options = NoBackstop();
+  options.boot_version = 3;
+  Delta(4, 0);
+  Delta(5, 0);
+  SetPointer(Ref("r1", 5));
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000003"});
+    EXPECT_EQ(reconciler_->last_pass().at("skipped_weight_update"), 1);
+    EXPECT_EQ(reconciler_->counters().skipped, 1u);
+  });
+}
+
+TEST_F(ReconcilerTest, NonEmptyDeltaAnywhereInTheRangeCommits) {
+  ReconcilerOptions options = NoBackstop();
+  options.boot_version = 3;
+  Delta(4, 1);
+  Delta(5, 0);
+  SetPointer(Ref("r1", 5));
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{5});
+    EXPECT_EQ(reconciler_->last_pass().at("skipped_weight_update"), 0);
+    const StagePlan& plan = engine_->plans.at(0);
+    CO_ASSERT(plan.chain.size() == 2u);
+    EXPECT_EQ(plan.chain[0].version, 4);
+    EXPECT_EQ(plan.base_version, 3);
+  });
+}
+
+TEST_F(ReconcilerTest, PeriodicReconcileRecoversAMissedWake) {
+  Full(3);
+  Full(5);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    // Published, but its wake never arrives.
+    SetPointer(Ref("r1", 5));
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(4));
+    co_await Settle();
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    clock_->Advance(std::chrono::seconds(1));
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+  });
+}
+
+TEST_F(ReconcilerTest, IntervalZeroDisablesTheBackstop) {
+  Full(3);
+  Full(5);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    SetPointer(Ref("r1", 5));
+    EXPECT_EQ(clock_->sleepers(), 0u);
+    clock_->Advance(std::chrono::hours(1));
+    co_await Settle();
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    const uint64_t passes = reconciler_->counters().passes;
+    co_await Settle();
+    EXPECT_EQ(reconciler_->counters().passes, passes);
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+  });
+}
+
+TEST_F(ReconcilerTest, WakeDuringReconcileIsKept) {
+  Full(1);
+  Full(2);
+  SetPointer(Ref("r1", 1));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    engine_->HoldNext(ScriptedEngine::kStage);
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kStage); }));
+    // Published and woken while the pass stages v1.
+    SetPointer(Ref("r1", 2));
+    reconciler_->Wake();
+    engine_->Release(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+  });
+}
+
+TEST_F(ReconcilerTest, WakeDuringAPassThatAlreadyReadTheHeadAsksForAnotherPass) {
+  Full(1);
+  Full(2);
+  SetPointer(Ref("r1", 1));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    // A pass snapshots the pointer at v1 and is held there; v2 is published
+    // and its wake delivered meanwhile. That pass finds nothing to do, so
+    // only the kept wake brings the replica to v2 (no backstop here).
+    store_->HoldNextRefresh();
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return store_->refresh_held(); }));
+    SetPointer(Ref("r1", 2));
+    reconciler_->Wake();
+    store_->ReleaseRefresh();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+  });
+}
+
+TEST_F(ReconcilerTest, RejectionTriggersCatchUpWithoutTheBackstop) {
+  Full(1);
+  SetPointer(Ref("r1", 1));
+  store_->FailManifests(1);
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_NE(reconciler_->reason().find("sync error"), std::string::npos);
+    // Unconstrained traffic is admitted and wakes nothing...
+    auto any = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(any.has_value() && any->ok());
+    co_await Settle();
+    EXPECT_EQ(reconciler_->sync_state(), SyncState::kError);
+    // ...but a 409 does.
+    auto refused = gate_->TryAdmit(VersionConstraint::AtLeast(1));
+    CO_ASSERT(refused.has_value());
+    EXPECT_EQ(GetErrorKind(refused->status()), ErrorKind::kVersionNotReady);
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+  });
+}
+
+TEST_F(ReconcilerTest, TransientErrorsRecoverOnTheBackstop) {
+  Full(1);
+  SetPointer(Ref("r1", 1));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  Build(options);
+  engine_->stage_results.push_back(absl::UnavailableError("engine busy"));
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_NE(reconciler_->State().reason.find("engine busy"), std::string::npos);
+    EXPECT_EQ(engine_->committed.size(), 0u);
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    EXPECT_EQ(engine_->staged, (std::vector<int64_t>{1, 1}));
+    EXPECT_EQ(reconciler_->counters().errors, 1u);
+  });
+}
+
+TEST_F(ReconcilerTest, UnreadablePointerIsAnErrorNeverTheBootWeights) {
+  mem_->SetPointerTextForTesting("weight_vx");
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_NE(reconciler_->State().reason.find("weight_vx"), std::string::npos);
+  });
+}
+
+TEST_F(ReconcilerTest, CommitFailureIsTerminal) {
+  Delta(1, 1);
+  SetPointer(Ref("r1", 1));
+  engine_->commit_results.push_back(absl::InternalError("partial weight copy"));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return !reconciler_->terminal().ok(); }));
+    co_await Settle();
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 0));
+    // Paused and never resumed: requests held by the engine must not go on
+    // with weights nobody can name.
+    EXPECT_EQ(engine_->calls,
+              (std::vector<std::string>{"init:r1/weight_v000000", "stage:1", "pause", "commit:1"}));
+    CO_ASSERT(terminal_reports_.size() == 1u);
+    EXPECT_NE(terminal_reports_[0].message().find(
+                  "weight commit of r1/weight_v000001 failed; live engine state is uncertain"),
+              std::string::npos)
+        << terminal_reports_[0];
+    EXPECT_NE(reconciler_->reason().find("terminal error"), std::string::npos);
+    auto refused = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(refused.has_value());
+    EXPECT_TRUE(absl::IsUnavailable(refused->status()));
+  });
+}
+
+TEST_F(ReconcilerTest, ResumedReplicaServesItsBootCheckpointAtTheSavedVersion) {
+  ReconcilerOptions options = NoBackstop();
+  options.run_id = "resumed";
+  options.boot_version = 119;
+  SetPointer(Ref("resumed", 119));
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(119, "resumed"); }));
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:resumed/weight_v000119"});
+    auto pinned = gate_->TryAdmit(VersionConstraint::Exact(119));
+    CO_ASSERT(pinned.has_value() && pinned->ok());
+    EXPECT_EQ((*pinned)->start(), Ref("resumed", 119));
+  });
+}
+
+TEST_F(ReconcilerTest, ResumedReplicaAppliesOnlyLaterVersions) {
+  ReconcilerOptions options = NoBackstop();
+  options.run_id = "resumed";
+  options.boot_version = 119;
+  Delta(120, 1);
+  SetPointer(Ref("resumed", 120));
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(120, "resumed"); }));
+    EXPECT_EQ(engine_->staged, std::vector<int64_t>{120});
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{120});
+    const StagePlan& plan = engine_->plans.at(0);
+    EXPECT_EQ(plan.base_version, 119);
+    CO_ASSERT(plan.chain.size() == 1u);
+    EXPECT_EQ(plan.chain[0].version, 120);
+  });
+}
+
+TEST_F(ReconcilerTest, VersionFlipsBeforeTheEngineResumes) {
+  Full(3);
+  Full(4);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop(CommitMode::kInPlace));
+  Run([&]() -> awaitable<void> {
+    // The served version and whether admission is open, at each resume.
+    auto at_resume = std::make_shared<std::vector<std::pair<VersionRef, bool>>>();
+    engine_->on_resume = [this, at_resume] {
+      at_resume->emplace_back(gate_->serving(), gate_->is_open());
+    };
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    SetPointer(Ref("r1", 4));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return SettledAt(4); }));
+    CO_ASSERT(at_resume->size() == 2u);
+    EXPECT_EQ((*at_resume)[1].first, Ref("r1", 4));  // flipped under the gate first
+    EXPECT_FALSE((*at_resume)[1].second);            // admission reopens after resume
+  });
+}
+
+TEST_F(ReconcilerTest, FlushCacheOnCommitRidesOnTheCommit) {
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  ReconcilerOptions options = NoBackstop();
+  options.flush_cache_on_commit = true;
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(engine_->flushed_on_commit, std::vector<bool>{true});
+  });
+}
+
+TEST_F(ReconcilerTest, MissingPointerTargetNamesTheBootVersionFlags) {
+  SetPointer(Ref("r1", 9));  // never published
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_NE(reconciler_->State().reason.find("--boot-version"), std::string::npos)
+        << reconciler_->State().reason;
+  });
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,145 @@
+// The replica sidecar: one HTTP server beside one inference engine that
+// converges the engine to the store's pointer (Reconciler), notices a dead
+// engine (Watchdog), and serves the versioned rollout API (VersionedProxy)
+// through one admission gate. DESIGN.md, "Replica sidecar HTTP contract".
+//
+// Routes it serves itself (never held by admission):
+//   GET  /health       200 {"ready": true} once caught up; else 503
+//                      {"ready": false, "reason": "..."}
+//   GET  /server_info  ReplicaState as JSON (core/state.h)
+//   POST /wake         asks for a reconcile pass; answers like /server_info
+//   GET  /metrics      Prometheus text (metrics.h)
+// Everything else goes to the proxy (proxy.h).
+//
+// Threading: everything runs on one event loop; store and codec work on a
+// worker pool.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "absl/status/statusor.h"
+#include "stitch/engine/engine.h"
+#include "stitch/net/server.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/replica/admission_gate.h"
+#include "stitch/replica/clock.h"
+#include "stitch/replica/metrics.h"
+#include "stitch/replica/proxy.h"
+#include "stitch/replica/reconciler.h"
+#include "stitch/replica/watchdog.h"
+#include "stitch/store/store.h"
+
+namespace stitch {
+
+// The `stitch sidecar` flags, as given.
+struct SidecarFlags {
+  std::string store;
+  std::string run_id;
+  std::string engine = "sglang";
+  std::string engine_url;
+  std::string base_checkpoint;
+  std::string local_checkpoint;
+  std::string update_mode = "disk";
+  std::string commit_mode = "in_place";
+  int64_t boot_version = 0;
+  bool flush_cache_on_commit = false;
+  double reconcile_interval_s = 5;
+  double watchdog_interval_s = 5;
+  int64_t watchdog_threshold = 3;
+  std::string host = "127.0.0.1";
+  int64_t port = 0;
+};
+
+enum class EngineKind {
+  kSglang,       // stages by itself (/stage_weight_update)
+  kSglangStock,  // the sidecar stages into --local-checkpoint
+};
+
+// The flags, checked and parsed.
+struct SidecarConfig {
+  std::string store_uri;
+  EngineKind engine = EngineKind::kSglang;
+  std::string engine_url;
+  HttpUrl engine_http;
+  std::filesystem::path local_checkpoint;
+  UpdateDestination update_mode = UpdateDestination::kDisk;
+  ReconcilerOptions reconciler;
+  WatchdogOptions watchdog;
+  ServerOptions server;
+};
+
+// Checks the flags for consistency without touching anything. Errors are
+// InvalidArgument with one line naming the flag and saying what to do: an
+// empty or invalid run id, a negative boot version, disk mode (or the stock
+// engine) without --local-checkpoint, cpu mode with the stock engine (it
+// loads versions only from disk), an unknown engine, mode or commit mode, a
+// bad engine URL, negative intervals, a threshold below 1, a port out of
+// range, a missing --store or --base-checkpoint.
+[[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);
+
+class Sidecar {
+ public:
+  // The ports the sidecar drives; each must outlive it.
+  struct Ports {
+    boost::asio::any_io_executor loop;
+    WorkerPool* pool = nullptr;
+    Store* store = nullptr;
+    Engine* engine = nullptr;
+    Clock* clock = nullptr;
+  };
+  struct Settings {
+    ReconcilerOptions reconciler;
+    WatchdogOptions watchdog;
+    ProxyOptions proxy;
+    ServerOptions server;
+    // Called once, on the loop, when the replica turns terminal (the process
+    // should then exit non-zero).
+    std::function<void(const absl::Status&)> on_terminal;
+  };
+
+  // Starts listening, reconciling and watching. Must run on `ports.loop`.
+  // Errors: the server's (a port in use, a host that does not resolve).
+  [[nodiscard]] static boost::asio::awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Start(
+      Settings settings, Ports ports);
+
+  ~Sidecar();
+  Sidecar(const Sidecar&) = delete;
+  Sidecar& operator=(const Sidecar&) = delete;
+
+  // Stops the server (connections close, handlers finish), the reconciler
+  // and the watchdog. Must run on the loop; call before destroying.
+  boost::asio::awaitable<void> Shutdown();
+
+  std::string url() const { return server_->url(); }
+  uint16_t port() const { return server_->port(); }
+
+  AdmissionGate& gate() { return *gate_; }
+  Reconciler& reconciler() { return *reconciler_; }
+  Watchdog& watchdog() { return *watchdog_; }
+  VersionedProxy& proxy() { return *proxy_; }
+
+  SidecarMetrics Metrics() const;
+
+ private:
+  Sidecar() = default;
+  boost::asio::awaitable<void> Health(HttpExchange& exchange);
+  boost::asio::awaitable<void> ServerInfo(HttpExchange& exchange);
+  boost::asio::awaitable<void> Wake(HttpExchange& exchange);
+  boost::asio::awaitable<void> MetricsRoute(HttpExchange& exchange);
+
+  std::function<void(const absl::Status&)> on_terminal_;
+  std::unique_ptr<AdmissionGate> gate_;
+  std::unique_ptr<Reconciler> reconciler_;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<VersionedProxy> proxy_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+}  // namespace stitch

@@ -1,0 +1,121 @@
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "stitch/replica/sidecar.h"
+
+namespace stitch {
+namespace {
+
+SidecarFlags Good() {
+  SidecarFlags f;
+  f.store = "/tmp/store";
+  f.run_id = "r1";
+  f.engine_url = "http://127.0.0.1:30000";
+  f.base_checkpoint = "/models/base";
+  f.local_checkpoint = "/var/stitch/local";
+  return f;
+}
+
+// The refusal for `flags`: one line, naming `flag`.
+void ExpectRefused(const SidecarFlags& flags, std::string_view flag) {
+  auto config = CheckSidecarFlags(flags);
+  ASSERT_FALSE(config.ok()) << "accepted; expected a refusal naming " << flag;
+  EXPECT_TRUE(absl::IsInvalidArgument(config.status()));
+  std::string message(config.status().message());
+  EXPECT_NE(message.find(flag), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST(SidecarFlagsTest, ConsistentFlagsAreAccepted) {
+  auto config = CheckSidecarFlags(Good());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine, EngineKind::kSglang);
+  EXPECT_EQ(config->update_mode, UpdateDestination::kDisk);
+  EXPECT_EQ(config->reconciler.commit_mode, CommitMode::kInPlace);
+  EXPECT_EQ(config->reconciler.reconcile_interval, std::chrono::seconds(5));
+  EXPECT_EQ(config->watchdog.interval, std::chrono::seconds(5));
+  EXPECT_EQ(config->watchdog.threshold, 3);
+  EXPECT_EQ(config->engine_http.origin.port, 30000);
+
+  SidecarFlags cpu = Good();
+  cpu.update_mode = "cpu";
+  cpu.local_checkpoint.clear();
+  cpu.commit_mode = "quiesce";
+  cpu.reconcile_interval_s = 0;
+  cpu.boot_version = 119;
+  config = CheckSidecarFlags(cpu);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->update_mode, UpdateDestination::kCpu);
+  EXPECT_EQ(config->reconciler.commit_mode, CommitMode::kQuiesce);
+  EXPECT_EQ(config->reconciler.reconcile_interval, Clock::Duration::zero());
+  EXPECT_EQ(config->reconciler.boot_version, 119);
+}
+
+TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
+  SidecarFlags f = Good();
+  f.local_checkpoint.clear();
+  ExpectRefused(f, "--local-checkpoint");  // disk mode needs one
+
+  f = Good();
+  f.engine = "sglang-stock";
+  f.local_checkpoint.clear();
+  f.update_mode = "cpu";
+  ExpectRefused(f, "--update-mode cpu");  // the stock engine loads only from disk
+
+  f = Good();
+  f.engine = "sglang-stock";
+  f.local_checkpoint.clear();
+  ExpectRefused(f, "--local-checkpoint");
+
+  f = Good();
+  f.boot_version = -1;
+  ExpectRefused(f, "--boot-version");
+
+  f = Good();
+  f.run_id = "";
+  ExpectRefused(f, "--run-id");
+
+  f = Good();
+  f.run_id = "bad/run";
+  ExpectRefused(f, "--run-id");
+
+  f = Good();
+  f.engine = "vllm";
+  ExpectRefused(f, "--engine");
+
+  f = Good();
+  f.engine_url = "localhost:30000";
+  ExpectRefused(f, "--engine-url");
+
+  f = Good();
+  f.update_mode = "gpu";
+  ExpectRefused(f, "--update-mode");
+
+  f = Good();
+  f.commit_mode = "eventually";
+  ExpectRefused(f, "--commit-mode");
+
+  f = Good();
+  f.reconcile_interval_s = -1;
+  ExpectRefused(f, "--reconcile-interval");
+
+  f = Good();
+  f.watchdog_threshold = 0;
+  ExpectRefused(f, "--watchdog-threshold");
+
+  f = Good();
+  f.port = 70000;
+  ExpectRefused(f, "--port");
+
+  f = Good();
+  f.base_checkpoint.clear();
+  ExpectRefused(f, "--base-checkpoint");
+
+  f = Good();
+  f.store.clear();
+  ExpectRefused(f, "--store");
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,92 @@
+#include "stitch/replica/watchdog.h"
+
+#include <spdlog/spdlog.h>
+
+#include <exception>
+#include <utility>
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/replica/loop_signal.h"
+
+namespace stitch {
+
+using boost::asio::awaitable;
+using replica_internal::LoopSignal;
+
+struct Watchdog::Task {
+  boost::asio::cancellation_signal cancel;
+  bool running = false;
+};
+
+Watchdog::Watchdog(boost::asio::any_io_executor loop, WatchdogOptions options, Engine& engine,
+                   Clock& clock, std::function<bool()> expects_progress,
+                   std::function<void(absl::Status)> on_trip)
+    : loop_(std::move(loop)),
+      options_(options),
+      engine_(engine),
+      clock_(clock),
+      expects_progress_(std::move(expects_progress)),
+      on_trip_(std::move(on_trip)),
+      task_(std::make_unique<Task>()),
+      ended_(std::make_unique<LoopSignal>(loop_)) {}
+
+Watchdog::~Watchdog() = default;
+
+void Watchdog::Start() {
+  if (task_->running || options_.interval <= Clock::Duration::zero() || options_.threshold <= 0) {
+    return;
+  }
+  task_->running = true;
+  boost::asio::co_spawn(
+      loop_, Loop(),
+      boost::asio::bind_cancellation_slot(task_->cancel.slot(), [this](std::exception_ptr error) {
+        task_->running = false;
+        ended_->NotifyAll();
+        if (error && !stopping_) {
+          tripped_ = true;
+          on_trip_(absl::InternalError("the engine watchdog failed"));
+        }
+      }));
+}
+
+awaitable<void> Watchdog::Stop() {
+  stopping_ = true;
+  if (task_->running) task_->cancel.emit(boost::asio::cancellation_type::terminal);
+  while (task_->running) co_await ended_->Wait();
+}
+
+awaitable<void> Watchdog::Loop() {
+  while (!stopping_) {
+    co_await clock_.SleepFor(options_.interval);
+    if (stopping_) break;
+    if (!expects_progress_()) {
+      consecutive_ = 0;
+      continue;
+    }
+    ++probes_;
+    absl::Status health = co_await engine_.Health(options_.probe_timeout);
+    if (stopping_) break;
+    if (health.ok()) {
+      consecutive_ = 0;
+      continue;
+    }
+    ++failures_total_;
+    ++consecutive_;
+    spdlog::warn("engine health check failed ({} of {}): {}", consecutive_, options_.threshold,
+                 std::string(health.message()));
+    if (consecutive_ >= options_.threshold) {
+      tripped_ = true;
+      on_trip_(absl::UnavailableError(absl::StrCat(
+          "the engine failed ", consecutive_, " health checks in a row (last: ", health.message(),
+          "); replace this replica")));
+      co_return;
+    }
+  }
+}
+
+}  // namespace stitch

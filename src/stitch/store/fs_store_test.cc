@@ -1,0 +1,220 @@
+// What only the filesystem store promises: its layout on disk, adoption,
+// staging directories, and how it reads what other writers left behind.
+#include "stitch/store/fs_store.h"
+
+#include <set>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stitch/core/errors.h"
+#include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using ::stitch::testing::TempDir;
+using ::stitch::testing::TestVersionOptions;
+using ::stitch::testing::WriteTestVersion;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::set<std::string> Entries(const fs::path& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) out.insert(e.path().filename().string());
+  return out;
+}
+
+class FsStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = FsStore::Open(root_, "run-a");
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+  TempDir tmp_;
+  fs::path root_ = tmp_ / "runs" / "a";
+  std::unique_ptr<FsStore> store_;
+};
+
+TEST_F(FsStoreTest, OpenCreatesTheRootAndItsUpdatesDirectory) {
+  EXPECT_TRUE(fs::is_directory(root_ / "updates"));
+  EXPECT_EQ(store_->root(), root_);
+  EXPECT_EQ(store_->uri(), "file://" + root_.string());
+}
+
+TEST_F(FsStoreTest, RelativeRootIsMadeAbsolute) {
+  fs::path saved = fs::current_path();
+  fs::current_path(tmp_.path());
+  auto s = FsStore::Open("rel/store/", "run-a");
+  fs::current_path(saved);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->root(), tmp_ / "rel" / "store");
+  EXPECT_TRUE(fs::is_directory(tmp_ / "rel" / "store" / "updates"));
+}
+
+TEST_F(FsStoreTest, UriPercentEncodesWhatAPathMayHold) {
+  auto s = FsStore::Open(tmp_ / "with space", "run-a");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->uri(), "file://" + tmp_.path().string() + "/with%20space");
+}
+
+TEST_F(FsStoreTest, ViewWithoutRunIdCreatesNothing) {
+  auto s = FsStore::Open(tmp_ / "missing", "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto p = (*s)->ReadPointer();
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, std::nullopt);
+  EXPECT_FALSE(fs::exists(tmp_ / "missing"));
+}
+
+TEST_F(FsStoreTest, InvalidRunIdIsRefusedNamingTheStore) {
+  auto s = FsStore::Open(root_, "bad run");
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status()));
+  EXPECT_THAT(std::string(s.status().message()), StartsWith("store file://"));
+}
+
+TEST_F(FsStoreTest, PointerIsAFileHoldingTheIdentity) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 3}).ok());
+  EXPECT_EQ(*ReadFileToString(root_ / "latest"), "run-a/weight_v000003");
+  // No temporary file is left beside it.
+  EXPECT_EQ(Entries(root_), (std::set<std::string>{"latest", ".latest.lock", "updates"}));
+}
+
+TEST_F(FsStoreTest, LegacyAndBarePointersAreRead) {
+  ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "7\n").ok());
+  EXPECT_EQ(*store_->ReadPointer(), (VersionRef{"", 7}));
+  ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_v000008").ok());
+  EXPECT_EQ(*store_->ReadPointer(), (VersionRef{"", 8}));
+}
+
+TEST_F(FsStoreTest, GarbagePointerMessageNamesStoreAndText) {
+  ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_vx").ok());
+  auto p = store_->ReadPointer();
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              StartsWith("store " + store_->uri() + ": pointer"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("\"weight_vx\""));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("not treated as unset"));
+}
+
+TEST_F(FsStoreTest, PublishCopiesOnlyTheIndexAndPayloadIntoItsVersionDirectory) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(WriteFileAtomically(*src / "notes.txt", "scratch").ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000001"}));
+  EXPECT_EQ(
+      Entries(root_ / "updates" / "weight_v000001"),
+      (std::set<std::string>{"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                             "model-00002-of-00002.safetensors"}));
+  EXPECT_EQ(*ReadFileToString(root_ / "updates/weight_v000001/model.safetensors.index.json"),
+            *ReadFileToString(*src / "model.safetensors.index.json"));
+}
+
+TEST_F(FsStoreTest, MissingShardLeavesNothingUnderUpdates) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  fs::remove(*src / "model-00001-of-00002.safetensors");
+  EXPECT_TRUE(absl::IsNotFound(store_->PublishFiles(1, *src)));
+  EXPECT_TRUE(Entries(root_ / "updates").empty());
+}
+
+TEST_F(FsStoreTest, AdoptsADirectoryAlreadyAtItsFinalPath) {
+  auto dir = WriteTestVersion(root_ / "updates", 2, {.record_version = false});
+  ASSERT_TRUE(dir.ok());
+  std::string shard = *ReadFileToString(*dir / "model-00001-of-00002.safetensors");
+  ASSERT_TRUE(store_->PublishFiles(2, *dir).ok());
+  EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000002"}));
+  EXPECT_EQ(*ReadFileToString(*dir / "model-00001-of-00002.safetensors"), shard);
+  // The index gained metadata.version, so the version reads back.
+  auto m = store_->ReadManifest(2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->version, 2);
+  // Adopting again is a no-op.
+  EXPECT_TRUE(store_->PublishFiles(2, root_ / "updates" / "weight_v000002").ok());
+}
+
+TEST_F(FsStoreTest, LeftoverStagingDirectoriesAreNeverVersions) {
+  // A publisher that crashed mid-copy leaves a dot-named staging directory.
+  auto crashed =
+      testing::WriteTestVersionAt(root_ / "updates" / ".weight_v000003.tmp-1-00000000deadbeef", 3);
+  ASSERT_TRUE(crashed.ok());
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(3).status()));
+  auto src = WriteTestVersion(tmp_ / "src", 3, {.seed = 9});
+  ASSERT_TRUE(src.ok());
+  EXPECT_TRUE(store_->PublishFiles(3, *src).ok());
+  EXPECT_TRUE(store_->ReadManifest(3).ok());
+}
+
+TEST_F(FsStoreTest, ChangedByteInAPublishedShardIsRefused) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  // Same names and sizes, one byte different at the end.
+  fs::path shard = *src / "model-00002-of-00002.safetensors";
+  std::string bytes = *ReadFileToString(shard);
+  bytes.back() ^= 1;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  absl::Status s = store_->PublishFiles(1, *src);
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model-00002-of-00002.safetensors"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("immutable"));
+}
+
+TEST_F(FsStoreTest, ExtraFileInAPublishedVersionMakesItDifferent) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  ASSERT_TRUE(WriteFileAtomically(root_ / "updates/weight_v000001/extra.bin", "x").ok());
+  absl::Status s = store_->PublishFiles(1, *src);
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("extra.bin"));
+}
+
+TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {
+  ASSERT_TRUE(fs::create_directories(root_ / "updates" / "weight_v000004"));
+  ASSERT_TRUE(
+      WriteFileAtomically(root_ / "updates/weight_v000004/model.safetensors.index.json", "[1]")
+          .ok());
+  auto m = store_->ReadManifest(4);
+  EXPECT_TRUE(absl::IsDataLoss(m.status())) << m.status();
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("weight_v000004"));
+}
+
+TEST_F(FsStoreTest, StoredIndexOfAnotherVersionIsDataLoss) {
+  auto src = WriteTestVersion(tmp_ / "src", 5);
+  ASSERT_TRUE(src.ok());
+  fs::rename(*src, root_ / "updates" / "weight_v000006");
+  EXPECT_TRUE(absl::IsDataLoss(store_->ReadManifest(6).status()));
+}
+
+TEST_F(FsStoreTest, MaterializeNoticesAMissingPayloadFile) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok());
+  EXPECT_EQ(*dir, root_ / "updates" / "weight_v000001");
+  fs::remove(*dir / "model-00001-of-00002.safetensors");
+  auto again = store_->Materialize(1);
+  EXPECT_TRUE(absl::IsDataLoss(again.status())) << again.status();
+}
+
+TEST_F(FsStoreTest, TwoHandlesSeeEachOthersWrites) {
+  auto other = FsStore::Open(root_, "run-a");
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->AdvancePointer(std::nullopt, VersionRef{"run-a", 0}).ok());
+  EXPECT_EQ(*store_->ReadPointer(), (VersionRef{"run-a", 0}));
+  absl::Status s = store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 1});
+  EXPECT_EQ(GetErrorKind(s), ErrorKind::kPointerConflict) << s;
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,54 @@
+#include "stitch/store/materialize_chain.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/version.h"
+
+namespace stitch {
+
+absl::StatusOr<std::vector<ChainLink>> MaterializeChain(Store& store, int64_t target,
+                                                        std::optional<int64_t> have) {
+  const std::string where = absl::StrCat("store ", store.uri());
+  if (have && target < *have) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": cannot go back from ", VersionDirName(*have), " to ", VersionDirName(target)));
+  }
+  std::vector<ChainLink> chain;
+  for (int64_t version = target; !have || version > *have;) {
+    auto manifest = store.ReadManifest(version);
+    if (!manifest.ok()) {
+      if (absl::IsNotFound(manifest.status()) && version != target) {
+        return absl::NotFoundError(absl::StrCat(
+            where, ": ", VersionDirName(target), " needs ", VersionDirName(version),
+            " (its delta chain), which is not published",
+            have ? absl::StrCat("; the caller holds ", VersionDirName(*have)) : std::string()));
+      }
+      return manifest.status();
+    }
+    chain.push_back(ChainLink{version, *manifest, {}});
+    if (manifest->kind == VersionKind::kFull) break;
+    if (manifest->base_version != version - 1) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": DELTA version ", VersionDirName(version), " has base_version ",
+          manifest->base_version ? absl::StrCat(*manifest->base_version) : std::string("<none>"),
+          " instead of ", version - 1));
+    }
+    if (version == 0) {
+      return absl::NotFoundError(absl::StrCat(where, ": the delta chain of ",
+                                              VersionDirName(target),
+                                              " reaches version 0 without a FULL anchor"));
+    }
+    --version;
+  }
+  std::reverse(chain.begin(), chain.end());
+  for (ChainLink& link : chain) {
+    auto dir = store.Materialize(link.version);
+    if (!dir.ok()) return dir.status();
+    link.dir = *std::move(dir);
+  }
+  return chain;
+}
+
+}  // namespace stitch

@@ -1,0 +1,100 @@
+#include "stitch/store/materialize_chain.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
+#include "stitch/store/mem_store.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A version directory whose index is FULL (base < 0) or a DELTA on `base`,
+// with one payload file.
+fs::path WriteVersion(const fs::path& parent, int64_t version, int64_t base) {
+  fs::path dir = parent / VersionDirName(version);
+  fs::create_directories(dir);
+  CheckpointIndex index;
+  index.metadata["version"] = VersionMetadataString(version);
+  if (base >= 0) {
+    index.metadata["delta_encoding"] = "xor";
+    index.metadata["compression_format"] = "zstd";
+    index.metadata["checksum_format"] = "xxh3-128";
+    index.metadata["base_version"] = VersionMetadataString(base);
+  }
+  index.weight_map["w"] = "part.safetensors";
+  EXPECT_TRUE(WriteFileAtomically(dir / "part.safetensors", absl::StrCat("v", version)).ok());
+  EXPECT_TRUE(WriteIndex(dir, index).ok());
+  return dir;
+}
+
+class MaterializeChainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    auto store = MemStore::Open(absl::StrCat("chain-", info->name()), "run-a", tmp_ / "cache");
+    ASSERT_TRUE(store.ok());
+    store_ = *std::move(store);
+  }
+  void Publish(int64_t version, int64_t base) {
+    ASSERT_TRUE(store_->PublishFiles(version, WriteVersion(tmp_ / "src", version, base)).ok());
+  }
+  testing::TempDir tmp_;
+  std::unique_ptr<MemStore> store_;
+};
+
+TEST_F(MaterializeChainTest, WalksBackToTheNearestFullVersion) {
+  Publish(1, -1);
+  Publish(2, 1);
+  Publish(3, -1);
+  Publish(4, 3);
+  Publish(5, 4);
+  auto chain = MaterializeChain(*store_, 5, std::nullopt);
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  ASSERT_EQ(chain->size(), 3u);
+  EXPECT_EQ((*chain)[0].version, 3);
+  EXPECT_EQ((*chain)[0].manifest.kind, VersionKind::kFull);
+  EXPECT_EQ((*chain)[2].version, 5);
+  auto bytes = ReadFileToString((*chain)[2].dir / "part.safetensors");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(*bytes, "v5");
+}
+
+TEST_F(MaterializeChainTest, StopsAtWhatTheCallerHolds) {
+  Publish(1, 0);  // a delta on the boot checkpoint, version 0
+  Publish(2, 1);
+  Publish(3, 2);
+  auto from_boot = MaterializeChain(*store_, 3, 0);
+  ASSERT_TRUE(from_boot.ok()) << from_boot.status().message();
+  ASSERT_EQ(from_boot->size(), 3u);
+  EXPECT_EQ(from_boot->front().version, 1);
+  auto from_two = MaterializeChain(*store_, 3, 2);
+  ASSERT_TRUE(from_two.ok());
+  ASSERT_EQ(from_two->size(), 1u);
+  EXPECT_EQ(from_two->front().version, 3);
+  auto nothing = MaterializeChain(*store_, 3, 3);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_TRUE(nothing->empty());
+  EXPECT_TRUE(absl::IsInvalidArgument(MaterializeChain(*store_, 2, 3).status()));
+  // Without a held version the chain needs version 0, which no store holds.
+  auto unanchored = MaterializeChain(*store_, 3, std::nullopt);
+  EXPECT_TRUE(absl::IsNotFound(unanchored.status())) << unanchored.status().message();
+  EXPECT_TRUE(absl::StrContains(unanchored.status().message(), "weight_v000000"));
+}
+
+TEST_F(MaterializeChainTest, RefusesABrokenChain) {
+  Publish(1, -1);
+  Publish(3, 1);  // claims a base two versions back
+  auto broken = MaterializeChain(*store_, 3, std::nullopt);
+  EXPECT_TRUE(absl::IsDataLoss(broken.status())) << broken.status().message();
+  auto missing = MaterializeChain(*store_, 7, std::nullopt);
+  EXPECT_TRUE(absl::IsNotFound(missing.status()));
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,86 @@
+// OpenStore: picks the Store adapter for a URI.
+//
+// Text containing "://", or starting with "file:", is a URI parsed by
+// Boost.URL (percent-decoding included); anything else is a plain path. A
+// relative path like "runs:a" is therefore a path, not a URI with scheme
+// "runs".
+#include <boost/url/parse.hpp>
+#include <boost/url/url_view.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/store/fs_store.h"
+#include "stitch/store/mem_store.h"
+#include "stitch/store/s3_store.h"
+#include "stitch/store/store.h"
+
+namespace stitch {
+namespace {
+
+constexpr absl::string_view kSupported =
+    "supported: a plain path, file:///abs/path, mem://NAME or "
+    "s3://BUCKET/PREFIX[?endpoint=URL&region=R]";
+
+absl::StatusOr<std::unique_ptr<Store>> Upcast(absl::StatusOr<std::unique_ptr<FsStore>> s) {
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<Store>(*std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Upcast(absl::StatusOr<std::unique_ptr<MemStore>> s) {
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<Store>(*std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Upcast(absl::StatusOr<std::unique_ptr<S3Store>> s) {
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<Store>(*std::move(s));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
+                                                 const StoreOptions& options) {
+  const absl::string_view text = AbslView(uri);
+  if (absl::StripAsciiWhitespace(text).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("store URI is empty; ", kSupported));
+  }
+  bool is_uri = absl::StrContains(text, "://") || absl::StartsWithIgnoreCase(text, "file:");
+  if (!is_uri) return Upcast(FsStore::Open(std::filesystem::path(uri), options.run_id));
+
+  auto parsed = boost::urls::parse_uri(uri);
+  if (!parsed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store URI \"", absl::CEscape(text),
+                     "\" is not a valid URI: ", parsed.error().message(), "; ", kSupported));
+  }
+  const boost::urls::url_view& u = *parsed;
+  std::string scheme = absl::AsciiStrToLower(std::string(u.scheme()));
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store URI \"", absl::CEscape(text), "\" ", why, "; ", kSupported));
+  };
+  if (u.has_query() || u.has_fragment()) {
+    if (scheme == "file" || scheme == "mem") return bad("has a query or fragment");
+  }
+  if (scheme == "file") {
+    std::string host = u.host();
+    if (!host.empty() && !absl::EqualsIgnoreCase(host, "localhost")) {
+      return bad(absl::StrCat("names host \"", host, "\"; only local paths are supported"));
+    }
+    std::string path = u.path();
+    if (path.empty() || path.front() != '/') return bad("has no absolute path");
+    return Upcast(FsStore::Open(std::filesystem::path(path), options.run_id));
+  }
+  if (scheme == "mem") {
+    std::string name = absl::StrCat(std::string(u.host()), std::string(u.path()));
+    if (name.empty()) return bad("has no name (mem://NAME)");
+    return Upcast(MemStore::Open(std::move(name), options.run_id, options.cache_dir));
+  }
+  if (scheme == "s3") return Upcast(S3Store::Open(uri, options));
+  return bad(absl::StrCat("has an unsupported scheme \"", scheme, "\""));
+}
+
+}  // namespace stitch

@@ -1,0 +1,190 @@
+// The S3 store: a run's versions and `latest` pointer under one prefix of an
+// S3 (or S3-compatible) bucket, with the filesystem store's guarantees.
+//
+//   <prefix>/latest                                  the pointer (text)
+//   <prefix>/updates/weight_vNNNNNN/<payload files>  one version
+//   <prefix>/updates/weight_vNNNNNN/model.safetensors.index.json
+//   <prefix>/updates/weight_vNNNNNN/.receipts/<host>.json
+//                                                    multi-host upload receipts
+//                                                    (never part of the payload)
+//
+// Durability: every object records its SHA-256 (`x-amz-meta-sha256`, plus
+// `x-amz-checksum-sha256` on single-part uploads, which S3 checks), every
+// request body is signed with its SHA-256 (S3 rejects bytes that do not
+// match), and PublishFiles HEADs every object and checks its size and
+// recorded SHA-256 before returning. The index is uploaded last, so a
+// version whose index exists has had all its payload uploaded.
+//
+// Pointer: AdvancePointer reads `latest` with its ETag and writes it back
+// conditionally (`If-None-Match: *` when unset, `If-Match: <etag>` after);
+// a 412 (or 409 ConditionalRequestConflict) is a kPointerConflict reporting
+// the pointer found on a fresh read.
+//
+// Materialize downloads into `<cache_dir>/s3/<bucket>/<prefix>/weight_vNNNNNN`
+// only the files that are missing there or differ (by size and recorded
+// SHA-256), hashing each download and writing it durably (temporary file,
+// fsync, rename) before it can be used.
+//
+// Error messages start with "store s3://bucket/prefix" and name the object.
+//
+// Thread-safety: safe to call from several threads and processes at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stitch/store/s3_client.h"
+#include "stitch/store/s3_uri.h"
+#include "stitch/store/store.h"
+
+namespace stitch {
+
+struct S3StoreOptions {
+  S3ClientOptions client;
+  // Transfers (uploads, parts, downloads, HEADs) in flight at once.
+  int parallelism = 8;
+  // Files of at least this many bytes are uploaded in parts.
+  uint64_t multipart_threshold = uint64_t{64} << 20;
+  // Part size; raised when a file would need more than 10,000 parts.
+  // REQUIRES: at least 5 MiB (S3's minimum for all but the last part).
+  uint64_t part_size = uint64_t{16} << 20;
+  // Keys per ListObjectsV2 page (1..1000).
+  int list_page_size = 1000;
+};
+
+// One file of a version as a host uploaded it or as the store holds it.
+struct StoredFile {
+  std::string name;  // relative to the version directory
+  uint64_t size = 0;
+  std::string sha256;  // hex
+
+  friend bool operator==(const StoredFile&, const StoredFile&) = default;
+};
+
+class S3Store final : public Store {
+ public:
+  // Opens the store at `uri` (see s3_uri.h) for `options.run_id` (validated;
+  // empty for a read-only view that refuses PublishFiles and AdvancePointer).
+  // Nothing is sent until the first call. `options.cache_dir` is where
+  // Materialize writes; without one Materialize fails.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<S3Store>> Open(
+      std::string_view uri, const StoreOptions& options,
+      const S3Environment& env = S3Environment::FromProcess(), S3StoreOptions s3 = {});
+
+  std::string uri() const override { return location_.uri; }
+  const std::string& run_id() const override { return run_id_; }
+  const S3Location& location() const { return location_; }
+
+  // A no-op: S3 reads are strongly consistent after writes.
+  [[nodiscard]] absl::Status Refresh() override;
+
+  [[nodiscard]] absl::StatusOr<std::optional<VersionRef>> ReadPointer() override;
+  [[nodiscard]] absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
+                                            const VersionRef& proposed) override;
+
+  // Uploads the index and the weight_map's payload files of `dir` (payload
+  // first, index last), then verifies every object. An existing version
+  // with identical files is a successful retry (missing objects are
+  // uploaded); any difference is an AlreadyExists error.
+  [[nodiscard]] absl::Status PublishFiles(int64_t version,
+                                          const std::filesystem::path& dir) override;
+
+  // NotFound when the version's index does not exist; DataLoss when it does
+  // not match its recorded SHA-256 or does not describe this version.
+  [[nodiscard]] absl::StatusOr<VersionManifest> ReadManifest(int64_t version) override;
+
+  [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
+
+  // ---- Pieces of the multi-host protocol (publish/multihost.h) ----
+
+  // Uploads `files` (payload names relative to `dir`) as part of `version`
+  // without its index, with PublishFiles' immutability and verification.
+  // Returns the files as the store now holds them.
+  [[nodiscard]] absl::StatusOr<std::vector<StoredFile>> UploadVersionFiles(
+      int64_t version, const std::filesystem::path& dir, const std::vector<std::string>& files);
+
+  // Uploads `index_json` as the version's index (after checking that it
+  // describes `version`), the step that makes the version readable.
+  // Immutable like the payload; verified by HEAD.
+  [[nodiscard]] absl::Status PublishIndex(int64_t version, std::string_view index_json);
+
+  // What the store holds for each of `files` of `version` (one HEAD each):
+  // NotFound naming the first missing one; DataLoss for an object without a
+  // recorded SHA-256.
+  [[nodiscard]] absl::StatusOr<std::vector<StoredFile>> StatVersionFiles(
+      int64_t version, const std::vector<std::string>& files);
+
+  // The names of every object of `version` but its receipts, sorted.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListVersionFiles(int64_t version);
+
+  // Writes (replacing) and reads `updates/weight_vN/.receipts/<host>.json`.
+  // `host` is 1..64 characters of [A-Za-z0-9._-], not starting with '.'.
+  [[nodiscard]] absl::Status PutReceipt(int64_t version, std::string_view host,
+                                        std::string_view json);
+  [[nodiscard]] absl::StatusOr<std::string> GetReceipt(int64_t version, std::string_view host);
+
+  // The full key of `name` in `version` ("prefix/updates/weight_v000001/a").
+  std::string VersionKey(int64_t version, std::string_view name) const;
+
+  // Counters, for tests and logs.
+  int64_t payload_files_uploaded() const { return uploaded_.load(); }
+  int64_t payload_files_downloaded() const { return downloaded_.load(); }
+  S3Client& client() { return *client_; }
+
+  // Test hook: runs `hook` inside AdvancePointer after the pointer was read
+  // and checked, just before the conditional write, so that tests can
+  // interleave another writer deterministically. Set it before use.
+  void SetBeforePointerWriteForTesting(std::function<void()> hook) {
+    before_pointer_write_ = std::move(hook);
+  }
+
+ private:
+  struct Upload;
+  S3Store(S3Location location, std::string run_id, std::filesystem::path cache_dir,
+          std::unique_ptr<S3Client> client, S3StoreOptions options);
+
+  // The pointer's text, parsed, and the ETag it was read with ("" when unset).
+  struct PointerRead {
+    std::optional<VersionRef> pointer;
+    std::string etag;
+  };
+  [[nodiscard]] absl::StatusOr<PointerRead> ReadPointerWithEtag();
+
+  // HEAD: nullopt when the object does not exist.
+  [[nodiscard]] absl::StatusOr<std::optional<S3ObjectInfo>> Head(const std::string& key);
+  // Uploads whatever of `uploads` the store lacks (refusing different bytes
+  // under the same name), then verifies all of them.
+  [[nodiscard]] absl::Status UploadAll(std::vector<Upload>& uploads);
+  [[nodiscard]] absl::Status PutSingle(Upload& upload);
+  [[nodiscard]] absl::Status PutMultipart(Upload& upload);
+  // After an upload lost a race (412): OK when the object now holds our
+  // bytes, AlreadyExists otherwise.
+  [[nodiscard]] absl::Status CompareExisting(const Upload& upload, const S3ObjectInfo& info);
+  [[nodiscard]] absl::Status VerifyUploaded(const std::vector<Upload>& uploads);
+  // GET of a small object with its SHA-256 checked against its metadata.
+  [[nodiscard]] absl::StatusOr<std::string> GetVerified(const std::string& key,
+                                                        std::string_view what);
+  [[nodiscard]] absl::Status RequireRunId(std::string_view action) const;
+  [[nodiscard]] absl::Status ParallelFor(size_t n, const std::function<absl::Status(size_t)>& fn);
+
+  const S3Location location_;
+  const std::string run_id_;
+  const std::filesystem::path cache_dir_;
+  const std::unique_ptr<S3Client> client_;
+  const S3StoreOptions options_;
+  const std::string where_;  // "store s3://bucket/prefix"
+  std::atomic<int64_t> uploaded_{0};
+  std::atomic<int64_t> downloaded_{0};
+  std::function<void()> before_pointer_write_;
+};
+
+}  // namespace stitch

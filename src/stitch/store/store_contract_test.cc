@@ -1,0 +1,299 @@
+// The Store contract, run against every adapter (filesystem and in-memory):
+// what one adapter promises, the other must too.
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stitch/core/errors.h"
+#include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
+#include "stitch/store/fs_store.h"
+#include "stitch/store/mem_store.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using ::stitch::testing::TempDir;
+using ::stitch::testing::TestVersionOptions;
+using ::stitch::testing::WriteTestVersion;
+using ::testing::HasSubstr;
+
+// How the contract reaches one adapter.
+struct Adapter {
+  std::string name;
+  // Opens the store under test for `run_id`: the same state for every call
+  // with the same `tmp` and `key`, a fresh one otherwise.
+  std::function<std::unique_ptr<Store>(const TempDir& tmp, const std::string& key,
+                                       const std::string& run_id)>
+      open;
+  // Overwrites the stored pointer text behind the store's back.
+  std::function<void(const TempDir&, Store&, const std::string& text)> write_pointer_text;
+};
+
+void PrintTo(const Adapter& adapter, std::ostream* os) { *os << adapter.name; }
+
+std::string UniqueKey() {
+  static std::atomic<int> counter{0};
+  return "contract-" + std::to_string(counter++);
+}
+
+std::vector<Adapter> Adapters() {
+  return {
+      Adapter{"Fs",
+              [](const TempDir& tmp, const std::string&,
+                 const std::string& run) -> std::unique_ptr<Store> {
+                auto s = FsStore::Open(tmp / "store", run);
+                EXPECT_TRUE(s.ok()) << s.status();
+                return s.ok() ? std::unique_ptr<Store>(*std::move(s)) : nullptr;
+              },
+              [](const TempDir& tmp, Store&, const std::string& text) {
+                ASSERT_TRUE(WriteFileAtomically(tmp / "store" / "latest", text).ok());
+              }},
+      Adapter{"Mem",
+              [](const TempDir& tmp, const std::string& key,
+                 const std::string& run) -> std::unique_ptr<Store> {
+                auto s = MemStore::Open(key, run, tmp / "cache");
+                EXPECT_TRUE(s.ok()) << s.status();
+                return s.ok() ? std::unique_ptr<Store>(*std::move(s)) : nullptr;
+              },
+              [](const TempDir&, Store& store, const std::string& text) {
+                static_cast<MemStore&>(store).SetPointerTextForTesting(text);
+              }},
+  };
+}
+
+class StoreContractTest : public ::testing::TestWithParam<Adapter> {
+ protected:
+  void SetUp() override {
+    store_ = Open("run-a");
+    ASSERT_NE(store_, nullptr);
+  }
+  std::unique_ptr<Store> Open(const std::string& run) { return GetParam().open(tmp_, key_, run); }
+  // Writes a version directory in a fresh place outside the store.
+  fs::path Version(int64_t v, TestVersionOptions options = {}) {
+    auto dir = WriteTestVersion(tmp_ / "src" / std::to_string(sources_++), v, options);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    return dir.ok() ? *dir : fs::path();
+  }
+  std::optional<VersionRef> Pointer() {
+    auto p = store_->ReadPointer();
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : std::nullopt;
+  }
+
+  TempDir tmp_;
+  const std::string key_ = UniqueKey();
+  int sources_ = 0;
+  std::unique_ptr<Store> store_;
+};
+
+VersionRef A(int64_t v) { return VersionRef{"run-a", v}; }
+VersionRef B(int64_t v) { return VersionRef{"run-b", v}; }
+
+TEST_P(StoreContractTest, PointerStartsUnset) { EXPECT_EQ(Pointer(), std::nullopt); }
+
+TEST_P(StoreContractTest, AdvanceFromUnsetThenForward) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, A(0)).ok());
+  EXPECT_EQ(Pointer(), A(0));
+  ASSERT_TRUE(store_->AdvancePointer(A(0), A(3)).ok());
+  EXPECT_EQ(Pointer(), A(3));
+}
+
+TEST_P(StoreContractTest, RewindIsRefusedAndLeavesThePointer) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, A(5)).ok());
+  for (int64_t v : {5, 4, 0}) {
+    absl::Status s = store_->AdvancePointer(A(5), A(v));
+    EXPECT_EQ(GetErrorKind(s), ErrorKind::kPointerRewind) << s;
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(store_->uri()));
+  }
+  EXPECT_EQ(Pointer(), A(5));
+}
+
+TEST_P(StoreContractTest, StaleExpectationIsAConflictWithAllThreeValues) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, A(1)).ok());
+  ASSERT_TRUE(store_->AdvancePointer(A(1), A(2)).ok());
+  absl::Status s = store_->AdvancePointer(A(1), A(3));
+  ASSERT_EQ(GetErrorKind(s), ErrorKind::kPointerConflict) << s;
+  EXPECT_TRUE(absl::IsAborted(s));
+  auto details = GetConflictDetails(s);
+  ASSERT_TRUE(details.has_value());
+  EXPECT_EQ(details->expected, "run-a/weight_v000001");
+  EXPECT_EQ(details->actual, "run-a/weight_v000002");
+  EXPECT_EQ(details->proposed, "run-a/weight_v000003");
+  EXPECT_EQ(Pointer(), A(2));
+}
+
+TEST_P(StoreContractTest, ExpectingUnsetWhenSetIsAConflict) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, A(1)).ok());
+  absl::Status s = store_->AdvancePointer(std::nullopt, A(2));
+  EXPECT_EQ(GetErrorKind(s), ErrorKind::kPointerConflict) << s;
+  EXPECT_EQ(Pointer(), A(1));
+}
+
+TEST_P(StoreContractTest, ProposingAnotherRunIsRefused) {
+  absl::Status s = store_->AdvancePointer(std::nullopt, B(1));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("run-b"));
+  EXPECT_EQ(Pointer(), std::nullopt);
+}
+
+TEST_P(StoreContractTest, MovingFromAnotherRunIsAResetEvenToALowerVersion) {
+  auto other = Open("run-b");
+  ASSERT_TRUE(other->AdvancePointer(std::nullopt, B(9)).ok());
+  ASSERT_TRUE(store_->AdvancePointer(B(9), A(0)).ok());
+  EXPECT_EQ(Pointer(), A(0));
+}
+
+TEST_P(StoreContractTest, GarbagePointerIsAnErrorNeverUnset) {
+  GetParam().write_pointer_text(tmp_, *store_, "weight_vx");
+  auto p = store_->ReadPointer();
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("weight_vx"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr(store_->uri()));
+  // Nor may a compare-and-swap treat it as unset.
+  EXPECT_FALSE(store_->AdvancePointer(std::nullopt, A(0)).ok());
+}
+
+TEST_P(StoreContractTest, WhitespaceOnlyPointerIsUnset) {
+  GetParam().write_pointer_text(tmp_, *store_, " \n\t");
+  EXPECT_EQ(Pointer(), std::nullopt);
+  EXPECT_TRUE(store_->AdvancePointer(std::nullopt, A(0)).ok());
+}
+
+TEST_P(StoreContractTest, PointerTextWithNewlineParses) {
+  GetParam().write_pointer_text(tmp_, *store_, "run-a/weight_v000004\n");
+  EXPECT_EQ(Pointer(), A(4));
+}
+
+TEST_P(StoreContractTest, PublishThenReadManifestAndMaterialize) {
+  fs::path src = Version(1);
+  ASSERT_TRUE(store_->PublishFiles(1, src).ok());
+  auto m = store_->ReadManifest(1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->version, 1);
+  EXPECT_EQ(m->kind, VersionKind::kFull);
+  EXPECT_THAT(m->files, ::testing::ElementsAre("model-00001-of-00002.safetensors",
+                                               "model-00002-of-00002.safetensors"));
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE(testing::VerifyVersionDir(*dir).ok());
+  for (const std::string& f : m->files) {
+    EXPECT_EQ(*ReadFileToString(*dir / f), *ReadFileToString(src / f)) << f;
+  }
+}
+
+TEST_P(StoreContractTest, PublishingDoesNotMoveThePointer) {
+  ASSERT_TRUE(store_->PublishFiles(1, Version(1)).ok());
+  EXPECT_EQ(Pointer(), std::nullopt);
+}
+
+TEST_P(StoreContractTest, RepublishingIdenticalBytesIsARetry) {
+  ASSERT_TRUE(store_->PublishFiles(1, Version(1)).ok());
+  // A second, byte-identical copy elsewhere.
+  EXPECT_TRUE(store_->PublishFiles(1, Version(1)).ok());
+}
+
+TEST_P(StoreContractTest, RepublishingDifferentBytesIsRefused) {
+  fs::path first = Version(1, {.seed = 1});
+  ASSERT_TRUE(store_->PublishFiles(1, first).ok());
+  absl::Status s = store_->PublishFiles(1, Version(1, {.seed = 2}));
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("immutable"));
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok());
+  EXPECT_EQ(*ReadFileToString(*dir / "model-00001-of-00002.safetensors"),
+            *ReadFileToString(first / "model-00001-of-00002.safetensors"));
+}
+
+TEST_P(StoreContractTest, RepublishingADifferentFileSetIsRefused) {
+  ASSERT_TRUE(store_->PublishFiles(1, Version(1, {.shards = 2})).ok());
+  absl::Status s = store_->PublishFiles(1, Version(1, {.shards = 3, .seed = 1}));
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+}
+
+TEST_P(StoreContractTest, MissingShardIsRefusedAndNothingIsPublished) {
+  fs::path src = Version(1);
+  fs::remove(src / "model-00002-of-00002.safetensors");
+  absl::Status s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model-00002-of-00002.safetensors"));
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(1).status()));
+}
+
+TEST_P(StoreContractTest, IndexVersionMustMatch) {
+  fs::path src = Version(1);
+  absl::Status s = store_->PublishFiles(2, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("metadata.version 1"));
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(2).status()));
+}
+
+TEST_P(StoreContractTest, IndexWithoutVersionIsStoredWithIt) {
+  ASSERT_TRUE(store_->PublishFiles(7, Version(7, {.record_version = false})).ok());
+  auto m = store_->ReadManifest(7);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->version, 7);
+}
+
+TEST_P(StoreContractTest, PayloadInSubdirectory) {
+  ASSERT_TRUE(store_->PublishFiles(1, Version(1, {.file_prefix = "shards/"})).ok());
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE(fs::is_regular_file(*dir / "shards" / "model-00001-of-00002.safetensors"));
+  EXPECT_TRUE(testing::VerifyVersionDir(*dir).ok());
+}
+
+TEST_P(StoreContractTest, UnknownVersionIsNotFound) {
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(3).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->Materialize(3).status()));
+}
+
+TEST_P(StoreContractTest, ViewWithoutRunIdReadsButNeverWrites) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, A(0)).ok());
+  ASSERT_TRUE(store_->PublishFiles(1, Version(1)).ok());
+  auto view = Open("");
+  ASSERT_NE(view, nullptr);
+  EXPECT_EQ(*view->ReadPointer(), A(0));
+  EXPECT_TRUE(view->ReadManifest(1).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(view->AdvancePointer(A(0), A(1))));
+  EXPECT_TRUE(absl::IsInvalidArgument(view->PublishFiles(2, Version(2))));
+  EXPECT_EQ(Pointer(), A(0));
+}
+
+TEST_P(StoreContractTest, ConcurrentAdvancesFromOnePredecessorHaveOneWinner) {
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, A(1)).ok());
+  constexpr int kThreads = 8;
+  std::atomic<int> winners{0};
+  std::atomic<int> conflicts{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      auto store = Open("run-a");
+      while (!go.load()) std::this_thread::yield();
+      absl::Status s = store->AdvancePointer(A(1), A(2 + i));
+      if (s.ok()) ++winners;
+      if (GetErrorKind(s) == ErrorKind::kPointerConflict) ++conflicts;
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(winners.load(), 1);
+  EXPECT_EQ(conflicts.load(), kThreads - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Adapters, StoreContractTest, ::testing::ValuesIn(Adapters()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,261 @@
+// The `stitch` binary end to end: claim, publish and pointer against a
+// filesystem store, their exit codes, and their one-line failures.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "stitch/format/fileio.h"
+#include "tests/support/loopback_http.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using ::stitch::testing::LoopbackHttpServer;
+using ::stitch::testing::ProcessResult;
+using ::stitch::testing::RunningProcess;
+using ::stitch::testing::TempDir;
+using ::stitch::testing::WriteTestVersion;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+
+// Exactly one line: "stitch: ...\n".
+MATCHER(IsOneFailureLine, "") {
+  return arg.starts_with("stitch: ") && arg.ends_with("\n") &&
+         std::count(arg.begin(), arg.end(), '\n') == 1;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  }
+
+  static ProcessResult Stitch(std::vector<std::string> args) {
+    args.insert(args.begin(), testing::StitchBinary());
+    return testing::RunProcess(args);
+  }
+  ProcessResult Claim(const std::string& run = "run-a", int64_t boot = 0) {
+    return Stitch({"claim", "--store", root_.string(), "--run-id", run, "--boot-version",
+                   std::to_string(boot)});
+  }
+  ProcessResult Publish(const fs::path& dir, const std::string& run = "run-a") {
+    return Stitch({"publish", "--store", root_.string(), "--run-id", run, dir.string()});
+  }
+  ProcessResult Pointer() { return Stitch({"pointer", "--store", root_.string()}); }
+  fs::path Version(int64_t v, testing::TestVersionOptions options = {}) {
+    auto dir = WriteTestVersion(tmp_ / "src" / std::to_string(sources_++), v, options);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    return dir.ok() ? *dir : fs::path();
+  }
+  std::set<std::string> Updates() {
+    std::set<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root_ / "updates", ec)) {
+      out.insert(e.path().filename().string());
+    }
+    return out;
+  }
+  std::string Uri() const { return "file://" + root_.string(); }
+
+  TempDir tmp_;
+  fs::path root_ = tmp_ / "store";
+  int sources_ = 0;
+};
+
+TEST_F(CliTest, ClaimPublishAndReadThePointer) {
+  ProcessResult claim = Claim();
+  ASSERT_EQ(claim.exit_code, 0) << claim.err;
+  EXPECT_EQ(claim.out, "claimed run-a/weight_v000000 in " + Uri() + " (the pointer was unset)\n");
+  EXPECT_THAT(claim.err, IsEmpty());
+
+  ProcessResult pointer = Pointer();
+  ASSERT_EQ(pointer.exit_code, 0) << pointer.err;
+  EXPECT_EQ(pointer.out, "run-a/weight_v000000\n");
+
+  ProcessResult publish = Publish(Version(1));
+  ASSERT_EQ(publish.exit_code, 0) << publish.err;
+  EXPECT_EQ(publish.out, "published run-a/weight_v000001 to " + Uri() + "\n");
+  EXPECT_EQ(Pointer().out, "run-a/weight_v000001\n");
+  EXPECT_TRUE(testing::VerifyVersionDir(root_ / "updates" / "weight_v000001").ok());
+}
+
+TEST_F(CliTest, ClaimingTwiceIsANoOp) {
+  ASSERT_EQ(Claim().exit_code, 0);
+  ProcessResult again = Claim();
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, "already claimed: run-a/weight_v000000 in " + Uri() + "\n");
+}
+
+TEST_F(CliTest, AFileUriAndARunChange) {
+  ASSERT_EQ(Claim("run-a").exit_code, 0);
+  ASSERT_EQ(Publish(Version(1)).exit_code, 0);
+  ProcessResult claim =
+      Stitch({"claim", "--store", Uri(), "--run-id", "run-b", "--boot-version", "4"});
+  ASSERT_EQ(claim.exit_code, 0) << claim.err;
+  EXPECT_THAT(claim.out, HasSubstr("(the pointer was run-a/weight_v000001)"));
+  EXPECT_EQ(Pointer().out, "run-b/weight_v000004\n");
+}
+
+TEST_F(CliTest, PointerOfAnEmptyStoreExitsOneAndCreatesNothing) {
+  ProcessResult pointer = Pointer();
+  EXPECT_EQ(pointer.exit_code, 1);
+  EXPECT_THAT(pointer.out, IsEmpty());
+  EXPECT_THAT(pointer.err, IsOneFailureLine());
+  EXPECT_THAT(pointer.err, StartsWith("stitch: store " + Uri() + ": the pointer is unset"));
+  EXPECT_FALSE(fs::exists(root_));
+}
+
+TEST_F(CliTest, PublishingAnUnclaimedRunFails) {
+  ProcessResult publish = Publish(Version(1));
+  EXPECT_EQ(publish.exit_code, 1);
+  EXPECT_THAT(publish.err, IsOneFailureLine());
+  EXPECT_THAT(publish.err, HasSubstr("run run-a is not claimed"));
+  EXPECT_THAT(publish.err, HasSubstr("stitch claim"));
+  EXPECT_THAT(publish.out, IsEmpty());
+  EXPECT_THAT(Updates(), IsEmpty());
+}
+
+TEST_F(CliTest, AMissingShardFailsAndNothingIsHalfWritten) {
+  ASSERT_EQ(Claim().exit_code, 0);
+  fs::path dir = Version(1);
+  fs::remove(dir / "model-00001-of-00002.safetensors");
+  ProcessResult publish = Publish(dir);
+  EXPECT_EQ(publish.exit_code, 1);
+  EXPECT_THAT(publish.err, IsOneFailureLine());
+  EXPECT_THAT(publish.err, HasSubstr("\"model-00001-of-00002.safetensors\""));
+  EXPECT_THAT(publish.err, StartsWith("stitch: store " + Uri() + ": "));
+  EXPECT_EQ(Pointer().out, "run-a/weight_v000000\n");
+  EXPECT_THAT(Updates(), IsEmpty());
+}
+
+TEST_F(CliTest, RewindsAreRefused) {
+  ASSERT_EQ(Claim().exit_code, 0);
+  ASSERT_EQ(Publish(Version(2)).exit_code, 0);
+  ProcessResult older = Publish(Version(1));
+  EXPECT_EQ(older.exit_code, 1);
+  EXPECT_THAT(older.err, IsOneFailureLine());
+  EXPECT_THAT(older.err, HasSubstr("refusing to rewind the pointer from run-a/weight_v000002"));
+
+  ProcessResult reclaim = Claim("run-a", 0);
+  EXPECT_EQ(reclaim.exit_code, 1);
+  EXPECT_THAT(reclaim.err, IsOneFailureLine());
+  EXPECT_THAT(reclaim.err, HasSubstr("use a new run id"));
+  EXPECT_EQ(Pointer().out, "run-a/weight_v000002\n");
+}
+
+TEST_F(CliTest, DifferentBytesForAPublishedVersionAreRefused) {
+  ASSERT_EQ(Claim().exit_code, 0);
+  ASSERT_EQ(Publish(Version(1, {.seed = 1})).exit_code, 0);
+  ASSERT_EQ(Publish(Version(2, {.seed = 1})).exit_code, 0);
+  // Version 2 again, other bytes: the rewind guard refuses it first.
+  ProcessResult again = Publish(Version(2, {.seed = 2}));
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, IsOneFailureLine());
+}
+
+TEST_F(CliTest, AGarbagePointerIsReportedNotTreatedAsUnset) {
+  ASSERT_TRUE(fs::create_directories(root_));
+  ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_vx\n").ok());
+  for (const ProcessResult& r : {Pointer(), Claim()}) {
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, IsOneFailureLine());
+    EXPECT_THAT(r.err, HasSubstr("\"weight_vx\""));
+    EXPECT_THAT(r.err, HasSubstr(Uri()));
+  }
+  EXPECT_EQ(*ReadFileToString(root_ / "latest"), "weight_vx\n");
+}
+
+TEST_F(CliTest, BadStoreAndRunIdAreFailuresNotUsageErrors) {
+  ProcessResult scheme = Stitch({"claim", "--store", "gs://bucket/prefix", "--run-id", "run-a"});
+  EXPECT_EQ(scheme.exit_code, 1);
+  EXPECT_THAT(scheme.err, IsOneFailureLine());
+  EXPECT_THAT(scheme.err, HasSubstr("supported"));
+
+  ProcessResult run = Stitch({"claim", "--store", root_.string(), "--run-id", "has space"});
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.err, IsOneFailureLine());
+  EXPECT_THAT(run.err, HasSubstr("run id"));
+
+  ProcessResult pool =
+      Stitch({"claim", "--store", root_.string(), "--run-id", "run-a", "--pool", "dns:x"});
+  EXPECT_EQ(pool.exit_code, 1);
+  EXPECT_THAT(pool.err, IsOneFailureLine());
+  EXPECT_FALSE(fs::exists(root_ / "latest"));
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  const std::string x = (tmp_ / "x").string();
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {},
+           {"frobnicate"},
+           {"claim", "--run-id", "run-a"},
+           {"claim", "--store", x},
+           {"claim", "--store", x, "--run-id", "run-a", "--boot-version", "-1"},
+           {"claim", "--store", x, "--run-id", "run-a", "--boot-version", "many"},
+           {"publish", "--store", x, "--run-id", "run-a"},
+           {"pointer"},
+       }) {
+    ProcessResult r = Stitch(args);
+    EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << "\n" << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(IsEmpty()));
+  }
+  EXPECT_FALSE(fs::exists(tmp_ / x));
+}
+
+TEST_F(CliTest, HelpExitsZero) {
+  ProcessResult r = Stitch({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("publish"));
+}
+
+TEST_F(CliTest, ClaimAndPublishWakeThePool) {
+  LoopbackHttpServer replica;
+  std::string pool = "static:" + replica.url() + "," + testing::UnreachableUrl();
+  ProcessResult claim =
+      Stitch({"claim", "--store", root_.string(), "--run-id", "run-a", "--pool", pool});
+  ASSERT_EQ(claim.exit_code, 0) << claim.err;
+  ProcessResult publish = Stitch({"publish", "--store", root_.string(), "--run-id", "run-a",
+                                  Version(1).string(), "--pool", pool});
+  // The unreachable replica is a warning on stderr, never a failure.
+  ASSERT_EQ(publish.exit_code, 0) << publish.err;
+  EXPECT_THAT(publish.err, HasSubstr("wake"));
+  EXPECT_EQ(publish.out, "published run-a/weight_v000001 to " + Uri() + "\n");
+  EXPECT_THAT(replica.requests(), ElementsAre("POST /wake", "POST /wake"));
+}
+
+TEST_F(CliTest, EightConcurrentPublishesOfOneVersionHaveOneWinner) {
+  ASSERT_EQ(Claim().exit_code, 0);
+  std::vector<RunningProcess> running;
+  std::vector<fs::path> dirs;
+  for (int i = 0; i < 8; ++i) dirs.push_back(Version(1));
+  for (const fs::path& dir : dirs) {
+    running.push_back(testing::StartProcess({testing::StitchBinary(), "publish", "--store",
+                                             root_.string(), "--run-id", "run-a", dir.string()}));
+  }
+  int winners = 0;
+  for (RunningProcess& p : running) {
+    ProcessResult r = testing::WaitProcess(p);
+    if (r.exit_code == 0) {
+      ++winners;
+    } else {
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_THAT(r.err, IsOneFailureLine());
+    }
+  }
+  EXPECT_EQ(winners, 1);
+  EXPECT_EQ(Pointer().out, "run-a/weight_v000001\n");
+  EXPECT_EQ(Updates(), (std::set<std::string>{"weight_v000001"}));
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,428 @@
+// The replica sidecar end to end: real `stitch engine` (the reference engine)
+// and `stitch sidecar` processes over a filesystem store, following
+// `stitch publish` of FULL and DELTA versions, and their failure paths.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "stitch/core/state.h"
+#include "stitch/core/version.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/sse.h"
+#include "tests/sidecar_process.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using ::stitch::testing::ProcessResult;
+using ::stitch::testing::ServerProcess;
+using ::stitch::testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr auto kStartTimeout = std::chrono::seconds(60);
+constexpr auto kConverge = std::chrono::seconds(60);
+
+json::object Parse(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  EXPECT_FALSE(ec) << text;
+  return v.is_object() ? v.get_object() : json::object();
+}
+
+// Polls `condition` (an HTTP query, say) until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+struct FleetOptions {
+  std::string engine = "sglang";
+  std::string update_mode = "disk";
+  std::vector<std::string> engine_flags;   // fault injection
+  std::vector<std::string> sidecar_flags;  // extra sidecar flags
+  bool claim = true;
+};
+
+class SidecarIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+    store_ = (tmp_ / "store").string();
+    base_ = (tmp_ / "base").string();
+    // A tiny model: one layer, hidden 32; fast to load, stage and run.
+    InitModel(base_, 1);
+  }
+
+  static ProcessResult Stitch(std::vector<std::string> args) {
+    args.insert(args.begin(), testing::StitchBinary());
+    return testing::RunProcess(args);
+  }
+  static void ExpectOk(const ProcessResult& r, std::string_view what) {
+    EXPECT_EQ(r.exit_code, 0) << what << "\nstdout: " << r.out << "\nstderr: " << r.err;
+  }
+  void InitModel(const std::string& dir, int seed) {
+    ExpectOk(Stitch({"engine", "init-model", dir, "--layers", "1", "--hidden", "32", "--heads", "2",
+                     "--seed", std::to_string(seed), "--max-positions", "256"}),
+             "init-model");
+  }
+
+  // Starts the engine on the base checkpoint and a sidecar in front of it.
+  void StartFleet(const FleetOptions& options = {}) {
+    if (options.claim) {
+      ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
+               "claim");
+    }
+    std::vector<std::string> engine = {
+        testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"};
+    engine.insert(engine.end(), options.engine_flags.begin(), options.engine_flags.end());
+    engine_ = std::make_unique<ServerProcess>(engine);
+    ASSERT_TRUE(engine_->started());
+    auto engine_url = engine_->WaitForUrl(kStartTimeout);
+    ASSERT_TRUE(engine_url.has_value()) << "engine did not start:\n" << engine_->err();
+    engine_url_ = *engine_url;
+    StartSidecar(options);
+  }
+  void StartSidecar(const FleetOptions& options) {
+    std::vector<std::string> args = {testing::StitchBinary(),
+                                     "sidecar",
+                                     "--store",
+                                     store_,
+                                     "--run-id",
+                                     "r1",
+                                     "--engine",
+                                     options.engine,
+                                     "--engine-url",
+                                     engine_url_,
+                                     "--base-checkpoint",
+                                     base_,
+                                     "--update-mode",
+                                     options.update_mode,
+                                     "--reconcile-interval",
+                                     "0.2",
+                                     "--watchdog-interval",
+                                     "0.5",
+                                     "--port",
+                                     "0"};
+    if (options.update_mode == "disk") {
+      args.push_back("--local-checkpoint");
+      args.push_back((tmp_ / "local").string());
+    }
+    args.insert(args.end(), options.sidecar_flags.begin(), options.sidecar_flags.end());
+    sidecar_ = std::make_unique<ServerProcess>(args);
+    ASSERT_TRUE(sidecar_->started());
+    auto url = sidecar_->WaitForUrl(kStartTimeout);
+    ASSERT_TRUE(url.has_value()) << "sidecar did not start:\n" << sidecar_->err();
+    url_ = *url;
+  }
+
+  absl::StatusOr<HttpResponse> Call(const std::string& method, const std::string& path,
+                                    std::string body = {}) {
+    FetchOptions options;
+    options.timeout = std::chrono::seconds(30);
+    return HttpFetch(method, url_ + path, std::move(body), options);
+  }
+  std::optional<ReplicaState> ServerInfo() {
+    auto r = Call("GET", "/server_info");
+    if (!r.ok() || r->status != 200) return std::nullopt;
+    auto state = ReplicaState::FromJson(r->body);
+    if (!state.ok()) return std::nullopt;
+    return *state;
+  }
+  // Waits until the sidecar is ready and serves `version` of r1.
+  bool ServesVersion(int64_t version) {
+    return Eventually(
+        [&] {
+          auto s = ServerInfo();
+          return s.has_value() && s->ready && s->applied.has_value() &&
+                 s->applied->version == version && s->applied->run_id == "r1" &&
+                 s->sync_state == SyncState::kIdle;
+        },
+        kConverge);
+  }
+
+  // Writes checkpoint `seed` as a FULL version directory and publishes it.
+  void PublishFull(int64_t version, const std::string& checkpoint) {
+    std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
+    ExpectOk(Stitch({"delta", "full", "--checkpoint", checkpoint, "--out", dir, "--version",
+                     std::to_string(version), "--run-id", "r1"}),
+             "delta full");
+    ExpectOk(
+        Stitch({"publish", "--store", store_, "--run-id", "r1", "--pool", "static:" + url_, dir}),
+        "publish FULL");
+  }
+  // Encodes base -> target as a DELTA version directory and publishes it.
+  void PublishDelta(int64_t version, const std::string& base, const std::string& target) {
+    std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
+    ExpectOk(Stitch({"delta", "encode", "--base", base, "--target", target, "--out", dir,
+                     "--version", std::to_string(version), "--base-version",
+                     std::to_string(version - 1), "--run-id", "r1"}),
+             "delta encode");
+    ExpectOk(Stitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish DELTA");
+  }
+
+  // A greedy generation through `url`: its output ids and stamps.
+  struct Generation {
+    int status = 0;
+    std::string output;  // output_ids as JSON text
+    int64_t start = -1;
+    int64_t end = -1;
+    std::string body;
+  };
+  Generation Generate(const std::string& url, const std::string& constraint) {
+    std::string body =
+        R"({"text":"The policy","sampling_params":{"max_new_tokens":8,"temperature":0})";
+    if (!constraint.empty()) body += R"(,"weight_version":)" + constraint;
+    body += "}";
+    FetchOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto r = HttpFetch("POST", url + "/generate", body, options);
+    Generation g;
+    if (!r.ok()) {
+      g.body = std::string(r.status().message());
+      return g;
+    }
+    g.status = r->status;
+    g.body = r->body;
+    if (r->status != 200) return g;
+    json::object o = Parse(r->body);
+    if (const json::value* ids = o.if_contains("output_ids")) g.output = json::serialize(*ids);
+    if (const json::value* meta = o.if_contains("meta_info"); meta && meta->is_object()) {
+      const json::object& m = meta->get_object();
+      if (m.contains("weight_version_start")) g.start = m.at("weight_version_start").as_int64();
+      if (m.contains("weight_version_end")) g.end = m.at("weight_version_end").as_int64();
+    }
+    return g;
+  }
+
+  // The same generation from a fresh engine serving `checkpoint` directly.
+  std::string ReferenceOutput(const std::string& checkpoint) {
+    ServerProcess reference(
+        {testing::StitchBinary(), "engine", "--model", checkpoint, "--port", "0"});
+    auto url = reference.WaitForUrl(kStartTimeout);
+    EXPECT_TRUE(url.has_value()) << reference.err();
+    if (!url.has_value()) return "";
+    Generation g = Generate(*url, "");
+    EXPECT_EQ(g.status, 200) << g.body;
+    return g.output;
+  }
+
+  // Follows FULL v1 and DELTA v2 and checks what is served at each step.
+  void FollowsFullAndDeltaVersions(const FleetOptions& options) {
+    InitModel((tmp_ / "ckpt1").string(), 2);
+    InitModel((tmp_ / "ckpt2").string(), 3);
+    StartFleet(options);
+    ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
+    Generation boot = Generate(url_, R"({"exact_version":0})");
+    ASSERT_EQ(boot.status, 200) << boot.body;
+    EXPECT_EQ(boot.start, 0);
+    EXPECT_EQ(boot.end, 0);
+
+    PublishFull(1, (tmp_ / "ckpt1").string());
+    ASSERT_TRUE(ServesVersion(1)) << sidecar_->err();
+    Generation v1 = Generate(url_, R"({"exact_version":1})");
+    ASSERT_EQ(v1.status, 200) << v1.body;
+    EXPECT_EQ(v1.start, 1);
+    EXPECT_EQ(v1.end, 1);
+
+    PublishDelta(2, (tmp_ / "ckpt1").string(), (tmp_ / "ckpt2").string());
+    ASSERT_TRUE(ServesVersion(2)) << sidecar_->err();
+    Generation v2 = Generate(url_, R"({"min_version":2})");
+    ASSERT_EQ(v2.status, 200) << v2.body;
+    EXPECT_EQ(v2.start, 2);
+    EXPECT_EQ(v2.end, 2);
+    // The fleet really serves the target weights: a fresh engine on the
+    // target checkpoint generates the same tokens.
+    EXPECT_EQ(v2.output, ReferenceOutput((tmp_ / "ckpt2").string()));
+    EXPECT_NE(v2.output, v1.output);
+    EXPECT_NE(v1.output, boot.output);
+
+    // An exact pin on an older version is refused with the documented body.
+    auto stale = Call("POST", "/generate", R"({"text":"x","weight_version":{"exact_version":1}})");
+    ASSERT_TRUE(stale.ok()) << stale.status();
+    EXPECT_EQ(stale->status, 409);
+    json::object conflict = Parse(stale->body);
+    EXPECT_EQ(conflict.at("type").as_string(), "WeightVersionNotReady");
+    EXPECT_EQ(conflict.at("target_version").as_int64(), 1);
+    EXPECT_EQ(conflict.at("applied").as_string(), "r1/weight_v000002");
+    EXPECT_FALSE(conflict.at("message").as_string().empty());
+
+    auto metrics = Call("GET", "/metrics");
+    ASSERT_TRUE(metrics.ok());
+    EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 2"));
+    EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_ready 1"));
+  }
+
+  TempDir tmp_;
+  std::string store_;
+  std::string base_;
+  std::string engine_url_;
+  std::string url_;
+  std::unique_ptr<ServerProcess> engine_;
+  std::unique_ptr<ServerProcess> sidecar_;
+};
+
+TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheEngineOnDisk) {
+  FollowsFullAndDeltaVersions(FleetOptions{});
+}
+
+TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheEngineInMemory) {
+  FleetOptions options;
+  options.update_mode = "cpu";
+  FollowsFullAndDeltaVersions(options);
+}
+
+TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheSidecar) {
+  FleetOptions options;
+  options.engine = "sglang-stock";
+  options.sidecar_flags = {"--commit-mode", "quiesce"};
+  FollowsFullAndDeltaVersions(options);
+}
+
+TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0));
+  for (std::string path : {"/pause_generation", "/update_weights_from_disk", "/flush_cache"}) {
+    auto r = Call("POST", path, "{}");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 403) << path;
+    EXPECT_EQ(Parse(r->body).at("type").as_string(), "RouteBlocked");
+  }
+  // The engine was never paused: generation still works.
+  EXPECT_EQ(Generate(url_, "").status, 200);
+}
+
+TEST_F(SidecarIntegrationTest, StreamedEventsAreEachStamped) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0));
+  EventLoop loop;
+  HttpClient client(loop.executor());
+  auto url = ParseHttpUrl(url_);
+  ASSERT_TRUE(url.ok());
+  HttpRequest request;
+  request.method = "POST";
+  request.target = "/generate";
+  request.headers.Set("Content-Type", "application/json");
+  request.body =
+      R"({"text":"stream me","stream":true,"sampling_params":{"max_new_tokens":6,"temperature":0},"weight_version":{"min_version":0}})";
+  auto stream = loop.BlockOn(client.SendStreamed(url->origin, request));
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_EQ(stream->status(), 200);
+  SseEventSplitter splitter;
+  int stamped = 0;
+  bool done = false;
+  for (;;) {
+    auto chunk = loop.BlockOn(stream->Read());
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    if (chunk->empty()) break;
+    splitter.Append(*chunk);
+    while (auto event = splitter.Next()) {
+      std::optional<std::string> data = SseData(*event);
+      ASSERT_TRUE(data.has_value()) << *event;
+      if (*data == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json::object o = Parse(*data);
+      const json::object& meta = o.at("meta_info").as_object();
+      EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
+      EXPECT_EQ(meta.at("weight_version_end").as_int64(), 0);
+      ++stamped;
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_GE(stamped, 2);
+}
+
+TEST_F(SidecarIntegrationTest, KilledEngineGivesRetryable503ThenTheSidecarExits) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0));
+  engine_->Signal(SIGKILL);
+  ASSERT_TRUE(engine_->WaitForExit(std::chrono::seconds(30)).has_value());
+  auto r = Call("POST", "/generate", R"({"text":"anyone there?"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(r->headers.Get("retry-after"), "1");
+  json::object body = Parse(r->body);
+  EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
+  EXPECT_EQ(body.at("retryable").as_bool(), true);
+  // The watchdog (3 probes, 0.5 s apart) ends the replica.
+  std::optional<int> exit = sidecar_->WaitForExit(std::chrono::seconds(30));
+  ASSERT_TRUE(exit.has_value()) << sidecar_->err();
+  EXPECT_EQ(*exit, 3) << sidecar_->err();
+  EXPECT_THAT(sidecar_->err(), HasSubstr("health checks in a row"));
+}
+
+TEST_F(SidecarIntegrationTest, CommitFailureEndsTheSidecarNonZero) {
+  InitModel((tmp_ / "ckpt1").string(), 2);
+  FleetOptions options;
+  options.engine_flags = {"--fail-commits", "1"};
+  StartFleet(options);
+  ASSERT_TRUE(ServesVersion(0));
+  PublishFull(1, (tmp_ / "ckpt1").string());
+  std::optional<int> exit = sidecar_->WaitForExit(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.has_value()) << sidecar_->err();
+  EXPECT_EQ(*exit, 3);
+  EXPECT_THAT(sidecar_->err(), HasSubstr("weight commit of r1/weight_v000001 failed"));
+}
+
+TEST_F(SidecarIntegrationTest, MetricsAnswerBeforeTheFirstPointerExists) {
+  FleetOptions options;
+  options.claim = false;
+  StartFleet(options);
+  auto metrics = Call("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 0"));
+  EXPECT_THAT(metrics->body, HasSubstr("# TYPE stitch_sidecar_requests_in_flight gauge"));
+  // With no pointer there is nothing to catch up with: ready at the boot
+  // version, and it serves.
+  ASSERT_TRUE(ServesVersion(0));
+  EXPECT_EQ(Generate(url_, R"({"exact_version":0})").status, 200);
+}
+
+TEST_F(SidecarIntegrationTest, InconsistentFlagsAreRefusedWithOneLine) {
+  ProcessResult r =
+      Stitch({"sidecar", "--store", store_, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
+              "--base-checkpoint", base_, "--update-mode", "disk"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, ::testing::StartsWith("stitch: sidecar: --update-mode disk needs "
+                                           "--local-checkpoint"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  r = Stitch({"sidecar", "--store", store_, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
+              "--base-checkpoint", base_, "--update-mode", "cpu", "--boot-version", "-1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--boot-version"));
+}
+
+TEST_F(SidecarIntegrationTest, SigtermStopsTheSidecarCleanly) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0));
+  sidecar_->Signal(SIGTERM);
+  std::optional<int> exit = sidecar_->WaitForExit(std::chrono::seconds(30));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(*exit, 0) << sidecar_->err();
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,33 @@
+// Running a program (the `stitch` binary) and capturing what it prints.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace stitch::testing {
+
+struct ProcessResult {
+  int exit_code = -1;  // the exit status, or 128 + signal number
+  std::string out;     // stdout
+  std::string err;     // stderr
+};
+
+// Runs `argv` (argv[0] is a path) with stdin closed, waits for it, and
+// returns its exit code and output. A failure to start it is reported as
+// exit code 127 with the reason in `err`.
+ProcessResult RunProcess(const std::vector<std::string>& argv);
+
+// Starts `argv` without waiting; pair with WaitProcess. Returns the pid, or
+// -1 when it could not start.
+struct RunningProcess {
+  int pid = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+};
+RunningProcess StartProcess(const std::vector<std::string>& argv);
+ProcessResult WaitProcess(RunningProcess process);
+
+// The `stitch` binary under test: $STITCH_BIN (set by CTest).
+std::string StitchBinary();
+
+}  // namespace stitch::testing
