@@ -8,14 +8,21 @@
 //                 of each tensor's XOR frame into an L2-sized buffer, XOR into
 //                 the base, xxh3-128 of the result
 //   encode floor  the same for encode: XOR, zstd level 1, xxh3-128
+//   copy floor    the I/O of applying to a directory without the codec:
+//                 copying the checkpoint's files through a chunk buffer and
+//                 fsync'ing them
 // Then the codec itself: encode (tensors in memory -> a DELTA directory),
 // apply to memory (a CheckpointImage, checksums verified) and apply to a
 // directory (MaterializeCheckpoint, fsync'ed), each with 1 and 2 threads.
 // Apply to a directory runs in a child process (this binary re-executed), so
-// its peak RSS is its own and not this process's multi-GiB buffers.
+// its peak RSS is its own and not this process's multi-GiB buffers. Every
+// row shows wall-clock and CPU time: on a machine shared with other jobs,
+// CPU time is the steadier measure of single-threaded work.
 //
 //   delta_bench [--size-gib G] [--tensors N] [--reps R] [--dir DIR]
+#include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -54,6 +61,43 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// CPU time of this process (all threads), user + system.
+double CpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
+
+// Wall-clock and CPU seconds of one run. On a machine shared with other
+// jobs, CPU time is the steadier measure of single-threaded work: it does
+// not count the time spent waiting for a core.
+struct Timing {
+  double wall = 1e30;
+  double cpu = 1e30;
+};
+
+class Stopwatch {
+ public:
+  Stopwatch() : wall_(Clock::now()), cpu_(CpuSeconds()) {}
+  Timing Stop() const { return Timing{Seconds(wall_, Clock::now()), CpuSeconds() - cpu_}; }
+
+ private:
+  Clock::time_point wall_;
+  double cpu_;
+};
+
+std::string LoadAverage() {
+  std::string text;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    char buf[128];
+    if (std::fgets(buf, sizeof buf, f) != nullptr) text = buf;
+    std::fclose(f);
+  }
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "delta_bench: %s\n", what.c_str());
   std::exit(1);
@@ -69,15 +113,17 @@ AlignedBuffer Allocate(size_t n) {
   return *std::move(b);
 }
 
-// The same XOR the codec uses, written plainly for the floors.
+// The XOR of the floors: 32-byte vectors, as the codec's (which also has an
+// AVX2 clone; this one is the baseline build).
+using Vec = uint64_t __attribute__((vector_size(32)));
 void Xor(std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
   size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    uint64_t x[4], y[4];
-    std::memcpy(x, a + i, 32);
-    std::memcpy(y, b + i, 32);
-    for (int j = 0; j < 4; ++j) x[j] ^= y[j];
-    std::memcpy(out + i, x, 32);
+  for (; i + sizeof(Vec) <= n; i += sizeof(Vec)) {
+    Vec x, y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    x ^= y;
+    std::memcpy(out + i, &x, sizeof x);
   }
   for (; i < n; ++i) out[i] = a[i] ^ b[i];
 }
@@ -140,14 +186,14 @@ Model MakeModel(uint64_t total_bytes, size_t tensors) {
 
 // The encode floor: one thread, fused XOR + zstd level 1 + xxh3-128. Keeps
 // the frames for the apply floor.
-double EncodeFloor(const Model& m, std::vector<std::vector<std::byte>>* frames,
+Timing EncodeFloor(const Model& m, std::vector<std::vector<std::byte>>* frames,
                    std::vector<XXH128_hash_t>* sums) {
   ZSTD_CCtx* c = ZSTD_createCCtx();
   XXH3_state_t* h = XXH3_createState();
   AlignedBuffer x = Allocate(kFloorChunk), out = Allocate(ZSTD_CStreamOutSize());
   frames->assign(m.names.size(), {});
   sums->assign(m.names.size(), {});
-  const auto start = Clock::now();
+  const Stopwatch watch;
   for (size_t k = 0; k < m.names.size(); ++k) {
     std::vector<std::byte>& f = (*frames)[k];
     f.reserve(m.tensor_bytes / 16);
@@ -177,21 +223,21 @@ double EncodeFloor(const Model& m, std::vector<std::vector<std::byte>>* frames,
     drain(none, ZSTD_e_end);
     (*sums)[k] = XXH3_128bits_digest(h);
   }
-  const double s = Seconds(start, Clock::now());
+  const Timing s = watch.Stop();
   XXH3_freeState(h);
   ZSTD_freeCCtx(c);
   return s;
 }
 
 // The apply floor: one thread, streaming decode + XOR into the base + xxh3.
-double ApplyFloor(const Model& m, AlignedBuffer& work,
+Timing ApplyFloor(const Model& m, AlignedBuffer& work,
                   const std::vector<std::vector<std::byte>>& frames,
                   const std::vector<XXH128_hash_t>& sums) {
   std::memcpy(work.data(), m.base.data(), m.base.size());
   ZSTD_DCtx* d = ZSTD_createDCtx();
   XXH3_state_t* h = XXH3_createState();
   AlignedBuffer x = Allocate(kFloorChunk);
-  const auto start = Clock::now();
+  const Stopwatch watch;
   for (size_t k = 0; k < m.names.size(); ++k) {
     ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
     XXH3_128bits_reset(h);
@@ -210,17 +256,17 @@ double ApplyFloor(const Model& m, AlignedBuffer& work,
     XXH128_hash_t got = XXH3_128bits_digest(h);
     if (!XXH128_isEqual(got, sums[k])) Die("apply floor: checksum mismatch");
   }
-  const double s = Seconds(start, Clock::now());
+  const Timing s = watch.Stop();
   XXH3_freeState(h);
   ZSTD_freeDCtx(d);
   if (std::memcmp(work.data(), m.target.data(), work.size()) != 0) Die("apply floor: wrong result");
   return s;
 }
 
-double Memcpy(const Model& m, AlignedBuffer& work) {
-  const auto start = Clock::now();
+Timing Memcpy(const Model& m, AlignedBuffer& work) {
+  const Stopwatch watch;
   std::memcpy(work.data(), m.base.data(), m.base.size());
-  return Seconds(start, Clock::now());
+  return watch.Stop();
 }
 
 // Writes `views` as a checkpoint directory of `shards` files.
@@ -241,8 +287,36 @@ void WriteCheckpointDir(const fs::path& dir, const std::vector<TensorView>& view
   Check(WriteIndex(dir, index), "write index");
 }
 
+// The I/O floor of applying to a directory: copying the checkpoint's files
+// through a chunk buffer (pread, pwrite) and fsync'ing them, as apply does
+// around its decoding.
+Timing CopyFloor(const fs::path& from_dir, const fs::path& to_dir) {
+  fs::remove_all(to_dir);
+  fs::create_directories(to_dir);
+  AlignedBuffer buf = Allocate(kFloorChunk);
+  const Stopwatch watch;
+  for (const auto& e : fs::directory_iterator(from_dir)) {
+    const int in = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    const fs::path to = to_dir / e.path().filename();
+    const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (in < 0 || out < 0) Die("copy floor: open");
+    for (off_t off = 0;;) {
+      const ssize_t n = ::pread(in, buf.data(), buf.size(), off);
+      if (n < 0) Die("copy floor: read");
+      if (n == 0) break;
+      if (::pwrite(out, buf.data(), static_cast<size_t>(n), off) != n) Die("copy floor: write");
+      off += n;
+    }
+    if (::fsync(out) != 0) Die("copy floor: fsync");
+    ::close(in);
+    ::close(out);
+  }
+  return watch.Stop();
+}
+
 struct ChildResult {
-  double seconds = 0, write_seconds = 0, sync_seconds = 0;
+  Timing t;
+  double write_seconds = 0, sync_seconds = 0;
   long max_rss_kib = 0;
 };
 
@@ -276,8 +350,8 @@ ChildResult ApplyToDirectoryInChild(const fs::path& anchor, const fs::path& delt
     Die("apply child failed: " + text);
   }
   ChildResult r;
-  if (std::sscanf(text.c_str(), "%lf %lf %lf %ld", &r.seconds, &r.write_seconds, &r.sync_seconds,
-                  &r.max_rss_kib) != 4 ||
+  if (std::sscanf(text.c_str(), "%lf %lf %lf %lf %ld", &r.t.wall, &r.t.cpu, &r.write_seconds,
+                  &r.sync_seconds, &r.max_rss_kib) != 5 ||
       r.max_rss_kib < 0) {
     Die("apply child said: " + text);
   }
@@ -289,9 +363,9 @@ int ChildApply(int argc, char** argv) {
   ApplyOptions o;
   o.threads = std::atoi(argv[5]);
   std::vector<fs::path> deltas{argv[3]};
-  const auto start = Clock::now();
+  const Stopwatch watch;
   absl::StatusOr<MaterializeResult> r = MaterializeCheckpoint(argv[2], deltas, argv[4], o);
-  const double s = Seconds(start, Clock::now());
+  const Timing s = watch.Stop();
   Check(r.status(), "apply to directory");
   // VmHWM is this process's own peak RSS: exec started a fresh address
   // space. (getrusage's ru_maxrss would also count the parent's peak, which
@@ -304,15 +378,16 @@ int ChildApply(int argc, char** argv) {
     }
     std::fclose(f);
   }
-  std::printf("%.6f %.6f %.6f %ld\n", s, r->write_seconds, r->sync_seconds, hwm_kib);
+  std::printf("%.6f %.6f %.6f %.6f %ld\n", s.wall, s.cpu, r->write_seconds, r->sync_seconds,
+              hwm_kib);
   return 0;
 }
 
 struct Row {
   std::string op;
   int threads;
-  double seconds;
-  double floor_seconds;  // 0: no floor
+  Timing t;
+  std::optional<Timing> floor;
   std::string note;
 };
 
@@ -355,22 +430,27 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "delta_bench: %.2f GiB of bf16 in %zu tensors, 1%% of values one mantissa step apart; "
-      "best of %d runs; %u cores\n",
-      size_gib, tensors, reps, std::thread::hardware_concurrency());
+      "best of %d runs; %u cores; load average at start: %s\n",
+      size_gib, tensors, reps, std::thread::hardware_concurrency(), LoadAverage().c_str());
   Model m = MakeModel(total, tensors);
   const double bytes = static_cast<double>(m.base.size());
+  // Best of `reps` runs, wall and CPU time each.
   auto best = [&](auto fn) {
-    double b = 1e30;
-    for (int r = 0; r < reps; ++r) b = std::min(b, fn());
+    Timing b;
+    for (int r = 0; r < reps; ++r) {
+      const Timing t = fn();
+      b.wall = std::min(b.wall, t.wall);
+      b.cpu = std::min(b.cpu, t.cpu);
+    }
     return b;
   };
 
   AlignedBuffer work = Allocate(m.base.size());
-  const double memcpy_s = best([&] { return Memcpy(m, work); });
+  const Timing memcpy_s = best([&] { return Memcpy(m, work); });
   std::vector<std::vector<std::byte>> frames;
   std::vector<XXH128_hash_t> sums;
-  const double encode_floor_s = best([&] { return EncodeFloor(m, &frames, &sums); });
-  const double apply_floor_s = best([&] { return ApplyFloor(m, work, frames, sums); });
+  const Timing encode_floor_s = best([&] { return EncodeFloor(m, &frames, &sums); });
+  const Timing apply_floor_s = best([&] { return ApplyFloor(m, work, frames, sums); });
   uint64_t compressed = 0;
   for (const auto& f : frames) compressed += f.size();
   frames.clear();
@@ -378,22 +458,22 @@ int Main(int argc, char** argv) {
   work = AlignedBuffer();
 
   std::vector<Row> rows;
-  rows.push_back({"memcpy", 1, memcpy_s, 0, ""});
-  rows.push_back({"apply floor (decode+xor+xxh3)", 1, apply_floor_s, 0, ""});
-  rows.push_back({"encode floor (xor+zstd-1+xxh3)", 1, encode_floor_s, 0, ""});
+  rows.push_back({"memcpy", 1, memcpy_s, std::nullopt, ""});
+  rows.push_back({"apply floor (decode+xor+xxh3)", 1, apply_floor_s, std::nullopt, ""});
+  rows.push_back({"encode floor (xor+zstd-1+xxh3)", 1, encode_floor_s, std::nullopt, ""});
 
   const std::vector<TensorView> base_views = m.BaseViews(), target_views = m.TargetViews();
   const fs::path delta = dir / "weight_v000001";
   uint64_t payload = 0;
   for (int threads : {1, 2}) {
-    const double s = best([&] {
+    const Timing s = best([&] {
       fs::remove_all(delta);
       EncodeOptions o;
       o.version = 1;
       o.threads = threads;
-      const auto start = Clock::now();
+      const Stopwatch watch;
       absl::StatusOr<EncodeResult> r = EncodeDelta(base_views, target_views, delta, o);
-      const double t = Seconds(start, Clock::now());
+      const Timing t = watch.Stop();
       Check(r.status(), "encode");
       payload = r->payload_bytes;
       return t;
@@ -402,16 +482,16 @@ int Main(int argc, char** argv) {
   }
 
   for (int threads : {1, 2}) {
-    const double s = best([&] {
+    const Timing s = best([&] {
       absl::StatusOr<CheckpointImage> image =
           CheckpointImage::FromTensors(base_views, VersionRef{"", 0});
       Check(image.status(), "image");
       ApplyOptions o;
       o.threads = threads;
       std::vector<fs::path> deltas{delta};
-      const auto start = Clock::now();
+      const Stopwatch watch;
       absl::StatusOr<ImageApplyResult> r = image->ApplyDeltas(deltas, o);
-      const double t = Seconds(start, Clock::now());
+      const Timing t = watch.Stop();
       Check(r.status(), "apply to memory");
       if (threads == 2 && std::memcmp(image->tensors().begin()->second.data.data(),
                                       m.target.data() + m.offsets[0], m.tensor_bytes) != 0) {
@@ -427,37 +507,50 @@ int Main(int argc, char** argv) {
   const fs::path anchor = dir / "anchor";
   WriteCheckpointDir(anchor, base_views, 4);
   m.target = AlignedBuffer();
+  const Timing copy_floor = best([&] { return CopyFloor(anchor, dir / "copy"); });
+  fs::remove_all(dir / "copy");
+  rows.push_back({"copy floor (pread+pwrite+fsync)", 1, copy_floor, std::nullopt, ""});
   long rss[3] = {0, 0, 0};
   for (int threads : {1, 2}) {
     ChildResult bestr;
-    bestr.seconds = 1e30;
+    double best_cpu = 1e30;
     for (int r = 0; r < reps; ++r) {
       const fs::path out = dir / "out";
       fs::remove_all(out);
       ChildResult c = ApplyToDirectoryInChild(anchor, delta, out, threads);
       rss[threads] = std::max(rss[threads], c.max_rss_kib);
-      if (c.seconds < bestr.seconds) bestr = c;
+      best_cpu = std::min(best_cpu, c.t.cpu);
+      if (c.t.wall < bestr.t.wall) bestr = c;
     }
-    char note[128];
-    std::snprintf(note, sizeof note, "decode+write %.3fs (%.2f GB/s), fsync+swap %.3fs",
-                  bestr.write_seconds, bytes / bestr.write_seconds / 1e9, bestr.sync_seconds);
-    rows.push_back({"apply to directory (verified)", threads, bestr.seconds, apply_floor_s, note});
+    bestr.t.cpu = best_cpu;
+    char note[192];
+    std::snprintf(note, sizeof note,
+                  "decode+write %.3fs, fsync+swap %.3fs; x (apply floor + copy floor) %.2f",
+                  bestr.write_seconds, bestr.sync_seconds,
+                  (apply_floor_s.wall + copy_floor.wall) / bestr.t.wall);
+    rows.push_back({"apply to directory (verified)", threads, bestr.t, apply_floor_s, note});
   }
 
-  std::printf("\n%-32s %7s %9s %8s %9s %9s %9s  %s\n", "operation", "threads", "seconds", "GB/s",
-              "x floor", "x memcpy", "x 1 thr", "note");
+  std::printf("\n%-31s %3s %8s %6s %7s %8s %7s %8s %7s  %s\n", "operation", "thr", "wall s", "GB/s",
+              "x floor", "x memcpy", "x 1 thr", "cpu s", "x floor", "note");
+  std::printf("%-31s %3s %8s %6s %7s %8s %7s %8s %7s\n", "", "", "", "", "(wall)", "(wall)",
+              "(wall)", "", "(cpu)");
   std::map<std::string, double> one_thread;
   for (const Row& r : rows) {
-    const double gbs = bytes / r.seconds / 1e9;
-    if (r.threads == 1) one_thread[r.op] = r.seconds;
-    char floor[16] = "-", speedup[16] = "-";
-    if (r.floor_seconds > 0)
-      std::snprintf(floor, sizeof floor, "%.2f", r.floor_seconds / r.seconds);
-    if (r.threads > 1 && one_thread.contains(r.op)) {
-      std::snprintf(speedup, sizeof speedup, "%.2f", one_thread[r.op] / r.seconds);
+    const double gbs = bytes / r.t.wall / 1e9;
+    if (r.threads == 1) one_thread[r.op] = r.t.wall;
+    char floor[16] = "-", cpu_floor[16] = "-", speedup[16] = "-";
+    if (r.floor) {
+      std::snprintf(floor, sizeof floor, "%.2f", r.floor->wall / r.t.wall);
+      if (r.threads == 1)
+        std::snprintf(cpu_floor, sizeof cpu_floor, "%.2f", r.floor->cpu / r.t.cpu);
     }
-    std::printf("%-32s %7d %9.3f %8.2f %9s %9.2f %9s  %s\n", r.op.c_str(), r.threads, r.seconds,
-                gbs, floor, memcpy_s / r.seconds, speedup, r.note.c_str());
+    if (r.threads > 1 && one_thread.contains(r.op)) {
+      std::snprintf(speedup, sizeof speedup, "%.2f", one_thread[r.op] / r.t.wall);
+    }
+    std::printf("%-31s %3d %8.3f %6.2f %7s %8.2f %7s %8.3f %7s  %s\n", r.op.c_str(), r.threads,
+                r.t.wall, gbs, floor, memcpy_s.wall / r.t.wall, speedup, r.t.cpu, cpu_floor,
+                r.note.c_str());
   }
   std::printf(
       "\ncompressed size: %.1f MiB of frames (%.2f%% of the checkpoint); payload files %.1f MiB\n",
@@ -468,8 +561,9 @@ int Main(int argc, char** argv) {
       "MiB)\n",
       static_cast<double>(rss[1]) / 1024, static_cast<double>(rss[2]) / 1024);
   std::printf(
-      "x floor: floor time / time (targets: >= 0.85 with 1 thread); x 1 thr: speedup of 2 threads "
-      "(target >= 1.7)\n");
+      "x floor: floor time / time (target >= 0.85 with 1 thread); x 1 thr: speedup of 2 threads "
+      "(target >= 1.7); load average at end: %s\n",
+      LoadAverage().c_str());
   return 0;
 }
 

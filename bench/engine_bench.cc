@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
 #include "stitch/net/client.h"
 #include "stitch/refengine/engine_test_util.h"
 #include "stitch/refengine/init_model.h"
@@ -49,11 +50,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 template <typename T>
 T Check(absl::StatusOr<T> v, std::string_view what) {
-  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  if (!v.ok()) Die(absl::StrCat(AbslView(what), ": ", v.status().ToString()));
   return *std::move(v);
 }
 void Check(const absl::Status& s, std::string_view what) {
-  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+  if (!s.ok()) Die(absl::StrCat(AbslView(what), ": ", s.ToString()));
 }
 
 double Median(std::vector<double> v) {
@@ -107,7 +108,7 @@ HttpResponse Post(const EngineServer& server, std::string_view path, std::string
   options.timeout = std::chrono::minutes(10);
   HttpResponse r =
       Check(HttpFetch("POST", server.url() + std::string(path), std::move(body), options), path);
-  if (r.status != 200) Die(absl::StrCat(path, ": HTTP ", r.status, ": ", r.body));
+  if (r.status != 200) Die(absl::StrCat(AbslView(path), ": HTTP ", r.status, ": ", r.body));
   return r;
 }
 

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/co_spawn.hpp>
@@ -46,13 +47,13 @@ using Clock = std::chrono::steady_clock;
 // route with success, so that only HTTP and the sidecar's work are measured.
 awaitable<void> Stub(HttpExchange& ex) {
   std::string_view path = TargetPath(ex.request().target);
-  if (path == "/generate") {
-    (void)co_await ex.Respond(JsonResponse(
-        200,
-        R"({"text":"ok","output_ids":[1],"meta_info":{"id":"x","finish_reason":{"type":"length"},"prompt_tokens":5,"completion_tokens":1}})"));
-  } else {
-    (void)co_await ex.Respond(JsonResponse(200, R"({"success":true,"message":"ok"})"));
-  }
+  HttpResponse response =
+      path == "/generate"
+          ? JsonResponse(200,
+                         R"({"text":"ok","output_ids":[1],"meta_info":{"id":"x","finish_reason":)"
+                         R"({"type":"length"},"prompt_tokens":5,"completion_tokens":1}})")
+          : JsonResponse(200, R"({"success":true,"message":"ok"})");
+  (void)co_await ex.Respond(std::move(response));
 }
 
 struct Result {

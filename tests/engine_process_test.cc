@@ -52,6 +52,15 @@ std::vector<int64_t> Wide(const std::vector<int32_t>& ids) {
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
+// Log-probabilities that went through JSON: the engine writes the shortest
+// text that round-trips, but Boost.JSON 1.81 may parse it back one unit in
+// the last place off, so compare within DoubleEq's 4 ULPs.
+std::vector<::testing::Matcher<double>> SameDoubles(const std::vector<double>& values) {
+  std::vector<::testing::Matcher<double>> out;
+  for (double v : values) out.push_back(::testing::DoubleEq(v));
+  return out;
+}
+
 ReferenceOptions Greedy(int max_new_tokens) {
   ReferenceOptions o;
   o.sampling.temperature = 0;
@@ -147,7 +156,7 @@ class EngineProcessTest : public ::testing::Test {
         ReferenceGenerate(*weights, EncodeText("Process", BosMode::kPrepend), Greedy(20));
     EXPECT_THAT(JsonInts(r.body, "output_ids"), ElementsAreArray(Wide(Ids(ref))));
     EXPECT_THAT(JsonNumbers(r.body, "meta_info.output_token_logprobs", 0),
-                ElementsAreArray(Logprobs(ref)));
+                ElementsAreArray(SameDoubles(Logprobs(ref))));
     EXPECT_EQ(JsonGet(r.body, "meta_info.weight_version"), version);
   }
 
@@ -183,7 +192,7 @@ TEST_F(EngineProcessTest, CommitsACpuStagedVersionUnderARequestInFlight) {
   ASSERT_EQ(staged.status, 200) << staged.body;
 
   SseClient sse;
-  ASSERT_EQ(*sse.Open(url_, "/generate", GenerateBody(1500, R"( "stream": true,)")), 200);
+  ASSERT_EQ(*sse.Open(url_, "/generate", GenerateBody(800, R"( "stream": true,)")), 200);
   absl::StatusOr<std::optional<std::string>> first = sse.Next();
   ASSERT_TRUE(first.ok() && first->has_value());
   EXPECT_EQ(JsonGet(**first, "meta_info.weight_version"), "3");
@@ -202,7 +211,7 @@ TEST_F(EngineProcessTest, CommitsACpuStagedVersionUnderARequestInFlight) {
   EXPECT_EQ(rest->back(), "[DONE]");
   const std::string& last = (*rest)[rest->size() - 2];
   EXPECT_EQ(JsonGet(last, "meta_info.weight_version"), "4");
-  EXPECT_EQ(JsonGet(last, "meta_info.completion_tokens"), "1500");
+  EXPECT_EQ(JsonGet(last, "meta_info.completion_tokens"), "800");
   EXPECT_EQ(JsonGet(last, "meta_info.finish_reason.type"), "length");
   // Some tokens came before the commit, under the boot weights, the rest
   // after it.
@@ -213,7 +222,7 @@ TEST_F(EngineProcessTest, CommitsACpuStagedVersionUnderARequestInFlight) {
     }
   }
   EXPECT_GE(before_commit, 1u);
-  EXPECT_LT(before_commit, 1500u);
+  EXPECT_LT(before_commit, 800u);
 }
 
 TEST_F(EngineProcessTest, StagesToDiskAndLoadsTheTarget) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -70,6 +71,7 @@ class SidecarIntegrationTest : public ::testing::Test {
     ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
     store_ = (tmp_ / "store").string();
     base_ = (tmp_ / "base").string();
+    std::filesystem::create_directories(tmp_ / "out");  // where versions are written
     // A tiny model: one layer, hidden 32; fast to load, stage and run.
     InitModel(base_, 1);
   }

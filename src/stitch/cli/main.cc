@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   stitch::AddPublishCommand(app, &exit_code);
   stitch::AddPointerCommand(app, &exit_code);
   stitch::AddDeltaCommand(app, &exit_code);
+  stitch::AddEngineCommand(app, &exit_code);
+  stitch::AddSidecarCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

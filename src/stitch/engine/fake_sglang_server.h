@@ -143,7 +143,8 @@ class FakeSglangServer {
     const bool generation =
         path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions";
     if (!generation) {
-      (void)co_await ex.Respond(JsonResponse(200, R"({"success":true,"message":"ok"})"));
+      HttpResponse ok = JsonResponse(200, R"({"success":true,"message":"ok"})");
+      (void)co_await ex.Respond(std::move(ok));
       co_return;
     }
     boost::system::error_code ec;
@@ -161,7 +162,8 @@ class FakeSglangServer {
         meta["weight_version"] = "engine-says";
         out["meta_info"] = std::move(meta);
       }
-      (void)co_await ex.Respond(JsonResponse(200, boost::json::serialize(out)));
+      HttpResponse response = JsonResponse(200, boost::json::serialize(out));
+      (void)co_await ex.Respond(std::move(response));
       co_return;
     }
     HttpHeaders headers;
@@ -178,10 +180,12 @@ class FakeSglangServer {
       event["text"] = std::string(static_cast<size_t>(i + 1), 'x');
       event["index"] = i;
       if (path == "/generate") event["meta_info"] = boost::json::object();
-      absl::Status written = co_await ex.WriteChunk(SseEvent(boost::json::serialize(event)));
+      std::string chunk = SseEvent(boost::json::serialize(event));
+      absl::Status written = co_await ex.WriteChunk(std::move(chunk));
       if (!written.ok()) co_return;
     }
-    (void)co_await ex.WriteChunk(SseEvent("[DONE]"));
+    std::string done = SseEvent("[DONE]");
+    (void)co_await ex.WriteChunk(std::move(done));
     (void)co_await ex.EndStream();
   }
 

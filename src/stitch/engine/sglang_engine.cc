@@ -122,15 +122,18 @@ awaitable<absl::Status> SglangHttpEngine::Call(std::string_view path, std::strin
 }
 
 awaitable<absl::Status> SglangHttpEngine::Pause() {
-  co_return co_await Call("/pause_generation", R"({"mode":"in_place"})", options_.control_timeout);
+  std::string body = R"({"mode":"in_place"})";
+  co_return co_await Call("/pause_generation", std::move(body), options_.control_timeout);
 }
 
 awaitable<absl::Status> SglangHttpEngine::Resume() {
-  co_return co_await Call("/continue_generation", "{}", options_.control_timeout);
+  std::string body = "{}";
+  co_return co_await Call("/continue_generation", std::move(body), options_.control_timeout);
 }
 
 awaitable<absl::Status> SglangHttpEngine::FlushCache() {
-  co_return co_await Call("/flush_cache", "{}", options_.control_timeout);
+  std::string body = "{}";
+  co_return co_await Call("/flush_cache", std::move(body), options_.control_timeout);
 }
 
 awaitable<absl::Status> SglangHttpEngine::Health(std::chrono::milliseconds timeout) {
@@ -155,7 +158,8 @@ awaitable<void> SglangHttpEngine::Abort(std::vector<std::string> rids) {
     json::object body;
     body["rid"] = rid;
     // Best effort: the request may have finished already.
-    (void)co_await Call("/abort_request", json::serialize(body), options_.control_timeout);
+    std::string text = json::serialize(body);
+    (void)co_await Call("/abort_request", std::move(text), options_.control_timeout);
   }
 }
 
@@ -166,8 +170,8 @@ awaitable<absl::Status> SglangHttpEngine::LoadFromDisk(const std::filesystem::pa
   body["model_path"] = PathString(dir);
   body["weight_version"] = version.ToString();
   body["flush_cache"] = flush_cache;
-  co_return co_await Call("/update_weights_from_disk", json::serialize(body),
-                          options_.commit_timeout);
+  std::string text = json::serialize(body);
+  co_return co_await Call("/update_weights_from_disk", std::move(text), options_.commit_timeout);
 }
 
 // SglangEngine -------------------------------------------------------------
@@ -203,7 +207,8 @@ awaitable<absl::Status> SglangEngine::StageRequest(const std::string& run_id, in
   if (options_.destination == UpdateDestination::kDisk) {
     body["local_checkpoint_dir"] = PathString(options_.local_checkpoint_dir);
   }
-  co_return co_await Call("/stage_weight_update", json::serialize(body), options_.stage_timeout);
+  std::string text = json::serialize(body);
+  co_return co_await Call("/stage_weight_update", std::move(text), options_.stage_timeout);
 }
 
 awaitable<absl::Status> SglangEngine::InitializeDestination(const VersionRef& boot) {
@@ -222,8 +227,8 @@ awaitable<absl::Status> SglangEngine::Commit(const VersionRef& target, CommitOpt
   json::object body;
   body["target_version"] = target.version;
   body["flush_cache"] = options.flush_cache;
-  co_return co_await Call("/update_weights_from_cpu", json::serialize(body),
-                          options_.commit_timeout);
+  std::string text = json::serialize(body);
+  co_return co_await Call("/update_weights_from_cpu", std::move(text), options_.commit_timeout);
 }
 
 awaitable<absl::Status> SglangEngine::ResetToBoot(const VersionRef& boot) {

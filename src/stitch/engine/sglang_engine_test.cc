@@ -286,15 +286,17 @@ TEST_F(SglangEngineTest, StockEngineMaterializesDeltasIntoTheLocalCheckpoint) {
   ASSERT_TRUE(stitch::testing::WriteTestVersionAt(tmp_ / "base", 0, {.seed = 1}).ok());
   ASSERT_TRUE(stitch::testing::WriteTestVersionAt(tmp_ / "ckpt1", 1, {.seed = 2}).ok());
   ASSERT_TRUE(stitch::testing::WriteTestVersionAt(tmp_ / "ckpt2", 2, {.seed = 3}).ok());
+  fs::create_directories(tmp_ / "updates");
   EncodeOptions e1;
   e1.version = 1;
   e1.base_version = 0;
-  ASSERT_TRUE(EncodeDelta(tmp_ / "base", tmp_ / "ckpt1", tmp_ / "updates/weight_v000001", e1).ok());
+  auto d1 = EncodeDelta(tmp_ / "base", tmp_ / "ckpt1", tmp_ / "updates/weight_v000001", e1);
+  ASSERT_TRUE(d1.ok()) << d1.status();
   EncodeOptions e2;
   e2.version = 2;
   e2.base_version = 1;
-  ASSERT_TRUE(
-      EncodeDelta(tmp_ / "ckpt1", tmp_ / "ckpt2", tmp_ / "updates/weight_v000002", e2).ok());
+  auto d2 = EncodeDelta(tmp_ / "ckpt1", tmp_ / "ckpt2", tmp_ / "updates/weight_v000002", e2);
+  ASSERT_TRUE(d2.ok()) << d2.status();
 
   {
     std::FILE* config = std::fopen((tmp_ / "base/config.json").c_str(), "w");

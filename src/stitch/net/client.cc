@@ -29,7 +29,6 @@ namespace stitch {
 namespace http = boost::beast::http;
 using net_internal::Clock;
 using net_internal::kAwait;
-using net_internal::SocketDeadline;
 using net_internal::Tcp;
 
 namespace net_internal {
@@ -340,7 +339,7 @@ using net_internal::ClientPool;
 
 namespace {
 
-absl::Status StatusFromException(std::exception_ptr error, std::string_view what) {
+absl::Status StatusFromException(const std::exception_ptr& error, std::string_view what) {
   try {
     std::rethrow_exception(error);
   } catch (const boost::system::system_error& e) {

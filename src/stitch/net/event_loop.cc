@@ -51,7 +51,7 @@ void EventLoop::BlockOnVoid(boost::asio::awaitable<void> task) {
   absl::Notification done;
   std::exception_ptr error;
   boost::asio::co_spawn(impl_->io, std::move(task), [&](std::exception_ptr e) {
-    error = e;
+    error = std::move(e);
     done.Notify();
   });
   done.WaitForNotification();
@@ -59,7 +59,7 @@ void EventLoop::BlockOnVoid(boost::asio::awaitable<void> task) {
 }
 
 void Spawn(const boost::asio::any_io_executor& executor, boost::asio::awaitable<void> task) {
-  boost::asio::co_spawn(executor, std::move(task), [](std::exception_ptr e) {
+  boost::asio::co_spawn(executor, std::move(task), [](const std::exception_ptr& e) {
     if (!e) return;
     try {
       std::rethrow_exception(e);

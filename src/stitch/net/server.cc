@@ -33,7 +33,6 @@ namespace http = boost::beast::http;
 using net_internal::Clock;
 using net_internal::kAwait;
 using net_internal::LoopEvent;
-using net_internal::SocketDeadline;
 using net_internal::Tcp;
 
 struct HttpServer::State {
@@ -166,7 +165,8 @@ class ServerConnection {
         }
       }
       deadline_.Disarm();
-      if (!co_await Handle()) co_return;
+      const bool keep_alive = co_await Handle();
+      if (!keep_alive) co_return;
     }
   }
 
@@ -639,7 +639,8 @@ ServerStats HttpServer::stats() const {
 // HttpRouter
 
 void HttpRouter::Add(std::string method, std::string path, HttpHandler handler) {
-  routes_[std::move(path)].push_back(Route{std::move(method), std::move(handler)});
+  routes_.try_emplace(std::move(path))
+      .first->second.push_back(Route{std::move(method), std::move(handler)});
 }
 
 boost::asio::awaitable<void> HttpRouter::Dispatch(HttpExchange& exchange) const {

@@ -50,7 +50,7 @@ boost::asio::awaitable<void> WorkerPool::Run(absl::AnyInvocable<void() &&> fn) {
 
 namespace net_internal {
 
-std::string DescribeException(std::exception_ptr error) {
+std::string DescribeException(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {

@@ -59,7 +59,7 @@ struct IsStatusOr<absl::StatusOr<T>> : std::true_type {};
 template <typename R>
 inline constexpr bool kIsStatusLike = std::is_same_v<R, absl::Status> || IsStatusOr<R>::value;
 
-std::string DescribeException(std::exception_ptr error);
+std::string DescribeException(const std::exception_ptr& error);
 
 }  // namespace net_internal
 

@@ -22,8 +22,14 @@ namespace stitch::kernels {
 void MatMulTransposed(const float* x, int64_t rows, const float* w, int64_t out, int64_t in,
                       float* y);
 
-// The dot product of a[0, n) and b[0, n), summed exactly as MatMulTransposed
-// sums one output element.
-float Dot(const float* a, const float* b, int64_t n);
+// The same with explicit row strides: x row r at x + r * ldx, w row o at
+// w + o * ldw, y element (r, o) at y[r * ldy + o]; each row is `in` long.
+void MatMulTransposed(const float* x, int64_t rows, int64_t ldx, const float* w, int64_t out,
+                      int64_t ldw, int64_t in, float* y, int64_t ldy);
+
+// y[d] += p[j] * v[j * ldv + d] for d < n, accumulated over j = 0, 1, ...,
+// rows - 1 in that order (attention's weighted sum of value rows).
+void AccumulateWeightedRows(const float* p, int64_t rows, const float* v, int64_t ldv, int64_t n,
+                            float* y);
 
 }  // namespace stitch::kernels

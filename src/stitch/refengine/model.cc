@@ -177,29 +177,30 @@ class ForwardPass {
     std::vector<float> scores;
     for (int64_t r = 0; r < rows_; ++r) {
       const KvCache& cache = *inputs_[row_input_[r]].cache;
-      const float* keys = cache.keys_[l].data();
-      const float* values = cache.values_[l].data();
       const int64_t n = row_pos_[r] + 1;
-      scores.resize(static_cast<size_t>(n));
-      for (int64_t head = 0; head < c_.num_attention_heads; ++head) {
-        const float* q = qkv.row(r).data() + head * hd;
-        const int64_t kv_off = (head / group) * hd;
-        float max = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          scores[j] = kernels::Dot(q, keys + j * kv + kv_off, hd) * scale;
-          max = std::max(max, scores[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          scores[j] = std::exp(scores[j] - max);
-          sum += scores[j];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        float* o = attn.row(r).data() + head * hd;
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = scores[j] * inv;
-          const float* v = values + j * kv + kv_off;
-          for (int64_t d = 0; d < hd; ++d) o[d] += p * v[d];
+      scores.resize(static_cast<size_t>(group * n));
+      for (int64_t g = 0; g < c_.num_key_value_heads; ++g) {
+        // The group's query heads against its key head: [group, n] scores.
+        const float* keys = cache.keys_[l].data() + g * hd;
+        const float* values = cache.values_[l].data() + g * hd;
+        kernels::MatMulTransposed(qkv.row(r).data() + g * group * hd, group, hd, keys, n, kv, hd,
+                                  scores.data(), n);
+        for (int64_t k = 0; k < group; ++k) {
+          float* s = scores.data() + k * n;
+          float max = -INFINITY;
+          for (int64_t j = 0; j < n; ++j) {
+            s[j] *= scale;
+            max = std::max(max, s[j]);
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            s[j] = std::exp(s[j] - max);
+            sum += s[j];
+          }
+          const float inv = static_cast<float>(1.0 / sum);
+          for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+          kernels::AccumulateWeightedRows(s, n, values, kv, hd,
+                                          attn.row(r).data() + (g * group + k) * hd);
         }
       }
     }

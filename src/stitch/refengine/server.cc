@@ -148,20 +148,35 @@ GenerationSink MakeSink(const asio::any_io_executor& executor,
   };
 }
 
+// A scheduler command's completion callback, and what starts the command.
+template <typename T>
+using CommandDone = absl::AnyInvocable<void(T) &&>;
+template <typename T>
+using CommandStart = absl::AnyInvocable<void(CommandDone<T>) &&>;
+
 // Runs `start(done)`, which hands `done` to the scheduler, and resumes on
 // this coroutine's executor with the value `done` receives (from any thread).
-template <typename T, typename Start>
-awaitable<T> SchedulerCall(Start start) {
-  auto executor = co_await asio::this_coro::executor;
-  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
-      [executor, start = std::move(start)](auto handler) mutable {
-        start([executor, handler = std::move(handler)](T value) mutable {
+//
+// About the coroutines in this file: GCC 12 destroys the temporaries of a
+// co_await expression twice when the expression suspends. So arguments of a
+// co_await are named objects (moved, or bound by reference) or trivially
+// destructible, never temporaries with resources; that is why the initiation
+// below captures only pointers into this frame.
+template <typename T>
+awaitable<T> SchedulerCall(CommandStart<T> start) {
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  CommandStart<T>* start_ptr = &start;
+  const asio::any_io_executor* executor_ptr = &executor;
+  auto initiation = [start_ptr, executor_ptr](auto handler) {
+    std::move (*start_ptr)(
+        [executor = *executor_ptr, handler = std::move(handler)](T value) mutable {
           asio::post(executor, [handler = std::move(handler), value = std::move(value)]() mutable {
             std::move(handler)(std::move(value));
           });
         });
-      },
-      asio::use_awaitable);
+  };
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
+      initiation, asio::use_awaitable);
 }
 
 int64_t UnixSeconds() {
@@ -205,16 +220,14 @@ struct EngineServer::Impl {
 
   std::string NewRid() { return absl::StrFormat("%016x%016x", random(), random()); }
 
-  awaitable<void> Respond(HttpExchange& ex, HttpResponse response) {
+  // Callers pass named objects (see SchedulerCall's comment).
+  static awaitable<void> RespondError(HttpExchange& ex, const absl::Status& status) {
+    HttpResponse response = ErrorResponse(status);
     (void)co_await ex.Respond(std::move(response));
   }
-  awaitable<void> RespondError(HttpExchange& ex, const absl::Status& status) {
-    HttpResponse response = ErrorResponse(status);
-    co_await Respond(ex, std::move(response));
-  }
-  awaitable<void> RespondJson(HttpExchange& ex, int status, std::string body) {
-    HttpResponse response = JsonResponse(status, std::move(body));
-    co_await Respond(ex, std::move(response));
+  static awaitable<void> RespondJson(HttpExchange& ex, int status, const std::string& body) {
+    HttpResponse response = JsonResponse(status, body);
+    (void)co_await ex.Respond(std::move(response));
   }
 
   awaitable<void> Generate(HttpExchange& ex, ApiRoute route);
@@ -278,7 +291,8 @@ awaitable<void> EngineServer::Impl::Generate(HttpExchange& ex, ApiRoute route) {
     co_return;
   }
   if (request.stream) {
-    if (!(co_await ex.BeginStream(200, EventStreamHeaders())).ok()) {
+    HttpHeaders headers = EventStreamHeaders();
+    if (!(co_await ex.BeginStream(200, std::move(headers))).ok()) {
       scheduler->Abort(*id);
       co_return;
     }
@@ -310,7 +324,8 @@ awaitable<void> EngineServer::Impl::Generate(HttpExchange& ex, ApiRoute route) {
     (void)co_await ex.EndStream();
     co_return;
   }
-  co_await RespondJson(ex, 200, FormatResponse(request, progress, context));
+  const std::string body = FormatResponse(request, progress, context);
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::Pause(HttpExchange& ex) {
@@ -321,36 +336,39 @@ awaitable<void> EngineServer::Impl::Pause(HttpExchange& ex) {
   }
   const PauseMode m = *mode;
   Scheduler* s = scheduler.get();
-  const int64_t affected = co_await SchedulerCall<int64_t>(
-      [s, m](absl::AnyInvocable<void(int64_t) &&> done) { s->Pause(m, std::move(done)); });
-  std::string body =
+  CommandStart<int64_t> pause = [s, m](CommandDone<int64_t> done) { s->Pause(m, std::move(done)); };
+  const int64_t affected = co_await SchedulerCall<int64_t>(std::move(pause));
+  const std::string body =
       SuccessJson(absl::StrCat("generation paused (mode ", AbslView(PauseModeName(m)), "); ",
                                affected, " requests ",
                                m == PauseMode::kAbort     ? "aborted"
                                : m == PauseMode::kRetract ? "retracted"
                                                           : "held in place"),
                   {{"affected_requests", affected}});
-  co_await RespondJson(ex, 200, std::move(body));
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::Continue(HttpExchange& ex) {
   Scheduler* s = scheduler.get();
-  const bool was_paused = co_await SchedulerCall<bool>(
-      [s](absl::AnyInvocable<void(bool) &&> done) { s->Continue(std::move(done)); });
-  co_await RespondJson(ex, 200,
-                       SuccessJson(was_paused ? "generation continues"
-                                              : "generation was not paused; nothing to do"));
+  CommandStart<bool> resume = [s](CommandDone<bool> done) { s->Continue(std::move(done)); };
+  const bool was_paused = co_await SchedulerCall<bool>(std::move(resume));
+  const std::string body =
+      SuccessJson(was_paused ? "generation continues" : "generation was not paused; nothing to do");
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::FlushCache(HttpExchange& ex) {
   Scheduler* s = scheduler.get();
-  const absl::Status status = co_await SchedulerCall<absl::Status>(
-      [s](absl::AnyInvocable<void(absl::Status) &&> done) { s->FlushCache(std::move(done)); });
+  CommandStart<absl::Status> flush = [s](CommandDone<absl::Status> done) {
+    s->FlushCache(std::move(done));
+  };
+  const absl::Status status = co_await SchedulerCall<absl::Status>(std::move(flush));
   if (!status.ok()) {
     co_await RespondError(ex, status);
     co_return;
   }
-  co_await RespondJson(ex, 200, SuccessJson("cache flushed"));
+  const std::string body = SuccessJson("cache flushed");
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::AbortRequests(HttpExchange& ex) {
@@ -361,13 +379,13 @@ awaitable<void> EngineServer::Impl::AbortRequests(HttpExchange& ex) {
   }
   Scheduler* s = scheduler.get();
   AbortRequest request = *std::move(parsed);
-  const int64_t aborted =
-      co_await SchedulerCall<int64_t>([s, request](absl::AnyInvocable<void(int64_t) &&> done) {
-        s->AbortMatching(request.scope, request.rid_prefix, std::move(done));
-      });
-  std::string body =
+  CommandStart<int64_t> abort = [s, request](CommandDone<int64_t> done) {
+    s->AbortMatching(request.scope, request.rid_prefix, std::move(done));
+  };
+  const int64_t aborted = co_await SchedulerCall<int64_t>(std::move(abort));
+  const std::string body =
       SuccessJson(absl::StrCat("aborted ", aborted, " requests"), {{"aborted_requests", aborted}});
-  co_await RespondJson(ex, 200, std::move(body));
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::Health(HttpExchange& ex) {
@@ -384,7 +402,8 @@ awaitable<void> EngineServer::Impl::Health(HttpExchange& ex) {
     co_await RespondError(ex, status);
     co_return;
   }
-  co_await RespondJson(ex, 200, FormatHealth(Status()));
+  const std::string body = FormatHealth(Status());
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::Stage(HttpExchange& ex) {
@@ -402,12 +421,13 @@ awaitable<void> EngineServer::Impl::Stage(HttpExchange& ex) {
   auto stage = [st, &request] { return st->Stage(request); };
   absl::StatusOr<StageResult> result = co_await RunBlocking(*workers, std::move(stage));
   if (!result.ok()) {
-    co_await RespondError(ex, Annotate(result.status(),
-                                       "staging failed, the serving weights "
-                                       "are unchanged"));
+    const absl::Status error =
+        Annotate(result.status(), "staging failed, the serving weights are unchanged");
+    co_await RespondError(ex, error);
     co_return;
   }
-  co_await RespondJson(ex, 200, FormatStageResult(*result));
+  const std::string body = FormatStageResult(*result);
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
@@ -416,12 +436,14 @@ awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
                                            std::chrono::steady_clock::time_point start) {
   Scheduler* s = scheduler.get();
   FaultInjector* f = &faults;
-  absl::StatusOr<SwapResult> swapped = co_await SchedulerCall<absl::StatusOr<SwapResult>>(
+  CommandStart<absl::StatusOr<SwapResult>> swap =
       [s, f, weights = std::move(weights),
-       version](absl::AnyInvocable<void(absl::StatusOr<SwapResult>) &&> done) mutable {
+       version](CommandDone<absl::StatusOr<SwapResult>> done) mutable {
         s->SwapWeights(
             std::move(weights), version, [f] { f->OnCommitPaused(); }, std::move(done));
-      });
+      };
+  absl::StatusOr<SwapResult> swapped =
+      co_await SchedulerCall<absl::StatusOr<SwapResult>>(std::move(swap));
   if (!swapped.ok()) {
     co_await RespondError(ex, swapped.status());
     co_return;
@@ -443,7 +465,8 @@ awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
     absl::MutexLock lock(&mu);
     last_commit = outcome;
   }
-  co_await RespondJson(ex, 200, FormatCommitResult(outcome));
+  const std::string body = FormatCommitResult(outcome);
+  co_await RespondJson(ex, 200, body);
 }
 
 awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
@@ -454,7 +477,8 @@ awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
     co_return;
   }
   if (committing) {
-    co_await RespondError(ex, absl::AbortedError("another commit is in progress; retry after it"));
+    const absl::Status busy = absl::AbortedError("another commit is in progress; retry after it");
+    co_await RespondError(ex, busy);
     co_return;
   }
   committing = true;
@@ -489,16 +513,17 @@ awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
   }
   if (!loaded.ok()) {
     committing = false;
-    co_await RespondError(ex, Annotate(loaded.status(),
-                                       "update_weights_from_disk failed, the "
-                                       "serving weights are unchanged"));
+    const absl::Status error = Annotate(
+        loaded.status(), "update_weights_from_disk failed, the serving weights are unchanged");
+    co_await RespondError(ex, error);
     co_return;
   }
   if (request.abort_all_requests) {
     Scheduler* s = scheduler.get();
-    (void)co_await SchedulerCall<int64_t>([s](absl::AnyInvocable<void(int64_t) &&> done) {
+    CommandStart<int64_t> abort = [s](CommandDone<int64_t> done) {
       s->AbortMatching(Scheduler::AbortScope::kAll, "", std::move(done));
-    });
+    };
+    (void)co_await SchedulerCall<int64_t>(std::move(abort));
   }
   const VersionRef current = scheduler->weight_version();
   VersionRef version = current;
@@ -508,8 +533,8 @@ awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
   } else if (loaded->recorded_version.has_value()) {
     version.version = *loaded->recorded_version;
   }
-  co_await Commit(ex, std::move(loaded->weights), version,
-                  absl::StrCat("disk (", request.model_path.string(), ")"), start);
+  std::string what = absl::StrCat("disk (", request.model_path.string(), ")");
+  co_await Commit(ex, std::move(loaded->weights), version, std::move(what), start);
   committing = false;
 }
 
@@ -521,7 +546,8 @@ awaitable<void> EngineServer::Impl::UpdateFromCpu(HttpExchange& ex) {
     co_return;
   }
   if (committing) {
-    co_await RespondError(ex, absl::AbortedError("another commit is in progress; retry after it"));
+    const absl::Status busy = absl::AbortedError("another commit is in progress; retry after it");
+    co_await RespondError(ex, busy);
     co_return;
   }
   committing = true;
@@ -537,7 +563,8 @@ awaitable<void> EngineServer::Impl::UpdateFromCpu(HttpExchange& ex) {
     co_await RespondError(ex, prepared.status());
     co_return;
   }
-  co_await Commit(ex, std::move(prepared->weights), prepared->version, "the cpu stage", start);
+  std::string what = "the cpu stage";
+  co_await Commit(ex, std::move(prepared->weights), prepared->version, std::move(what), start);
   committing = false;
 }
 
@@ -560,18 +587,22 @@ HttpRouter EngineServer::Impl::Routes() {
              [this](HttpExchange& ex) { return UpdateFromDisk(ex); });
   router.Add("POST", "/update_weights_from_cpu",
              [this](HttpExchange& ex) { return UpdateFromCpu(ex); });
-  auto server_info = [this](HttpExchange& ex) {
-    return RespondJson(ex, 200, FormatServerInfo(Status()));
+  auto server_info = [this](HttpExchange& ex) -> awaitable<void> {
+    const std::string body = FormatServerInfo(Status());
+    co_await RespondJson(ex, 200, body);
   };
   router.Add("GET", "/server_info", server_info);
   router.Add("GET", "/get_server_info", server_info);
-  auto model_info = [this](HttpExchange& ex) {
-    return RespondJson(ex, 200, FormatModelInfo(Status()));
+  auto model_info = [this](HttpExchange& ex) -> awaitable<void> {
+    const std::string body = FormatModelInfo(Status());
+    co_await RespondJson(ex, 200, body);
   };
   router.Add("GET", "/model_info", model_info);
   router.Add("GET", "/get_model_info", model_info);
-  router.Add("GET", "/v1/models",
-             [this](HttpExchange& ex) { return RespondJson(ex, 200, FormatModelList(Status())); });
+  router.Add("GET", "/v1/models", [this](HttpExchange& ex) -> awaitable<void> {
+    const std::string body = FormatModelList(Status());
+    co_await RespondJson(ex, 200, body);
+  });
   return router;
 }
 

@@ -74,12 +74,14 @@ std::optional<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::TryAdmit(
 
 boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::Admit(
     VersionConstraint constraint) {
-  while (open_ == false && terminal_.ok()) {
-    if (!co_await reopened_->Wait()) {
+  while (!open_ && terminal_.ok()) {
+    const bool notified = co_await reopened_->Wait();
+    if (!notified) {
       co_return absl::CancelledError("the request was cancelled while waiting for a commit");
     }
   }
-  co_return Decide(constraint);
+  absl::StatusOr<Ticket> decided = Decide(constraint);
+  co_return decided;
 }
 
 void AdmissionGate::Release(bool exact) {
@@ -119,7 +121,8 @@ boost::asio::awaitable<absl::StatusOr<AdmissionGate::CommitWindow>> AdmissionGat
   CommitWindow window(this);  // reopens on every early return below
   draining_ = scope;
   while (!Drained(scope)) {
-    if (!co_await released_->Wait()) {
+    const bool notified = co_await released_->Wait();
+    if (!notified) {
       co_return absl::CancelledError("the commit was cancelled while requests drained");
     }
     if (!terminal_.ok()) co_return absl::UnavailableError(terminal_.message());

@@ -189,12 +189,13 @@ awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
     case RouteClass::kBlocked: {
       ++counters_.route_blocked;
       std::string path(TargetPath(exchange.request().target));
-      (void)co_await exchange.Respond(JsonResponse(
+      HttpResponse response = JsonResponse(
           403, ErrorBody("RouteBlocked",
                          absl::StrCat(path,
                                       " is an engine control route: the sidecar alone drives the "
                                       "engine, so it is not forwarded"),
-                         false)));
+                         false));
+      (void)co_await exchange.Respond(std::move(response));
       co_return;
     }
     case RouteClass::kOther:
@@ -210,7 +211,10 @@ void VersionedProxy::AbortUpstream(Call& call) {
 
 awaitable<void> VersionedProxy::EngineUnavailable(HttpExchange& exchange, Call* call,
                                                   std::string_view why) {
-  if (call != nullptr) AbortUpstream(*call);
+  if (call != nullptr) {
+    AbortUpstream(*call);
+    call->ticket.reset();
+  }
   ++counters_.engine_unavailable;
   HttpResponse response = JsonResponse(
       503, ErrorBody("EngineUnavailable",
@@ -221,18 +225,22 @@ awaitable<void> VersionedProxy::EngineUnavailable(HttpExchange& exchange, Call* 
   (void)co_await exchange.Respond(std::move(response));
 }
 
+awaitable<void> VersionedProxy::BadRequest(HttpExchange& exchange, std::string message) {
+  ++counters_.bad_requests;
+  HttpResponse response = JsonResponse(400, ErrorBody("BadRequest", message, false));
+  (void)co_await exchange.Respond(std::move(response));
+}
+
 awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute route) {
   ++counters_.versioned_requests;
-  auto bad_request = [&](std::string message) -> awaitable<void> {
-    ++counters_.bad_requests;
-    (void)co_await exchange.Respond(JsonResponse(400, ErrorBody("BadRequest", message, false)));
-  };
-
+  // (Messages are built before co_await: GCC 12 mishandles temporaries of
+  // conditional expressions inside co_await expressions.)
   boost::system::error_code ec;
   json::value parsed = json::parse(exchange.request().body, ec);
   if (ec || !parsed.is_object()) {
-    co_await bad_request(absl::StrCat("the request body must be a JSON object",
-                                      ec ? absl::StrCat(" (", ec.message(), ")") : ""));
+    std::string message = "the request body must be a JSON object";
+    if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
+    co_await BadRequest(exchange, std::move(message));
     co_return;
   }
   json::object& body = parsed.get_object();
@@ -241,7 +249,8 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   if (json::value* wv = body.if_contains("weight_version"); wv != nullptr) {
     auto c = ConstraintFromJsonValue(*wv);
     if (!c.ok()) {
-      co_await bad_request(absl::StrCat("weight_version: ", c.status().message()));
+      std::string message = absl::StrCat("weight_version: ", c.status().message());
+      co_await BadRequest(exchange, std::move(message));
       co_return;
     }
     constraint = *c;
@@ -291,7 +300,8 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
       conflict["applied"] = gate_.serving().ToString();
       conflict["applied_version"] = gate_.serving().version;
       conflict["message"] = std::string(s.message());
-      (void)co_await exchange.Respond(JsonResponse(409, json::serialize(conflict)));
+      HttpResponse response = JsonResponse(409, json::serialize(conflict));
+      (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;
     } else {
@@ -329,7 +339,8 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
       ++counters_.client_disconnects;
       co_return;
     }
-    co_await EngineUnavailable(exchange, &call, std::string(response.status().message()));
+    std::string why(response.status().message());
+    co_await EngineUnavailable(exchange, &call, why);
     co_return;
   }
   HttpResponse out;
@@ -339,6 +350,9 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
   if (out.status == 200 && StampDocument(engine_, call.route, call.ticket->Stamp(), out.body)) {
     out.headers.Set("Content-Type", "application/json");
   }
+  // The generation is over: a slow client reading the answer must not hold
+  // up a commit.
+  call.ticket.reset();
   ++counters_.completed;
   (void)co_await exchange.Respond(std::move(out));
 }
@@ -352,7 +366,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       ++counters_.client_disconnects;
       co_return;
     }
-    co_await EngineUnavailable(exchange, &call, std::string(stream.status().message()));
+    std::string why(stream.status().message());
+    co_await EngineUnavailable(exchange, &call, why);
     co_return;
   }
   const std::optional<std::string_view> type = stream->headers().Get("content-type");
@@ -366,7 +381,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
         ++counters_.client_disconnects;
         co_return;
       }
-      co_await EngineUnavailable(exchange, &call, std::string(body.status().message()));
+      std::string why(body.status().message());
+      co_await EngineUnavailable(exchange, &call, why);
       co_return;
     }
     HttpResponse out;
@@ -374,6 +390,7 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     out.headers = CopyHeaders(stream->headers(), &DropResponseHeader);
     out.body = *std::move(body);
     if (out.status == 200) StampDocument(engine_, call.route, call.ticket->Stamp(), out.body);
+    call.ticket.reset();
     ++counters_.completed;
     (void)co_await exchange.Respond(std::move(out));
     co_return;
@@ -399,9 +416,10 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       // without a proper end of body, so that the client sees the stream as
       // incomplete.
       ++counters_.engine_unavailable;
-      (void)co_await exchange.WriteChunk(SseEvent(
+      std::string event = SseEvent(
           ErrorBody("EngineUnavailable",
-                    absl::StrCat("the engine stream broke: ", chunk.status().message()), true)));
+                    absl::StrCat("the engine stream broke: ", chunk.status().message()), true));
+      (void)co_await exchange.WriteChunk(std::move(event));
       co_return;
     }
     if (chunk->empty()) break;
@@ -418,7 +436,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     }
   }
   if (!splitter.pending().empty()) {
-    (void)co_await exchange.WriteChunk(std::string(splitter.pending()));
+    std::string rest(splitter.pending());
+    (void)co_await exchange.WriteChunk(std::move(rest));
   }
   ++counters_.completed;
   (void)co_await exchange.EndStream();
@@ -438,7 +457,8 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
       co_await exchange.CancelOnDisconnect(client_.Send(options_.engine, std::move(up)));
   if (!response.ok()) {
     if (exchange.disconnected()) co_return;
-    co_await EngineUnavailable(exchange, nullptr, std::string(response.status().message()));
+    std::string why(response.status().message());
+    co_await EngineUnavailable(exchange, nullptr, why);
     co_return;
   }
   HttpResponse out;

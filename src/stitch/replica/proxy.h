@@ -86,6 +86,7 @@ class VersionedProxy {
  private:
   struct Call;
   boost::asio::awaitable<void> HandleVersioned(HttpExchange& exchange, ApiRoute route);
+  boost::asio::awaitable<void> BadRequest(HttpExchange& exchange, std::string message);
   boost::asio::awaitable<void> Forward(HttpExchange& exchange);
   boost::asio::awaitable<void> Relay(HttpExchange& exchange, Call& call);
   boost::asio::awaitable<void> RelayStream(HttpExchange& exchange, Call& call);

@@ -176,7 +176,8 @@ awaitable<void> Reconciler::Loop() {
   wake_pending_ = true;
   while (!stopping_ && terminal_.ok()) {
     while (!wake_pending_ && !stopping_ && terminal_.ok()) {
-      if (!co_await wake_->Wait()) co_return;
+      const bool notified = co_await wake_->Wait();
+      if (!notified) co_return;
     }
     if (stopping_ || !terminal_.ok()) break;
     wake_pending_ = false;

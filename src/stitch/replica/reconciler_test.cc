@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "stitch/core/errors.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/replica/replica_test_util.h"
 #include "stitch/store/mem_store.h"

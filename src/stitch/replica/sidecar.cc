@@ -188,17 +188,19 @@ awaitable<void> Sidecar::Health(HttpExchange& exchange) {
   json::object body;
   body["ready"] = reconciler_->ready();
   if (!reconciler_->ready()) body["reason"] = reconciler_->reason();
-  (void)co_await exchange.Respond(
-      JsonResponse(reconciler_->ready() ? 200 : 503, json::serialize(body)));
+  HttpResponse response = JsonResponse(reconciler_->ready() ? 200 : 503, json::serialize(body));
+  (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> Sidecar::ServerInfo(HttpExchange& exchange) {
-  (void)co_await exchange.Respond(JsonResponse(200, reconciler_->State().ToJson()));
+  HttpResponse response = JsonResponse(200, reconciler_->State().ToJson());
+  (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   reconciler_->Wake();
-  (void)co_await exchange.Respond(JsonResponse(200, reconciler_->State().ToJson()));
+  HttpResponse response = JsonResponse(200, reconciler_->State().ToJson());
+  (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> Sidecar::MetricsRoute(HttpExchange& exchange) {

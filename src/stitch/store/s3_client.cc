@@ -386,12 +386,18 @@ absl::Status S3Client::ErrorFor(const S3Response& r, std::string_view operation,
                                   r.status, code.empty() ? "" : " ", code,
                                   message.empty() ? "" : " (", message, message.empty() ? "" : ")");
   if (r.status == 403) {
-    std::string hint =
-        access_key_id_.empty()
-            ? "no credentials are set: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-        : (code == "AccessDenied" || code.empty())
-            ? "check that the credentials in AWS_ACCESS_KEY_ID may access this bucket"
-            : "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN";
+    std::string hint;
+    if (access_key_id_.empty()) {
+      hint = "no credentials are set: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY";
+    } else if (code == "AccessDenied") {
+      hint = "the credentials in AWS_ACCESS_KEY_ID lack permission on this bucket";
+    } else if (code.empty()) {
+      hint =
+          "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and the "
+          "bucket's permissions";
+    } else {
+      hint = "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN";
+    }
     return absl::PermissionDeniedError(absl::StrCat(what, "; access denied: ", hint));
   }
   if (r.status == 404) {
@@ -408,12 +414,14 @@ absl::Status S3Client::ErrorFor(const S3Response& r, std::string_view operation,
         absl::StrCat(what, "; the bucket is in ", region.empty() ? "another region" : region,
                      ": set ?region= in the store URI or AWS_REGION"));
   }
-  if (r.status == 412)
+  if (r.status == 412) {
     return absl::FailedPreconditionError(absl::StrCat(what, "; precondition failed"));
+  }
   if (r.status == 409) return absl::AbortedError(absl::StrCat(what, "; concurrent change"));
   if (r.status >= 500 || r.status == 429) {
-    return absl::UnavailableError(absl::StrCat(what, "; the service kept failing after ",
-                                               r.attempts, " attempts; retry later"));
+    return absl::UnavailableError(
+        absl::StrCat(what, "; the service kept failing after ", r.attempts,
+                     r.attempts == 1 ? " attempt" : " attempts", "; retry later"));
   }
   return absl::InvalidArgumentError(what);
 }
