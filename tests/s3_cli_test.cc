@@ -2,11 +2,19 @@
 // on a real S3 protocol server, credentials from the AWS_* variables.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <optional>
+#include <utility>
+
+#include <boost/json/parse.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/state.h"
+#include "stitch/net/client.h"
 #include "tests/s3_test_base.h"
+#include "tests/sidecar_process.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/version_dirs.h"
 
@@ -105,6 +113,83 @@ TEST_F(S3CliTest, BadCredentialsAreOneClearLine) {
   EXPECT_TRUE(pointer.err.starts_with("stitch: store s3://")) << pointer.err;
   EXPECT_TRUE(absl::StrContains(pointer.err, "AWS_SECRET_ACCESS_KEY")) << pointer.err;
   EXPECT_EQ(std::count(pointer.err.begin(), pointer.err.end(), '\n'), 1) << pointer.err;
+}
+
+// The whole replica path through S3: the binary claims the run, an engine
+// and its sidecar follow the s3:// pointer, and a FULL then a DELTA version
+// published by the binary are served, each stamped with its version.
+TEST_F(S3CliTest, SidecarFollowsThePointerThroughS3) {
+  constexpr auto kTimeout = std::chrono::seconds(60);
+  const std::string store = Uri();
+  const fs::path base = tmp() / "base";
+  const fs::path out = tmp() / "out";
+  fs::create_directories(out);
+  for (const auto& [dir, seed] :
+       {std::pair{base, 1}, std::pair{tmp() / "ckpt1", 2}, std::pair{tmp() / "ckpt2", 3}}) {
+    ProcessResult init =
+        Stitch({"engine", "init-model", dir.string(), "--layers", "1", "--hidden", "32", "--heads",
+                "2", "--seed", std::to_string(seed), "--max-positions", "256"});
+    ASSERT_EQ(init.exit_code, 0) << init.err;
+  }
+  ProcessResult claim = Stitch({"claim", "--store", store, "--run-id", "r1"});
+  ASSERT_EQ(claim.exit_code, 0) << claim.err;
+
+  ServerProcess engine(
+      {StitchBinary(), "engine", "--model", base.string(), "--port", "0", "--run-id", "r1"});
+  std::optional<std::string> engine_url = engine.WaitForUrl(kTimeout);
+  ASSERT_TRUE(engine_url.has_value()) << engine.err();
+  ServerProcess sidecar({StitchBinary(), "sidecar", "--store", store, "--run-id", "r1", "--engine",
+                         "sglang", "--engine-url", *engine_url, "--base-checkpoint", base.string(),
+                         "--local-checkpoint", (tmp() / "local").string(), "--reconcile-interval",
+                         "0.2", "--port", "0"});
+  std::optional<std::string> url = sidecar.WaitForUrl(kTimeout);
+  ASSERT_TRUE(url.has_value()) << sidecar.err();
+
+  auto serves = [&](int64_t version) {
+    return Eventually(
+        [&] {
+          auto r = HttpFetch("GET", *url + "/server_info");
+          if (!r.ok() || r->status != 200) return false;
+          auto state = ReplicaState::FromJson(r->body);
+          return state.ok() && state->ready && state->applied.has_value() &&
+                 *state->applied == VersionRef{"r1", version} &&
+                 state->sync_state == SyncState::kIdle;
+        },
+        kTimeout);
+  };
+  // The weight_version_start of a greedy generation that demands `constraint`
+  // (-1 when it was refused), and its HTTP status.
+  auto generate = [&](const std::string& constraint) -> std::pair<int, int64_t> {
+    auto r = HttpFetch("POST", *url + "/generate",
+                       absl::StrCat(R"({"text":"hi","sampling_params":{"max_new_tokens":4,)",
+                                    R"("temperature":0},"weight_version":)", constraint, "}"));
+    if (!r.ok()) return {0, -1};
+    if (r->status != 200) return {r->status, -1};
+    boost::json::value v = boost::json::parse(r->body);
+    return {r->status, v.at("meta_info").at("weight_version_start").as_int64()};
+  };
+  ASSERT_TRUE(serves(0)) << sidecar.err();
+
+  const std::string v1 = (out / "weight_v000001").string();
+  ProcessResult full = Stitch({"delta", "full", "--checkpoint", (tmp() / "ckpt1").string(), "--out",
+                               v1, "--version", "1", "--run-id", "r1"});
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  ProcessResult publish1 = Stitch(
+      {"publish", "--store", store, "--run-id", "r1", "--pool", absl::StrCat("static:", *url), v1});
+  ASSERT_EQ(publish1.exit_code, 0) << publish1.err;
+  ASSERT_TRUE(serves(1)) << sidecar.err();
+  EXPECT_EQ(generate(R"({"exact_version":1})"), (std::pair<int, int64_t>{200, 1}));
+
+  const std::string v2 = (out / "weight_v000002").string();
+  ProcessResult encode = Stitch({"delta", "encode", "--base", (tmp() / "ckpt1").string(),
+                                 "--target", (tmp() / "ckpt2").string(), "--out", v2, "--version",
+                                 "2", "--base-version", "1", "--run-id", "r1"});
+  ASSERT_EQ(encode.exit_code, 0) << encode.err;
+  ProcessResult publish2 = Stitch({"publish", "--store", store, "--run-id", "r1", v2});
+  ASSERT_EQ(publish2.exit_code, 0) << publish2.err;
+  ASSERT_TRUE(serves(2)) << sidecar.err();
+  EXPECT_EQ(generate(R"({"min_version":2})"), (std::pair<int, int64_t>{200, 2}));
+  EXPECT_EQ(generate(R"({"exact_version":1})").first, 409);
 }
 
 }  // namespace

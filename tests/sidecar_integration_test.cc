@@ -32,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
+using ::stitch::testing::Eventually;
 using ::stitch::testing::ProcessResult;
 using ::stitch::testing::ServerProcess;
 using ::stitch::testing::TempDir;
@@ -45,16 +46,6 @@ json::object Parse(const std::string& text) {
   json::value v = json::parse(text, ec);
   EXPECT_FALSE(ec) << text;
   return v.is_object() ? v.get_object() : json::object();
-}
-
-// Polls `condition` (an HTTP query, say) until it holds or `timeout` passes.
-bool Eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
 }
 
 struct FleetOptions {

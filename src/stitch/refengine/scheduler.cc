@@ -79,6 +79,7 @@ Scheduler::~Scheduler() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  if (options_.on_stopping) options_.on_stopping();
   thread_.join();
   // The thread is gone: this thread may now do its work. Commands posted
   // but not run still get their answers.

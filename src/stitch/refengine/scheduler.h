@@ -133,6 +133,9 @@ struct SchedulerOptions {
   // iteration, before it runs commands; it may block to hold the scheduler
   // between two steps.
   std::function<void()> before_iteration;
+  // For tests: called by the destructor once the scheduler thread has been
+  // told to stop (before joining it).
+  std::function<void()> on_stopping;
 
   // InvalidArgument naming the field: max_running >= 1, max_queued >= 0,
   // prefill_chunk >= 0, positive idle_tick and stall_timeout.

@@ -304,16 +304,20 @@ awaitable<void> EngineServer::Impl::Generate(HttpExchange& ex, ApiRoute route) {
       scheduler->Abort(*id);
       co_return;
     }
+    // Updates that queued while this coroutine waited each still get their
+    // own events (like SGLang with stream_interval 1): a slow event loop
+    // writes them in one chunk, never merges them.
+    std::string chunk;
     while (!channel->updates().empty()) {
       progress.Apply(std::move(channel->updates().front()));
       channel->updates().pop_front();
+      if (progress.finish.has_value()) progress.e2e_latency_seconds = SecondsSince(start);
+      if (!request.stream) continue;
+      for (const std::string& event : FormatStreamEvents(request, progress, &cursor, context)) {
+        chunk += SseEvent(event);
+      }
     }
-    if (progress.finish.has_value()) progress.e2e_latency_seconds = SecondsSince(start);
     if (!request.stream) continue;
-    std::string chunk;
-    for (const std::string& event : FormatStreamEvents(request, progress, &cursor, context)) {
-      chunk += SseEvent(event);
-    }
     if (progress.finish.has_value()) chunk += SseEvent("[DONE]");
     if (!(co_await ex.WriteChunk(std::move(chunk))).ok()) {
       scheduler->Abort(*id);
