@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 
 namespace stitch {
 namespace {
@@ -26,21 +27,7 @@ constexpr DType kAllDTypes[] = {DType::kBool, DType::kU8,     DType::kI8,    DTy
                                 DType::kI32,  DType::kF32,    DType::kU64,   DType::kI64,
                                 DType::kF64,  DType::kF8E4M3, DType::kF8E5M2};
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "safetensors_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using ::stitch::testing::TempDir;
 
 std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

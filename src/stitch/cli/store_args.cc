@@ -1,0 +1,32 @@
+#include "stitch/cli/store_args.h"
+
+#include <utility>
+
+namespace stitch {
+
+void AddStoreOptions(CLI::App* cmd, StoreArgs* args, const std::string& run_id_help) {
+  cmd->add_option("--store", args->store,
+                  "Store URI: a path, file:///abs/path, mem://NAME or "
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")
+      ->required();
+  cmd->add_option("--run-id", args->run_id, run_id_help)->required();
+  cmd->add_option("--pool", args->pool,
+                  "Replicas to wake: static:URL,URL,..., file:PATH or dns:NAME:PORT");
+  cmd->add_option("--cache-dir", args->cache_dir,
+                  "Where remote (s3://) stores download versions (unused by local stores)");
+}
+
+absl::StatusOr<OpenedStore> OpenStoreArgs(const StoreArgs& args) {
+  OpenedStore opened;
+  auto store = OpenStore(args.store, StoreOptions{args.run_id, args.cache_dir});
+  if (!store.ok()) return store.status();
+  opened.store = *std::move(store);
+  if (!args.pool.empty()) {
+    auto pool = MakePool(args.pool);
+    if (!pool.ok()) return pool.status();
+    opened.pool = *std::move(pool);
+  }
+  return opened;
+}
+
+}  // namespace stitch
