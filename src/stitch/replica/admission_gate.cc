@@ -10,7 +10,7 @@ namespace stitch {
 
 using replica_internal::LoopSignal;
 
-AdmissionGate::AdmissionGate(boost::asio::any_io_executor loop, VersionRef serving)
+AdmissionGate::AdmissionGate(const boost::asio::any_io_executor& loop, VersionRef serving)
     : serving_(std::move(serving)),
       reopened_(std::make_unique<LoopSignal>(loop)),
       released_(std::make_unique<LoopSignal>(loop)) {}
@@ -55,9 +55,14 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
   if (!constraint.SatisfiedBy(serving_.version)) {
     ++rejected_not_ready_total_;
     if (on_reject_) on_reject_();
+    // An exact pin below the served version will never be served here again
+    // (versions only move forward); another replica may still hold it.
+    const bool passed = constraint.is_exact() && *constraint.exact_version < serving_.version;
     return WithKind(absl::FailedPreconditionError(absl::StrCat(
                         "this replica serves ", serving_.ToString(), ", which does not satisfy ",
-                        constraint.ToString(), "; it is catching up, retry shortly")),
+                        constraint.ToString(),
+                        passed ? "; it has moved past that version, retry on another replica"
+                               : "; it is catching up, retry shortly")),
                     ErrorKind::kVersionNotReady);
   }
   ++admitted_total_;

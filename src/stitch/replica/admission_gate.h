@@ -48,7 +48,7 @@ enum class DrainScope {
 class AdmissionGate {
  public:
   // `serving` is what the engine serves when the gate opens.
-  AdmissionGate(boost::asio::any_io_executor loop, VersionRef serving);
+  AdmissionGate(const boost::asio::any_io_executor& loop, VersionRef serving);
   ~AdmissionGate();
   AdmissionGate(const AdmissionGate&) = delete;
   AdmissionGate& operator=(const AdmissionGate&) = delete;
