@@ -37,7 +37,7 @@ bool IsDirectory(const fs::path& p) {
 
 }  // namespace
 
-absl::StatusOr<StagePlan> PlanStage(const StageRequest& request, std::optional<int64_t> held) {
+absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request, std::optional<int64_t> held) {
   const int64_t base = request.base_version;
   const int64_t target = request.target_version;
   if (target < base) {
@@ -45,7 +45,7 @@ absl::StatusOr<StagePlan> PlanStage(const StageRequest& request, std::optional<i
         absl::StrCat("target_version ", target, " is below base_version ", base,
                      "; a checkpoint only moves forward from its base"));
   }
-  StagePlan plan;
+  WeightStagePlan plan;
   if (!request.checkpoint_source_dir.has_value()) {
     if (target != base) {
       return absl::InvalidArgumentError(
@@ -164,7 +164,7 @@ absl::StatusOr<StageResult> WeightStager::StageDisk(const StageRequest& request)
     return absl::InvalidArgumentError("destination disk needs local_checkpoint_dir");
   }
   if (absl::Status s = CheckConfig(request.base_checkpoint_dir); !s.ok()) return s;
-  absl::StatusOr<StagePlan> plan = PlanStage(request, std::nullopt);
+  absl::StatusOr<WeightStagePlan> plan = PlanStage(request, std::nullopt);
   if (!plan.ok()) return plan.status();
 
   ApplyOptions options;
@@ -206,7 +206,7 @@ absl::StatusOr<StageResult> WeightStager::StageCpu(const StageRequest& request) 
       image_version->version <= request.target_version) {
     held = image_version->version;
   }
-  absl::StatusOr<StagePlan> plan = PlanStage(request, held);
+  absl::StatusOr<WeightStagePlan> plan = PlanStage(request, held);
   if (!plan.ok()) return plan.status();
 
   ApplyOptions apply;

@@ -74,7 +74,7 @@ struct StageResult {
 };
 
 // Where a target's bytes come from: an anchor and the DELTAs after it.
-struct StagePlan {
+struct WeightStagePlan {
   std::filesystem::path anchor_dir;  // "" when the anchor is the held version
   int64_t anchor_version = 0;
   bool anchor_is_held = false;
@@ -86,7 +86,7 @@ struct StagePlan {
 // Errors: InvalidArgument for a target below the base or a malformed index,
 // NotFound naming the version directory the chain needs but the source
 // lacks, InvalidArgument for a DELTA whose base is not the version below it.
-[[nodiscard]] absl::StatusOr<StagePlan> PlanStage(const StageRequest& request,
+[[nodiscard]] absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
                                                   std::optional<int64_t> held);
 
 // The cpu destination's result, ready to swap in.

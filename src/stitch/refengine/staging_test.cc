@@ -79,17 +79,17 @@ class StagingTest : public ::testing::Test {
 };
 
 TEST_F(StagingTest, PlansFromTheNewestAnchorAtOrBelowTheTarget) {
-  absl::StatusOr<StagePlan> two = PlanStage(Request(2, StageDestination::kCpu), std::nullopt);
+  absl::StatusOr<WeightStagePlan> two = PlanStage(Request(2, StageDestination::kCpu), std::nullopt);
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(two->anchor_dir, boot_);
   EXPECT_EQ(two->anchor_version, 0);
   EXPECT_EQ(two->deltas.size(), 2u);
-  absl::StatusOr<StagePlan> four = PlanStage(Request(4, StageDestination::kCpu), std::nullopt);
+  absl::StatusOr<WeightStagePlan> four = PlanStage(Request(4, StageDestination::kCpu), std::nullopt);
   ASSERT_TRUE(four.ok()) << four.status();
   EXPECT_EQ(four->anchor_dir, updates_ / "weight_v000003");
   ASSERT_EQ(four->deltas.size(), 1u);
   EXPECT_EQ(four->deltas[0], updates_ / "weight_v000004");
-  absl::StatusOr<StagePlan> held = PlanStage(Request(2, StageDestination::kCpu), 1);
+  absl::StatusOr<WeightStagePlan> held = PlanStage(Request(2, StageDestination::kCpu), 1);
   ASSERT_TRUE(held.ok());
   EXPECT_TRUE(held->anchor_is_held);
   EXPECT_EQ(held->deltas.size(), 1u);
