@@ -318,12 +318,16 @@ TEST_F(SchedulerTest, AbortsByRidPrefixAndAll) {
   EXPECT_EQ(s->stats().requests_aborted, 3u);
 }
 
-// Holds the scheduler once `request` produced `k` tokens, pauses it there,
-// and returns; the request is then resident with exactly k tokens.
+// Submits `r`, holds the scheduler once it produced `k` tokens, pauses it
+// there, and returns; the request is then resident with exactly k tokens.
+// The gate is armed before the request exists: a small model generates
+// faster than a test thread can arm it afterwards.
 class InFlightTest : public SchedulerTest {
  protected:
-  void PauseAfter(Scheduler& s, const Collector& c, size_t k, PauseMode mode) {
+  void SubmitAndPauseAfter(Scheduler& s, const GenerationRequest& r, Collector& c, size_t k,
+                           PauseMode mode) {
     gate_.Arm([&c, k] { return c.size() >= k; });
+    ASSERT_TRUE(s.Submit(r, c.Sink()).ok());
     ASSERT_TRUE(gate_.WaitHeld());
     Waiter<int64_t> paused;
     s.Pause(mode, paused.Callback());
@@ -337,8 +341,7 @@ TEST_F(InFlightTest, InPlacePauseAndSwapContinueOnTheNewWeights) {
   auto s = Make();
   GenerationRequest r = Request(EncodeText("in flight", BosMode::kPrepend), 40, 0.0f, 0);
   Collector c;
-  ASSERT_TRUE(s->Submit(r, c.Sink()).ok());
-  PauseAfter(*s, c, 6, PauseMode::kInPlace);
+  SubmitAndPauseAfter(*s, r, c, 6, PauseMode::kInPlace);
   EXPECT_EQ(s->stats().running, 1);
 
   Waiter<absl::StatusOr<SwapResult>> swapped;
@@ -369,8 +372,7 @@ TEST_F(InFlightTest, RetractRecomputesUnderTheWeightsCurrentAtContinue) {
   auto s = Make();
   GenerationRequest r = Request(EncodeText("retract", BosMode::kPrepend), 30, 0.7f, 11);
   Collector c;
-  ASSERT_TRUE(s->Submit(r, c.Sink()).ok());
-  PauseAfter(*s, c, 9, PauseMode::kRetract);
+  SubmitAndPauseAfter(*s, r, c, 9, PauseMode::kRetract);
   EXPECT_EQ(s->stats().running, 0);
   EXPECT_EQ(s->stats().queued, 1);
   Waiter<absl::StatusOr<SwapResult>> swapped;
@@ -387,8 +389,8 @@ TEST_F(InFlightTest, RetractRecomputesUnderTheWeightsCurrentAtContinue) {
 TEST_F(InFlightTest, AbortPauseEndsRunningRequests) {
   auto s = Make();
   Collector c;
-  ASSERT_TRUE(s->Submit(Request({65, 66}, 100, 0, 0), c.Sink()).ok());
   gate_.Arm([&c] { return c.size() >= 3; });
+  ASSERT_TRUE(s->Submit(Request({65, 66}, 100, 0, 0), c.Sink()).ok());
   ASSERT_TRUE(gate_.WaitHeld());
   Waiter<int64_t> paused;
   s->Pause(PauseMode::kAbort, paused.Callback());

@@ -37,7 +37,8 @@ bool IsDirectory(const fs::path& p) {
 
 }  // namespace
 
-absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request, std::optional<int64_t> held) {
+absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
+                                          std::optional<int64_t> held) {
   const int64_t base = request.base_version;
   const int64_t target = request.target_version;
   if (target < base) {

@@ -87,7 +87,7 @@ struct WeightStagePlan {
 // NotFound naming the version directory the chain needs but the source
 // lacks, InvalidArgument for a DELTA whose base is not the version below it.
 [[nodiscard]] absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
-                                                  std::optional<int64_t> held);
+                                                        std::optional<int64_t> held);
 
 // The cpu destination's result, ready to swap in.
 struct PreparedWeights {

@@ -84,7 +84,8 @@ TEST_F(StagingTest, PlansFromTheNewestAnchorAtOrBelowTheTarget) {
   EXPECT_EQ(two->anchor_dir, boot_);
   EXPECT_EQ(two->anchor_version, 0);
   EXPECT_EQ(two->deltas.size(), 2u);
-  absl::StatusOr<WeightStagePlan> four = PlanStage(Request(4, StageDestination::kCpu), std::nullopt);
+  absl::StatusOr<WeightStagePlan> four =
+      PlanStage(Request(4, StageDestination::kCpu), std::nullopt);
   ASSERT_TRUE(four.ok()) << four.status();
   EXPECT_EQ(four->anchor_dir, updates_ / "weight_v000003");
   ASSERT_EQ(four->deltas.size(), 1u);
