@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/state.h"
 #include "stitch/net/client.h"
+#include "stitch/net/net_test_util.h"
 #include "tests/s3_test_base.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/subprocess.h"

@@ -22,6 +22,7 @@
 #include "stitch/core/version.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
+#include "stitch/net/net_test_util.h"
 #include "stitch/net/sse.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/subprocess.h"

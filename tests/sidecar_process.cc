@@ -12,15 +12,6 @@
 
 namespace stitch::testing {
 
-bool Eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
 ServerProcess::ServerProcess(std::vector<std::string> argv)
     : name_(argv.size() > 1 ? argv[1] : std::string()) {
   RunningProcess p = StartProcess(argv);

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -14,10 +13,6 @@
 #include <vector>
 
 namespace stitch::testing {
-
-// Polls `condition` (an HTTP query, say) every 20 ms until it holds (true)
-// or `timeout` passes (false).
-bool Eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
 
 class ServerProcess {
  public:

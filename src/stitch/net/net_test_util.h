@@ -44,6 +44,17 @@ inline bool WaitUntil(const std::function<bool()>& condition,
   return true;
 }
 
+// Polls `condition` (an HTTP query, another process's state) every 10 ms
+// until it holds (true) or `timeout` passes (false).
+inline bool Eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 inline void SetReceiveTimeout(int fd) {
   timeval tv{};
   tv.tv_sec = std::chrono::duration_cast<std::chrono::seconds>(kSafetyTimeout).count();
