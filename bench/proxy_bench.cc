@@ -28,6 +28,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "http_load.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
@@ -66,81 +67,17 @@ struct Result {
   double rps() const { return seconds > 0 ? static_cast<double>(ok) / seconds : 0; }
 };
 
-struct WorkerStats {
-  std::vector<double> latencies_ms;
-  uint64_t errors = 0;
-  std::string first_error;
-};
-
-// One connection's worth of load: sequential requests until `stop`.
-awaitable<void> Worker(HttpClient& client, HttpOrigin origin, const std::atomic<bool>& stop,
-                       const std::atomic<bool>& measuring, WorkerStats& stats,
-                       std::atomic<int>& running) {
-  HttpRequest request;
-  request.method = "POST";
-  request.target = "/generate";
-  request.headers.Set("Content-Type", "application/json");
-  request.body =
-      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":0}})";
-  while (!stop.load(std::memory_order_relaxed)) {
-    const auto start = Clock::now();
-    auto response = co_await client.Send(origin, request);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    if (!measuring.load(std::memory_order_relaxed)) continue;
-    if (!response.ok() || response->status != 200) {
-      if (stats.errors++ == 0) {
-        stats.first_error = response.ok()
-                                ? "HTTP " + std::to_string(response->status) + " " + response->body
-                                : std::string(response.status().message());
-      }
-      continue;
-    }
-    stats.latencies_ms.push_back(ms);
-  }
-  running.fetch_sub(1);
-}
-
 Result Measure(const HttpOrigin& origin, int connections, double seconds) {
-  EventLoop loop;
-  ClientOptions options;
-  options.max_idle_per_origin = static_cast<size_t>(connections) + 16;
-  options.request_timeout = std::chrono::seconds(30);
-  HttpClient client(loop.executor(), options);
-  std::atomic<bool> stop{false};
-  std::atomic<bool> measuring{false};
-  std::atomic<int> running{connections};
-  std::vector<WorkerStats> stats(static_cast<size_t>(connections));
-  for (int i = 0; i < connections; ++i) {
-    boost::asio::co_spawn(
-        loop.executor(),
-        Worker(client, origin, stop, measuring, stats[static_cast<size_t>(i)], running),
-        boost::asio::detached);
-  }
-  // Warm up (connections open, caches fill), then measure.
-  const auto warmup = std::chrono::duration<double>(std::min(0.5, seconds / 4));
-  std::this_thread::sleep_for(warmup);
-  measuring = true;
-  const auto start = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  measuring = false;
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  stop = true;
-  while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-
+  const bench::LoadResult load = bench::RunLoad(
+      origin, connections, seconds,
+      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":0}})");
   Result r;
-  r.seconds = elapsed;
-  std::vector<double> all;
-  for (WorkerStats& s : stats) {
-    all.insert(all.end(), s.latencies_ms.begin(), s.latencies_ms.end());
-    if (s.errors > 0 && r.first_error.empty()) r.first_error = s.first_error;
-    r.errors += s.errors;
-  }
-  r.ok = all.size();
-  if (!all.empty()) {
-    std::sort(all.begin(), all.end());
-    r.p50_ms = all[all.size() / 2];
-    r.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  }
+  r.seconds = load.seconds;
+  r.ok = load.latencies_us.size();
+  r.errors = load.errors;
+  r.first_error = load.first_error;
+  r.p50_ms = load.quantile(0.5) / 1000;
+  r.p99_ms = load.quantile(0.99) / 1000;
   return r;
 }
 

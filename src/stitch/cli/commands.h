@@ -16,5 +16,8 @@ void AddPointerCommand(CLI::App& app, int* exit_code);
 void AddDeltaCommand(CLI::App& app, int* exit_code);
 void AddEngineCommand(CLI::App& app, int* exit_code);
 void AddSidecarCommand(CLI::App& app, int* exit_code);
+void AddGatewayCommand(CLI::App& app, int* exit_code);
+// status, wait-ready and smoke.
+void AddFleetCommands(CLI::App& app, int* exit_code);
 
 }  // namespace stitch

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   stitch::AddDeltaCommand(app, &exit_code);
   stitch::AddEngineCommand(app, &exit_code);
   stitch::AddSidecarCommand(app, &exit_code);
+  stitch::AddGatewayCommand(app, &exit_code);
+  stitch::AddFleetCommands(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,6 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/pool/dns_pool.h"
+#include "stitch/pool/file_pool.h"
 #include "stitch/pool/static_pool.h"
 
 namespace stitch {
@@ -134,10 +136,34 @@ absl::StatusOr<std::unique_ptr<Pool>> MakePool(std::string_view spec, const Wake
     if (!pool.ok()) return pool.status();
     return std::unique_ptr<Pool>(*std::move(pool));
   }
+  if (absl::StartsWith(text, "file:")) {
+    auto pool = FilePool::Parse(spec, options);
+    if (!pool.ok()) return pool.status();
+    return std::unique_ptr<Pool>(*std::move(pool));
+  }
+  if (absl::StartsWith(text, "dns:")) {
+    auto pool = DnsPool::Parse(spec, options);
+    if (!pool.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(pool.status().message(),
+                                                     " (supported: static:URL,URL,..., file:PATH, "
+                                                     "dns:NAME:PORT)"));
+    }
+    return std::unique_ptr<Pool>(*std::move(pool));
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("pool spec \"", absl::CEscape(text),
-                   "\" is not supported; use static:URL,URL,... or a comma-separated list of "
-                   "http(s) replica URLs"));
+                   "\" is not supported; use static:URL,URL,..., file:PATH (one URL per line), "
+                   "dns:NAME:PORT, or a comma-separated list of http(s) replica URLs"));
+}
+
+int WakeDiscovered(Pool& pool, const WakeOptions& options) {
+  auto urls = pool.Discover();
+  if (!urls.ok()) {
+    spdlog::warn("wake {}: {}; the replicas will still catch up on their own", pool.spec(),
+                 std::string(urls.status().message()));
+    return 0;
+  }
+  return WakeReplicas(*urls, options);
 }
 
 }  // namespace stitch

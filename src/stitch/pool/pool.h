@@ -48,9 +48,15 @@ struct WakeOptions {
 // Pool::Wake describes. Shared by the Pool adapters.
 int WakeReplicas(const std::vector<std::string>& urls, const WakeOptions& options);
 
+// Discovers `pool`'s replicas and wakes them with WakeReplicas; a failed
+// discovery is logged and wakes nobody (returns 0).
+int WakeDiscovered(Pool& pool, const WakeOptions& options);
+
 // Makes the pool a spec names:
 //   static:URL,URL,...    a fixed list of replica base URLs
 //   URL,URL,...           the same, when every entry is an http(s) URL
+//   file:PATH             one URL per line of a file, re-read when it changes
+//   dns:NAME:PORT         every A/AAAA record of NAME, at PORT
 // Errors (InvalidArgument) name the offending entry and list the supported
 // forms.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Pool>> MakePool(std::string_view spec,

@@ -14,6 +14,23 @@
 
 namespace stitch {
 
+absl::StatusOr<std::string> NormalizeReplicaUrl(std::string_view entry_view) {
+  const absl::string_view entry = AbslView(entry_view);
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("pool spec: \"", absl::CEscape(entry), "\" ",
+                                                   why, "; expected http://host:port"));
+  };
+  auto parsed = boost::urls::parse_absolute_uri(entry_view);
+  if (!parsed) return bad(absl::StrCat("is not a URL (", parsed.error().message(), ")"));
+  std::string scheme = absl::AsciiStrToLower(std::string(parsed->scheme()));
+  if (scheme != "http" && scheme != "https") return bad("is not an http(s) URL");
+  if (!parsed->has_authority() || parsed->encoded_host().empty()) return bad("has no host");
+  if (parsed->has_query() || parsed->has_fragment()) return bad("has a query or fragment");
+  std::string url(parsed->buffer());
+  while (url.ends_with('/')) url.pop_back();
+  return url;
+}
+
 absl::StatusOr<std::unique_ptr<StaticPool>> StaticPool::Parse(std::string_view spec,
                                                               const WakeOptions& options) {
   absl::string_view list = AbslView(spec);
@@ -22,19 +39,9 @@ absl::StatusOr<std::unique_ptr<StaticPool>> StaticPool::Parse(std::string_view s
   for (absl::string_view entry : absl::StrSplit(list, ',')) {
     entry = absl::StripAsciiWhitespace(entry);
     if (entry.empty()) continue;
-    auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat("pool spec: \"", absl::CEscape(entry), "\" ",
-                                                     why, "; expected http://host:port"));
-    };
-    auto parsed = boost::urls::parse_absolute_uri(std::string_view(entry.data(), entry.size()));
-    if (!parsed) return bad(absl::StrCat("is not a URL (", parsed.error().message(), ")"));
-    std::string scheme = absl::AsciiStrToLower(std::string(parsed->scheme()));
-    if (scheme != "http" && scheme != "https") return bad("is not an http(s) URL");
-    if (!parsed->has_authority() || parsed->encoded_host().empty()) return bad("has no host");
-    if (parsed->has_query() || parsed->has_fragment()) return bad("has a query or fragment");
-    std::string url(parsed->buffer());
-    while (url.ends_with('/')) url.pop_back();
-    if (std::find(urls.begin(), urls.end(), url) == urls.end()) urls.push_back(std::move(url));
+    auto url = NormalizeReplicaUrl(std::string_view(entry.data(), entry.size()));
+    if (!url.ok()) return url.status();
+    if (std::find(urls.begin(), urls.end(), *url) == urls.end()) urls.push_back(*std::move(url));
   }
   if (urls.empty()) {
     return absl::InvalidArgumentError(

@@ -11,6 +11,11 @@
 
 namespace stitch {
 
+// Checks one replica URL: an absolute http or https URL with a host and no
+// query or fragment. Returns it without trailing slashes. Errors
+// (InvalidArgument) quote the entry and say what is expected.
+[[nodiscard]] absl::StatusOr<std::string> NormalizeReplicaUrl(std::string_view entry);
+
 class StaticPool final : public Pool {
  public:
   // Parses "static:URL,URL,..." or a bare "URL,URL,..." list. Each URL must

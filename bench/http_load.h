@@ -1,0 +1,114 @@
+// A closed-loop HTTP load generator shared by the benchmarks: `connections`
+// coroutines on one event loop, each sending POST /generate with `body` again
+// as soon as its previous answer arrives. Header-only: benchmarks are single
+// files.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+
+namespace stitch::bench {
+
+struct LoadResult {
+  double seconds = 0;
+  std::vector<double> latencies_us;  // of the answered (200) requests, sorted
+  uint64_t errors = 0;
+  std::string first_error;
+
+  double rps() const {
+    return seconds > 0 ? static_cast<double>(latencies_us.size()) / seconds : 0;
+  }
+  double mean() const {
+    if (latencies_us.empty()) return 0;
+    return std::accumulate(latencies_us.begin(), latencies_us.end(), 0.0) /
+           static_cast<double>(latencies_us.size());
+  }
+  double quantile(double q) const {
+    if (latencies_us.empty()) return 0;
+    const auto i = static_cast<size_t>(q * static_cast<double>(latencies_us.size()));
+    return latencies_us[std::min(latencies_us.size() - 1, i)];
+  }
+};
+
+namespace internal {
+
+inline boost::asio::awaitable<void> LoadWorker(HttpClient& client, HttpOrigin origin,
+                                               const std::string& body,
+                                               const std::atomic<bool>& stop,
+                                               const std::atomic<bool>& measuring,
+                                               LoadResult& result, std::atomic<int>& running) {
+  HttpRequest request;
+  request.method = "POST";
+  request.target = "/generate";
+  request.headers.Set("Content-Type", "application/json");
+  request.body = body;
+  while (!stop.load(std::memory_order_relaxed)) {
+    const auto start = std::chrono::steady_clock::now();
+    auto response = co_await client.Send(origin, request);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    if (!measuring.load(std::memory_order_relaxed)) continue;
+    if (!response.ok() || response->status != 200) {
+      if (result.errors++ == 0) {
+        result.first_error = response.ok()
+                                 ? absl::StrCat("HTTP ", response->status, " ", response->body)
+                                 : std::string(response.status().message());
+      }
+      continue;
+    }
+    result.latencies_us.push_back(us);
+  }
+  running.fetch_sub(1);
+}
+
+}  // namespace internal
+
+// Warms up for min(0.5 s, seconds / 4), then measures for `seconds`.
+inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seconds,
+                          const std::string& body) {
+  EventLoop loop;
+  ClientOptions options;
+  options.max_idle_per_origin = static_cast<size_t>(connections) + 16;
+  options.request_timeout = std::chrono::seconds(30);
+  HttpClient client(loop.executor(), options);
+  std::atomic<bool> stop{false};
+  std::atomic<bool> measuring{false};
+  std::atomic<int> running{connections};
+  std::vector<LoadResult> per(static_cast<size_t>(connections));
+  for (LoadResult& p : per) {
+    boost::asio::co_spawn(loop.executor(),
+                          internal::LoadWorker(client, origin, body, stop, measuring, p, running),
+                          boost::asio::detached);
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.5, seconds / 4)));
+  measuring = true;
+  const auto start = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  measuring = false;
+  LoadResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stop = true;
+  while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  for (LoadResult& p : per) {
+    r.latencies_us.insert(r.latencies_us.end(), p.latencies_us.begin(), p.latencies_us.end());
+    if (p.errors > 0 && r.first_error.empty()) r.first_error = p.first_error;
+    r.errors += p.errors;
+  }
+  std::sort(r.latencies_us.begin(), r.latencies_us.end());
+  return r;
+}
+
+}  // namespace stitch::bench

@@ -1,0 +1,393 @@
+// Fleet tools: `stitch status`, `stitch wait-ready` and `stitch smoke`, for
+// operators and launch scripts looking at a pool of replicas, directly or
+// through a gateway.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stitch/cli/commands.h"
+#include "stitch/cli/report.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/json.h"
+#include "stitch/core/state.h"
+#include "stitch/net/client.h"
+#include "stitch/pool/pool.h"
+#include "stitch/store/store.h"
+
+namespace stitch {
+namespace {
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kProbeTimeout = std::chrono::seconds(3);
+constexpr size_t kProbeConcurrency = 32;
+
+std::string TrimSlash(std::string url) {
+  while (url.ends_with('/')) url.pop_back();
+  return url;
+}
+
+// What one replica says about itself through /server_info.
+ReplicaStatus Probe(const std::string& url) {
+  ReplicaStatus s;
+  s.url = url;
+  FetchOptions options;
+  options.timeout = kProbeTimeout;
+  auto response = HttpFetch("GET", url + "/server_info", {}, options);
+  if (!response.ok()) {
+    s.last_error = std::string(response.status().message());
+    return s;
+  }
+  if (response->status != 200) {
+    s.last_error = absl::StrCat("/server_info answered HTTP ", response->status);
+    return s;
+  }
+  auto state = ReplicaState::FromJson(response->body);
+  if (!state.ok()) {
+    s.last_error = absl::StrCat("/server_info: ", state.status().message());
+    return s;
+  }
+  s.reachable = true;
+  s.state = *std::move(state);
+  s.in_flight = s.state.active_requests;
+  if (!s.state.ready) s.last_error = s.state.reason;
+  return s;
+}
+
+// Probes every URL, a bounded number at a time.
+std::vector<ReplicaStatus> ProbeAll(const std::vector<std::string>& urls) {
+  std::vector<ReplicaStatus> out;
+  out.reserve(urls.size());
+  for (size_t start = 0; start < urls.size(); start += kProbeConcurrency) {
+    std::vector<std::future<ReplicaStatus>> batch;
+    for (size_t i = start; i < std::min(urls.size(), start + kProbeConcurrency); ++i) {
+      batch.push_back(std::async(std::launch::async, [&urls, i] { return Probe(urls[i]); }));
+    }
+    for (auto& f : batch) out.push_back(f.get());
+  }
+  return out;
+}
+
+absl::StatusOr<PoolState> FromPool(const std::string& spec) {
+  auto pool = MakePool(spec);
+  if (!pool.ok()) return Annotate(pool.status(), "--pool");
+  auto urls = (*pool)->Discover();
+  if (!urls.ok()) return Annotate(urls.status(), "--pool");
+  PoolState state;
+  state.replicas = ProbeAll(*urls);
+  return state;
+}
+
+absl::StatusOr<PoolState> FromGateway(const std::string& gateway) {
+  FetchOptions options;
+  options.timeout = kProbeTimeout;
+  const std::string url = TrimSlash(gateway) + "/replicas";
+  auto response = HttpFetch("GET", url, {}, options);
+  if (!response.ok()) {
+    return absl::UnavailableError(absl::StrCat("gateway ", gateway, ": ",
+                                               response.status().message(),
+                                               "; is `stitch gateway` running there?"));
+  }
+  if (response->status != 200) {
+    return absl::UnavailableError(
+        absl::StrCat("gateway ", gateway, ": GET /replicas answered HTTP ", response->status));
+  }
+  boost::system::error_code ec;
+  json::value doc = json::parse(response->body, ec);
+  const json::value* list =
+      ec || !doc.is_object() ? nullptr : doc.get_object().if_contains("replicas");
+  if (list == nullptr || !list->is_array()) {
+    return absl::DataLossError(
+        absl::StrCat("gateway ", gateway, ": /replicas is not a replica list"));
+  }
+  PoolState state;
+  for (const json::value& item : list->get_array()) {
+    if (!item.is_object()) continue;
+    const json::object& o = item.get_object();
+    ReplicaStatus s;
+    auto replica_state = ReplicaStateFromJsonValue(item);
+    if (replica_state.ok()) s.state = *std::move(replica_state);
+    if (const json::value* v = o.if_contains("url"); v != nullptr && v->is_string()) {
+      s.url = std::string(v->get_string());
+    }
+    if (const json::value* v = o.if_contains("reachable"); v != nullptr && v->is_bool()) {
+      s.reachable = v->get_bool();
+    }
+    if (const json::value* v = o.if_contains("in_flight"); v != nullptr && v->is_int64()) {
+      s.in_flight = v->get_int64();
+    }
+    if (const json::value* v = o.if_contains("last_error"); v != nullptr && v->is_string()) {
+      s.last_error = std::string(v->get_string());
+    }
+    state.replicas.push_back(std::move(s));
+  }
+  return state;
+}
+
+std::string Seconds(const std::map<std::string, double>& metrics, const std::string& key) {
+  auto it = metrics.find(key);
+  if (it == metrics.end()) return "-";
+  return absl::StrFormat("%.3fs", it->second);
+}
+
+// --- status -----------------------------------------------------------------
+
+struct StatusFlags {
+  std::string gateway;
+  std::string pool;
+  std::string store;
+  bool json = false;
+};
+
+int RunStatus(const StatusFlags& flags) {
+  if (flags.gateway.empty() == flags.pool.empty()) {
+    ReportFailure(absl::InvalidArgumentError("status: give exactly one of --gateway or --pool"));
+    return 2;
+  }
+  absl::StatusOr<PoolState> state =
+      flags.gateway.empty() ? FromPool(flags.pool) : FromGateway(flags.gateway);
+  if (!state.ok()) return ReportFailure(Annotate(state.status(), "status"));
+
+  std::optional<std::string> pointer;
+  if (!flags.store.empty()) {
+    const auto cache = std::filesystem::temp_directory_path() / "stitch-status-cache";
+    auto store = OpenStore(flags.store, StoreOptions{{}, cache});
+    if (!store.ok()) return ReportFailure(Annotate(store.status(), "status: --store"));
+    auto p = (*store)->ReadPointer();
+    if (!p.ok()) return ReportFailure(Annotate(p.status(), "status: --store"));
+    pointer = p->has_value() ? (*p)->ToString() : "(unset)";
+  }
+
+  if (flags.json) {
+    json::value doc = PoolStateToJsonValue(*state);
+    if (pointer.has_value()) doc.get_object()["pointer"] = *pointer;
+    std::cout << json::serialize(doc) << "\n";
+    return 0;
+  }
+  std::printf("%-32s %-5s %-26s %-10s %9s %10s %10s  %s\n", "URL", "READY", "APPLIED", "STATE",
+              "IN_FLIGHT", "STAGE", "COMMIT", "NOTE");
+  for (const ReplicaStatus& r : state->replicas) {
+    const std::string applied = r.state.applied ? r.state.applied->ToString() : "-";
+    const std::string sync =
+        r.reachable ? std::string(SyncStateName(r.state.sync_state)) : "UNREACHABLE";
+    std::printf("%-32s %-5s %-26s %-10s %9lld %10s %10s  %s\n", r.url.c_str(),
+                r.state.ready ? "yes" : "no", applied.c_str(), sync.c_str(),
+                static_cast<long long>(r.in_flight), Seconds(r.state.metrics, "stage_s").c_str(),
+                Seconds(r.state.metrics, "commit_s").c_str(), r.last_error.c_str());
+  }
+  std::printf("%d of %zu replicas ready", state->ready_count(), state->replicas.size());
+  if (pointer.has_value()) std::printf("; store pointer %s", pointer->c_str());
+  std::printf("\n");
+  return 0;
+}
+
+// --- wait-ready ---------------------------------------------------------------
+
+struct WaitFlags {
+  std::string pool;
+  int replicas = 1;
+  double fraction = 0.75;
+  double timeout_s = 600;
+  std::string gateway;
+};
+
+int RunWaitReady(const WaitFlags& flags) {
+  if (flags.replicas < 1 || flags.fraction <= 0 || flags.fraction > 1 || flags.timeout_s < 0) {
+    ReportFailure(absl::InvalidArgumentError(
+        "wait-ready: --replicas must be >= 1, --fraction in (0, 1] and --timeout >= 0"));
+    return 2;
+  }
+  auto pool = MakePool(flags.pool);
+  if (!pool.ok()) {
+    ReportFailure(Annotate(pool.status(), "wait-ready: --pool"));
+    return 2;
+  }
+  const int needed = std::max(1, static_cast<int>(std::ceil(flags.fraction * flags.replicas)));
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_s * 1000));
+  std::string last_progress;
+  int ready = 0;
+  size_t discovered = 0;
+  bool gateway_ok = flags.gateway.empty();
+  for (;;) {
+    auto urls = (*pool)->Discover();
+    ready = 0;
+    discovered = 0;
+    std::string discover_error;
+    if (urls.ok()) {
+      discovered = urls->size();
+      for (const ReplicaStatus& r : ProbeAll(*urls)) ready += r.state.ready ? 1 : 0;
+    } else {
+      discover_error = std::string(urls.status().message());
+    }
+    if (!flags.gateway.empty()) {
+      FetchOptions options;
+      options.timeout = kProbeTimeout;
+      auto health = HttpFetch("GET", TrimSlash(flags.gateway) + "/health", {}, options);
+      gateway_ok = health.ok() && health->status == 200;
+    }
+    std::string progress =
+        absl::StrCat("wait-ready: ", ready, " of ", discovered, " discovered replicas ready (need ",
+                     needed, " of ", flags.replicas, ")");
+    if (!flags.gateway.empty()) {
+      absl::StrAppend(&progress, "; gateway ", gateway_ok ? "healthy" : "not healthy yet");
+    }
+    if (!discover_error.empty()) absl::StrAppend(&progress, "; ", discover_error);
+    if (progress != last_progress) {
+      std::cout << progress << std::endl;
+      last_progress = progress;
+    }
+    if (ready >= needed && gateway_ok) return 0;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  return ReportFailure(absl::DeadlineExceededError(absl::StrCat(
+      "wait-ready: timed out after ", flags.timeout_s, " s with ", ready, " of ", discovered,
+      " replicas ready (needed ", needed, " of ", flags.replicas, ")",
+      flags.gateway.empty() ? "" : (gateway_ok ? "; gateway healthy" : "; gateway not healthy"),
+      "; check `stitch status --pool ", flags.pool, "`")));
+}
+
+// --- smoke --------------------------------------------------------------------
+
+struct SmokeFlags {
+  std::string gateway;
+  int64_t version = -1;
+  double timeout_s = 60;
+};
+
+// The version stamped at the end of a response, if any.
+std::optional<int64_t> EndVersion(const std::string& body) {
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec);
+  if (ec || !doc.is_object()) return std::nullopt;
+  const json::object& o = doc.get_object();
+  const json::value* end = o.if_contains("weight_version_end");
+  if (end == nullptr) {
+    if (const json::value* meta = o.if_contains("meta_info");
+        meta != nullptr && meta->is_object()) {
+      end = meta->get_object().if_contains("weight_version_end");
+    }
+  }
+  if (end == nullptr || !end->is_int64()) return std::nullopt;
+  return end->get_int64();
+}
+
+// One exact-version generation against `url`; an empty string when it was
+// served by `version`, else what went wrong.
+std::string TryVersion(const std::string& url, int64_t version, std::chrono::milliseconds timeout) {
+  const std::string body = absl::StrCat(
+      R"({"text":"stitch smoke","sampling_params":{"max_new_tokens":1,"temperature":0},)",
+      R"("weight_version":{"exact_version":)", version, "}}");
+  FetchOptions options;
+  options.timeout = timeout;
+  auto response = HttpFetch("POST", url + "/generate", body, options);
+  if (!response.ok()) return std::string(response.status().message());
+  if (response->status != 200) {
+    return absl::StrCat("HTTP ", response->status, ": ", response->body.substr(0, 300));
+  }
+  std::optional<int64_t> served = EndVersion(response->body);
+  if (!served.has_value()) return "the response carries no weight_version_end stamp";
+  if (*served != version) return absl::StrCat("served by version ", *served);
+  return "";
+}
+
+int RunSmoke(const SmokeFlags& flags) {
+  if (flags.version < 0) {
+    ReportFailure(absl::InvalidArgumentError("smoke: --version must be >= 0"));
+    return 2;
+  }
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(std::max(0.1, flags.timeout_s) * 1000));
+  const std::string gateway = TrimSlash(flags.gateway);
+  int failures = 0;
+  const std::string through = TryVersion(gateway, flags.version, timeout);
+  if (through.empty()) {
+    std::cout << "ok    gateway " << gateway << " served version " << flags.version << "\n";
+  } else {
+    std::cout << "FAIL  gateway " << gateway << ": " << through << "\n";
+    ++failures;
+  }
+  auto state = FromGateway(gateway);
+  if (!state.ok()) return ReportFailure(Annotate(state.status(), "smoke"));
+  int live = 0;
+  for (const ReplicaStatus& r : state->replicas) {
+    if (!r.reachable) {
+      std::cout << "skip  " << r.url << ": not reachable (" << r.last_error << ")\n";
+      continue;
+    }
+    ++live;
+    const std::string why = TryVersion(r.url, flags.version, timeout);
+    if (why.empty()) {
+      std::cout << "ok    " << r.url << " served version " << flags.version << "\n";
+    } else {
+      std::cout << "FAIL  " << r.url << ": " << why << "\n";
+      ++failures;
+    }
+  }
+  std::cout.flush();
+  if (live == 0) {
+    return ReportFailure(
+        absl::UnavailableError(absl::StrCat("smoke: gateway ", gateway, " knows no live replica")));
+  }
+  if (failures > 0) {
+    return ReportFailure(absl::FailedPreconditionError(
+        absl::StrCat("smoke: ", failures, " check(s) failed for version ", flags.version,
+                     "; see `stitch status --gateway ", gateway, "`")));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddFleetCommands(CLI::App& app, int* exit_code) {
+  static StatusFlags status;
+  CLI::App* s = app.add_subcommand(
+      "status",
+      "Print the replicas of a pool (ready, applied version, sync state, in flight, "
+      "last stage and commit times) and the store's pointer");
+  s->add_option("--gateway", status.gateway, "A gateway's URL: show what it knows");
+  s->add_option("--pool", status.pool, "A pool spec: ask each replica's /server_info");
+  s->add_option("--store", status.store, "Store URI, to show its pointer");
+  s->add_flag("--json", status.json, "Print JSON instead of a table");
+  s->callback([exit_code] { *exit_code = RunStatus(status); });
+
+  static WaitFlags wait;
+  CLI::App* w = app.add_subcommand(
+      "wait-ready",
+      "Block until a fraction of N replicas report ready (and the gateway is healthy)");
+  w->add_option("--pool", wait.pool, "Pool spec")->required();
+  w->add_option("--replicas", wait.replicas, "How many replicas the fleet should have")->required();
+  w->add_option("--fraction", wait.fraction, "Fraction of them that must be ready")
+      ->capture_default_str();
+  w->add_option("--timeout", wait.timeout_s, "Seconds before giving up")->capture_default_str();
+  w->add_option("--gateway", wait.gateway, "A gateway's URL whose /health must answer 200");
+  w->callback([exit_code] { *exit_code = RunWaitReady(wait); });
+
+  static SmokeFlags smoke;
+  CLI::App* k = app.add_subcommand(
+      "smoke", "Check that the gateway and every live replica serve an exact-version request");
+  k->add_option("--gateway", smoke.gateway, "The gateway's URL")->required();
+  k->add_option("--version", smoke.version, "The version every live replica must serve")
+      ->required();
+  k->add_option("--timeout", smoke.timeout_s, "Seconds per request")->capture_default_str();
+  k->callback([exit_code] { *exit_code = RunSmoke(smoke); });
+}
+
+}  // namespace stitch

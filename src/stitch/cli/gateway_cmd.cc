@@ -1,0 +1,129 @@
+// `stitch gateway`: the version-aware router in front of a pool of replicas.
+// Exit status: 0 after SIGINT or SIGTERM, 1 when it could not start, 2 for
+// refused flags.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <csignal>
+#include <iostream>
+#include <memory>
+
+#include <boost/asio/signal_set.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "stitch/cli/commands.h"
+#include "stitch/cli/report.h"
+#include "stitch/core/errors.h"
+#include "stitch/gateway/gateway.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/pool/pool.h"
+
+namespace stitch {
+namespace {
+
+constexpr int kExitRefused = 2;
+
+struct GatewayFlags {
+  std::string pool;
+  std::string host = "0.0.0.0";
+  int port = 8080;
+  std::string session_header = "X-Session-Id";
+  double admission_wait_s = 30;
+  double poll_interval_s = 1;
+  int max_attempts = 3;
+};
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+int RunGateway(const GatewayFlags& flags) {
+  if (flags.port < 0 || flags.port > 65535) {
+    ReportFailure(absl::InvalidArgumentError(
+        absl::StrCat("gateway: --port ", flags.port, " is not a TCP port (0 picks a free one)")));
+    return kExitRefused;
+  }
+  if (flags.admission_wait_s < 0 || flags.poll_interval_s <= 0 || flags.max_attempts < 1 ||
+      flags.session_header.empty()) {
+    ReportFailure(absl::InvalidArgumentError(
+        "gateway: --admission-wait must be >= 0, --poll-interval > 0, --max-attempts >= 1 and "
+        "--session-header non-empty"));
+    return kExitRefused;
+  }
+  auto pool = MakePool(flags.pool);
+  if (!pool.ok()) {
+    ReportFailure(Annotate(pool.status(), "gateway: --pool"));
+    return kExitRefused;
+  }
+  // Each relayed request holds two sockets.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+
+  GatewayOptions options;
+  options.server.host = flags.host;
+  options.server.port = static_cast<uint16_t>(flags.port);
+  options.session_header = flags.session_header;
+  options.admission_wait = Millis(flags.admission_wait_s);
+  options.poll_interval = Millis(flags.poll_interval_s);
+  options.max_attempts = flags.max_attempts;
+
+  WorkerPool workers(2);
+  auto loop = std::make_unique<EventLoop>();
+  auto gateway = Gateway::Start(loop->executor(), **pool, workers, options);
+  if (!gateway.ok()) return ReportFailure(Annotate(gateway.status(), "gateway"));
+  absl::Notification stop;
+  auto signals = std::make_unique<boost::asio::signal_set>(loop->executor(), SIGINT, SIGTERM);
+  signals->async_wait([&](const boost::system::error_code& ec, int) {
+    if (!ec && !stop.HasBeenNotified()) stop.Notify();
+  });
+  std::cout << "stitch gateway: listening on " << (*gateway)->url() << " (pool " << (*pool)->spec()
+            << ")" << std::endl;
+  stop.WaitForNotification();
+  loop->BlockOn([&]() -> boost::asio::awaitable<void> {
+    signals.reset();
+    co_await (*gateway)->Shutdown();
+  }());
+  gateway->reset();
+  loop.reset();
+  return 0;
+}
+
+}  // namespace
+
+void AddGatewayCommand(CLI::App& app, int* exit_code) {
+  static GatewayFlags flags;
+  CLI::App* cmd = app.add_subcommand(
+      "gateway",
+      "Route versioned rollout requests to the replicas of a pool that satisfy their version "
+      "constraint, keeping sessions on their replica and waiting briefly for the fleet to catch "
+      "up");
+  cmd->add_option("--pool", flags.pool,
+                  "Replica pool: static:URL,URL,..., file:PATH (one URL per line, re-read when "
+                  "it changes) or dns:NAME:PORT")
+      ->required();
+  cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
+      ->capture_default_str();
+  cmd->add_option("--session-header", flags.session_header,
+                  "Requests with the same value of this header stay on one replica")
+      ->capture_default_str();
+  cmd->add_option("--admission-wait", flags.admission_wait_s,
+                  "Seconds a request waits for a replica that satisfies its constraint before "
+                  "the gateway answers 409")
+      ->capture_default_str();
+  cmd->add_option("--poll-interval", flags.poll_interval_s,
+                  "Seconds between discoveries and /server_info polls of every replica")
+      ->capture_default_str();
+  cmd->add_option("--max-attempts", flags.max_attempts,
+                  "Replicas tried per request after a 409, a 503 or a connection failure")
+      ->capture_default_str();
+  cmd->callback([exit_code] { *exit_code = RunGateway(flags); });
+}
+
+}  // namespace stitch

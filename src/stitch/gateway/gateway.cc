@@ -1,0 +1,863 @@
+#include "stitch/gateway/gateway.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <list>
+#include <map>
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/json.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/replica/proxy.h"
+
+namespace stitch {
+
+namespace json = boost::json;
+using boost::asio::awaitable;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Beyond this many sessions the table is cleared: a session then lands on a
+// replica by load, which is correct, only less cache-friendly.
+constexpr size_t kMaxSessions = size_t{1} << 16;
+constexpr auto kWaitingPollInterval = std::chrono::milliseconds(200);
+
+struct Replica {
+  std::string url;
+  HttpOrigin origin;
+  std::string prefix;  // the URL's path ("" for none), put before each target
+  bool discovered = true;
+  bool reachable = false;
+  ReplicaState state;
+  int64_t in_flight = 0;
+  std::string last_error;
+  bool probing = false;
+
+  bool routable() const { return discovered && reachable && state.ready; }
+  std::optional<int64_t> version() const {
+    if (!state.applied.has_value()) return std::nullopt;
+    return state.applied->version;
+  }
+};
+// Shared: a request in flight keeps its replica alive after the pool dropped
+// it, and so does the session table.
+using ReplicaPtr = std::shared_ptr<Replica>;
+
+std::string ErrorBody(std::string_view type, std::string_view message, bool retryable) {
+  json::object body;
+  body["type"] = type;
+  body["message"] = message;
+  if (retryable) body["retryable"] = true;
+  return json::serialize(body);
+}
+
+bool DropRequestHeader(std::string_view name) {
+  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "host") ||
+         absl::EqualsIgnoreCase(AbslView(name), "expect");
+}
+
+HttpHeaders RequestHeaders(const HttpHeaders& from) {
+  HttpHeaders to;
+  to.reserve(from.size());
+  for (const auto& [name, value] : from) {
+    if (!DropRequestHeader(name)) to.Add(name, value);
+  }
+  return to;
+}
+
+HttpHeaders ResponseHeaders(const HttpHeaders& from, const std::string& replica) {
+  HttpHeaders to;
+  to.reserve(from.size() + 1);
+  for (const auto& [name, value] : from) {
+    if (!IsFramingHeader(name) && !absl::EqualsIgnoreCase(AbslView(name), "content-length")) {
+      to.Add(name, value);
+    }
+  }
+  to.Set("X-Stitch-Replica", replica);
+  return to;
+}
+
+// The end version stamped on a relayed response: meta_info.weight_version_end
+// (/generate) or weight_version_end (OpenAI routes), of the first document of
+// a batch.
+std::optional<int64_t> StampedEndVersion(const std::string& body) {
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec);
+  if (ec) return std::nullopt;
+  const json::value* item = &doc;
+  if (doc.is_array()) {
+    if (doc.get_array().empty()) return std::nullopt;
+    item = &doc.get_array().front();
+  }
+  if (!item->is_object()) return std::nullopt;
+  const json::object& o = item->get_object();
+  const json::value* end = o.if_contains("weight_version_end");
+  if (end == nullptr) {
+    if (const json::value* meta = o.if_contains("meta_info");
+        meta != nullptr && meta->is_object()) {
+      end = meta->get_object().if_contains("weight_version_end");
+    }
+  }
+  if (end == nullptr || !end->is_int64()) return std::nullopt;
+  return end->get_int64();
+}
+
+std::string PromLabel(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Gateway::Impl {
+  Impl(boost::asio::any_io_executor executor, Pool& pool, WorkerPool& workers,
+       GatewayOptions options)
+      : executor(executor),
+        pool(pool),
+        workers(workers),
+        options(std::move(options)),
+        client(executor,
+               [&] {
+                 ClientOptions c;
+                 c.request_timeout = this->options.upstream_timeout;
+                 c.max_idle_per_origin = 1024;
+                 return c;
+               }()),
+        poll_timer(executor),
+        rng(std::random_device{}()) {}
+
+  enum class Outcome { kDone, kRetry, kClientGone };
+
+  // --- state --------------------------------------------------------------
+  boost::asio::any_io_executor executor;
+  Pool& pool;
+  WorkerPool& workers;
+  const GatewayOptions options;
+  HttpClient client;
+  std::unique_ptr<HttpServer> server;
+  boost::asio::steady_timer poll_timer;
+  std::minstd_rand rng;
+
+  std::map<std::string, ReplicaPtr> replicas;  // by URL
+  absl::flat_hash_map<std::string, ReplicaPtr> sessions;
+  // Routable replicas, all and by applied version; rebuilt when dirty.
+  bool dirty = true;
+  std::vector<Replica*> routable;
+  std::map<int64_t, std::vector<Replica*>> by_version;
+
+  std::list<boost::asio::steady_timer*> waiters;
+  bool wake_running = false;
+  bool stopping = false;
+  int tasks = 0;  // background coroutines still running
+  std::string last_discover_error;
+  GatewayCounters counters;
+
+  // --- index and choice -----------------------------------------------------
+  void Changed() {
+    dirty = true;
+    for (boost::asio::steady_timer* t : waiters) t->cancel();
+  }
+
+  void Reindex() {
+    if (!dirty) return;
+    dirty = false;
+    routable.clear();
+    by_version.clear();
+    for (auto& [url, r] : replicas) {
+      if (!r->routable()) continue;
+      routable.push_back(r.get());
+      if (std::optional<int64_t> v = r->version(); v.has_value()) {
+        by_version[*v].push_back(r.get());
+      }
+    }
+  }
+
+  static bool Tried(const std::vector<const Replica*>& tried, const Replica* r) {
+    return std::find(tried.begin(), tried.end(), r) != tried.end();
+  }
+
+  // The replica for a request, or null when none satisfies it (or all that
+  // do were tried). Cost: O(distinct versions), not O(replicas).
+  Replica* Choose(const VersionConstraint& c, const std::string& session,
+                  const std::vector<const Replica*>& tried) {
+    Reindex();
+    if (!session.empty()) {
+      auto it = sessions.find(session);
+      if (it != sessions.end()) {
+        Replica* r = it->second.get();
+        if (r->routable() && c.SatisfiedBy(r->version()) && !Tried(tried, r)) return r;
+      }
+    }
+    // The candidates: a few contiguous groups.
+    std::vector<const std::vector<Replica*>*> groups;
+    if (c.is_exact()) {
+      auto it = by_version.find(*c.exact_version);
+      if (it != by_version.end()) groups.push_back(&it->second);
+    } else if (c.min_version.has_value()) {
+      for (auto it = by_version.lower_bound(*c.min_version); it != by_version.end(); ++it) {
+        groups.push_back(&it->second);
+      }
+    } else {
+      groups.push_back(&routable);
+    }
+    size_t total = 0;
+    for (const auto* g : groups) total += g->size();
+    if (total == 0) return nullptr;
+    auto at = [&](size_t i) -> Replica* {
+      for (const auto* g : groups) {
+        if (i < g->size()) return (*g)[i];
+        i -= g->size();
+      }
+      return nullptr;
+    };
+    Replica* best = nullptr;
+    for (int pick = 0; pick < 2; ++pick) {
+      Replica* r = at(rng() % total);
+      if (Tried(tried, r)) continue;
+      if (best == nullptr || r->in_flight < best->in_flight) best = r;
+    }
+    if (best != nullptr) return best;
+    // Both picks were tried already (a small pool, or a retry): scan.
+    for (size_t i = 0; i < total; ++i) {
+      Replica* r = at(i);
+      if (Tried(tried, r)) continue;
+      if (best == nullptr || r->in_flight < best->in_flight) best = r;
+    }
+    return best;
+  }
+
+  // The owning pointer of a replica Choose() returned: Choose() only returns
+  // routable replicas, which are all in `replicas`; anything else is a
+  // broken index.
+  ReplicaPtr Shared(Replica* r) {
+    auto it = replicas.find(r->url);
+    if (it == replicas.end() || it->second.get() != r) {
+      spdlog::critical("gateway: replica index out of sync for {}", r->url);
+      std::abort();
+    }
+    return it->second;
+  }
+
+  // --- learning ---------------------------------------------------------------
+  void MarkFailed(Replica& r, std::string why, bool unreachable) {
+    r.last_error = std::move(why);
+    if (unreachable) r.reachable = false;
+    if (r.state.ready) {
+      r.state.ready = false;
+      Changed();
+    }
+  }
+
+  void LearnVersion(Replica& r, int64_t version) {
+    if (r.state.applied.has_value() && r.state.applied->version == version) return;
+    if (r.state.applied.has_value()) {
+      r.state.applied->version = version;
+    } else {
+      r.state.applied = VersionRef{"", version};
+    }
+    Changed();
+  }
+
+  void Learn409(Replica& r, const std::string& body) {
+    boost::system::error_code ec;
+    json::value doc = json::parse(body, ec);
+    if (ec || !doc.is_object()) return;
+    const json::value* applied = doc.get_object().if_contains("applied");
+    if (applied == nullptr || !applied->is_string()) return;
+    auto ref = VersionRef::Parse(std::string_view(applied->get_string()));
+    if (!ref.ok()) return;
+    if (r.state.applied != *ref) {
+      r.state.applied = *ref;
+      Changed();
+    }
+  }
+
+  // --- polling ----------------------------------------------------------------
+  awaitable<void> PollLoop() {
+    while (!stopping) {
+      co_await PollOnce();
+      if (stopping) break;
+      const auto interval = waiters.empty() ? options.poll_interval
+                                            : std::min<std::chrono::milliseconds>(
+                                                  options.poll_interval, kWaitingPollInterval);
+      poll_timer.expires_after(interval);
+      auto [ec] = co_await poll_timer.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+      (void)ec;
+    }
+    --tasks;
+  }
+
+  awaitable<void> PollOnce() {
+    Pool* p = &pool;
+    absl::StatusOr<std::vector<std::string>> urls =
+        co_await RunBlocking(workers, [p] { return p->Discover(); });
+    if (stopping) co_return;
+    if (!urls.ok()) {
+      std::string message(urls.status().message());
+      if (message != last_discover_error) {
+        spdlog::warn("gateway: discovering {}: {}; keeping the replicas known so far", pool.spec(),
+                     message);
+        last_discover_error = message;
+      }
+    } else {
+      last_discover_error.clear();
+      std::map<std::string, ReplicaPtr> next;
+      for (const std::string& url : *urls) {
+        auto it = replicas.find(url);
+        if (it != replicas.end()) {
+          next.emplace(url, it->second);
+          continue;
+        }
+        auto parsed = ParseHttpUrl(url);
+        if (!parsed.ok()) {
+          spdlog::warn("gateway: skipping replica {}: {}", url,
+                       std::string(parsed.status().message()));
+          continue;
+        }
+        auto r = std::make_shared<Replica>();
+        r->url = url;
+        r->origin = parsed->origin;
+        r->prefix = parsed->target == "/" ? "" : parsed->target;
+        r->last_error = "not probed yet";
+        next.emplace(url, std::move(r));
+      }
+      for (auto& [url, r] : replicas) {
+        if (!next.contains(url)) r->discovered = false;
+      }
+      if (next.size() != replicas.size() ||
+          !std::equal(next.begin(), next.end(), replicas.begin(),
+                      [](const auto& a, const auto& b) { return a.first == b.first; })) {
+        replicas = std::move(next);
+        Changed();
+      }
+    }
+    for (auto& [url, r] : replicas) {
+      if (r->probing) continue;
+      r->probing = true;
+      ++tasks;
+      Spawn(executor, Probe(r));
+    }
+  }
+
+  awaitable<void> Probe(ReplicaPtr r) {
+    HttpRequest request;
+    request.method = "GET";
+    request.target = r->prefix + "/server_info";
+    CallOptions call;
+    call.timeout = options.probe_timeout;
+    absl::StatusOr<HttpResponse> response =
+        co_await client.Send(r->origin, std::move(request), call);
+    r->probing = false;
+    --tasks;
+    if (stopping) co_return;
+    std::string error;
+    if (!response.ok()) {
+      error = std::string(response.status().message());
+    } else if (response->status != 200) {
+      error = absl::StrCat("/server_info answered HTTP ", response->status);
+    } else {
+      auto state = ReplicaState::FromJson(response->body);
+      if (!state.ok()) {
+        error = absl::StrCat("/server_info: ", state.status().message());
+      } else {
+        const bool changed =
+            !r->reachable || r->state.ready != state->ready || r->state.applied != state->applied;
+        r->reachable = true;
+        r->state = *std::move(state);
+        r->last_error = r->state.ready ? "" : r->state.reason;
+        if (changed) Changed();
+        co_return;
+      }
+    }
+    const bool was_routable = r->routable();
+    r->reachable = false;
+    r->state.ready = false;
+    r->last_error = std::move(error);
+    if (was_routable) Changed();
+  }
+
+  void StartWake() {
+    if (wake_running || stopping) return;
+    wake_running = true;
+    ++tasks;
+    ++counters.wakes;
+    Spawn(executor, RunWake());
+  }
+
+  awaitable<void> RunWake() {
+    Pool* p = &pool;
+    const int woke = co_await RunBlocking(workers, [p] { return p->Wake(); });
+    (void)woke;
+    wake_running = false;
+    --tasks;
+    // Look at the replicas now rather than at the next poll.
+    if (!stopping) poll_timer.cancel();
+  }
+
+  // Returns at the next change of the routable set, at `deadline`, or when
+  // cancelled.
+  awaitable<absl::Status> WaitForChange(Clock::time_point deadline) {
+    boost::asio::steady_timer timer(executor);
+    timer.expires_at(deadline);
+    waiters.push_back(&timer);
+    auto self = std::prev(waiters.end());
+    if (waiters.size() == 1) poll_timer.cancel();  // poll faster from now on
+    auto [ec] = co_await timer.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    (void)ec;
+    waiters.erase(self);
+    co_return absl::OkStatus();
+  }
+
+  // --- requests ---------------------------------------------------------------
+  awaitable<void> Handle(HttpExchange& exchange) {
+    ApiRoute route;
+    const std::string path(TargetPath(exchange.request().target));
+    switch (ClassifyRoute(path, &route)) {
+      case RouteClass::kVersioned:
+        if (exchange.request().method == "POST") {
+          co_await HandleVersioned(exchange);
+          co_return;
+        }
+        break;
+      case RouteClass::kBlocked: {
+        ++counters.blocked;
+        HttpResponse response = JsonResponse(
+            403, ErrorBody("RouteBlocked",
+                           absl::StrCat(path,
+                                        " is an engine control route: only each replica's "
+                                        "sidecar drives its engine, so the gateway refuses it"),
+                           false));
+        (void)co_await exchange.Respond(std::move(response));
+        co_return;
+      }
+      case RouteClass::kOther:
+        break;
+    }
+    co_await ForwardOther(exchange);
+  }
+
+  awaitable<void> Respond(HttpExchange& exchange, int status, std::string body) {
+    HttpResponse response = JsonResponse(status, std::move(body));
+    if (status == 503) response.headers.Set("Retry-After", "1");
+    (void)co_await exchange.Respond(std::move(response));
+  }
+
+  awaitable<void> HandleVersioned(HttpExchange& exchange) {
+    ++counters.requests;
+    boost::system::error_code ec;
+    json::value parsed = json::parse(exchange.request().body, ec);
+    if (ec || !parsed.is_object()) {
+      std::string message = "the request body must be a JSON object";
+      if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
+      std::string error = ErrorBody("BadRequest", message, false);
+      co_await Respond(exchange, 400, std::move(error));
+      co_return;
+    }
+    const json::object& body = parsed.get_object();
+    VersionConstraint constraint;
+    if (const json::value* wv = body.if_contains("weight_version"); wv != nullptr) {
+      auto c = ConstraintFromJsonValue(*wv);
+      if (!c.ok()) {
+        std::string message = absl::StrCat("weight_version: ", c.status().message());
+        std::string error = ErrorBody("BadRequest", message, false);
+        co_await Respond(exchange, 400, std::move(error));
+        co_return;
+      }
+      constraint = *c;
+    }
+    const json::value* stream_flag = body.if_contains("stream");
+    const bool stream = stream_flag != nullptr && stream_flag->is_bool() && stream_flag->get_bool();
+    std::string session;
+    if (auto s = exchange.request().headers.Get(options.session_header); s.has_value()) {
+      session = std::string(*s);
+    }
+
+    HttpRequest upstream;
+    upstream.method = "POST";
+    upstream.headers = RequestHeaders(exchange.request().headers);
+    const std::string target = exchange.request().target;
+    const std::string payload = std::move(exchange.request().body);
+
+    const Clock::time_point deadline = Clock::now() + options.admission_wait;
+    std::vector<const Replica*> tried;
+    std::optional<HttpResponse> last_failure;
+    bool waited = false;
+    for (;;) {
+      Replica* chosen = Choose(constraint, session, tried);
+      if (chosen == nullptr) {
+        if (static_cast<int>(tried.size()) >= options.max_attempts || Clock::now() >= deadline) {
+          break;
+        }
+        if (!waited) {
+          waited = true;
+          ++counters.waited;
+        }
+        StartWake();
+        const absl::Status wait = co_await exchange.CancelOnDisconnect(WaitForChange(deadline));
+        (void)wait;
+        if (exchange.disconnected() || stopping) co_return;
+        continue;
+      }
+      ReplicaPtr replica = Shared(chosen);
+      tried.push_back(chosen);
+      if (tried.size() > 1) ++counters.retried;
+      ++counters.routed;
+      upstream.target = replica->prefix + target;
+      upstream.body = payload;
+      Outcome outcome = Outcome::kRetry;
+      if (stream) {
+        outcome = co_await AttemptStream(exchange, *replica, upstream, &last_failure);
+      } else {
+        outcome = co_await Attempt(exchange, *replica, upstream, &last_failure);
+      }
+      if (outcome == Outcome::kClientGone) co_return;
+      if (outcome == Outcome::kDone) {
+        if (!session.empty()) {
+          if (sessions.size() >= kMaxSessions) sessions.clear();
+          sessions[session] = replica;
+        }
+        co_return;
+      }
+      if (static_cast<int>(tried.size()) >= options.max_attempts) break;
+    }
+    if (last_failure.has_value()) {
+      (void)co_await exchange.Respond(*std::move(last_failure));
+      co_return;
+    }
+    ++counters.rejected;
+    std::string conflict = NotReadyBody(constraint);
+    co_await Respond(exchange, 409, std::move(conflict));
+  }
+
+  std::string NotReadyBody(const VersionConstraint& constraint) {
+    Reindex();
+    json::object conflict;
+    conflict["type"] = "WeightVersionNotReady";
+    if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
+      conflict["target_version"] = *t;
+    } else {
+      conflict["target_version"] = nullptr;
+    }
+    // The newest version any ready replica serves.
+    const Replica* newest = nullptr;
+    if (!by_version.empty()) newest = by_version.rbegin()->second.front();
+    if (newest != nullptr) {
+      conflict["applied"] = newest->state.applied->ToString();
+      conflict["applied_version"] = newest->state.applied->version;
+    } else {
+      conflict["applied"] = nullptr;
+      conflict["applied_version"] = nullptr;
+    }
+    conflict["message"] = absl::StrFormat(
+        "no ready replica serves %s after waiting %.1f s (%d of %d replicas ready); retry later "
+        "or relax the constraint",
+        constraint.ToString(), std::chrono::duration<double>(options.admission_wait).count(),
+        static_cast<int>(routable.size()), static_cast<int>(replicas.size()));
+    return json::serialize(conflict);
+  }
+
+  // One try on one replica. kRetry leaves the answer to relay if no other
+  // replica does better in *last_failure.
+  awaitable<Outcome> Attempt(HttpExchange& exchange, Replica& r, HttpRequest request,
+                             std::optional<HttpResponse>* last_failure) {
+    ++r.in_flight;
+    absl::StatusOr<HttpResponse> response =
+        co_await exchange.CancelOnDisconnect(client.Send(r.origin, std::move(request)));
+    --r.in_flight;
+    if (!response.ok()) {
+      if (exchange.disconnected()) co_return Outcome::kClientGone;
+      const std::string why(response.status().message());
+      MarkFailed(r, why, /*unreachable=*/true);
+      last_failure->emplace(JsonResponse(
+          503, ErrorBody("ReplicaUnavailable",
+                         absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true)));
+      (*last_failure)->headers.Set("Retry-After", "1");
+      co_return Outcome::kRetry;
+    }
+    if (response->status == 409 || response->status == 503) {
+      if (response->status == 409) {
+        Learn409(r, response->body);
+      } else {
+        MarkFailed(r, absl::StrCat("HTTP 503: ", response->body), /*unreachable=*/false);
+      }
+      HttpResponse failure;
+      failure.status = response->status;
+      failure.headers = ResponseHeaders(response->headers, r.url);
+      failure.body = std::move(response->body);
+      last_failure->emplace(std::move(failure));
+      co_return Outcome::kRetry;
+    }
+    if (response->status == 200) {
+      if (std::optional<int64_t> v = StampedEndVersion(response->body); v.has_value()) {
+        LearnVersion(r, *v);
+      }
+    }
+    HttpResponse out;
+    out.status = response->status;
+    out.headers = ResponseHeaders(response->headers, r.url);
+    out.body = std::move(response->body);
+    (void)co_await exchange.Respond(std::move(out));
+    co_return Outcome::kDone;
+  }
+
+  awaitable<Outcome> AttemptStream(HttpExchange& exchange, Replica& r, HttpRequest request,
+                                   std::optional<HttpResponse>* last_failure) {
+    ++r.in_flight;
+    Outcome outcome = co_await RelayStream(exchange, r, std::move(request), last_failure);
+    --r.in_flight;
+    co_return outcome;
+  }
+
+  awaitable<Outcome> RelayStream(HttpExchange& exchange, Replica& r, HttpRequest request,
+                                 std::optional<HttpResponse>* last_failure) {
+    absl::StatusOr<HttpResponseStream> stream =
+        co_await exchange.CancelOnDisconnect(client.SendStreamed(r.origin, std::move(request)));
+    if (!stream.ok()) {
+      if (exchange.disconnected()) co_return Outcome::kClientGone;
+      const std::string why(stream.status().message());
+      MarkFailed(r, why, /*unreachable=*/true);
+      last_failure->emplace(JsonResponse(
+          503, ErrorBody("ReplicaUnavailable",
+                         absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true)));
+      (*last_failure)->headers.Set("Retry-After", "1");
+      co_return Outcome::kRetry;
+    }
+    const std::optional<std::string_view> type = stream->headers().Get("content-type");
+    const bool events =
+        type.has_value() && type->find("text/event-stream") != std::string_view::npos;
+    if (stream->status() != 200 || !events) {
+      absl::StatusOr<std::string> body = co_await exchange.CancelOnDisconnect(stream->ReadAll());
+      if (!body.ok()) {
+        if (exchange.disconnected()) co_return Outcome::kClientGone;
+        const std::string why(body.status().message());
+        MarkFailed(r, why, /*unreachable=*/true);
+        last_failure->emplace(JsonResponse(
+            503, ErrorBody("ReplicaUnavailable",
+                           absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true)));
+        co_return Outcome::kRetry;
+      }
+      HttpResponse out;
+      out.status = stream->status();
+      out.headers = ResponseHeaders(stream->headers(), r.url);
+      out.body = *std::move(body);
+      if (out.status == 409 || out.status == 503) {
+        if (out.status == 409) {
+          Learn409(r, out.body);
+        } else {
+          MarkFailed(r, absl::StrCat("HTTP 503: ", out.body), /*unreachable=*/false);
+        }
+        last_failure->emplace(std::move(out));
+        co_return Outcome::kRetry;
+      }
+      (void)co_await exchange.Respond(std::move(out));
+      co_return Outcome::kDone;
+    }
+    const absl::Status begun =
+        co_await exchange.BeginStream(200, ResponseHeaders(stream->headers(), r.url));
+    if (!begun.ok()) co_return Outcome::kClientGone;
+    for (;;) {
+      absl::StatusOr<std::string> chunk = co_await exchange.CancelOnDisconnect(stream->Read());
+      if (!chunk.ok()) {
+        if (exchange.disconnected()) co_return Outcome::kClientGone;
+        // The replica cut the stream after it began: too late to retry. End
+        // the connection without a proper end of body so the client sees it.
+        MarkFailed(r, std::string(chunk.status().message()), /*unreachable=*/true);
+        co_return Outcome::kDone;
+      }
+      if (chunk->empty()) break;
+      const absl::Status written = co_await exchange.WriteChunk(*std::move(chunk));
+      if (!written.ok()) co_return Outcome::kClientGone;
+    }
+    (void)co_await exchange.EndStream();
+    co_return Outcome::kDone;
+  }
+
+  awaitable<void> ForwardOther(HttpExchange& exchange) {
+    Replica* chosen = Choose(VersionConstraint{}, "", {});
+    if (chosen == nullptr) {
+      std::string error =
+          ErrorBody("NoReadyReplica",
+                    "no replica of the pool is ready; check `stitch status` and retry", true);
+      co_await Respond(exchange, 503, std::move(error));
+      co_return;
+    }
+    ReplicaPtr r = Shared(chosen);
+    HttpRequest up;
+    up.method = exchange.request().method;
+    up.target = r->prefix + exchange.request().target;
+    up.headers = RequestHeaders(exchange.request().headers);
+    up.body = std::move(exchange.request().body);
+    ++r->in_flight;
+    absl::StatusOr<HttpResponse> response =
+        co_await exchange.CancelOnDisconnect(client.Send(r->origin, std::move(up)));
+    --r->in_flight;
+    if (!response.ok()) {
+      if (exchange.disconnected()) co_return;
+      const std::string why(response.status().message());
+      MarkFailed(*r, why, /*unreachable=*/true);
+      std::string body =
+          ErrorBody("ReplicaUnavailable", absl::StrCat("replica ", r->url, " failed: ", why), true);
+      co_await Respond(exchange, 503, std::move(body));
+      co_return;
+    }
+    HttpResponse out;
+    out.status = response->status;
+    out.headers = ResponseHeaders(response->headers, r->url);
+    out.body = std::move(response->body);
+    (void)co_await exchange.Respond(std::move(out));
+  }
+
+  // --- own routes ---------------------------------------------------------------
+  PoolState Snapshot() const {
+    PoolState state;
+    state.replicas.reserve(replicas.size());
+    for (const auto& [url, r] : replicas) {
+      ReplicaStatus s;
+      s.url = url;
+      s.reachable = r->reachable;
+      s.state = r->state;
+      s.in_flight = r->in_flight;
+      s.last_error = r->last_error;
+      state.replicas.push_back(std::move(s));
+    }
+    return state;
+  }
+
+  awaitable<void> Health(HttpExchange& exchange) {
+    Reindex();
+    const bool ready = !routable.empty();
+    json::object body;
+    body["ready"] = ready;
+    body["ready_replicas"] = routable.size();
+    body["replicas"] = replicas.size();
+    if (!ready) body["reason"] = "no replica of the pool is ready";
+    const int status = ready ? 200 : 503;
+    std::string text = json::serialize(body);
+    co_await Respond(exchange, status, std::move(text));
+  }
+
+  awaitable<void> Replicas(HttpExchange& exchange) {
+    std::string body = Snapshot().ToJson();
+    co_await Respond(exchange, 200, std::move(body));
+  }
+
+  awaitable<void> Metrics(HttpExchange& exchange) {
+    Reindex();
+    std::string text;
+    auto counter = [&](std::string_view name, std::string_view help, uint64_t value) {
+      absl::StrAppend(&text, "# HELP stitch_gateway_", AbslView(name), " ", AbslView(help),
+                      "\n# TYPE stitch_gateway_", AbslView(name), " counter\nstitch_gateway_",
+                      AbslView(name), " ", value, "\n");
+    };
+    counter("requests_total", "Versioned requests received.", counters.requests);
+    counter("routed_total", "Attempts sent to a replica.", counters.routed);
+    counter("retried_total", "Attempts retried on another replica.", counters.retried);
+    counter("waited_total", "Requests that waited for the fleet to catch up.", counters.waited);
+    counter("rejected_total", "409s answered by the gateway after waiting.", counters.rejected);
+    counter("blocked_total", "Engine control routes refused.", counters.blocked);
+    counter("wakes_total", "Fleet wakes started.", counters.wakes);
+    absl::StrAppend(&text,
+                    "# HELP stitch_gateway_replicas_ready Replicas ready to serve.\n"
+                    "# TYPE stitch_gateway_replicas_ready gauge\nstitch_gateway_replicas_ready ",
+                    routable.size(), "\n");
+    absl::StrAppend(&text,
+                    "# HELP stitch_gateway_replica_in_flight Requests outstanding on a replica.\n"
+                    "# TYPE stitch_gateway_replica_in_flight gauge\n");
+    for (const auto& [url, r] : replicas) {
+      absl::StrAppend(&text, "stitch_gateway_replica_in_flight{replica=\"", PromLabel(url), "\"} ",
+                      r->in_flight, "\n");
+    }
+    absl::StrAppend(&text,
+                    "# HELP stitch_gateway_replica_ready Whether a replica is in rotation.\n"
+                    "# TYPE stitch_gateway_replica_ready gauge\n");
+    for (const auto& [url, r] : replicas) {
+      absl::StrAppend(&text, "stitch_gateway_replica_ready{replica=\"", PromLabel(url), "\"} ",
+                      r->routable() ? 1 : 0, "\n");
+    }
+    absl::StrAppend(&text,
+                    "# HELP stitch_gateway_replica_version Applied version of a replica "
+                    "(-1: none).\n# TYPE stitch_gateway_replica_version gauge\n");
+    for (const auto& [url, r] : replicas) {
+      absl::StrAppend(&text, "stitch_gateway_replica_version{replica=\"", PromLabel(url), "\"} ",
+                      r->version().value_or(-1), "\n");
+    }
+    HttpResponse response;
+    response.status = 200;
+    response.headers.Set("Content-Type", "text/plain; version=0.0.4");
+    response.body = std::move(text);
+    (void)co_await exchange.Respond(std::move(response));
+  }
+
+  awaitable<void> Drain() {
+    boost::asio::steady_timer timer(executor);
+    while (tasks > 0) {
+      timer.expires_after(std::chrono::milliseconds(5));
+      auto [ec] = co_await timer.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+      (void)ec;
+    }
+  }
+};
+
+Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Gateway::~Gateway() = default;
+
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_executor executor,
+                                                        Pool& pool, WorkerPool& workers,
+                                                        GatewayOptions options) {
+  auto impl = std::make_unique<Impl>(executor, pool, workers, std::move(options));
+  Impl* self = impl.get();
+  HttpRouter router;
+  router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
+  router.Add("GET", "/replicas", [self](HttpExchange& ex) { return self->Replicas(ex); });
+  router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->Metrics(ex); });
+  router.SetFallback([self](HttpExchange& ex) { return self->Handle(ex); });
+  auto server = HttpServer::Start(executor, self->options.server, router.AsHandler());
+  if (!server.ok()) return server.status();
+  impl->server = *std::move(server);
+  ++impl->tasks;
+  Spawn(executor, impl->PollLoop());
+  return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
+}
+
+std::string Gateway::url() const { return impl_->server->url(); }
+uint16_t Gateway::port() const { return impl_->server->port(); }
+
+awaitable<void> Gateway::Shutdown() {
+  impl_->stopping = true;
+  impl_->poll_timer.cancel();
+  for (boost::asio::steady_timer* t : impl_->waiters) t->cancel();
+  co_await impl_->server->Shutdown();
+  co_await impl_->Drain();
+}
+
+PoolState Gateway::Snapshot() const { return impl_->Snapshot(); }
+const GatewayCounters& Gateway::counters() const { return impl_->counters; }
+
+}  // namespace stitch

@@ -1,0 +1,493 @@
+// The gateway against stub replicas (HTTP servers in this process that speak
+// the sidecar's /server_info, /wake and versioned /generate contract).
+#include "stitch/gateway/gateway.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "stitch/core/json.h"
+#include "stitch/core/state.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/net_test_util.h"
+#include "stitch/net/server.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/pool/pool.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace json = boost::json;
+using boost::asio::awaitable;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr auto kDeadline = std::chrono::seconds(20);
+
+bool Eventually(const std::function<bool()>& condition,
+                std::chrono::milliseconds timeout = kDeadline) {
+  return testing::Eventually(condition, timeout);
+}
+
+json::object Parse(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  if (ec || !v.is_object()) return {};
+  return v.get_object();
+}
+
+// A stub replica: its readiness, version and failure mode are set by the test.
+class StubReplica {
+ public:
+  enum class Mode { kServe, kUnavailable, kDieMidRequest };
+
+  StubReplica(EventLoop& loop, bool ready, int64_t version) : loop_(loop) {
+    ready_ = ready;
+    version_ = version;
+    HttpRouter router;
+    router.Add("GET", "/server_info", [this](HttpExchange& ex) { return ServerInfo(ex); });
+    router.Add("POST", "/wake", [this](HttpExchange& ex) { return Wake(ex); });
+    router.Add("POST", "/generate", [this](HttpExchange& ex) { return Generate(ex); });
+    router.SetFallback([this](HttpExchange& ex) { return Other(ex); });
+    auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    url_ = server_->url();
+  }
+  ~StubReplica() { loop_.BlockOn(server_->Shutdown()); }
+
+  const std::string& url() const { return url_; }
+  void set_ready(bool ready) { ready_ = ready; }
+  void set_version(int64_t v) { version_ = v; }
+  void set_mode(Mode mode) { mode_ = mode; }
+  int generates() const { return generates_; }
+  int wakes() const { return wakes_; }
+  int others() const { return others_; }
+
+ private:
+  std::string Applied() const { return VersionRef{"r1", version_}.ToString(); }
+
+  awaitable<void> ServerInfo(HttpExchange& ex) {
+    ReplicaState s;
+    s.ready = ready_;
+    s.applied = VersionRef{"r1", version_};
+    s.run_id = "r1";
+    std::string body = s.ToJson();
+    (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
+  }
+  awaitable<void> Wake(HttpExchange& ex) {
+    ++wakes_;
+    (void)co_await ex.Respond(JsonResponse(200, "{}"));
+  }
+  awaitable<void> Other(HttpExchange& ex) {
+    ++others_;
+    (void)co_await ex.Respond(JsonResponse(200, R"({"other":true})"));
+  }
+  awaitable<void> Generate(HttpExchange& ex) {
+    ++generates_;
+    if (mode_ == Mode::kDieMidRequest) {
+      server_->Stop();  // every connection drops: the caller sees a broken exchange
+      co_return;
+    }
+    if (mode_ == Mode::kUnavailable) {
+      (void)co_await ex.Respond(JsonResponse(503, R"({"type":"EngineUnavailable"})"));
+      co_return;
+    }
+    json::object body = Parse(ex.request().body);
+    VersionConstraint c;
+    if (const json::value* wv = body.if_contains("weight_version"))
+      c = *ConstraintFromJsonValue(*wv);
+    if (!c.SatisfiedBy(version_.load())) {
+      json::object conflict;
+      conflict["type"] = "WeightVersionNotReady";
+      conflict["target_version"] = *c.target();
+      conflict["applied"] = Applied();
+      conflict["message"] = "not yet";
+      std::string text = json::serialize(conflict);
+      (void)co_await ex.Respond(JsonResponse(409, std::move(text)));
+      co_return;
+    }
+    const json::value* stream = body.if_contains("stream");
+    if (stream != nullptr && stream->is_bool() && stream->get_bool()) {
+      HttpHeaders headers;
+      headers.Set("Content-Type", "text/event-stream");
+      const absl::Status begun = co_await ex.BeginStream(200, headers);
+      if (!begun.ok()) co_return;
+      for (int i = 0; i < 3; ++i) {
+        std::string event = "data: {\"token\":" + std::to_string(i) + "}\n\n";
+        const absl::Status w = co_await ex.WriteChunk(std::move(event));
+        if (!w.ok()) co_return;
+      }
+      const absl::Status w = co_await ex.WriteChunk("data: [DONE]\n\n");
+      (void)w;
+      (void)co_await ex.EndStream();
+      co_return;
+    }
+    json::object meta;
+    meta["weight_version_start"] = version_.load();
+    meta["weight_version_end"] = version_.load();
+    json::object out;
+    out["text"] = "ok";
+    out["meta_info"] = std::move(meta);
+    std::string text = json::serialize(out);
+    (void)co_await ex.Respond(JsonResponse(200, std::move(text)));
+  }
+
+  EventLoop& loop_;
+  std::unique_ptr<HttpServer> server_;
+  std::string url_;
+  std::atomic<bool> ready_{false};
+  std::atomic<int64_t> version_{0};
+  std::atomic<Mode> mode_{Mode::kServe};
+  std::atomic<int> generates_{0};
+  std::atomic<int> wakes_{0};
+  std::atomic<int> others_{0};
+};
+
+struct Answer {
+  int status = 0;
+  std::string replica;  // X-Stitch-Replica
+  int64_t version = -1;
+  json::object body;
+  std::string text;
+};
+
+// (Designated initializers of GatewayOptions trip GCC 12's
+// maybe-uninitialized warning on its std::string members.)
+GatewayOptions Options(std::chrono::milliseconds admission_wait,
+                       std::chrono::milliseconds poll_interval) {
+  GatewayOptions options;
+  options.admission_wait = admission_wait;
+  options.poll_interval = poll_interval;
+  return options;
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  ~GatewayTest() override { StopGateway(); }
+
+  StubReplica& AddStub(bool ready, int64_t version) {
+    stubs_.push_back(std::make_unique<StubReplica>(loop_, ready, version));
+    return *stubs_.back();
+  }
+  std::string StaticSpec() const {
+    std::string spec = "static:";
+    for (size_t i = 0; i < stubs_.size(); ++i) spec += (i ? "," : "") + stubs_[i]->url();
+    return spec;
+  }
+
+  void StartGateway(std::string spec, GatewayOptions options = Options(30s, 50ms)) {
+    auto pool = MakePool(spec, WakeOptions{.timeout = 2000ms});
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    auto gateway = Gateway::Start(loop_.executor(), *pool_, workers_, options);
+    ASSERT_TRUE(gateway.ok()) << gateway.status();
+    gateway_ = *std::move(gateway);
+  }
+  void StopGateway() {
+    if (gateway_ == nullptr) return;
+    loop_.BlockOn(gateway_->Shutdown());
+    gateway_.reset();
+  }
+
+  static awaitable<PoolState> ReadSnapshot(const Gateway* g) {
+    PoolState s = g->Snapshot();
+    co_return s;
+  }
+  static awaitable<GatewayCounters> ReadCounters(const Gateway* g) {
+    GatewayCounters c = g->counters();
+    co_return c;
+  }
+  PoolState Snapshot() { return loop_.BlockOn(ReadSnapshot(gateway_.get())); }
+  GatewayCounters Counters() { return loop_.BlockOn(ReadCounters(gateway_.get())); }
+  bool ReadyCount(int n) {
+    return Eventually([&] { return Snapshot().ready_count() == n; });
+  }
+
+  Answer Generate(const std::string& constraint, const std::string& session = "",
+                  bool stream = false) {
+    std::string body = R"({"text":"hi")";
+    if (!constraint.empty()) body += R"(,"weight_version":)" + constraint;
+    if (stream) body += R"(,"stream":true)";
+    body += "}";
+    FetchOptions options;
+    options.timeout = 30s;
+    if (!session.empty()) options.headers.Set("X-Session-Id", session);
+    auto r = HttpFetch("POST", gateway_->url() + "/generate", body, options);
+    Answer a;
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      return a;
+    }
+    a.status = r->status;
+    a.text = r->body;
+    if (auto rep = r->headers.Get("X-Stitch-Replica")) a.replica = std::string(*rep);
+    a.body = Parse(r->body);
+    if (const json::value* meta = a.body.if_contains("meta_info")) {
+      a.version = meta->at("weight_version_end").as_int64();
+    }
+    return a;
+  }
+
+  EventLoop loop_;
+  WorkerPool workers_{2};
+  std::vector<std::unique_ptr<StubReplica>> stubs_;
+  std::unique_ptr<Pool> pool_;
+  std::unique_ptr<Gateway> gateway_;
+};
+
+TEST_F(GatewayTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
+  StubReplica& v1 = AddStub(true, 1);
+  StubReplica& v2 = AddStub(true, 2);
+  StubReplica& v3 = AddStub(true, 3);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(3));
+  std::set<std::string> any;
+  for (int i = 0; i < 30; ++i) {
+    Answer exact = Generate(R"({"exact_version":2})");
+    EXPECT_EQ(exact.status, 200) << exact.text;
+    EXPECT_EQ(exact.version, 2);
+    EXPECT_EQ(exact.replica, v2.url());
+    Answer min = Generate(R"({"min_version":2})");
+    EXPECT_EQ(min.status, 200) << min.text;
+    EXPECT_GE(min.version, 2);
+    EXPECT_NE(min.replica, v1.url());
+    Answer free = Generate("");
+    EXPECT_EQ(free.status, 200);
+    any.insert(free.replica);
+  }
+  EXPECT_EQ(v1.generates() + v2.generates() + v3.generates(), 90);
+  EXPECT_EQ(any.size(), 3u) << "unconstrained requests spread over the pool";
+  EXPECT_EQ(Counters().retried, 0u);
+}
+
+TEST_F(GatewayTest, ASessionStaysOnItsReplicaWhileItCan) {
+  for (int i = 0; i < 4; ++i) AddStub(true, 1);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(4));
+  const std::string first = Generate("", "s-1").replica;
+  ASSERT_FALSE(first.empty());
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("", "s-1").replica, first);
+  // Its replica leaves rotation: the session moves, then sticks again.
+  StubReplica* home = nullptr;
+  for (auto& s : stubs_) {
+    if (s->url() == first) home = s.get();
+  }
+  ASSERT_NE(home, nullptr);
+  home->set_ready(false);
+  ASSERT_TRUE(ReadyCount(3));
+  const std::string second = Generate("", "s-1").replica;
+  EXPECT_NE(second, first);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(Generate("", "s-1").replica, second);
+}
+
+TEST_F(GatewayTest, A503IsRetriedOnAnotherReplica) {
+  StubReplica& bad = AddStub(true, 1);
+  StubReplica& good = AddStub(true, 1);
+  bad.set_mode(StubReplica::Mode::kUnavailable);
+  StartGateway(StaticSpec(), Options(30s, 60s));
+  ASSERT_TRUE(ReadyCount(2));
+  for (int i = 0; i < 100 && bad.generates() == 0; ++i) {
+    Answer a = Generate(R"({"min_version":1})");
+    EXPECT_EQ(a.status, 200) << a.text;
+    EXPECT_EQ(a.replica, good.url());
+  }
+  EXPECT_EQ(bad.generates(), 1);
+  EXPECT_EQ(Counters().retried, 1u);
+}
+
+TEST_F(GatewayTest, AReplicaDyingMidRequestIsRetriedElsewhere) {
+  StubReplica& dying = AddStub(true, 1);
+  StubReplica& good = AddStub(true, 1);
+  dying.set_mode(StubReplica::Mode::kDieMidRequest);
+  StartGateway(StaticSpec(), Options(30s, 60s));
+  ASSERT_TRUE(ReadyCount(2));
+  for (int i = 0; i < 100 && dying.generates() == 0; ++i) {
+    Answer a = Generate("");
+    EXPECT_EQ(a.status, 200) << a.text;
+    EXPECT_EQ(a.replica, good.url());
+  }
+  EXPECT_EQ(dying.generates(), 1);
+  EXPECT_GE(Counters().retried, 1u);
+  PoolState s = Snapshot();
+  for (const auto& r : s.replicas) {
+    if (r.url == dying.url()) {
+      EXPECT_FALSE(r.state.ready);
+    }
+  }
+}
+
+TEST_F(GatewayTest, AStale409IsRetriedAndTheVersionLearned) {
+  // The gateway believes both replicas serve v2; one actually fell back to
+  // v1 and answers 409: the request lands on the other.
+  StubReplica& stale = AddStub(true, 2);
+  StubReplica& good = AddStub(true, 2);
+  StartGateway(StaticSpec(), Options(30s, 60s));
+  ASSERT_TRUE(ReadyCount(2));
+  stale.set_version(1);
+  for (int i = 0; i < 100 && stale.generates() == 0; ++i) {
+    Answer a = Generate(R"({"exact_version":2})");
+    EXPECT_EQ(a.status, 200) << a.text;
+    EXPECT_EQ(a.replica, good.url());
+  }
+  EXPECT_EQ(stale.generates(), 1) << "after its 409 the gateway knows it serves v1";
+  for (const auto& r : Snapshot().replicas) {
+    if (r.url == stale.url()) {
+      EXPECT_EQ(r.state.applied->version, 1);
+    }
+  }
+}
+
+TEST_F(GatewayTest, WaitsForTheFleetToCatchUp) {
+  StubReplica& replica = AddStub(true, 1);
+  StartGateway(StaticSpec(), Options(20s, 60s));
+  ASSERT_TRUE(ReadyCount(1));
+  auto pending = std::async(std::launch::async, [&] { return Generate(R"({"exact_version":2})"); });
+  ASSERT_TRUE(Eventually([&] { return Counters().waited == 1; }));
+  EXPECT_TRUE(Eventually([&] { return replica.wakes() >= 1; })) << "the fleet is woken";
+  EXPECT_EQ(pending.wait_for(0s), std::future_status::timeout);
+  replica.set_version(2);  // the publish lands
+  Answer a = pending.get();
+  EXPECT_EQ(a.status, 200) << a.text;
+  EXPECT_EQ(a.version, 2);
+  EXPECT_EQ(Counters().rejected, 0u);
+}
+
+TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {
+  AddStub(true, 1);
+  StartGateway(StaticSpec(), Options(300ms, 50ms));
+  ASSERT_TRUE(ReadyCount(1));
+  const auto start = std::chrono::steady_clock::now();
+  Answer a = Generate(R"({"exact_version":5})");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  EXPECT_EQ(a.status, 409) << a.text;
+  EXPECT_EQ(a.body["type"].as_string(), "WeightVersionNotReady");
+  EXPECT_EQ(a.body["target_version"].as_int64(), 5);
+  EXPECT_EQ(a.body["applied"].as_string(), "r1/weight_v000001");
+  EXPECT_THAT(std::string(a.body["message"].as_string()), HasSubstr("exact v5"));
+  GatewayCounters c = Counters();
+  EXPECT_EQ(c.waited, 1u);
+  EXPECT_EQ(c.rejected, 1u);
+}
+
+TEST_F(GatewayTest, StreamsArePassedThrough) {
+  AddStub(true, 3);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(1));
+  Answer a = Generate(R"({"exact_version":3})", "", /*stream=*/true);
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.text,
+            "data: {\"token\":0}\n\ndata: {\"token\":1}\n\ndata: {\"token\":2}\n\ndata: "
+            "[DONE]\n\n");
+}
+
+TEST_F(GatewayTest, EngineControlRoutesAreNeverForwarded) {
+  StubReplica& replica = AddStub(true, 1);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(1));
+  auto blocked = HttpFetch("POST", gateway_->url() + "/update_weights_from_disk", "{}");
+  ASSERT_TRUE(blocked.ok());
+  EXPECT_EQ(blocked->status, 403);
+  EXPECT_THAT(blocked->body, HasSubstr("RouteBlocked"));
+  auto other = HttpFetch("GET", gateway_->url() + "/get_model_info");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->status, 200);
+  EXPECT_EQ(replica.others(), 1) << "only the ordinary route reached the replica";
+}
+
+TEST_F(GatewayTest, HealthReplicasAndMetrics) {
+  StubReplica& replica = AddStub(false, 1);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(Eventually([&] { return Snapshot().replicas.size() == 1; }));
+  auto health = HttpFetch("GET", gateway_->url() + "/health");
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->status, 503);
+  replica.set_ready(true);
+  ASSERT_TRUE(ReadyCount(1));
+  health = HttpFetch("GET", gateway_->url() + "/health");
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(Generate("").status, 200);
+
+  auto replicas = HttpFetch("GET", gateway_->url() + "/replicas");
+  ASSERT_TRUE(replicas.ok());
+  json::object doc = Parse(replicas->body);
+  ASSERT_TRUE(doc.contains("replicas")) << replicas->body;
+  const json::object& r = doc["replicas"].as_array().at(0).as_object();
+  EXPECT_EQ(r.at("url").as_string(), replica.url());
+  EXPECT_TRUE(r.at("ready").as_bool());
+  EXPECT_EQ(r.at("applied").as_string(), "r1/weight_v000001");
+  EXPECT_EQ(r.at("sync_state").as_string(), "IDLE");
+  EXPECT_EQ(r.at("in_flight").as_int64(), 0);
+
+  auto metrics = HttpFetch("GET", gateway_->url() + "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_gateway_routed_total 1\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_gateway_retried_total 0\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_gateway_waited_total 0\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_gateway_rejected_total 0\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("stitch_gateway_replica_version{replica=\"" + replica.url() + "\"} 1\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("stitch_gateway_replica_in_flight{replica=\"" + replica.url() + "\"} 0\n"));
+}
+
+TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {
+  testing::TempDir tmp;
+  StubReplica& first = AddStub(true, 1);
+  StubReplica& joining = AddStub(false, 1);
+  const auto file = tmp / "replicas.txt";
+  { std::ofstream(file) << first.url() << "\n"; }
+  StartGateway("file:" + file.string());
+  ASSERT_TRUE(ReadyCount(1));
+  { std::ofstream(file, std::ios::app) << joining.url() << "\n"; }
+  ASSERT_TRUE(Eventually([&] { return Snapshot().replicas.size() == 2; }));
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("").replica, first.url());
+  EXPECT_EQ(joining.generates(), 0);
+  joining.set_ready(true);
+  ASSERT_TRUE(ReadyCount(2));
+  EXPECT_TRUE(Eventually([&] { return Generate("").replica == joining.url(); }));
+}
+
+TEST_F(GatewayTest, DiscoversReplicasThroughDns) {
+  StubReplica& replica = AddStub(true, 4);
+  const std::string port = replica.url().substr(replica.url().rfind(':') + 1);
+  // localhost resolves through /etc/hosts (maybe also to ::1, where the stub
+  // does not listen: that address simply never becomes ready).
+  StartGateway("dns:localhost:" + port);
+  ASSERT_TRUE(ReadyCount(1));
+  Answer a = Generate(R"({"exact_version":4})");
+  EXPECT_EQ(a.status, 200) << a.text;
+  EXPECT_EQ(a.replica, replica.url());
+}
+
+TEST_F(GatewayTest, BadRequestsAreRefusedUpFront) {
+  AddStub(true, 1);
+  StartGateway(StaticSpec());
+  auto r = HttpFetch("POST", gateway_->url() + "/generate",
+                     R"({"weight_version":{"exact_version":"x"}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 400);
+  r = HttpFetch("POST", gateway_->url() + "/generate", "not json");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 400);
+}
+
+}  // namespace
+}  // namespace stitch
