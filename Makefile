@@ -11,6 +11,7 @@ CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
 .PHONY: all deps build test test-asan fuzz format format-check lint bench clean
+.PHONY: python-test
 
 all: build
 
@@ -25,6 +26,7 @@ build: deps $(BUILD)/build.ninja
 
 test: deps format-check build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	$(MAKE) --no-print-directory python-test
 	$(MAKE) --no-print-directory fuzz
 
 test-asan: deps
@@ -61,4 +63,14 @@ lint: deps $(BUILD)/build.ninja
 	$(CLANG_TIDY) -p $(BUILD) --quiet $(filter %.cc,$(SOURCES))
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-python
+
+# The Python package (pyproject.toml, sources in python/): built into the
+# project venv, incrementally in build-python/ (one compile job), then its
+# pytest suite.
+PYTHON_VENV ?= .venv
+PYTHON_JOBS ?= 1
+python-test: deps
+	CMAKE_BUILD_PARALLEL_LEVEL=$(PYTHON_JOBS) $(PYTHON_VENV)/bin/pip install --quiet \
+	  --no-build-isolation -C build-dir=build-python/{wheel_tag} .
+	$(PYTHON_VENV)/bin/python -m pytest -q python/tests

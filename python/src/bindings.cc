@@ -1,0 +1,588 @@
+// nanobind bindings: the C++ core as the private module stitch._stitch. The
+// Pythonic surface (names, dict/array handling, exceptions) is in
+// src/stitch/*.py; this file only converts types and releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+#include <nanobind/trampoline.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "encode_floor.h"
+#include "stitch/core/constraint.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/version.h"
+#include "stitch/format/delta_apply.h"
+#include "stitch/format/delta_encode.h"
+#include "stitch/format/delta_kernel.h"
+#include "stitch/format/delta_verify.h"
+#include "stitch/format/safetensors.h"
+#include "stitch/pool/pool.h"
+#include "stitch/publish/claim.h"
+#include "stitch/publish/multihost.h"
+#include "stitch/publish/publish.h"
+#include "stitch/publish/request.h"
+#include "stitch/publish/trainer_comms.h"
+#include "stitch/store/store.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace stitch {
+namespace {
+
+// Raises the Python exception of stitch.errors that matches the status's
+// kind (else its code); `fallback` names the class for everything else.
+[[noreturn]] void Raise(const absl::Status& status, const char* fallback) {
+  nb::gil_scoped_acquire gil;
+  nb::module_ errors = nb::module_::import_("stitch.errors");
+  const char* name = fallback;
+  nb::dict extra;
+  switch (GetErrorKind(status)) {
+    case ErrorKind::kPointerRewind:
+      name = "PointerRewind";
+      break;
+    case ErrorKind::kPointerConflict: {
+      name = "PointerConflict";
+      if (auto d = GetConflictDetails(status)) {
+        extra["expected"] = d->expected;
+        extra["actual"] = d->actual;
+        extra["proposed"] = d->proposed;
+      }
+      break;
+    }
+    case ErrorKind::kChecksumMismatch:
+      name = "ChecksumMismatch";
+      break;
+    case ErrorKind::kVersionNotReady:
+      name = "VersionNotReady";
+      break;
+    case ErrorKind::kOther:
+      switch (status.code()) {
+        case absl::StatusCode::kDataLoss:
+          name = "ChecksumMismatch";
+          break;
+        case absl::StatusCode::kInvalidArgument:
+          name = "InvalidArgument";
+          break;
+        case absl::StatusCode::kNotFound:
+          name = "NotFound";
+          break;
+        default:
+          break;
+      }
+  }
+  nb::object cls = errors.attr(name);
+  nb::object exc = cls(std::string(status.message()),
+                       "code"_a = absl::StatusCodeToString(status.code()), **extra);
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw nb::python_error();
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> r, const char* fallback) {
+  if (!r.ok()) Raise(r.status(), fallback);
+  return *std::move(r);
+}
+
+void Check(const absl::Status& s, const char* fallback) {
+  if (!s.ok()) Raise(s, fallback);
+}
+
+using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using MutableBytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// (name, safetensors dtype, shape, the tensor's bytes as a flat uint8 array)
+using TensorArg = std::tuple<std::string, std::string, std::vector<int64_t>, Bytes>;
+
+std::vector<TensorView> Views(const std::vector<TensorArg>& tensors) {
+  std::vector<TensorView> views;
+  views.reserve(tensors.size());
+  for (const auto& [name, dtype, shape, bytes] : tensors) {
+    DType d = Check(ParseDType(dtype), "InvalidArgument");
+    views.push_back(
+        TensorView{name, d, shape,
+                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()),
+                                              bytes.size())});
+  }
+  return views;
+}
+
+// The safetensors dtype name of a DLPack dtype, or "" when it has none.
+std::string DTypeOfDLPack(nb::dlpack::dtype d) {
+  if (d.lanes != 1) return "";
+  using Code = nb::dlpack::dtype_code;
+  switch (static_cast<Code>(d.code)) {
+    case Code::Int:
+      return d.bits == 8    ? "I8"
+             : d.bits == 16 ? "I16"
+             : d.bits == 32 ? "I32"
+             : d.bits == 64 ? "I64"
+                            : "";
+    case Code::UInt:
+      return d.bits == 8    ? "U8"
+             : d.bits == 16 ? "U16"
+             : d.bits == 32 ? "U32"
+             : d.bits == 64 ? "U64"
+                            : "";
+    case Code::Float:
+      return d.bits == 16 ? "F16" : d.bits == 32 ? "F32" : d.bits == 64 ? "F64" : "";
+    case Code::Bfloat:
+      return d.bits == 16 ? "BF16" : "";
+    case Code::Bool:
+      return d.bits == 8 ? "BOOL" : "";
+    case Code::Float8_E4M3FN:
+      return d.bits == 8 ? "F8_E4M3" : "";
+    case Code::Float8_E5M2:
+      return d.bits == 8 ? "F8_E5M2" : "";
+    default:
+      return "";
+  }
+}
+
+[[noreturn]] void RaiseInvalid(const std::string& message) {
+  Raise(absl::InvalidArgumentError(message), "InvalidArgument");
+}
+
+// A zero-copy view of a CPU array imported through DLPack (or the buffer
+// protocol): its safetensors dtype, shape, and its bytes as a flat uint8
+// NumPy array that keeps the import (and so the producer's memory) alive.
+nb::tuple DLPackView(const std::string& name, nb::ndarray<nb::ro> a) {
+  if (a.device_type() != nb::device::cpu::value) {
+    RaiseInvalid(absl::StrCat("stitch: tensor \"", name,
+                              "\" is not in CPU memory; copy it to the CPU first"));
+  }
+  const nb::dlpack::dtype d = a.dtype();
+  std::string dtype = DTypeOfDLPack(d);
+  if (dtype.empty()) {
+    RaiseInvalid(absl::StrCat("stitch: tensor \"", name, "\" has a dtype (DLPack code ",
+                              static_cast<int>(d.code), ", ", static_cast<int>(d.bits), " bits, ",
+                              static_cast<int>(d.lanes),
+                              " lanes) with no safetensors equivalent; pass (uint8 view, "
+                              "\"DTYPE\") instead"));
+  }
+  std::vector<int64_t> shape(a.ndim());
+  int64_t expected = 1;
+  bool contiguous = true;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    shape[i] = static_cast<int64_t>(a.shape(i));
+    if (shape[i] != 1 && a.stride(i) != expected) contiguous = false;
+    expected *= shape[i];
+  }
+  if (!contiguous && a.size() > 0) {
+    RaiseInvalid(absl::StrCat("stitch: tensor \"", name,
+                              "\" is not C-contiguous; call .contiguous() (torch) or "
+                              "np.ascontiguousarray first"));
+  }
+  // The view owns a reference to the import, so the producer's DLPack
+  // deleter runs only when the last view of its memory is gone.
+  nb::capsule owner(new nb::ndarray<nb::ro>(a),
+                    [](void* p) noexcept { delete static_cast<nb::ndarray<nb::ro>*>(p); });
+  const size_t n = a.nbytes();
+  nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>> bytes(n == 0 ? nullptr : a.data(), {n}, owner);
+  return nb::make_tuple(dtype, shape, bytes);
+}
+
+// Copies each source into its destination (same sizes), the bytes split
+// evenly over `threads` workers (0: every core).
+void CopyBytes(const std::vector<std::pair<Bytes, MutableBytes>>& pairs, int threads) {
+  size_t total = 0;
+  for (const auto& [src, dst] : pairs) {
+    if (src.size() != dst.size()) RaiseInvalid("stitch: copy between arrays of different sizes");
+    total += src.size();
+  }
+  // Below a few MiB a thread costs more than it saves.
+  constexpr size_t kMinBytesPerWorker = size_t{4} << 20;
+  const size_t workers = std::clamp<size_t>(
+      total / kMinBytesPerWorker, 1, static_cast<size_t>(threads > 0 ? threads : DefaultThreads()));
+  const size_t per = (total + workers - 1) / workers;
+  nb::gil_scoped_release release;
+  auto copy_range = [&](size_t begin, size_t end) {
+    size_t at = 0;
+    for (const auto& [src, dst] : pairs) {
+      const size_t lo = std::max(begin, at), hi = std::min(end, at + src.size());
+      if (lo < hi) std::memcpy(dst.data() + (lo - at), src.data() + (lo - at), hi - lo);
+      at += src.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < workers && w * per < total; ++w) {
+    pool.emplace_back(copy_range, w * per, std::min(total, (w + 1) * per));
+  }
+  copy_range(0, std::min(total, per));
+  for (std::thread& t : pool) t.join();
+}
+
+// The pool a spec names (pool.h, MakePool), or none.
+std::unique_ptr<Pool> MaybePool(const std::optional<std::string>& spec) {
+  if (!spec || spec->empty()) return nullptr;
+  return Check(MakePool(*spec), "InvalidArgument");
+}
+
+// A TrainerComms implemented in Python (stitch.TrainerComms subclasses).
+// nanobind's trampoline takes the GIL for each call; a Python exception in
+// all_gather becomes an Unavailable status so every rank sees a failure.
+class PyTrainerComms : public TrainerComms {
+ public:
+  NB_TRAMPOLINE(TrainerComms, 4);
+  int rank() const override { NB_OVERRIDE_PURE(rank); }
+  int world_size() const override { NB_OVERRIDE_PURE(world_size); }
+  bool IsHostLeader() const override { NB_OVERRIDE_PURE_NAME("is_host_leader", IsHostLeader); }
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view value) override {
+    nb::detail::ticket nb_ticket(nb_trampoline, "all_gather", nb::detail::str_hash("all_gather"),
+                                 true);
+    try {
+      nb::object result =
+          nb_trampoline.base().attr(nb_ticket.key)(nb::bytes(value.data(), value.size()));
+      std::vector<std::string> values;
+      for (nb::handle item : result) {
+        nb::bytes b = nb::cast<nb::bytes>(item);
+        values.emplace_back(b.c_str(), b.size());
+      }
+      return values;
+    } catch (nb::python_error& e) {
+      return absl::UnavailableError(
+          absl::StrCat("stitch: TrainerComms.all_gather failed: ", e.what()));
+    } catch (std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("stitch: TrainerComms.all_gather returned a bad value: ", e.what()));
+    }
+  }
+};
+
+nb::dict EncodeResultDict(const EncodeResult& r) {
+  nb::dict d;
+  d["version"] = r.version;
+  d["base_version"] = r.base_version;
+  d["tensors"] = r.tensors;
+  d["changed_tensors"] = r.changed_tensors;
+  d["checkpoint_bytes"] = r.checkpoint_bytes;
+  d["payload_bytes"] = r.payload_bytes;
+  d["files"] = r.files;
+  return d;
+}
+
+}  // namespace
+}  // namespace stitch
+
+NB_MODULE(_stitch, m) {
+  using namespace stitch;
+
+  nb::class_<VersionRef>(m, "VersionRef")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](VersionRef* self, std::string run_id, int64_t version) {
+            new (self) VersionRef{std::move(run_id), version};
+          },
+          "run_id"_a, "version"_a)
+      .def_static(
+          "parse",
+          [](const std::string& text) { return Check(VersionRef::Parse(text), "InvalidArgument"); },
+          "text"_a)
+      .def_rw("run_id", &VersionRef::run_id)
+      .def_rw("version", &VersionRef::version)
+      .def_prop_ro("dir_name", &VersionRef::DirName)
+      .def("__str__", &VersionRef::ToString)
+      .def("__repr__", [](const VersionRef& v) { return "VersionRef('" + v.ToString() + "')"; })
+      .def("__eq__", [](const VersionRef& a, const VersionRef& b) { return a == b; })
+      .def("__hash__", [](const VersionRef& v) { return nb::hash(nb::str(v.ToString().c_str())); });
+
+  nb::class_<VersionConstraint>(m, "VersionConstraint")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](VersionConstraint* self, std::optional<int64_t> min_version,
+             std::optional<int64_t> exact_version) {
+            new (self) VersionConstraint{min_version, exact_version};
+          },
+          "min_version"_a = nb::none(), "exact_version"_a = nb::none())
+      .def_static("exact", &VersionConstraint::Exact, "version"_a)
+      .def_static("at_least", &VersionConstraint::AtLeast, "version"_a)
+      .def_static(
+          "from_json",
+          [](const std::string& json) {
+            return Check(VersionConstraint::FromJson(json), "InvalidArgument");
+          },
+          "json"_a)
+      .def_static(
+          "for_request",
+          [](std::optional<int64_t> latest, int64_t lag, std::optional<int64_t> exact) {
+            return Check(MakeRequestConstraint(latest, lag, exact), "InvalidArgument");
+          },
+          "latest"_a = nb::none(), "lag"_a = 0, "exact"_a = nb::none())
+      .def_rw("min_version", &VersionConstraint::min_version)
+      .def_rw("exact_version", &VersionConstraint::exact_version)
+      .def_prop_ro("empty", &VersionConstraint::empty)
+      .def_prop_ro("is_exact", &VersionConstraint::is_exact)
+      .def_prop_ro("target", &VersionConstraint::target)
+      .def("satisfied_by", &VersionConstraint::SatisfiedBy, "applied"_a.none())
+      .def("to_json", &VersionConstraint::ToJson)
+      .def("__str__", &VersionConstraint::ToString)
+      .def("__repr__",
+           [](const VersionConstraint& c) { return "VersionConstraint(" + c.ToJson() + ")"; })
+      .def("__eq__", [](const VersionConstraint& a, const VersionConstraint& b) { return a == b; });
+
+  nb::class_<Store>(m, "Store")
+      .def_prop_ro("uri", &Store::uri)
+      .def_prop_ro("run_id", &Store::run_id)
+      .def(
+          "read_pointer",
+          [](Store& s) {
+            absl::StatusOr<std::optional<VersionRef>> r;
+            {
+              nb::gil_scoped_release release;
+              r = s.ReadPointer();
+            }
+            return Check(std::move(r), "StoreError");
+          },
+          "The version the pointer names, or None when it was never set.")
+      .def(
+          "advance_pointer",
+          [](Store& s, std::optional<VersionRef> expected, const VersionRef& proposed) {
+            absl::Status st;
+            {
+              nb::gil_scoped_release release;
+              st = s.AdvancePointer(expected, proposed);
+            }
+            Check(st, "StoreError");
+          },
+          "expected"_a.none(), "proposed"_a,
+          "Compare-and-swap of the pointer; PointerConflict or PointerRewind on refusal.")
+      .def("refresh",
+           [](Store& s) {
+             absl::Status st;
+             {
+               nb::gil_scoped_release release;
+               st = s.Refresh();
+             }
+             Check(st, "StoreError");
+           })
+      .def(
+          "materialize",
+          [](Store& s, int64_t version) {
+            absl::StatusOr<std::filesystem::path> r;
+            {
+              nb::gil_scoped_release release;
+              r = s.Materialize(version);
+            }
+            return Check(std::move(r), "StoreError").string();
+          },
+          "version"_a);
+
+  m.def(
+      "open_store",
+      [](const std::string& uri, const std::string& run_id, std::optional<std::string> cache_dir) {
+        StoreOptions options{
+            run_id, cache_dir ? std::filesystem::path(*cache_dir) : std::filesystem::path()};
+        absl::StatusOr<std::unique_ptr<Store>> r;
+        {
+          nb::gil_scoped_release release;
+          r = OpenStore(uri, options);
+        }
+        return Check(std::move(r), "StoreError");
+      },
+      "uri"_a, "run_id"_a, "cache_dir"_a = nb::none());
+
+  m.def(
+      "claim_run",
+      [](Store& store, int64_t boot_version, std::optional<std::string> pool_spec) {
+        std::unique_ptr<Pool> pool = MaybePool(pool_spec);
+        absl::StatusOr<ClaimOutcome> r;
+        {
+          nb::gil_scoped_release release;
+          r = ClaimRun(store, boot_version, pool.get());
+        }
+        ClaimOutcome o = Check(std::move(r), "StoreError");
+        return std::make_tuple(o.pointer, o.previous, o.moved);
+      },
+      "store"_a, "boot_version"_a, "pool"_a = nb::none());
+
+  m.def(
+      "publish_version",
+      [](Store& store, const std::string& dir, std::optional<std::string> pool_spec) {
+        std::unique_ptr<Pool> pool = MaybePool(pool_spec);
+        absl::StatusOr<VersionRef> r;
+        {
+          nb::gil_scoped_release release;
+          r = PublishVersion(store, dir, pool.get());
+        }
+        return Check(std::move(r), "StoreError");
+      },
+      "store"_a, "version_dir"_a, "pool"_a = nb::none());
+
+  nb::class_<TrainerComms, PyTrainerComms>(m, "TrainerComms")
+      .def(nb::init<>())
+      .def("rank", &TrainerComms::rank)
+      .def("world_size", &TrainerComms::world_size)
+      .def("is_host_leader", &TrainerComms::IsHostLeader);
+
+  m.def(
+      "publish_from_hosts",
+      [](Store& store, TrainerComms& comms, const std::string& dir, std::vector<std::string> files,
+         std::optional<std::string> pool_spec) {
+        std::unique_ptr<Pool> pool = MaybePool(pool_spec);
+        MultiHostPublishOptions options;
+        options.files = std::move(files);
+        options.pool = pool.get();
+        absl::StatusOr<VersionRef> r;
+        {
+          nb::gil_scoped_release release;
+          r = PublishFromHosts(store, comms, dir, options);
+        }
+        return Check(std::move(r), "StoreError");
+      },
+      "store"_a, "comms"_a, "version_dir"_a, "files"_a = std::vector<std::string>(),
+      "pool"_a = nb::none());
+
+  m.def(
+      "constrain_request_body",
+      [](const std::string& body, std::optional<int64_t> latest, int64_t lag,
+         std::optional<int64_t> exact) {
+        return Check(ConstrainRequestBodyToLatest(body, latest, lag, exact), "InvalidArgument");
+      },
+      "body"_a, "latest"_a.none(), "lag"_a, "exact"_a.none());
+
+  m.def(
+      "apply_chain",
+      [](const std::string& anchor_dir, const std::vector<std::string>& delta_dirs,
+         const std::string& out_dir, const std::string& run_id,
+         std::optional<int64_t> anchor_version, int threads) {
+        std::vector<std::filesystem::path> deltas(delta_dirs.begin(), delta_dirs.end());
+        ApplyOptions options;
+        options.run_id = run_id;
+        options.anchor_version = anchor_version;
+        options.threads = threads;
+        absl::StatusOr<MaterializeResult> r;
+        {
+          nb::gil_scoped_release release;
+          r = MaterializeCheckpoint(anchor_dir, deltas, out_dir, options);
+        }
+        MaterializeResult res = Check(std::move(r), "StitchError");
+        nb::dict d;
+        d["version"] = res.version;
+        d["applied_on"] = res.applied_on;
+        d["reseeded"] = res.reseeded;
+        d["deltas_applied"] = res.deltas_applied;
+        d["tensors_changed"] = res.tensors_changed;
+        return d;
+      },
+      "anchor_dir"_a, "delta_dirs"_a, "out_dir"_a, "run_id"_a = "", "anchor_version"_a = nb::none(),
+      "threads"_a = 0);
+
+  m.def(
+      "verify",
+      [](const std::string& dir, std::optional<std::string> base_dir, int threads) {
+        std::optional<std::filesystem::path> base;
+        if (base_dir) base = *base_dir;
+        VerifyOptions options;
+        options.threads = threads;
+        absl::StatusOr<VerifyReport> r;
+        {
+          nb::gil_scoped_release release;
+          r = VerifyVersion(dir, base, options);
+        }
+        VerifyReport rep = Check(std::move(r), "StitchError");
+        nb::dict d;
+        d["kind"] = rep.kind == VersionKind::kFull ? "FULL" : "DELTA";
+        d["version"] = rep.version;
+        d["base_version"] = rep.base_version;
+        d["files"] = rep.files;
+        d["tensors"] = rep.tensors;
+        d["bytes"] = rep.bytes;
+        d["payload_bytes"] = rep.payload_bytes;
+        d["checksums_verified"] = rep.checksums_verified;
+        return d;
+      },
+      "version_dir"_a, "base_dir"_a = nb::none(), "threads"_a = 0);
+
+  m.def(
+      "encode_delta",
+      [](const std::vector<TensorArg>& base, const std::vector<TensorArg>& target,
+         const std::string& out_dir, int64_t version, const std::string& run_id, int level,
+         int threads) {
+        std::vector<TensorView> b = Views(base), t = Views(target);
+        EncodeOptions options;
+        options.version = version;
+        options.base_version = version - 1;
+        options.run_id = run_id;
+        options.level = level;
+        options.threads = threads;
+        absl::StatusOr<EncodeResult> r;
+        {
+          nb::gil_scoped_release release;
+          r = EncodeDelta(std::span<const TensorView>(b), std::span<const TensorView>(t), out_dir,
+                          options);
+        }
+        return EncodeResultDict(Check(std::move(r), "StitchError"));
+      },
+      "base"_a, "target"_a, "out_dir"_a, "version"_a, "run_id"_a, "level"_a, "threads"_a);
+
+  m.def("dlpack_view", &DLPackView, "name"_a, "array"_a.noconvert(),
+        "(dtype, shape, flat uint8 view) of a CPU array, without copying it.");
+
+  m.def("copy_bytes", &CopyBytes, "pairs"_a, "threads"_a = 0,
+        "Copies each (source, destination) pair of flat uint8 arrays on `threads` workers.");
+
+  m.def(
+      "encode_floor",
+      [](const Bytes& base, const Bytes& target, size_t tensor_bytes) {
+        if (base.size() != target.size() || tensor_bytes == 0) {
+          RaiseInvalid("stitch: encode_floor needs equal sizes and tensor_bytes > 0");
+        }
+        FloorTiming t;
+        {
+          nb::gil_scoped_release release;
+          t = EncodeFloor(std::span<const std::byte>(
+                              reinterpret_cast<const std::byte*>(base.data()), base.size()),
+                          std::span<const std::byte>(
+                              reinterpret_cast<const std::byte*>(target.data()), target.size()),
+                          tensor_bytes);
+        }
+        return std::make_pair(t.seconds, t.compressed_bytes);
+      },
+      "base"_a, "target"_a, "tensor_bytes"_a,
+      "Seconds of bench/delta_bench's single-threaded encode floor over these bytes (for "
+      "bench/python_encode_bench.py), and the compressed size.");
+
+  m.def(
+      "write_full",
+      [](const std::vector<TensorArg>& tensors, const std::string& out_dir, int64_t version,
+         const std::string& run_id) {
+        std::vector<TensorView> t = Views(tensors);
+        FullVersionOptions options;
+        options.version = version;
+        options.run_id = run_id;
+        absl::StatusOr<FullVersionResult> r;
+        {
+          nb::gil_scoped_release release;
+          r = WriteFullVersion(std::span<const TensorView>(t), out_dir, options);
+        }
+        FullVersionResult res = Check(std::move(r), "StitchError");
+        nb::dict d;
+        d["version"] = res.version;
+        d["tensors"] = res.tensors;
+        d["checkpoint_bytes"] = res.checkpoint_bytes;
+        d["files"] = res.files;
+        return d;
+      },
+      "tensors"_a, "out_dir"_a, "version"_a, "run_id"_a);
+}

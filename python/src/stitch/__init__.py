@@ -1,0 +1,146 @@
+"""Stitch for trainers: claim a run, publish versions, constrain requests,
+and encode deltas from the weights a trainer holds in memory.
+
+The work is done by Stitch's C++ core (the ``stitch._stitch`` extension);
+calls that touch disk or the network release the GIL.
+
+A trainer's three calls::
+
+    store = stitch.open_store("file:///runs/a", run_id="run-1")
+    stitch.claim_run(store, "run-1", boot_version=0)
+    stitch.publish_version(store, "/scratch/weight_v000001", "run-1")
+    payload, headers = stitch.constrain_request(payload, headers, latest=1, lag=1)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple
+
+from stitch import _stitch
+from stitch._stitch import Store, TrainerComms, VersionConstraint, VersionRef
+from stitch.encoder import DeltaEncoder
+from stitch.errors import (
+    ChecksumMismatch,
+    InvalidArgument,
+    NotFound,
+    PointerConflict,
+    PointerRewind,
+    StitchError,
+    StoreError,
+    VersionNotReady,
+)
+
+
+def _check_pool(pool: Optional[str]) -> Optional[str]:
+    if pool is not None and not isinstance(pool, str):
+        raise InvalidArgument(
+            "stitch: pool must be a spec string (static:URL,URL,..., file:PATH or dns:NAME:PORT) "
+            "or None", "INVALID_ARGUMENT")
+    return pool
+
+
+def _check_run(store: Store, run_id: Optional[str]) -> None:
+    if run_id is not None and run_id != store.run_id:
+        raise InvalidArgument(
+            f"stitch: store {store.uri} is opened for run {store.run_id!r}, not {run_id!r}; "
+            "open the store with the run you mean",
+            "INVALID_ARGUMENT",
+        )
+
+
+def open_store(uri: str, run_id: str, cache_dir: Optional[str] = None) -> Store:
+    """Opens the store at ``uri`` (a path, ``file:///abs/path`` or
+    ``s3://bucket/prefix[?endpoint=URL&region=R]``) scoped to ``run_id``.
+    ``cache_dir`` is where remote stores materialize versions."""
+    return _stitch.open_store(str(uri), run_id, None if cache_dir is None else str(cache_dir))
+
+
+class ClaimOutcome:
+    """What :func:`claim_run` did: where the pointer stands now, what it named
+    before (None: unset), and whether it moved."""
+
+    def __init__(self, pointer: VersionRef, previous: Optional[VersionRef], moved: bool) -> None:
+        self.pointer = pointer
+        self.previous = previous
+        self.moved = moved
+
+    def __repr__(self) -> str:
+        return f"ClaimOutcome(pointer={self.pointer!s}, previous={self.previous!s}, moved={self.moved})"
+
+
+def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
+              pool: Optional[str] = None) -> ClaimOutcome:
+    """Points the store's pointer at ``run_id``'s boot version (a no-op when
+    the run is already claimed), then wakes the replicas of ``pool`` (a spec:
+    ``static:URL,URL,...``, ``file:PATH`` or ``dns:NAME:PORT``). Raises PointerRewind, PointerConflict or
+    StoreError."""
+    _check_run(store, run_id)
+    pointer, previous, moved = _stitch.claim_run(store, int(boot_version), _check_pool(pool))
+    return ClaimOutcome(pointer, previous, moved)
+
+
+def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None,
+                    pool: Optional[str] = None) -> VersionRef:
+    """Publishes the version directory ``version_dir`` (named weight_vNNNNNN,
+    FULL or DELTA), moves the pointer to it and wakes ``pool``'s replicas. Raises PointerRewind,
+    PointerConflict, ChecksumMismatch or StoreError."""
+    _check_run(store, run_id)
+    return _stitch.publish_version(store, str(version_dir), _check_pool(pool))
+
+
+def constrain_request(payload: Mapping[str, Any], headers: Optional[MutableMapping[str, str]] = None,
+                      latest: Optional[int] = None, lag: int = 0, exact: Optional[int] = None,
+                      session_id: Optional[str] = None,
+                      affinity_header: Optional[str] = None) -> Tuple[dict, dict]:
+    """Returns a copy of a rollout request's JSON ``payload`` constrained to
+    version ``exact`` when given, else ``latest - lag`` or newer when
+    ``latest`` is known, and a copy of ``headers`` with ``session_id`` under
+    ``affinity_header`` when both are given."""
+    body = _stitch.constrain_request_body(json.dumps(payload), latest, int(lag), exact)
+    new_headers = dict(headers or {})
+    if session_id is not None and affinity_header:
+        new_headers[affinity_header] = str(session_id)
+    return json.loads(body), new_headers
+
+
+def apply_chain(anchor_dir: str, delta_dirs: Sequence[str], out_dir: str, run_id: str = "",
+                anchor_version: Optional[int] = None, threads: int = 0) -> dict:
+    """Materializes into ``out_dir`` the version the last of ``delta_dirs``
+    produces, from the anchor (FULL or boot checkpoint) in ``anchor_dir``.
+    Raises ChecksumMismatch when a result does not match its checksum."""
+    return _stitch.apply_chain(str(anchor_dir), [str(d) for d in delta_dirs], str(out_dir),
+                               run_id, anchor_version, int(threads))
+
+
+def verify(version_dir: str, base_dir: Optional[str] = None, threads: int = 0) -> dict:
+    """Checks a version directory; with ``base_dir`` (the complete checkpoint
+    a DELTA applies to) also every changed tensor's checksum."""
+    return _stitch.verify(str(version_dir), None if base_dir is None else str(base_dir), int(threads))
+
+
+from stitch.publisher import Publisher  # noqa: E402  (uses the helpers above)
+
+__all__ = [
+    "VersionRef",
+    "VersionConstraint",
+    "Store",
+    "ClaimOutcome",
+    "open_store",
+    "claim_run",
+    "publish_version",
+    "constrain_request",
+    "apply_chain",
+    "verify",
+    "DeltaEncoder",
+    "Publisher",
+    "TrainerComms",
+    "StitchError",
+    "InvalidArgument",
+    "NotFound",
+    "StoreError",
+    "PointerRewind",
+    "PointerConflict",
+    "ChecksumMismatch",
+    "VersionNotReady",
+]

@@ -1,0 +1,137 @@
+"""DeltaEncoder: turns the weights a trainer holds in memory into versions."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from stitch import _stitch
+from stitch.errors import InvalidArgument
+
+# NumPy dtype names -> safetensors dtype names. "bfloat16", "float8_*" are
+# ml_dtypes' names (when it is installed, its arrays work directly). Other
+# array types come in through DLPack, whose dtype the extension maps.
+_NUMPY_DTYPES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16",
+    "float16": "F16", "bfloat16": "BF16", "uint32": "U32", "int32": "I32",
+    "float32": "F32", "uint64": "U64", "int64": "I64", "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+# (name, safetensors dtype, shape, flat uint8 view of the bytes)
+_Tensor = Tuple[str, str, List[int], np.ndarray]
+
+
+def _invalid(message: str) -> InvalidArgument:
+    return InvalidArgument(f"stitch: {message}", "INVALID_ARGUMENT")
+
+
+def _dlpack_view(name: str, value: Any) -> _Tensor:
+    if getattr(value, "requires_grad", False):
+        value = value.detach()  # torch refuses to export a tensor that requires grad
+    try:
+        dtype, shape, data = _stitch.dlpack_view(name, value)
+    except TypeError as e:  # nanobind could not import it (e.g. a device it cannot read)
+        raise _invalid(f"tensor {name!r} ({type(value).__name__}) could not be read through "
+                       f"DLPack: {e}; pass a contiguous CPU array") from None
+    return name, dtype, list(shape), data
+
+
+def as_tensor(name: str, value: Any) -> _Tensor:
+    """A zero-copy byte view of a contiguous CPU array or tensor.
+
+    ``value`` is a NumPy array (ml_dtypes' bfloat16 and float8 included), any
+    object with ``__dlpack__`` (PyTorch CPU tensors of any dtype, bfloat16
+    included; JAX CPU arrays), an object with the buffer protocol, or
+    ``(array, dtype)`` where ``dtype`` is a safetensors name overriding the
+    array's own (e.g. a ``uint16`` view of bfloat16 weights with ``"BF16"``).
+    """
+    dtype_override = None
+    if isinstance(value, tuple):
+        value, dtype_override = value
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        n, dtype, shape, data = _dlpack_view(name, value)
+        return n, dtype_override or dtype, shape, data
+    arr = np.asarray(value)
+    if not arr.flags.c_contiguous:
+        raise _invalid(f"array {name!r} is not C-contiguous; use np.ascontiguousarray first")
+    if arr.dtype.byteorder == ">":
+        raise _invalid(f"array {name!r} is big-endian; safetensors are little-endian "
+                       "(use arr.astype(arr.dtype.newbyteorder('<')))")
+    dtype = dtype_override or _NUMPY_DTYPES.get(arr.dtype.name)
+    if dtype is None:
+        raise _invalid(f"array {name!r} has unsupported dtype {arr.dtype}")
+    data = arr.reshape(-1).view(np.uint8)
+    return name, dtype, list(arr.shape), data
+
+
+def _make_parent(out_dir: Any) -> None:
+    parent = os.path.dirname(os.path.abspath(os.fspath(out_dir)))
+    os.makedirs(parent, exist_ok=True)
+
+
+class DeltaEncoder:
+    """Holds the last published weights and writes the next version.
+
+    ``tensors`` maps names to the weights of version ``version`` (already
+    published, e.g. the boot checkpoint); they are copied once into a
+    snapshot. Each :meth:`encode` writes version ``version + 1`` as a DELTA
+    against the snapshot (or a FULL anchor with ``full=True``), then updates
+    the snapshot. The GIL is released while the core encodes on ``threads``
+    workers (0: every core).
+    """
+
+    def __init__(self, tensors: Mapping[str, Any], version: int, run_id: str,
+                 level: int = 1, threads: int = 0) -> None:
+        self.version = int(version)
+        self.run_id = run_id
+        self.level = int(level)
+        self.threads = int(threads)
+        self._snapshot: Dict[str, _Tensor] = {}
+        copies = []
+        for name, value in tensors.items():
+            n, dtype, shape, data = as_tensor(name, value)
+            snapshot = np.empty_like(data)
+            copies.append((data, snapshot))
+            self._snapshot[name] = (n, dtype, shape, snapshot)
+        _stitch.copy_bytes(copies, self.threads)
+
+    def _targets(self, tensors: Mapping[str, Any]) -> List[_Tensor]:
+        if set(tensors) != set(self._snapshot):
+            missing = sorted(set(self._snapshot) - set(tensors))
+            extra = sorted(set(tensors) - set(self._snapshot))
+            raise _invalid(f"a delta cannot add or remove tensors (missing {missing}, new {extra}); "
+                           "start a new DeltaEncoder after writing a FULL version")
+        return [as_tensor(name, tensors[name]) for name in self._snapshot]
+
+    def encode(self, tensors: Mapping[str, Any], out_dir: Optional[str] = None, *,
+               full: bool = False) -> Dict[str, Any]:
+        """Writes version ``self.version + 1`` from ``tensors`` into
+        ``out_dir`` (default: ``weight_vNNNNNN`` in the current directory;
+        must not exist or be empty) and returns what was written, with
+        ``"dir"`` set to the directory."""
+        version = self.version + 1
+        if out_dir is None:
+            out_dir = _stitch.VersionRef(self.run_id, version).dir_name
+        targets = self._targets(tensors)
+        _make_parent(out_dir)
+        if full:
+            result = _stitch.write_full(targets, str(out_dir), version, self.run_id)
+        else:
+            base = list(self._snapshot.values())
+            result = _stitch.encode_delta(base, targets, str(out_dir), version, self.run_id,
+                                          self.level, self.threads)
+        _stitch.copy_bytes([(data, self._snapshot[name][3]) for name, _, _, data in targets],
+                           self.threads)
+        self.version = version
+        result["dir"] = os.fspath(out_dir)
+        return result
+
+    def write_anchor(self, out_dir: str) -> Dict[str, Any]:
+        """Writes the snapshot (version ``self.version``) as a FULL version."""
+        _make_parent(out_dir)
+        result = _stitch.write_full(list(self._snapshot.values()), str(out_dir), self.version,
+                                    self.run_id)
+        result["dir"] = os.fspath(out_dir)
+        return result

@@ -1,0 +1,240 @@
+"""DeltaEncoder output applied by the C++ codec and the reference codec."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import delta_reference
+import stitch
+from dlpack_standin import KDL_BFLOAT, KDL_COMPLEX, KDL_CUDA, DLPackOnly
+
+RUN = "run-1"
+
+
+def weights(seed):
+    rng = np.random.default_rng(seed)
+    return {
+        "layer.0.w": rng.standard_normal((64, 33), dtype=np.float32),
+        # bfloat16 as a uint16 view (NumPy has no bfloat16).
+        "layer.0.bf16": (rng.integers(0, 1 << 16, size=(17, 5), dtype=np.uint16), "BF16"),
+        "layer.1.b": rng.standard_normal(9).astype(np.float16),
+        "step": np.array(3, dtype=np.int64),
+    }
+
+
+def perturb(tensors, seed):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, value in tensors.items():
+        arr, dtype = value if isinstance(value, tuple) else (value, None)
+        arr = arr.copy()
+        flat = arr.reshape(-1)
+        if name != "layer.1.b":  # leave one tensor unchanged
+            idx = rng.integers(0, flat.size, size=max(1, flat.size // 50))
+            flat.view(np.uint8)[idx * arr.itemsize] ^= 0x5A
+        out[name] = (arr, dtype) if dtype else arr
+    return out
+
+
+def raw(value):
+    arr = value[0] if isinstance(value, tuple) else value
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+def expect_checkpoint(directory, tensors):
+    got = delta_reference.read_checkpoint(str(directory))
+    assert set(got) == set(tensors)
+    for name, value in tensors.items():
+        dtype, shape, data = got[name]
+        assert np.array_equal(data, raw(value)), name
+    assert got["layer.0.bf16"][0] == "BF16"
+    assert got["layer.0.w"][0] == "F32"
+
+
+@pytest.fixture
+def chain(tmp_path):
+    v0 = weights(0)
+    v1 = perturb(v0, 1)
+    v2 = perturb(v1, 2)
+    enc = stitch.DeltaEncoder(v0, version=0, run_id=RUN)
+    anchor = tmp_path / "weight_v000000"
+    enc.write_anchor(str(anchor))
+    d1 = enc.encode(v1, str(tmp_path / "weight_v000001"))
+    d2 = enc.encode(v2, str(tmp_path / "weight_v000002"))
+    assert enc.version == 2
+    assert d1["changed_tensors"] == 3 and d1["tensors"] == 4
+    return tmp_path, anchor, [d1["dir"], d2["dir"]], (v0, v1, v2)
+
+
+def test_apply_chain_reproduces_the_arrays_bit_for_bit(chain):
+    tmp, anchor, deltas, (v0, v1, v2) = chain
+    result = stitch.apply_chain(str(anchor), deltas, str(tmp / "out"))
+    assert result["version"] == stitch.VersionRef(RUN, 2)
+    assert result["deltas_applied"] == 2
+    expect_checkpoint(tmp / "out", v2)
+    stitch.apply_chain(str(anchor), deltas[:1], str(tmp / "out1"))
+    expect_checkpoint(tmp / "out1", v1)
+
+
+def test_reference_codec_applies_the_encoders_deltas(chain):
+    tmp, anchor, deltas, (_, _, v2) = chain
+    script = os.path.join(os.path.dirname(delta_reference.__file__), "delta_reference.py")
+    subprocess.run([sys.executable, script, "apply", "--anchor", str(anchor), "--out", str(tmp / "ref"),
+                    *deltas], check=True)
+    expect_checkpoint(tmp / "ref", v2)
+
+
+def test_verify_checks_a_delta_against_its_base(chain):
+    tmp, anchor, deltas, _ = chain
+    report = stitch.verify(deltas[0], base_dir=str(anchor))
+    assert report["kind"] == "DELTA" and report["checksums_verified"]
+    assert report["version"] == 1 and report["base_version"] == 0
+    assert stitch.verify(str(anchor))["kind"] == "FULL"
+
+
+def test_delta_against_the_wrong_base_is_a_checksum_mismatch(chain, tmp_path):
+    _, _, deltas, _ = chain
+    other = stitch.DeltaEncoder(weights(99), version=0, run_id=RUN)
+    wrong = tmp_path / "wrong"
+    other.write_anchor(str(wrong))
+    with pytest.raises(stitch.ChecksumMismatch) as info:
+        stitch.verify(deltas[0], base_dir=str(wrong))
+    assert info.value.code == "DATA_LOSS"
+    with pytest.raises(stitch.ChecksumMismatch):
+        stitch.apply_chain(str(wrong), deltas, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_delta_frame_raises_checksum_mismatch(chain):
+    tmp, anchor, deltas, _ = chain
+    payload = [f for f in os.listdir(deltas[0]) if f.endswith(".safetensors")][0]
+    path = os.path.join(deltas[0], payload)
+    data = bytearray(open(path, "rb").read())
+    data[-8] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(stitch.ChecksumMismatch):
+        stitch.apply_chain(str(anchor), deltas, str(tmp / "out"))
+
+
+def test_unchanged_weights_give_an_empty_delta(tmp_path):
+    v0 = weights(0)
+    enc = stitch.DeltaEncoder(v0, version=4, run_id=RUN)
+    result = enc.encode(v0, str(tmp_path / "weight_v000005"))
+    assert result["changed_tensors"] == 0 and result["version"] == 5 and result["base_version"] == 4
+
+
+def test_adding_a_tensor_is_refused(tmp_path):
+    enc = stitch.DeltaEncoder({"a": np.zeros(4, np.float32)}, version=0, run_id=RUN)
+    with pytest.raises(stitch.InvalidArgument):
+        enc.encode({"a": np.zeros(4, np.float32), "b": np.zeros(1, np.float32)}, str(tmp_path / "d"))
+    with pytest.raises(stitch.InvalidArgument):
+        enc.encode({"a": np.zeros((2, 2), np.float32)[:, 0]}, str(tmp_path / "d"))
+
+
+def test_encoder_publishes_through_a_store(tmp_path):
+    store = stitch.open_store(str(tmp_path / "store"), RUN)
+    v0 = weights(0)
+    enc = stitch.DeltaEncoder(v0, version=0, run_id=RUN)
+    stitch.claim_run(store, RUN, boot_version=0)
+    stitch.publish_version(store, enc.encode(v0, str(tmp_path / "weight_v000001"), full=True)["dir"], RUN)
+    v2 = perturb(v0, 5)
+    ref = stitch.publish_version(store, enc.encode(v2, str(tmp_path / "weight_v000002"))["dir"], RUN)
+    assert ref == stitch.VersionRef(RUN, 2) == store.read_pointer()
+    stitch.apply_chain(store.materialize(1), [store.materialize(2)], str(tmp_path / "out"))
+    expect_checkpoint(tmp_path / "out", v2)
+
+
+def test_ml_dtypes_bfloat16_arrays_work_directly(tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.arange(10, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    enc = stitch.DeltaEncoder({"a": a}, version=0, run_id=RUN)
+    enc.write_anchor(str(tmp_path / "v0"))
+    b = a.copy()
+    b[3] = 100
+    enc.encode({"a": b}, str(tmp_path / "v1"))
+    stitch.apply_chain(str(tmp_path / "v0"), [str(tmp_path / "v1")], str(tmp_path / "out"))
+    got = delta_reference.read_checkpoint(str(tmp_path / "out"))["a"]
+    assert got[0] == "BF16" and np.array_equal(got[2], b.view(np.uint8))
+
+
+def round_trip(tmp_path, v0, v1):
+    """Encodes v0 -> v1 as a DELTA and returns what the C++ codec applies."""
+    enc = stitch.DeltaEncoder(v0, version=0, run_id=RUN)
+    enc.write_anchor(str(tmp_path / "v0"))
+    enc.encode(v1, str(tmp_path / "v1"))
+    stitch.apply_chain(str(tmp_path / "v0"), [str(tmp_path / "v1")], str(tmp_path / "out"))
+    return delta_reference.read_checkpoint(str(tmp_path / "out"))
+
+
+def test_dlpack_only_tensors_round_trip_bit_for_bit(tmp_path):
+    rng = np.random.default_rng(3)
+    f32 = rng.standard_normal((32, 7), dtype=np.float32)
+    bf16 = rng.integers(0, 1 << 16, size=(16, 9), dtype=np.uint16)  # bfloat16 bits
+    f32b, bf16b = f32.copy(), bf16.copy()
+    f32b[0, 0] = 42.0
+    bf16b[3, 4] ^= 0x0101
+    v0 = {"f": DLPackOnly(f32), "h": DLPackOnly(bf16, code=KDL_BFLOAT, bits=16)}
+    v1 = {"f": DLPackOnly(f32b), "h": DLPackOnly(bf16b, code=KDL_BFLOAT, bits=16)}
+    got = round_trip(tmp_path, v0, v1)
+    assert got["f"][0] == "F32" and got["f"][1] == [32, 7]
+    assert got["h"][0] == "BF16" and got["h"][1] == [16, 9]
+    assert np.array_equal(got["f"][2], f32b.view(np.uint8).reshape(-1))
+    assert np.array_equal(got["h"][2], bf16b.view(np.uint8).reshape(-1))
+
+
+def test_dlpack_reads_are_zero_copy_and_release_the_export():
+    from stitch.encoder import as_tensor
+
+    bf16 = np.arange(1000, dtype=np.uint16)
+    t = DLPackOnly(bf16, code=KDL_BFLOAT, bits=16)
+    name, dtype, shape, data = as_tensor("w", t)
+    assert (dtype, shape) == ("BF16", [1000])
+    assert data.ctypes.data == bf16.ctypes.data and data.nbytes == bf16.nbytes
+    bf16[0] = 7  # the view sees the trainer's memory, not a copy
+    assert data[:2].view(np.uint16)[0] == 7
+    assert t.deleted == 0
+    del data
+    assert t.deleted == 1  # the consumer released the DLPack export
+    f32 = np.ones(10, np.float32)
+    assert np.shares_memory(as_tensor("f", DLPackOnly(f32))[3], f32)
+
+
+def test_tensors_that_require_grad_are_read_detached(tmp_path):
+    w = np.arange(6, dtype=np.float32)
+    got = round_trip(tmp_path, {"w": DLPackOnly(w, requires_grad=True)},
+                     {"w": DLPackOnly(w + 1, requires_grad=True)})
+    assert np.array_equal(got["w"][2], (w + 1).view(np.uint8))
+
+
+def test_dlpack_tensors_off_the_cpu_or_strided_are_refused():
+    from stitch.encoder import as_tensor
+
+    a = np.zeros((4, 4), np.uint16)
+    with pytest.raises(stitch.InvalidArgument, match="not in CPU memory"):
+        as_tensor("g", DLPackOnly(a, code=KDL_BFLOAT, bits=16, device=KDL_CUDA))
+    with pytest.raises(stitch.InvalidArgument, match="not C-contiguous"):
+        as_tensor("t", DLPackOnly(a, code=KDL_BFLOAT, bits=16, strides=(1, 4)))
+    with pytest.raises(stitch.InvalidArgument, match="no safetensors equivalent"):
+        as_tensor("c", DLPackOnly(np.zeros(4, np.complex64), code=KDL_COMPLEX, bits=64))
+    with pytest.raises(stitch.InvalidArgument, match="not C-contiguous"):
+        as_tensor("s", DLPackOnly(np.zeros((4, 4), np.float32)[:, ::2]))
+
+
+def test_buffer_protocol_objects_are_read_in_place(tmp_path):
+    from stitch.encoder import as_tensor
+
+    w = np.arange(8, dtype=np.float32)
+    view = memoryview(w)
+    assert np.shares_memory(as_tensor("m", view)[3], w)
+    got = round_trip(tmp_path, {"m": memoryview(w.copy())}, {"m": memoryview(w * 2)})
+    assert got["m"][0] == "F32" and np.array_equal(got["m"][2], (w * 2).view(np.uint8))
+
+
+def test_big_endian_arrays_are_refused():
+    from stitch.encoder import as_tensor
+
+    with pytest.raises(stitch.InvalidArgument, match="big-endian"):
+        as_tensor("b", np.zeros(4, dtype=">f4"))
