@@ -303,7 +303,9 @@ NB_MODULE(_stitch, m) {
       .def_prop_ro("dir_name", &VersionRef::DirName)
       .def("__str__", &VersionRef::ToString)
       .def("__repr__", [](const VersionRef& v) { return "VersionRef('" + v.ToString() + "')"; })
-      .def("__eq__", [](const VersionRef& a, const VersionRef& b) { return a == b; })
+      .def(
+          "__eq__", [](const VersionRef& a, const VersionRef& b) { return a == b; },
+          nb::is_operator())
       .def("__hash__", [](const VersionRef& v) { return nb::hash(nb::str(v.ToString().c_str())); });
 
   nb::class_<VersionConstraint>(m, "VersionConstraint")
@@ -339,7 +341,9 @@ NB_MODULE(_stitch, m) {
       .def("__str__", &VersionConstraint::ToString)
       .def("__repr__",
            [](const VersionConstraint& c) { return "VersionConstraint(" + c.ToJson() + ")"; })
-      .def("__eq__", [](const VersionConstraint& a, const VersionConstraint& b) { return a == b; });
+      .def(
+          "__eq__", [](const VersionConstraint& a, const VersionConstraint& b) { return a == b; },
+          nb::is_operator());
 
   nb::class_<Store>(m, "Store")
       .def_prop_ro("uri", &Store::uri)

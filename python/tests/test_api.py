@@ -23,6 +23,9 @@ def test_version_ref_parses_and_prints():
     assert ref.run_id == "run-1" and ref.version == 7
     assert str(ref) == "run-1/weight_v000007"
     assert ref == stitch.VersionRef("run-1", 7)
+    assert ref != stitch.VersionRef("run-1", 8) and ref != stitch.VersionRef("run-2", 7)
+    assert ref != "run-1/weight_v000007" and ref != None  # noqa: E711 - other types compare unequal
+    assert len({ref, stitch.VersionRef("run-1", 7)}) == 1
     assert ref.dir_name == "weight_v000007"
     with pytest.raises(stitch.InvalidArgument):
         stitch.VersionRef.parse("not a version")
