@@ -10,7 +10,7 @@ CLANG_FORMAT ?= clang-format
 CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps build test test-asan fuzz format format-check lint bench clean
+.PHONY: all deps build test test-asan fuzz format format-check lint bench clean demo
 .PHONY: python-test
 
 all: build
@@ -48,6 +48,13 @@ fuzz: deps
 	  "$$f" -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=0 -artifact_prefix=$(FUZZ_BUILD)/ \
 	    $(FUZZ_BUILD)/corpus/$$(basename $$f) fuzz/seeds/$$(basename $$f) 2>&1 | tail -n 2 || exit 1; \
 	done
+
+# The whole system at work on this machine: a trainer learning and publishing,
+# a local fleet following behind a gateway, a replica joining and one killed.
+# DEMO_FLAGS passes options through, e.g. DEMO_FLAGS="--steps 60 --keep".
+DEMO_FLAGS ?=
+demo: deps build
+	$(BUILD)/src/stitch/cli/stitch demo $(DEMO_FLAGS)
 
 bench: deps build
 	@for b in $(BUILD)/bench/*_bench; do echo "== $$b"; "$$b" || exit 1; done

@@ -19,5 +19,7 @@ void AddSidecarCommand(CLI::App& app, int* exit_code);
 void AddGatewayCommand(CLI::App& app, int* exit_code);
 // status, wait-ready and smoke.
 void AddFleetCommands(CLI::App& app, int* exit_code);
+// `stitch demo`: asynchronous RL on a local elastic fleet.
+void AddDemoCommand(CLI::App& app, int* exit_code);
 
 }  // namespace stitch

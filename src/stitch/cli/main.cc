@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   stitch::AddSidecarCommand(app, &exit_code);
   stitch::AddGatewayCommand(app, &exit_code);
   stitch::AddFleetCommands(app, &exit_code);
+  stitch::AddDemoCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

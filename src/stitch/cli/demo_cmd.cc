@@ -1,0 +1,92 @@
+// `stitch demo`: asynchronous RL on a local elastic fleet (src/stitch/demo/demo.h).
+// Exit status: 0 when every check passed, 1 when one failed or the demo could
+// not run, 2 for refused flags, 130 after Ctrl-C.
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "stitch/cli/commands.h"
+#include "stitch/cli/report.h"
+#include "stitch/demo/demo.h"
+
+namespace stitch {
+namespace {
+
+constexpr int kExitRefused = 2;
+
+int RunDemoCommand(const DemoOptions& options) {
+  if (options.replicas < 2 || options.steps < 3 || options.lag < 0 || options.targets.empty()) {
+    ReportFailure(absl::InvalidArgumentError(
+        "demo: --replicas must be at least 2 (one is killed on stage), --steps at least 3, "
+        "--lag at least 0 and --targets non-empty"));
+    return kExitRefused;
+  }
+  // Ctrl-C and SIGTERM reach only the thread below, which asks the demo to
+  // stop; the demo then stops every process it started. Blocked before any
+  // thread exists, so that every thread inherits the mask (the children
+  // unblock them again).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  static std::atomic<bool> stop{false};
+  std::thread([signals] {
+    for (;;) {
+      int received = 0;
+      if (sigwait(&signals, &received) == 0) stop.store(true);
+    }
+  }).detach();
+  return RunDemo(options, stop);
+}
+
+}  // namespace
+
+void AddDemoCommand(CLI::App& app, int* exit_code) {
+  static DemoOptions options;
+  CLI::App* cmd = app.add_subcommand(
+      "demo",
+      "Asynchronous RL on a local elastic fleet: a trainer learning and publishing, reference "
+      "engines with sidecars following behind a gateway, one replica joining and one killed, "
+      "then a summary, DIR/report.html and self-checks");
+  cmd->add_option("--replicas", options.replicas, "Replicas at the start (one more joins)")
+      ->capture_default_str();
+  cmd->add_option("--steps", options.steps, "Training steps (one published version each)")
+      ->capture_default_str();
+  cmd->add_option("--lag", options.lag,
+                  "Rollouts ask for min_version = latest - LAG (bounded staleness)")
+      ->capture_default_str();
+  cmd->add_option("--dir", options.dir,
+                  "Directory for the store, checkpoints, logs and report.html (new or empty; "
+                  "default: a fresh temporary directory)");
+  cmd->add_flag("--keep", options.keep,
+                "Leave the fleet running after the summary and print what to try, until Ctrl-C");
+  cmd->add_option("--targets", options.targets,
+                  "The task: completions are rewarded for the fraction of these bytes")
+      ->capture_default_str();
+  cmd->add_option("--seed", options.seed, "Seed of the base checkpoint and the sampling")
+      ->capture_default_str();
+  cmd->add_option("--anchor-every", options.anchor_every,
+                  "Publish a FULL anchor every K versions (XOR deltas between)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--learning-rate", options.learning_rate, "The trainer's step size")
+      ->capture_default_str();
+  cmd->add_option("--model-hidden", options.model_hidden, "Hidden size of the demo's model")
+      ->capture_default_str();
+  cmd->add_option("--model-layers", options.model_layers, "Decoder layers of the demo's model")
+      ->capture_default_str();
+  cmd->add_option("--prompts", options.prompts_per_step, "Prompts per step")->capture_default_str();
+  cmd->add_option("--group", options.group_size,
+                  "Completions per prompt (their rewards are compared with each other)")
+      ->capture_default_str();
+  cmd->add_option("--tokens", options.max_new_tokens, "Tokens per completion")
+      ->capture_default_str();
+  cmd->callback([exit_code] { *exit_code = RunDemoCommand(options); });
+}
+
+}  // namespace stitch

@@ -1,0 +1,721 @@
+#include "stitch/demo/demo.h"
+
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "stitch/core/version.h"
+#include "stitch/demo/batch.h"
+#include "stitch/demo/fleet.h"
+#include "stitch/demo/policy_gradient.h"
+#include "stitch/demo/publisher.h"
+#include "stitch/demo/report.h"
+#include "stitch/demo/rollout.h"
+#include "stitch/demo/supervisor.h"
+#include "stitch/format/safetensors.h"
+#include "stitch/net/client.h"
+#include "stitch/pool/pool.h"
+#include "stitch/publish/claim.h"
+#include "stitch/refengine/config.h"
+#include "stitch/refengine/tokenizer.h"
+#include "stitch/refengine/weights.h"
+#include "stitch/store/fs_store.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitFailed = 1;
+constexpr int kExitInterrupted = 130;
+constexpr const char* kRunId = "demo";
+constexpr int kRolloutThreads = 16;
+constexpr int kMaxAttempts = 6;
+constexpr auto kRolloutTimeout = std::chrono::seconds(90);
+constexpr auto kFleetReadyTimeout = std::chrono::seconds(90);
+constexpr auto kConvergeTimeout = std::chrono::seconds(30);
+
+// Prompts the policy continues; the task does not depend on them, but
+// different contexts make the policy learn the target bytes rather than one
+// continuation.
+constexpr const char* kPrompts[] = {
+    "Once upon a time", "The trainer said:", "Rollout #",       "stitch> ",
+    "Version 7 of the", "hello, fleet",      "RL on a laptop:", "The replica",
+    "A delta is",       "// TODO:",          "Dear reviewer,",  "42 + 17 =",
+    "In the beginning", "GET /generate",     "fn main() {",     "Quick brown fox",
+};
+
+// --- output -------------------------------------------------------------------
+
+// The person's view: plain lines, plus, on a terminal, one live line that is
+// redrawn in place until its step ends.
+class Console {
+ public:
+  Console() : tty_(::isatty(STDOUT_FILENO) == 1) {}
+
+  bool tty() const { return tty_; }
+
+  // A line of its own (an event): on a terminal, above the live line.
+  void Line(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tty_) std::cout << "\r\033[K";
+    std::cout << text << "\n";
+    if (tty_ && !live_.empty()) std::cout << Fit(live_);
+    std::cout.flush();
+  }
+
+  // Redraws the live line (terminals only).
+  void Live(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ = text;
+    if (!tty_) return;
+    std::cout << "\r\033[K" << Fit(live_);
+    std::cout.flush();
+  }
+
+  // Ends the live line with `text` as its final content.
+  void Commit(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.clear();
+    if (tty_) std::cout << "\r\033[K";
+    std::cout << text << "\n";
+    std::cout.flush();
+  }
+
+ private:
+  static std::string Fit(const std::string& text) {
+    winsize w{};
+    if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 1 && text.size() >= w.ws_col) {
+      return text.substr(0, w.ws_col - 1);
+    }
+    return text;
+  }
+
+  const bool tty_;
+  std::mutex mu_;
+  std::string live_;
+};
+
+std::string FleetText(const std::vector<ReplicaView>& views) {
+  std::string s;
+  for (const ReplicaView& v : views) {
+    absl::StrAppend(&s, s.empty() ? "" : "  ", v.name, " ",
+                    v.applied >= 0 ? absl::StrCat("v", v.applied) : "v-", " ", v.state);
+  }
+  return s;
+}
+
+// --- rollouts -----------------------------------------------------------------
+
+struct RolloutOutcome {
+  GeneratedRollout generated;
+  DemoResponse response;
+};
+
+// One step's rollouts in flight.
+struct PendingBatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::optional<RolloutOutcome>> results;
+  std::vector<std::vector<int32_t>> prompts;
+  int remaining = 0;
+  std::optional<absl::Status> error;
+  int64_t min_version = 0;
+};
+
+// Sends rollout requests through the gateway from a fixed set of threads,
+// sending a failed attempt again (a 409 after the gateway's admission wait,
+// a 503, a dropped connection) a bounded number of times.
+class RolloutDispatcher {
+ public:
+  RolloutDispatcher(std::string gateway, std::function<double()> now, const std::atomic<bool>* stop)
+      : gateway_(std::move(gateway)), now_(std::move(now)), stop_(stop) {
+    for (int i = 0; i < kRolloutThreads; ++i) threads_.emplace_back([this] { Work(); });
+  }
+
+  ~RolloutDispatcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  std::shared_ptr<PendingBatch> Launch(std::vector<RolloutRequest> requests) {
+    auto batch = std::make_shared<PendingBatch>();
+    batch->results.resize(requests.size());
+    batch->remaining = static_cast<int>(requests.size());
+    for (const RolloutRequest& r : requests) batch->prompts.push_back(r.prompt);
+    if (!requests.empty()) batch->min_version = requests.front().min_version.value_or(0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        jobs_.push_back(Job{batch, i, std::move(requests[i])});
+      }
+    }
+    cv_.notify_all();
+    return batch;
+  }
+
+  // Waits for every rollout of `batch`. The first rollout that failed every
+  // attempt fails the batch; Cancelled when `stop` is set.
+  absl::StatusOr<std::vector<RolloutOutcome>> Wait(PendingBatch& batch) {
+    std::unique_lock<std::mutex> lock(batch.mu);
+    while (batch.remaining > 0 && !batch.error.has_value()) {
+      if (stop_->load()) return absl::CancelledError("demo: interrupted");
+      batch.cv.wait_for(lock, std::chrono::milliseconds(100));
+    }
+    if (batch.error.has_value()) return *batch.error;
+    std::vector<RolloutOutcome> out;
+    for (auto& r : batch.results) out.push_back(*std::move(r));
+    return out;
+  }
+
+  int64_t retries() const { return retries_.load(); }
+
+ private:
+  struct Job {
+    std::shared_ptr<PendingBatch> batch;
+    size_t index = 0;
+    RolloutRequest request;
+  };
+
+  void Work() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return closing_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      absl::StatusOr<RolloutOutcome> outcome = Run(job.request);
+      std::lock_guard<std::mutex> lock(job.batch->mu);
+      if (outcome.ok()) {
+        job.batch->results[job.index] = *std::move(outcome);
+      } else if (!job.batch->error.has_value()) {
+        job.batch->error = outcome.status();
+      }
+      --job.batch->remaining;
+      job.batch->cv.notify_all();
+    }
+  }
+
+  absl::StatusOr<RolloutOutcome> Run(const RolloutRequest& request) {
+    const std::string body = GenerateRequestBody(request);
+    std::string last_error;
+    for (int attempt = 1; attempt <= kMaxAttempts; ++attempt) {
+      if (stop_->load()) return absl::CancelledError("demo: interrupted");
+      if (attempt > 1) {
+        ++retries_;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+      }
+      FetchOptions options;
+      options.timeout = kRolloutTimeout;
+      auto response = HttpFetch("POST", gateway_ + "/generate", body, options);
+      if (!response.ok()) {
+        last_error = std::string(response.status().message());
+        continue;
+      }
+      if (response->status != 200) {
+        last_error = absl::StrCat("HTTP ", response->status, ": ", response->body.substr(0, 200));
+        continue;
+      }
+      auto generated = ParseGenerateResponse(response->body);
+      if (!generated.ok()) return generated.status();
+      RolloutOutcome out;
+      out.response.min_version = request.min_version.value_or(0);
+      out.response.version_start = generated->version_start;
+      out.response.version_end = generated->version_end;
+      out.response.received_at = now_();
+      if (auto replica = response->headers.Get("X-Stitch-Replica")) {
+        out.response.replica = std::string(*replica);
+      }
+      out.generated = *std::move(generated);
+      return out;
+    }
+    return absl::UnavailableError(absl::StrCat("demo: a rollout failed ", kMaxAttempts,
+                                               " times through the gateway ", gateway_,
+                                               "; last: ", last_error));
+  }
+
+  const std::string gateway_;
+  const std::function<double()> now_;
+  const std::atomic<bool>* stop_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool closing_ = false;
+  std::atomic<int64_t> retries_{0};
+  std::vector<std::thread> threads_;
+};
+
+// --- set-up -------------------------------------------------------------------
+
+absl::StatusOr<fs::path> PrepareDir(const std::string& requested) {
+  if (requested.empty()) {
+    std::string pattern = (fs::temp_directory_path() / "stitch-demo-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("demo: cannot create a directory under ",
+                                              fs::temp_directory_path().string(),
+                                              "; give one with --dir"));
+    }
+    return fs::path(pattern);
+  }
+  std::error_code ec;
+  fs::path dir = fs::absolute(requested, ec);
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("demo: cannot create --dir ", requested, ": ", ec.message()));
+  }
+  if (!fs::is_empty(dir, ec) || ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("demo: --dir ", requested, " is not empty; give a new or empty directory"));
+  }
+  return dir;
+}
+
+std::vector<TensorView> ViewsOf(const std::vector<HostTensor>& tensors) {
+  std::vector<TensorView> out;
+  for (const HostTensor& t : tensors) out.push_back(t.view());
+  return out;
+}
+
+std::vector<HostTensor> CopyTensors(std::span<const TensorView> views) {
+  std::vector<HostTensor> out;
+  for (const TensorView& t : views) {
+    HostTensor copy;
+    copy.name = std::string(t.name);
+    copy.dtype = t.dtype;
+    copy.shape.assign(t.shape.begin(), t.shape.end());
+    copy.data.assign(t.data.begin(), t.data.end());
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+// The checkpoint `stitch engine init-model` wrote, as the trainer's tensors.
+absl::StatusOr<std::pair<ModelConfig, std::vector<HostTensor>>> LoadBase(const fs::path& dir) {
+  auto config = ReadModelConfig(dir);
+  if (!config.ok()) return config.status();
+  auto file = SafetensorsFile::Open(dir / "model.safetensors");
+  if (!file.ok()) return file.status();
+  std::vector<HostTensor> tensors;
+  for (const TensorSpec& spec : ExpectedTensors(*config)) {
+    const TensorInfo* info = file->Find(spec.name);
+    if (info == nullptr) {
+      return absl::DataLossError(absl::StrCat("demo: ", dir.string(), " lacks ", spec.name));
+    }
+    std::span<const std::byte> data = file->Data(*info);
+    tensors.push_back(HostTensor{info->name, info->dtype, info->shape, {data.begin(), data.end()}});
+  }
+  return std::make_pair(*config, std::move(tensors));
+}
+
+std::string Decode(const std::vector<int32_t>& ids) {
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (id >= 0 && id < 256) bytes += static_cast<char>(id);
+  }
+  return PrintableBytes(bytes);
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "stitch: " << status.message() << std::endl;
+  return kExitFailed;
+}
+
+// --- the run ------------------------------------------------------------------
+
+class Demo {
+ public:
+  Demo(const DemoOptions& options, const std::atomic<bool>& stop)
+      : options_(options), stop_(stop), epoch_(Clock::now()) {}
+
+  int Run();
+
+ private:
+  double Now() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
+  absl::Status SetUp();
+  absl::Status Train();
+  std::vector<RolloutRequest> Requests(int64_t step, int64_t latest);
+  void Ticker();
+  void NoteTransitions();
+  int Finish();
+  void Keep();
+
+  const DemoOptions& options_;
+  const std::atomic<bool>& stop_;
+  const Clock::time_point epoch_;
+  Console console_;
+  fs::path dir_;
+  ProcessSupervisor supervisor_;
+  std::unique_ptr<FsStore> store_;
+  std::unique_ptr<LocalFleet> fleet_;
+  std::unique_ptr<Pool> wake_pool_;
+  std::unique_ptr<LmHeadTrainer> trainer_;
+  std::unique_ptr<RolloutDispatcher> dispatcher_;
+  std::vector<HostTensor> previous_;  // the latest published version's tensors
+  DemoRecord record_;
+  ByteSet targets_;
+  std::map<std::string, bool> seen_ready_;
+  double join_started_at_ = 0;
+
+  // What the ticker shows for the step in progress.
+  std::mutex progress_mu_;
+  int64_t progress_step_ = 0;
+  std::string progress_phase_;
+  std::shared_ptr<PendingBatch> progress_batch_;
+  double last_reward_ = -1;
+  std::atomic<bool> ticker_stop_{false};
+};
+
+absl::Status Demo::SetUp() {
+  auto dir = PrepareDir(options_.dir);
+  if (!dir.ok()) return dir.status();
+  dir_ = *dir;
+  const fs::path logs = dir_ / "logs";
+  fs::create_directories(logs);
+  console_.Line(absl::StrCat("stitch demo: ", options_.replicas, " replicas, ", options_.steps,
+                             " steps, lag ", options_.lag, "; working in ", dir_.string(),
+                             " (process logs in logs/)"));
+
+  const fs::path base = dir_ / "base";
+  auto init = supervisor_.Start(
+      "init-model",
+      {"engine", "init-model", base.string(), "--layers", absl::StrCat(options_.model_layers),
+       "--hidden", absl::StrCat(options_.model_hidden), "--heads", "4", "--max-positions", "256",
+       "--seed", absl::StrCat(options_.seed)},
+      logs / "init-model.log");
+  if (!init.ok()) return init.status();
+  auto init_status = supervisor_.WaitForExit(*init, std::chrono::seconds(120));
+  if (!init_status.ok()) return init_status.status();
+  if (*init_status != 0) {
+    return absl::InternalError(absl::StrCat("demo: `stitch engine init-model` exited with ",
+                                            *init_status, "; see ",
+                                            (logs / "init-model.log").string()));
+  }
+  auto loaded = LoadBase(base);
+  if (!loaded.ok()) return loaded.status();
+  TrainerOptions trainer_options;
+  trainer_options.learning_rate = options_.learning_rate;
+  auto trainer = LmHeadTrainer::Create(loaded->first, loaded->second, trainer_options);
+  if (!trainer.ok()) return trainer.status();
+  trainer_ = *std::move(trainer);
+  previous_ = std::move(loaded->second);
+
+  // The trainer owns the run: it claims it at the boot version before any
+  // replica starts following the store.
+  auto store = FsStore::Open(dir_ / "store", kRunId);
+  if (!store.ok()) return store.status();
+  store_ = *std::move(store);
+  auto claimed = ClaimRun(*store_, 0, nullptr);
+  if (!claimed.ok()) return claimed.status();
+
+  FleetOptions fleet;
+  fleet.dir = dir_;
+  fleet.store = (dir_ / "store").string();
+  fleet.run_id = kRunId;
+  fleet.base_checkpoint = base;
+  fleet_ = std::make_unique<LocalFleet>(supervisor_, fleet, epoch_, &stop_);
+  for (int i = 0; i < options_.replicas; ++i) {
+    auto name = fleet_->StartReplica(false);
+    if (!name.ok()) return name.status();
+  }
+  if (absl::Status s = fleet_->StartGateway(); !s.ok()) return s;
+  console_.Line(absl::StrCat("stitch demo: gateway ", fleet_->gateway_url(),
+                             " over file:", fleet_->pool_file().string()));
+  if (absl::Status s = fleet_->WaitReady(options_.replicas, kFleetReadyTimeout); !s.ok()) return s;
+  for (const ReplicaView& v : fleet_->Views()) seen_ready_[v.name] = v.ready;
+  console_.Line(absl::StrFormat("stitch demo: %d replicas ready at v%d after %.1f s: %s",
+                                options_.replicas, 0, Now(), FleetText(fleet_->Views())));
+  auto pool = MakePool(absl::StrCat("file:", fleet_->pool_file().string()));
+  if (!pool.ok()) return pool.status();
+  wake_pool_ = *std::move(pool);
+  return absl::OkStatus();
+}
+
+std::vector<RolloutRequest> Demo::Requests(int64_t step, int64_t latest) {
+  std::vector<RolloutRequest> out;
+  const int64_t min_version = std::max<int64_t>(0, latest - options_.lag);
+  constexpr int kPromptCount = sizeof(kPrompts) / sizeof(kPrompts[0]);
+  for (int p = 0; p < options_.prompts_per_step; ++p) {
+    const char* text = kPrompts[(step * options_.prompts_per_step + p) % kPromptCount];
+    for (int g = 0; g < options_.group_size; ++g) {
+      RolloutRequest r;
+      r.prompt = EncodeText(text, BosMode::kPrepend);
+      r.max_new_tokens = options_.max_new_tokens;
+      r.temperature = 1.0;
+      r.seed = options_.seed * 1000003 + static_cast<uint64_t>(step) * 1009 +
+               static_cast<uint64_t>(p * options_.group_size + g);
+      r.min_version = min_version;
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+void Demo::NoteTransitions() {
+  for (const ReplicaView& v : fleet_->Views()) {
+    bool& seen = seen_ready_[v.name];
+    if (v.ready && !seen) {
+      seen = true;
+      console_.Line(
+          absl::StrFormat("stitch demo: join: %s caught up to v%d in %.1f s and entered rotation",
+                          v.name, v.applied, Now() - join_started_at_));
+    }
+  }
+}
+
+void Demo::Ticker() {
+  while (!ticker_stop_.load()) {
+    std::string line;
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      int done = 0;
+      int total = 0;
+      if (progress_batch_ != nullptr) {
+        std::lock_guard<std::mutex> batch_lock(progress_batch_->mu);
+        total = static_cast<int>(progress_batch_->results.size());
+        done = total - progress_batch_->remaining;
+      }
+      line = absl::StrFormat("step %d/%d  %s", progress_step_, options_.steps, progress_phase_);
+      if (total > 0) absl::StrAppendFormat(&line, " %d/%d", done, total);
+      if (last_reward_ >= 0) absl::StrAppendFormat(&line, "  reward %.3f", last_reward_);
+    }
+    console_.Live(absl::StrCat(line, " | ", FleetText(fleet_->Views())));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+absl::Status Demo::Train() {
+  // Owned by the demo, not this function: on an interrupt its threads may
+  // still wait on requests, which end only once the fleet is stopped.
+  dispatcher_ = std::make_unique<RolloutDispatcher>(
+      fleet_->gateway_url(), [this] { return Now(); }, &stop_);
+  RolloutDispatcher& dispatcher = *dispatcher_;
+  const int64_t steps = options_.steps;
+  const int64_t join_step = std::max<int64_t>(1, steps / 3);
+  const int64_t kill_step = std::max<int64_t>(join_step + 1, 2 * steps / 3);
+  const std::string victim = "r1";
+  StepPublisher publisher(*store_, dir_ / "publish", options_.anchor_every);
+  int64_t latest = 0;
+
+  std::thread ticker;
+  if (console_.tty()) ticker = std::thread([this] { Ticker(); });
+  struct StopTicker {
+    Demo* demo;
+    std::thread* thread;
+    ~StopTicker() {
+      demo->ticker_stop_.store(true);
+      if (thread->joinable()) thread->join();
+    }
+  } stop_ticker{this, &ticker};
+  auto phase = [this](int64_t step, std::string what, std::shared_ptr<PendingBatch> batch) {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    progress_step_ = step;
+    progress_phase_ = std::move(what);
+    progress_batch_ = std::move(batch);
+  };
+
+  std::shared_ptr<PendingBatch> pending = dispatcher.Launch(Requests(1, latest));
+  for (int64_t step = 1; step <= steps; ++step) {
+    phase(step, "rollouts", pending);
+    auto outcomes = dispatcher.Wait(*pending);
+    if (!outcomes.ok()) return outcomes.status();
+    // The next step's rollouts go out now, on whatever the fleet serves,
+    // while this step trains and publishes: one step off-policy.
+    std::shared_ptr<PendingBatch> next;
+    if (step < steps) next = dispatcher.Launch(Requests(step + 1, latest));
+
+    if (step == join_step) {
+      console_.Line(absl::StrFormat(
+          "stitch demo: join: starting replica r%d at step %d (it enters rotation once caught "
+          "up)",
+          options_.replicas, step));
+      join_started_at_ = Now();
+      fleet_->StartReplicaInBackground();
+    }
+    if (step == kill_step) {
+      if (absl::Status s = fleet_->Kill(victim); s.ok()) {
+        console_.Line(absl::StrFormat(
+            "stitch demo: kill: SIGKILL to replica %s (engine and sidecar) at step %d; traffic "
+            "continues on the others",
+            victim, step));
+      } else {
+        return s;
+      }
+    }
+    if (std::optional<absl::Status> e = fleet_->BackgroundError(); e.has_value()) return *e;
+
+    phase(step, "training", next);
+    std::vector<GeneratedRollout> generated;
+    for (RolloutOutcome& o : *outcomes) {
+      record_.responses.push_back(o.response);
+      generated.push_back(std::move(o.generated));
+    }
+    BatchStats stats;
+    // A batch was launched one step before the trainer learns from it, so
+    // behaviour policies up to lag + 1 versions old are expected.
+    std::vector<Rollout> batch = BuildBatch(pending->prompts, generated, options_.group_size,
+                                            targets_, step - 1, options_.lag + 1, &stats);
+    for (int epoch = 0; epoch < options_.epochs; ++epoch) {
+      auto trained = trainer_->Step(batch);
+      if (!trained.ok()) return trained.status();
+    }
+
+    phase(step, "publishing", next);
+    const double publish_start = Now();
+    auto published = publisher.Publish(step, ViewsOf(previous_), trainer_->Tensors());
+    if (!published.ok()) return published.status();
+    const double published_at = Now();
+    wake_pool_->Wake();
+    latest = step;
+    previous_ = CopyTensors(trainer_->Tensors());
+
+    DemoStep s;
+    s.step = step;
+    s.version = step;
+    s.full = published->kind == PublishedKind::kFull;
+    s.payload_bytes = published->payload_bytes;
+    s.published_at = published_at;
+    s.publish_s = published_at - publish_start;
+    s.mean_reward = stats.mean_reward;
+    s.rollouts = static_cast<int64_t>(generated.size());
+    s.dropped = stats.dropped;
+    s.crossed = stats.crossed;
+    record_.steps.push_back(s);
+    if (step == 1) record_.first_sample = Decode(generated.front().output_ids);
+    record_.last_sample = Decode(generated.front().output_ids);
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      last_reward_ = stats.mean_reward;
+    }
+    NoteTransitions();
+    console_.Commit(
+        absl::StrFormat("step %2d/%d  published v%d %-5s %8s  reward %.3f  min_version %d | %s",
+                        step, steps, step, s.full ? "FULL" : "DELTA",
+                        absl::StrFormat("%.1fKiB", static_cast<double>(s.payload_bytes) / 1024),
+                        s.mean_reward, pending->min_version, FleetText(fleet_->Views())));
+    if (stop_.load()) return absl::CancelledError("demo: interrupted");
+    pending = std::move(next);
+  }
+  return absl::OkStatus();
+}
+
+int Demo::Finish() {
+  const int64_t final_version = record_.final_version();
+  if (!fleet_->WaitConverged(final_version, kConvergeTimeout)) {
+    console_.Line(absl::StrFormat(
+        "stitch demo: not every replica reached v%d within %d s", final_version,
+        std::chrono::duration_cast<std::chrono::seconds>(kConvergeTimeout).count()));
+  }
+  NoteTransitions();
+  record_.gateway_retries = fleet_->GatewayRetries();
+  record_.replicas = fleet_->Finish();
+  record_.wall_s = Now();
+
+  std::set<int64_t> store_versions;
+  for (const DemoStep& s : record_.steps) {
+    if (store_->ReadManifest(s.version).ok()) store_versions.insert(s.version);
+  }
+  DemoSummary summary = Summarize(record_);
+  std::vector<std::string> failures =
+      CheckDemo(record_, summary, store_versions, options_.min_improvement);
+  auto pointer = store_->ReadPointer();
+  if (!pointer.ok() || !pointer->has_value() || (*pointer)->version != final_version) {
+    failures.push_back(
+        absl::StrCat("the store's pointer is not at the final version v", final_version));
+  }
+  console_.Line(FormatSummary(record_, summary, failures));
+  const fs::path report = dir_ / "report.html";
+  {
+    std::ofstream out(report, std::ios::trunc);
+    out << RenderHtmlReport(record_, summary, failures);
+    if (!out) failures.push_back(absl::StrCat("cannot write ", report.string()));
+  }
+  console_.Line(absl::StrCat("report: ", report.string()));
+  if (!failures.empty()) {
+    std::cerr << "stitch: demo: " << failures.size() << " check(s) failed: " << failures.front()
+              << std::endl;
+  }
+  return failures.empty() ? 0 : kExitFailed;
+}
+
+void Demo::Keep() {
+  const std::string gateway = fleet_->gateway_url();
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) self = "stitch";
+  console_.Line(absl::StrCat(
+      "\nThe fleet keeps running (--keep); Ctrl-C stops it.\n  gateway  ", gateway, "\n  store    ",
+      (dir_ / "store").string(), "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway,
+      "/generate -d '{\"text\": \"Once upon a time\", \"sampling_params\": {\"max_new_tokens\": "
+      "16}, \"weight_version\": {\"min_version\": ",
+      record_.final_version(), "}}'\n  curl -s ", gateway,
+      "/generate -d '{\"text\": \"hi\", \"weight_version\": {\"exact_version\": 0}}'\n"
+      "      # a 409 after the gateway's ",
+      FleetOptions{}.gateway_admission_wait_s,
+      " s admission wait: no replica serves v0 any more\n  curl -s ", gateway, "/metrics\n  ",
+      self.string(), " status --gateway ", gateway, " --store ", (dir_ / "store").string()));
+  while (!stop_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+int Demo::Run() {
+  targets_ = MakeByteSet(options_.targets);
+  record_.run_id = kRunId;
+  record_.targets = options_.targets;
+  record_.lag = options_.lag;
+  absl::Status status = SetUp();
+  if (status.ok()) status = Train();
+  int exit_code = 0;
+  if (status.ok()) {
+    exit_code = Finish();
+    if (options_.keep && !stop_.load()) Keep();
+  } else if (stop_.load()) {
+    console_.Line("stitch demo: interrupted");
+    exit_code = kExitInterrupted;
+  } else {
+    exit_code = Fail(status);
+  }
+  console_.Line("stitch demo: stopping the fleet");
+  if (fleet_ != nullptr) fleet_->Finish();
+  supervisor_.StopAll(std::chrono::seconds(5));
+  dispatcher_.reset();
+  return exit_code;
+}
+
+}  // namespace
+
+int RunDemo(const DemoOptions& options, const std::atomic<bool>& stop) {
+  Demo demo(options, stop);
+  return demo.Run();
+}
+
+}  // namespace stitch

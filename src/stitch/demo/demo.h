@@ -1,0 +1,53 @@
+// `stitch demo`: asynchronous RL on a local elastic fleet, end to end.
+//
+// One supervising process starts, on loopback: a filesystem store, a base
+// checkpoint (`stitch engine init-model`), N reference engines each with its
+// sidecar, and a gateway over a `file:` pool. It then runs a real
+// asynchronous RL loop (policy_gradient.h): rollouts go through the gateway
+// with min_version = latest - lag while the trainer learns from the previous
+// batch and publishes every step (XOR delta; FULL anchor every
+// `anchor_every`). A third of the way in one more replica joins; two thirds
+// of the way in one is killed with SIGKILL. It prints a status line per step,
+// a summary table and DIR/report.html, checks its invariants (report.h,
+// CheckDemo) and stops everything it started.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace stitch {
+
+struct DemoOptions {
+  int replicas = 3;  // at the start; one more joins, one is killed
+  int steps = 40;
+  int lag = 1;      // rollouts ask for min_version = latest - lag
+  std::string dir;  // empty: a fresh temporary directory
+  // Leave the fleet running after the summary, until `stop`.
+  bool keep = false;
+  // The task: the bytes a completion is rewarded for.
+  // Letters, digits, space, '.' and ',': a quarter of the byte vocabulary,
+  // so a random policy already earns some reward and the group-relative
+  // advantages have something to compare from the first step.
+  std::string targets = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,";
+  uint64_t seed = 0;
+  int anchor_every = 10;
+  // The base checkpoint's size (`stitch engine init-model --hidden --layers`).
+  int model_hidden = 128;
+  int model_layers = 2;
+  int prompts_per_step = 16;
+  int group_size = 4;  // completions per prompt (group-relative advantages)
+  int max_new_tokens = 16;
+  double learning_rate = 4.0;
+  int epochs = 2;  // gradient steps per batch
+  // The reward must rise by this much from the first to the last quarter.
+  double min_improvement = 0.05;
+};
+
+// Runs the demo, printing to stdout (a live status line when stdout is a
+// terminal, plain lines otherwise). Returns the process exit status: 0 when
+// every check passed, 1 when a check failed or the demo could not run (said
+// on stderr, one line), 130 when `stop` was set (Ctrl-C) before the end.
+int RunDemo(const DemoOptions& options, const std::atomic<bool>& stop);
+
+}  // namespace stitch

@@ -1,0 +1,361 @@
+#include "stitch/demo/fleet.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "stitch/core/state.h"
+#include "stitch/net/client.h"
+
+namespace stitch {
+namespace {
+
+constexpr auto kProbeTimeout = std::chrono::seconds(1);
+
+std::optional<ReplicaState> Probe(const std::string& url) {
+  FetchOptions options;
+  options.timeout = kProbeTimeout;
+  auto response = HttpFetch("GET", url + "/server_info", {}, options);
+  if (!response.ok() || response->status != 200) return std::nullopt;
+  auto state = ReplicaState::FromJson(response->body);
+  if (!state.ok()) return std::nullopt;
+  return *std::move(state);
+}
+
+std::string StateText(const ReplicaState& s) {
+  if (!s.terminal_error.empty()) return "error";
+  if (!s.ready) return "catching up";
+  if (s.sync_state == SyncState::kIdle) return "ready";
+  std::string name(SyncStateName(s.sync_state));
+  absl::AsciiStrToLower(&name);
+  return name;
+}
+
+std::optional<double> Metric(const ReplicaState& s, const std::string& key) {
+  auto it = s.metrics.find(key);
+  if (it == s.metrics.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace
+
+LocalFleet::LocalFleet(ProcessSupervisor& supervisor, FleetOptions options, Clock::time_point epoch,
+                       const std::atomic<bool>* cancel)
+    : supervisor_(supervisor), options_(std::move(options)), epoch_(epoch), cancel_(cancel) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The gateway starts on an empty pool rather than a missing file.
+    (void)WritePoolFile();
+  }
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+LocalFleet::~LocalFleet() { Finish(); }
+
+double LocalFleet::Now() const {
+  return std::chrono::duration<double>(Clock::now() - epoch_).count();
+}
+
+std::filesystem::path LocalFleet::pool_file() const { return options_.dir / "replicas.txt"; }
+
+std::string LocalFleet::gateway_url() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gateway_url_;
+}
+
+absl::Status LocalFleet::WritePoolFile() {
+  // Replaced by rename, so that the gateway never reads half a list.
+  const std::filesystem::path tmp = options_.dir / "replicas.txt.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "# written by stitch demo: the replicas the gateway routes over\n";
+    for (const auto& m : members_) {
+      if (m->listed && !m->killed) out << m->record.url << "\n";
+    }
+    if (!out) return absl::InternalError(absl::StrCat("demo: cannot write ", tmp.string()));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, pool_file(), ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("demo: cannot replace ", pool_file().string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
+  Member* member = nullptr;
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    name = absl::StrCat("r", next_index_++);
+    auto m = std::make_unique<Member>();
+    m->record.name = name;
+    m->record.started_at = Now();
+    m->record.joined = joined;
+    member = m.get();
+    members_.push_back(std::move(m));
+  }
+  auto fail = [&](absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    member->state = "failed";
+    return status;
+  };
+  const std::filesystem::path dir = options_.dir / "replicas" / name;
+  const std::filesystem::path logs = options_.dir / "logs";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::filesystem::create_directories(logs, ec);
+
+  auto engine = supervisor_.Start(
+      absl::StrCat("engine ", name),
+      {"engine", "--model", options_.base_checkpoint.string(), "--host", "127.0.0.1", "--port", "0",
+       "--run-id", options_.run_id, "--worker-threads", "1"},
+      logs / absl::StrCat("engine-", name, ".log"));
+  if (!engine.ok()) return fail(engine.status());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    member->engine_pid = *engine;
+  }
+  auto engine_url = supervisor_.WaitForUrl(*engine, options_.start_timeout, cancel_);
+  if (!engine_url.ok()) return fail(engine_url.status());
+
+  auto sidecar = supervisor_.Start(absl::StrCat("sidecar ", name),
+                                   {"sidecar",
+                                    "--store",
+                                    options_.store,
+                                    "--run-id",
+                                    options_.run_id,
+                                    "--engine",
+                                    "sglang",
+                                    "--engine-url",
+                                    *engine_url,
+                                    "--base-checkpoint",
+                                    options_.base_checkpoint.string(),
+                                    "--update-mode",
+                                    "cpu",
+                                    "--local-checkpoint",
+                                    (dir / "local").string(),
+                                    "--reconcile-interval",
+                                    absl::StrCat(options_.reconcile_interval_s),
+                                    "--watchdog-interval",
+                                    "1",
+                                    "--host",
+                                    "127.0.0.1",
+                                    "--port",
+                                    "0"},
+                                   logs / absl::StrCat("sidecar-", name, ".log"));
+  if (!sidecar.ok()) return fail(sidecar.status());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    member->sidecar_pid = *sidecar;
+  }
+  auto url = supervisor_.WaitForUrl(*sidecar, options_.start_timeout, cancel_);
+  if (!url.ok()) return fail(url.status());
+  std::lock_guard<std::mutex> lock(mu_);
+  member->record.url = *url;
+  member->listed = true;
+  member->state = "catching up";
+  if (absl::Status s = WritePoolFile(); !s.ok()) return s;
+  return name;
+}
+
+void LocalFleet::StartReplicaInBackground() {
+  if (background_.joinable()) background_.join();
+  background_ = std::thread([this] {
+    auto started = StartReplica(true);
+    if (!started.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      background_error_ = started.status();
+    }
+  });
+}
+
+std::optional<absl::Status> LocalFleet::BackgroundError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return background_error_;
+}
+
+absl::Status LocalFleet::StartGateway() {
+  const std::filesystem::path logs = options_.dir / "logs";
+  std::error_code ec;
+  std::filesystem::create_directories(logs, ec);
+  auto pid = supervisor_.Start(
+      "gateway",
+      {"gateway", "--pool", absl::StrCat("file:", pool_file().string()), "--host", "127.0.0.1",
+       "--port", "0", "--poll-interval", absl::StrCat(options_.gateway_poll_interval_s),
+       "--admission-wait", absl::StrCat(options_.gateway_admission_wait_s)},
+      logs / "gateway.log");
+  if (!pid.ok()) return pid.status();
+  auto url = supervisor_.WaitForUrl(*pid, options_.start_timeout, cancel_);
+  if (!url.ok()) return url.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  gateway_url_ = *url;
+  return absl::OkStatus();
+}
+
+absl::Status LocalFleet::WaitReady(int count, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    int ready = 0;
+    std::string laggards;
+    std::string gateway;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gateway = gateway_url_;
+      for (const auto& m : members_) {
+        if (m->killed) continue;
+        if (m->ready) {
+          ++ready;
+        } else {
+          absl::StrAppend(&laggards, laggards.empty() ? "" : ", ", m->record.name, " ", m->state);
+        }
+      }
+    }
+    bool gateway_ok = gateway.empty();
+    if (!gateway_ok) {
+      FetchOptions options;
+      options.timeout = kProbeTimeout;
+      auto health = HttpFetch("GET", gateway + "/health", {}, options);
+      gateway_ok = health.ok() && health->status == 200;
+    }
+    if (ready >= count && gateway_ok) return absl::OkStatus();
+    if (cancel_ != nullptr && cancel_->load()) return absl::CancelledError("demo: interrupted");
+    if (Clock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("demo: ", ready, " of ", count, " replicas ready after ",
+                       std::chrono::duration_cast<std::chrono::seconds>(timeout).count(), " s (",
+                       laggards, gateway_ok ? "" : "; gateway not healthy", "); see the logs in ",
+                       (options_.dir / "logs").string()));
+    }
+    std::this_thread::sleep_for(options_.poll_every);
+  }
+}
+
+absl::Status LocalFleet::Kill(const std::string& name) {
+  int engine = -1;
+  int sidecar = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& m : members_) {
+      if (m->record.name != name || m->killed) continue;
+      engine = m->engine_pid;
+      sidecar = m->sidecar_pid;
+      m->killed = true;
+      m->record.killed_at = Now();
+      m->state = "killed";
+      m->ready = false;
+    }
+  }
+  if (sidecar < 0) return absl::NotFoundError(absl::StrCat("demo: no live replica ", name));
+  supervisor_.Signal(sidecar, SIGKILL);
+  if (engine > 0) supervisor_.Signal(engine, SIGKILL);
+  std::lock_guard<std::mutex> lock(mu_);
+  return WritePoolFile();
+}
+
+bool LocalFleet::WaitConverged(int64_t version, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    bool done = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& m : members_) {
+        if (m->killed || m->state == "failed" || m->state.starts_with("exited")) continue;
+        done &= m->applied.has_value() && *m->applied >= version;
+      }
+    }
+    if (done) return true;
+    if (Clock::now() >= deadline || (cancel_ != nullptr && cancel_->load())) return false;
+    std::this_thread::sleep_for(options_.poll_every);
+  }
+}
+
+std::vector<ReplicaView> LocalFleet::Views() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ReplicaView> out;
+  for (const auto& m : members_) {
+    out.push_back({m->record.name, m->applied.value_or(-1), m->ready, m->state});
+  }
+  return out;
+}
+
+int64_t LocalFleet::GatewayRetries() {
+  const std::string gateway = gateway_url();
+  if (gateway.empty()) return 0;
+  FetchOptions options;
+  options.timeout = kProbeTimeout;
+  auto metrics = HttpFetch("GET", gateway + "/metrics", {}, options);
+  if (!metrics.ok() || metrics->status != 200) return 0;
+  for (absl::string_view line : absl::StrSplit(metrics->body, '\n')) {
+    constexpr absl::string_view kName = "stitch_gateway_retried_total ";
+    if (!absl::StartsWith(line, kName)) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(kName.size()), &value)) return static_cast<int64_t>(value);
+  }
+  return 0;
+}
+
+void LocalFleet::MonitorLoop() {
+  while (!stop_monitor_.load()) {
+    std::vector<std::pair<Member*, std::string>> targets;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& m : members_) {
+        if (m->killed || m->record.url.empty()) continue;
+        targets.emplace_back(m.get(), m->record.url);
+      }
+    }
+    for (auto& [member, url] : targets) {
+      std::optional<ReplicaState> state = Probe(url);
+      std::optional<int> exited =
+          state.has_value() ? std::nullopt : supervisor_.ExitStatus(member->sidecar_pid);
+      const double now = Now();
+      std::lock_guard<std::mutex> lock(mu_);
+      Member& m = *member;
+      if (m.killed) continue;
+      if (!state.has_value()) {
+        m.ready = false;
+        m.state = exited.has_value() ? absl::StrCat("exited ", *exited) : "unreachable";
+        continue;
+      }
+      const int64_t applied = state->applied.has_value() ? state->applied->version : -1;
+      if (m.applied.has_value() && *m.applied >= 0 && applied > *m.applied &&
+          Metric(*state, "skipped_weight_update").value_or(1) == 0) {
+        if (auto stage = Metric(*state, "stage_s")) m.record.stage_s.push_back(*stage);
+        if (auto commit = Metric(*state, "commit_s")) m.record.commit_s.push_back(*commit);
+      }
+      if (!m.applied.has_value() || applied != *m.applied || state->ready != m.ready) {
+        m.record.timeline.push_back({now, applied, state->ready});
+      }
+      m.applied = applied;
+      m.ready = state->ready;
+      m.state = StateText(*state);
+    }
+    std::this_thread::sleep_for(options_.poll_every);
+  }
+}
+
+std::vector<DemoReplica> LocalFleet::Finish() {
+  stop_monitor_.store(true);
+  if (monitor_.joinable()) monitor_.join();
+  if (background_.joinable()) background_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<DemoReplica> out;
+  for (const auto& m : members_) {
+    DemoReplica r = m->record;
+    if (m->applied.has_value()) r.final_applied = *m->applied;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace stitch

@@ -1,0 +1,142 @@
+// The demo's local elastic fleet: reference engines with their sidecars
+// following one store, listed in a `file:` pool that a `stitch gateway`
+// routes over, all started and stopped through a ProcessSupervisor, and
+// watched by a monitor thread that polls every replica's /server_info and
+// records what it sees (DemoReplica) for the status line and the report.
+//
+// Layout under the demo directory: replicas.txt (the pool file, replaced
+// atomically), logs/<process>.log, replicas/<name>/ (each sidecar's local
+// checkpoint and cache).
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stitch/demo/report.h"
+#include "stitch/demo/supervisor.h"
+
+namespace stitch {
+
+struct FleetOptions {
+  std::filesystem::path dir;  // the demo directory
+  std::string store;          // store URI the sidecars follow
+  std::string run_id;
+  std::filesystem::path base_checkpoint;
+  // Sidecar backstop reconcile period; publishes also wake the fleet.
+  double reconcile_interval_s = 0.5;
+  double gateway_poll_interval_s = 0.2;
+  // Short: a request no replica can serve (an old exact version) gets its
+  // 409 soon.
+  double gateway_admission_wait_s = 5;
+  std::chrono::milliseconds start_timeout = std::chrono::seconds(60);
+  std::chrono::milliseconds poll_every = std::chrono::milliseconds(50);
+};
+
+// A replica as the status line shows it.
+struct ReplicaView {
+  std::string name;
+  int64_t applied = -1;
+  bool ready = false;
+  // "starting", "catching up", "ready", "staging", "committing", ...,
+  // "killed", "exited 3", "unreachable".
+  std::string state;
+};
+
+class LocalFleet {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Times are recorded in seconds since `epoch`. `cancel` (may be null) makes
+  // blocking calls give up early. Starts the monitor thread.
+  LocalFleet(ProcessSupervisor& supervisor, FleetOptions options, Clock::time_point epoch,
+             const std::atomic<bool>* cancel);
+  // Stops the monitor and waits for a background start.
+  ~LocalFleet();
+  LocalFleet(const LocalFleet&) = delete;
+  LocalFleet& operator=(const LocalFleet&) = delete;
+
+  // Starts the next replica ("r<k>"): its engine, then its sidecar, which
+  // enters the pool file as soon as it listens (the gateway routes to it
+  // once it reports ready, that is once it caught up with the store).
+  // Blocks until the sidecar listens. `joined` marks a replica started while
+  // training runs. Returns its name.
+  [[nodiscard]] absl::StatusOr<std::string> StartReplica(bool joined);
+
+  // StartReplica(true) on a background thread; its outcome through
+  // BackgroundError(). One at a time.
+  void StartReplicaInBackground();
+  // The error of the last background start, if it failed.
+  std::optional<absl::Status> BackgroundError();
+
+  // Starts `stitch gateway` over the pool file and waits until it listens.
+  [[nodiscard]] absl::Status StartGateway();
+  std::string gateway_url() const;
+  std::filesystem::path pool_file() const;
+
+  // Blocks until `count` replicas report ready and the gateway's /health
+  // answers 200, or `timeout` passes (DeadlineExceeded naming the laggards).
+  [[nodiscard]] absl::Status WaitReady(int count, std::chrono::milliseconds timeout);
+
+  // SIGKILLs replica `name`'s sidecar and engine and drops it from the pool
+  // file, as a supervisor would once it saw the replica die.
+  [[nodiscard]] absl::Status Kill(const std::string& name);
+
+  // Blocks until every replica that is ready or catching up, and not killed,
+  // applied `version`; false after `timeout`.
+  bool WaitConverged(int64_t version, std::chrono::milliseconds timeout);
+
+  std::vector<ReplicaView> Views();
+
+  // The gateway's retried_total counter (0 when it cannot be read).
+  int64_t GatewayRetries();
+
+  // Stops the monitor and returns what it recorded, each replica's
+  // final_applied set from its last poll.
+  std::vector<DemoReplica> Finish();
+
+ private:
+  struct Member {
+    DemoReplica record;
+    int engine_pid = -1;
+    int sidecar_pid = -1;
+    bool listed = false;
+    bool killed = false;
+    std::optional<int64_t> applied;
+    bool ready = false;
+    std::string state = "starting";
+  };
+
+  double Now() const;
+  void MonitorLoop();
+  absl::Status WritePoolFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  ProcessSupervisor& supervisor_;
+  const FleetOptions options_;
+  const Clock::time_point epoch_;
+  const std::atomic<bool>* cancel_;
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
+  std::string gateway_url_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> background_error_ ABSL_GUARDED_BY(mu_);
+  int next_index_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::atomic<bool> stop_monitor_{false};
+  std::thread monitor_;
+  std::thread background_;
+};
+
+}  // namespace stitch

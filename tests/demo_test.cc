@@ -1,0 +1,100 @@
+// `stitch demo` end to end: a short run (few steps, two replicas) of the
+// whole system, checked from the outside: its exit status, its report, and
+// what its summary and log say about joins, kills and violations.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+using ::stitch::testing::ProcessResult;
+using ::stitch::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Processes whose command line mentions `text`.
+std::vector<std::string> ProcessesMentioning(const std::string& text) {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = Slurp(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(text) != std::string::npos) out.push_back(name + ": " + cmdline);
+  }
+  return out;
+}
+
+ProcessResult Stitch(std::vector<std::string> args) {
+  args.insert(args.begin(), testing::StitchBinary());
+  return testing::RunProcess(args);
+}
+
+TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  TempDir tmp;
+  const std::filesystem::path dir = tmp / "demo";
+  const auto start = std::chrono::steady_clock::now();
+  ProcessResult r = Stitch({"demo", "--replicas", "2", "--steps", "6", "--dir", dir.string()});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  // Not a terminal: plain lines, no cursor control.
+  EXPECT_THAT(r.out, Not(HasSubstr("\033[K")));
+  for (int step = 1; step <= 6; ++step) {
+    const std::string n = std::to_string(step);
+    EXPECT_THAT(r.out, HasSubstr(n + "/6  published v" + n + " ")) << r.out;
+  }
+  EXPECT_THAT(r.out, HasSubstr("join: starting replica r2"));
+  EXPECT_THAT(r.out, HasSubstr("kill: SIGKILL to replica r1"));
+  EXPECT_THAT(r.out, HasSubstr("3 started, 1 joined, 1 killed"));
+  EXPECT_THAT(r.out, HasSubstr("6 published"));
+  EXPECT_THAT(r.out, HasSubstr(" 0 constraint violations"));
+  EXPECT_THAT(r.out, HasSubstr("checks         all passed"));
+  EXPECT_THAT(r.out, HasSubstr("report: " + (dir / "report.html").string()));
+
+  const std::string html = Slurp(dir / "report.html");
+  EXPECT_THAT(html, HasSubstr("<svg"));
+  EXPECT_THAT(html, HasSubstr("All checks passed"));
+  EXPECT_THAT(html, HasSubstr("r2 (joined)"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "logs" / "gateway.log"));
+  // Every process the demo started (they all name the directory) is gone.
+  EXPECT_THAT(ProcessesMentioning(dir.string()), ::testing::IsEmpty());
+  EXPECT_LT(seconds, 90) << r.out;
+}
+
+TEST(DemoTest, RefusesANonEmptyDirectory) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  TempDir tmp;
+  std::ofstream(tmp / "precious.txt") << "keep me";
+  ProcessResult r = Stitch({"demo", "--dir", tmp.path().string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("is not empty"));
+  EXPECT_EQ(Slurp(tmp / "precious.txt"), "keep me");
+}
+
+TEST(DemoTest, RefusesTooFewReplicas) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  ProcessResult r = Stitch({"demo", "--replicas", "1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--replicas must be at least 2"));
+}
+
+}  // namespace
+}  // namespace stitch
