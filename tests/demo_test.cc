@@ -2,7 +2,6 @@
 // whole system, checked from the outside: its exit status, its report, and
 // what its summary and log say about joins, kills and violations.
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -50,10 +49,7 @@ TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
   ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
   TempDir tmp;
   const std::filesystem::path dir = tmp / "demo";
-  const auto start = std::chrono::steady_clock::now();
   ProcessResult r = Stitch({"demo", "--replicas", "2", "--steps", "6", "--dir", dir.string()});
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
   // Not a terminal: plain lines, no cursor control.
   EXPECT_THAT(r.out, Not(HasSubstr("\033[K")));
@@ -76,7 +72,6 @@ TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
   EXPECT_TRUE(std::filesystem::exists(dir / "logs" / "gateway.log"));
   // Every process the demo started (they all name the directory) is gone.
   EXPECT_THAT(ProcessesMentioning(dir.string()), ::testing::IsEmpty());
-  EXPECT_LT(seconds, 90) << r.out;
 }
 
 TEST(DemoTest, RefusesANonEmptyDirectory) {
