@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include <type_traits>
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "encode_floor.h"
@@ -111,6 +112,18 @@ void Check(const absl::Status& s, const char* fallback) {
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using MutableBytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // (name, safetensors dtype, shape, the tensor's bytes as a flat uint8 array)
+// Runs `f` (returning a Status or StatusOr) with the GIL released, then
+// checks its result as Check does.
+template <typename F>
+auto CheckReleased(const char* fallback, F&& f) {
+  std::invoke_result_t<F&> r;
+  {
+    nb::gil_scoped_release release;
+    r = f();
+  }
+  return Check(std::move(r), fallback);
+}
+
 using TensorArg = std::tuple<std::string, std::string, std::vector<int64_t>, Bytes>;
 
 std::vector<TensorView> Views(const std::vector<TensorArg>& tensors) {
@@ -350,45 +363,20 @@ NB_MODULE(_stitch, m) {
       .def_prop_ro("run_id", &Store::run_id)
       .def(
           "read_pointer",
-          [](Store& s) {
-            absl::StatusOr<std::optional<VersionRef>> r;
-            {
-              nb::gil_scoped_release release;
-              r = s.ReadPointer();
-            }
-            return Check(std::move(r), "StoreError");
-          },
+          [](Store& s) { return CheckReleased("StoreError", [&] { return s.ReadPointer(); }); },
           "The version the pointer names, or None when it was never set.")
       .def(
           "advance_pointer",
           [](Store& s, std::optional<VersionRef> expected, const VersionRef& proposed) {
-            absl::Status st;
-            {
-              nb::gil_scoped_release release;
-              st = s.AdvancePointer(expected, proposed);
-            }
-            Check(st, "StoreError");
+            CheckReleased("StoreError", [&] { return s.AdvancePointer(expected, proposed); });
           },
           "expected"_a.none(), "proposed"_a,
           "Compare-and-swap of the pointer; PointerConflict or PointerRewind on refusal.")
-      .def("refresh",
-           [](Store& s) {
-             absl::Status st;
-             {
-               nb::gil_scoped_release release;
-               st = s.Refresh();
-             }
-             Check(st, "StoreError");
-           })
+      .def("refresh", [](Store& s) { CheckReleased("StoreError", [&] { return s.Refresh(); }); })
       .def(
           "materialize",
           [](Store& s, int64_t version) {
-            absl::StatusOr<std::filesystem::path> r;
-            {
-              nb::gil_scoped_release release;
-              r = s.Materialize(version);
-            }
-            return Check(std::move(r), "StoreError").string();
+            return CheckReleased("StoreError", [&] { return s.Materialize(version); }).string();
           },
           "version"_a);
 
@@ -397,12 +385,7 @@ NB_MODULE(_stitch, m) {
       [](const std::string& uri, const std::string& run_id, std::optional<std::string> cache_dir) {
         StoreOptions options{
             run_id, cache_dir ? std::filesystem::path(*cache_dir) : std::filesystem::path()};
-        absl::StatusOr<std::unique_ptr<Store>> r;
-        {
-          nb::gil_scoped_release release;
-          r = OpenStore(uri, options);
-        }
-        return Check(std::move(r), "StoreError");
+        return CheckReleased("StoreError", [&] { return OpenStore(uri, options); });
       },
       "uri"_a, "run_id"_a, "cache_dir"_a = nb::none());
 
@@ -410,12 +393,8 @@ NB_MODULE(_stitch, m) {
       "claim_run",
       [](Store& store, int64_t boot_version, std::optional<std::string> pool_spec) {
         std::unique_ptr<Pool> pool = MaybePool(pool_spec);
-        absl::StatusOr<ClaimOutcome> r;
-        {
-          nb::gil_scoped_release release;
-          r = ClaimRun(store, boot_version, pool.get());
-        }
-        ClaimOutcome o = Check(std::move(r), "StoreError");
+        ClaimOutcome o =
+            CheckReleased("StoreError", [&] { return ClaimRun(store, boot_version, pool.get()); });
         return std::make_tuple(o.pointer, o.previous, o.moved);
       },
       "store"_a, "boot_version"_a, "pool"_a = nb::none());
@@ -424,12 +403,7 @@ NB_MODULE(_stitch, m) {
       "publish_version",
       [](Store& store, const std::string& dir, std::optional<std::string> pool_spec) {
         std::unique_ptr<Pool> pool = MaybePool(pool_spec);
-        absl::StatusOr<VersionRef> r;
-        {
-          nb::gil_scoped_release release;
-          r = PublishVersion(store, dir, pool.get());
-        }
-        return Check(std::move(r), "StoreError");
+        return CheckReleased("StoreError", [&] { return PublishVersion(store, dir, pool.get()); });
       },
       "store"_a, "version_dir"_a, "pool"_a = nb::none());
 
@@ -447,12 +421,8 @@ NB_MODULE(_stitch, m) {
         MultiHostPublishOptions options;
         options.files = std::move(files);
         options.pool = pool.get();
-        absl::StatusOr<VersionRef> r;
-        {
-          nb::gil_scoped_release release;
-          r = PublishFromHosts(store, comms, dir, options);
-        }
-        return Check(std::move(r), "StoreError");
+        return CheckReleased("StoreError",
+                             [&] { return PublishFromHosts(store, comms, dir, options); });
       },
       "store"_a, "comms"_a, "version_dir"_a, "files"_a = std::vector<std::string>(),
       "pool"_a = nb::none());
@@ -475,12 +445,9 @@ NB_MODULE(_stitch, m) {
         options.run_id = run_id;
         options.anchor_version = anchor_version;
         options.threads = threads;
-        absl::StatusOr<MaterializeResult> r;
-        {
-          nb::gil_scoped_release release;
-          r = MaterializeCheckpoint(anchor_dir, deltas, out_dir, options);
-        }
-        MaterializeResult res = Check(std::move(r), "StitchError");
+        MaterializeResult res = CheckReleased("StitchError", [&] {
+          return MaterializeCheckpoint(anchor_dir, deltas, out_dir, options);
+        });
         nb::dict d;
         d["version"] = res.version;
         d["applied_on"] = res.applied_on;
@@ -499,12 +466,8 @@ NB_MODULE(_stitch, m) {
         if (base_dir) base = *base_dir;
         VerifyOptions options;
         options.threads = threads;
-        absl::StatusOr<VerifyReport> r;
-        {
-          nb::gil_scoped_release release;
-          r = VerifyVersion(dir, base, options);
-        }
-        VerifyReport rep = Check(std::move(r), "StitchError");
+        VerifyReport rep =
+            CheckReleased("StitchError", [&] { return VerifyVersion(dir, base, options); });
         nb::dict d;
         d["kind"] = rep.kind == VersionKind::kFull ? "FULL" : "DELTA";
         d["version"] = rep.version;
@@ -530,13 +493,10 @@ NB_MODULE(_stitch, m) {
         options.run_id = run_id;
         options.level = level;
         options.threads = threads;
-        absl::StatusOr<EncodeResult> r;
-        {
-          nb::gil_scoped_release release;
-          r = EncodeDelta(std::span<const TensorView>(b), std::span<const TensorView>(t), out_dir,
-                          options);
-        }
-        return EncodeResultDict(Check(std::move(r), "StitchError"));
+        return EncodeResultDict(CheckReleased("StitchError", [&] {
+          return EncodeDelta(std::span<const TensorView>(b), std::span<const TensorView>(t),
+                             out_dir, options);
+        }));
       },
       "base"_a, "target"_a, "out_dir"_a, "version"_a, "run_id"_a, "level"_a, "threads"_a);
 
@@ -575,12 +535,9 @@ NB_MODULE(_stitch, m) {
         FullVersionOptions options;
         options.version = version;
         options.run_id = run_id;
-        absl::StatusOr<FullVersionResult> r;
-        {
-          nb::gil_scoped_release release;
-          r = WriteFullVersion(std::span<const TensorView>(t), out_dir, options);
-        }
-        FullVersionResult res = Check(std::move(r), "StitchError");
+        FullVersionResult res = CheckReleased("StitchError", [&] {
+          return WriteFullVersion(std::span<const TensorView>(t), out_dir, options);
+        });
         nb::dict d;
         d["version"] = res.version;
         d["tensors"] = res.tensors;
