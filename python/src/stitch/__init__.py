@@ -19,6 +19,7 @@ from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from stitch import _stitch
 from stitch._stitch import Store, TrainerComms, VersionConstraint, VersionRef
+from stitch import errors
 from stitch.encoder import DeltaEncoder
 from stitch.errors import (
     ChecksumMismatch,
@@ -135,12 +136,5 @@ __all__ = [
     "DeltaEncoder",
     "Publisher",
     "TrainerComms",
-    "StitchError",
-    "InvalidArgument",
-    "NotFound",
-    "StoreError",
-    "PointerRewind",
-    "PointerConflict",
-    "ChecksumMismatch",
-    "VersionNotReady",
+    *errors.__all__,
 ]
