@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import importlib
 import os
 import threading
 import time
@@ -238,6 +239,23 @@ def constrain_payload(args: Any, payload: Mapping[str, Any],
     return gate(args).constrain(payload, headers, session_id=session_id, exact=exact_version)
 
 
+def post_write_hook(args: Any, version_dir: str, rollout_engines: Any = None) -> None:
+    """``--custom-update-weight-post-write-path``: publishes the version the
+    framework just wrote and wakes the Stitch pool. Gates itself: global rank
+    0 publishes, or every rank with ``--stitch-multihost``. The engines the
+    framework manages itself (``rollout_engines``) are left to it."""
+    del rollout_engines
+    publish_update(args, version_dir)
+
+
+def constrain_sample_request(args: Any, sample: Any, payload: Mapping[str, Any],
+                             headers: Optional[Mapping[str, str]] = None) -> Tuple[dict, dict]:
+    """For a custom generate function: the payload constrained to
+    ``latest - --stitch-lag`` (or the pinned version) and the headers with
+    the sample's group as the session, ready for the framework's ``post``."""
+    return constrain_payload(args, payload, headers, sample=sample)
+
+
 # The (args, sample) of the generate call running in the current asyncio
 # task, read by the wrapped `post` of the framework's generate module.
 _current: contextvars.ContextVar[Optional[Tuple[Any, Any]]] = contextvars.ContextVar(
@@ -275,3 +293,10 @@ async def gated(module: Any, fn: Callable[..., Any], args: Any, sample: Any, *ca
         return await fn(*call, **kwargs)
     finally:
         _current.reset(token)
+
+
+async def gated_generate(module_name: str, args: Any, sample: Any, *call: Any) -> Any:
+    """Runs ``generate(*call)`` of the framework's module ``module_name``
+    (imported now) with its requests to the router gated for ``sample``."""
+    module = importlib.import_module(module_name)
+    return await gated(module, module.generate, args, sample, *call)

@@ -20,14 +20,14 @@ GenerateFnOutput``); see docs/trainers.md.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any
 
 from stitch.integrations._hooks import (
     add_arguments,
     claim,
-    constrain_payload,
-    gated,
-    publish_update,
+    constrain_sample_request,
+    gated_generate,
+    post_write_hook,
     settings,
 )
 
@@ -37,26 +37,7 @@ __all__ = ["add_arguments", "claim", "post_write_hook", "constrain_sample_reques
 _GENERATE_MODULE = "miles.rollout.generate_hub.single_turn"
 
 
-def post_write_hook(args: Any, version_dir: str, rollout_engines: Any = None) -> None:
-    """``--custom-update-weight-post-write-path``: publishes the version Miles
-    just wrote and wakes the Stitch pool. Gates itself: global rank 0
-    publishes, or every rank with ``--stitch-multihost``."""
-    del rollout_engines
-    publish_update(args, version_dir)
-
-
-def constrain_sample_request(args: Any, sample: Any, payload: Mapping[str, Any],
-                             headers: Optional[Mapping[str, str]] = None) -> Tuple[dict, dict]:
-    """For a custom generate function: the payload constrained to
-    ``latest - --stitch-lag`` (or the pinned version) and the headers with
-    the sample's group as the session."""
-    return constrain_payload(args, payload, headers, sample=sample)
-
-
 async def generate(input: Any) -> Any:  # noqa: A002 - Miles' parameter name
     """``--custom-generate-function-path``: Miles' single-turn generate, with
     its request to the router gated by :func:`constrain_sample_request`."""
-    import importlib  # noqa: PLC0415
-
-    module = importlib.import_module(_GENERATE_MODULE)
-    return await gated(module, module.generate, input.args, input.sample, input)
+    return await gated_generate(_GENERATE_MODULE, input.args, input.sample, input)
