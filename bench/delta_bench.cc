@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "encode_floor.h"
 #include "stitch/format/aligned_buffer.h"
 #include "stitch/format/checkpoint_image.h"
 #include "stitch/format/delta_apply.h"
@@ -113,21 +114,6 @@ AlignedBuffer Allocate(size_t n) {
   return *std::move(b);
 }
 
-// The XOR of the floors: 32-byte vectors, as the codec's (which also has an
-// AVX2 clone; this one is the baseline build).
-using Vec = uint64_t __attribute__((vector_size(32)));
-void Xor(std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
-  size_t i = 0;
-  for (; i + sizeof(Vec) <= n; i += sizeof(Vec)) {
-    Vec x, y;
-    std::memcpy(&x, a + i, sizeof x);
-    std::memcpy(&y, b + i, sizeof y);
-    x ^= y;
-    std::memcpy(out + i, &x, sizeof x);
-  }
-  for (; i < n; ++i) out[i] = a[i] ^ b[i];
-}
-
 constexpr size_t kFloorChunk = kChunkBytes;
 
 struct Model {
@@ -184,49 +170,22 @@ Model MakeModel(uint64_t total_bytes, size_t tensors) {
   return m;
 }
 
-// The encode floor: one thread, fused XOR + zstd level 1 + xxh3-128. Keeps
-// the frames for the apply floor.
+// The encode floor (encode_floor.h): one thread, fused XOR + zstd level 1 +
+// xxh3-128. Keeps the frames for the apply floor.
 Timing EncodeFloor(const Model& m, std::vector<std::vector<std::byte>>* frames,
                    std::vector<XXH128_hash_t>* sums) {
-  ZSTD_CCtx* c = ZSTD_createCCtx();
-  XXH3_state_t* h = XXH3_createState();
   AlignedBuffer x = Allocate(kFloorChunk), out = Allocate(ZSTD_CStreamOutSize());
+  bench::FloorEncoder floor(x.span(), out.span());
   frames->assign(m.names.size(), {});
   sums->assign(m.names.size(), {});
   const Stopwatch watch;
   for (size_t k = 0; k < m.names.size(); ++k) {
-    std::vector<std::byte>& f = (*frames)[k];
-    f.reserve(m.tensor_bytes / 16);
-    ZSTD_CCtx_reset(c, ZSTD_reset_session_only);
-    ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1);
-    ZSTD_CCtx_setPledgedSrcSize(c, m.tensor_bytes);
-    XXH3_128bits_reset(h);
-    const std::byte* b = m.base.data() + m.offsets[k];
-    const std::byte* t = m.target.data() + m.offsets[k];
-    auto drain = [&](ZSTD_inBuffer& in, ZSTD_EndDirective mode) {
-      for (;;) {
-        ZSTD_outBuffer o{out.data(), out.size(), 0};
-        size_t r = ZSTD_compressStream2(c, &o, &in, mode);
-        if (ZSTD_isError(r)) Die("zstd");
-        f.insert(f.end(), out.data(), out.data() + o.pos);
-        if (mode == ZSTD_e_end ? r == 0 : in.pos == in.size) return;
-      }
-    };
-    for (size_t off = 0; off < m.tensor_bytes; off += kFloorChunk) {
-      const size_t n = std::min(kFloorChunk, m.tensor_bytes - off);
-      Xor(x.data(), b + off, t + off, n);
-      XXH3_128bits_update(h, t + off, n);
-      ZSTD_inBuffer in{x.data(), n, 0};
-      drain(in, ZSTD_e_continue);
-    }
-    ZSTD_inBuffer none{nullptr, 0, 0};
-    drain(none, ZSTD_e_end);
-    (*sums)[k] = XXH3_128bits_digest(h);
+    std::optional<XXH128_hash_t> sum = floor.Encode(
+        m.base.data() + m.offsets[k], m.target.data() + m.offsets[k], m.tensor_bytes, (*frames)[k]);
+    if (!sum.has_value()) Die("zstd");
+    (*sums)[k] = *sum;
   }
-  const Timing s = watch.Stop();
-  XXH3_freeState(h);
-  ZSTD_freeCCtx(c);
-  return s;
+  return watch.Stop();
 }
 
 // The apply floor: one thread, streaming decode + XOR into the base + xxh3.
@@ -250,7 +209,7 @@ Timing ApplyFloor(const Model& m, AlignedBuffer& work,
         size_t r = ZSTD_decompressStream(d, &o, &in);
         if (ZSTD_isError(r)) Die("zstd decode");
       }
-      Xor(w + off, w + off, x.data(), n);
+      XorBytes(w + off, w + off, x.data(), n);
       XXH3_128bits_update(h, w + off, n);
     }
     XXH128_hash_t got = XXH3_128bits_digest(h);

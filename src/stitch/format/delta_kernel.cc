@@ -39,17 +39,9 @@ constexpr size_t kCompressedFlushBytes = 256 * 1024;
 
 using Vec = uint64_t __attribute__((vector_size(32)));
 
-// out[i] = a[i] ^ b[i]. `out` may be `a` (in place), never partially overlap.
+// XorBytes (delta_kernel.h), with the AVX2 clone.
 STITCH_XOR_CLONES void XorInto(std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
-  size_t i = 0;
-  for (; i + sizeof(Vec) <= n; i += sizeof(Vec)) {
-    Vec x, y;
-    std::memcpy(&x, a + i, sizeof x);
-    std::memcpy(&y, b + i, sizeof y);
-    x ^= y;
-    std::memcpy(out + i, &x, sizeof x);
-  }
-  for (; i < n; ++i) out[i] = a[i] ^ b[i];
+  XorBytes(out, a, b, n);
 }
 
 // Like XorInto; returns whether any result byte is non-zero.

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -44,6 +45,26 @@ inline constexpr size_t kMaxFramesPerPass = 8;
 
 // Default zstd level of encoded frames.
 inline constexpr int kDefaultZstdLevel = 1;
+
+// out[i] = a[i] ^ b[i] over 32-byte vectors (GCC/Clang vector extensions;
+// memcpy keeps the loads and stores unaligned-safe and compiles to plain
+// vector moves), built for the target of the code it is inlined into: the
+// codec's own XOR adds an AVX2 clone picked at load time, the benchmarks'
+// floors use the baseline build. `out` may be `a` (in place), never
+// partially overlap.
+[[gnu::always_inline]] inline void XorBytes(std::byte* out, const std::byte* a, const std::byte* b,
+                                            size_t n) {
+  using Vec = uint64_t __attribute__((vector_size(32)));
+  size_t i = 0;
+  for (; i + sizeof(Vec) <= n; i += sizeof(Vec)) {
+    Vec x, y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    x ^= y;
+    std::memcpy(out + i, &x, sizeof x);
+  }
+  for (; i < n; ++i) out[i] = a[i] ^ b[i];
+}
 
 // Number of workers used when an options struct says 0:
 // std::thread::hardware_concurrency(), at least 1.
