@@ -1,0 +1,31 @@
+# What the top-level build and the Python package's build (python/) share:
+# the language settings and warnings, the third-party packages the libraries
+# of src/stitch use, and stitch_library(). Set STITCH_ROOT (the repository
+# root) before including it.
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+set(CMAKE_CXX_EXTENSIONS OFF)
+set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+if(NOT CMAKE_BUILD_TYPE)
+  set(CMAKE_BUILD_TYPE Release)
+endif()
+add_compile_options(-Wall -Wextra -Wno-missing-field-initializers)
+
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED)
+find_package(Boost 1.81.0 EXACT CONFIG REQUIRED COMPONENTS json url)
+find_package(zstd REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CURL REQUIRED)
+find_package(OpenSSL REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+# stitch_library(NAME SOURCES ... DEPS ...): one library per folder of src/stitch.
+function(stitch_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(stitch_${name} STATIC ${ARG_SOURCES})
+  target_include_directories(stitch_${name} PUBLIC ${STITCH_ROOT}/src)
+  target_link_libraries(stitch_${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
