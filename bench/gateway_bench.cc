@@ -9,8 +9,6 @@
 //      throughput is printed.
 //
 //   gateway_bench [--seconds S]
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -119,24 +117,17 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
+  RaiseOpenFileLimit();
 
   // One stub server on every loopback address: 127.0.0.N:port are distinct
   // replicas to the gateway.
   EventLoop stub_loop;
   ServerOptions stub_options;
   stub_options.host = "0.0.0.0";
-  stub_options.backlog = 8192;
-  auto stub = HttpServer::Start(stub_loop.executor(), stub_options, StubReplica);
-  if (!stub.ok()) {
-    std::fprintf(stderr, "gateway_bench: stub: %s\n", std::string(stub.status().message()).c_str());
-    return 1;
-  }
-  const uint16_t port = (*stub)->port();
+  std::unique_ptr<HttpServer> stub =
+      bench::StartStub(stub_loop, stub_options, StubReplica, "gateway_bench");
+  if (stub == nullptr) return 1;
+  const uint16_t port = stub->port();
   auto replica_urls = [&](int n) {
     std::vector<std::string> urls;
     for (int i = 0; i < n; ++i) {
@@ -211,7 +202,7 @@ int Main(int argc, char** argv) {
         "ratio %.2f at 1 connection, %.2f at 32; throughput ratio %.2f at 32\n",
         kRounds, mean1_at[2] / mean1_at[0], mean_at[2] / mean_at[0], rps_at[2] / rps_at[0]);
   }
-  stub_loop.BlockOn((*stub)->Shutdown());
+  stub_loop.BlockOn(stub->Shutdown());
   return ok ? 0 : 1;
 }
 

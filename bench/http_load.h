@@ -1,13 +1,16 @@
-// A closed-loop HTTP load generator shared by the benchmarks: `connections`
-// coroutines on one event loop, each sending POST /generate with `body` again
-// as soon as its previous answer arrives. Header-only: benchmarks are single
-// files.
+// What the HTTP benchmarks share: a closed-loop load generator
+// (`connections` coroutines on one event loop, each sending POST /generate
+// with `body` again as soon as its previous answer arrives) and the setup of
+// the instant-answer stub servers they measure against. Header-only:
+// benchmarks are single files.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -19,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
+#include "stitch/net/server.h"
 
 namespace stitch::bench {
 
@@ -109,6 +113,20 @@ inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seco
   }
   std::sort(r.latencies_us.begin(), r.latencies_us.end());
   return r;
+}
+
+// Starts a stub server with `handler` on `loop`, with a backlog deep enough
+// for the benchmarks' connection bursts; null (and a message naming
+// `program`) when it cannot.
+inline std::unique_ptr<HttpServer> StartStub(EventLoop& loop, ServerOptions options,
+                                             HttpHandler handler, const char* program) {
+  options.backlog = 8192;
+  auto stub = HttpServer::Start(loop.executor(), std::move(options), std::move(handler));
+  if (!stub.ok()) {
+    std::fprintf(stderr, "%s: stub: %s\n", program, std::string(stub.status().message()).c_str());
+    return nullptr;
+  }
+  return *std::move(stub);
 }
 
 }  // namespace stitch::bench

@@ -9,8 +9,6 @@
 // Targets (issue 5): at 64 concurrent connections the sidecar adds under
 // 1 ms of p99 latency and keeps at least 0.5x the direct throughput; 1024
 // concurrent connections are held with no errors.
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -108,22 +106,13 @@ int Main(int argc, char** argv) {
   }
 
   // Three endpoints of every connection live in this process.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
+  RaiseOpenFileLimit();
 
   // The stub engine on its own loop.
   EventLoop stub_loop;
-  ServerOptions stub_options;
-  stub_options.backlog = 8192;
-  auto stub = HttpServer::Start(stub_loop.executor(), stub_options, Stub);
-  if (!stub.ok()) {
-    std::fprintf(stderr, "proxy_bench: stub: %s\n", std::string(stub.status().message()).c_str());
-    return 1;
-  }
-  const HttpOrigin stub_origin{"127.0.0.1", (*stub)->port()};
+  std::unique_ptr<HttpServer> stub = bench::StartStub(stub_loop, {}, Stub, "proxy_bench");
+  if (stub == nullptr) return 1;
+  const HttpOrigin stub_origin{"127.0.0.1", stub->port()};
 
   // The sidecar on its own loop, following an in-memory store whose pointer
   // is unset (ready at once at the boot version).

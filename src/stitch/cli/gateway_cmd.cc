@@ -1,7 +1,6 @@
 // `stitch gateway`: the version-aware router in front of a pool of replicas.
 // Exit status: 0 after SIGINT or SIGTERM, 1 when it could not start, 2 for
 // refused flags.
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/event_loop.h"
+#include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/pool/pool.h"
 
@@ -59,11 +59,7 @@ int RunGateway(const GatewayFlags& flags) {
     return kExitRefused;
   }
   // Each relayed request holds two sockets.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
+  RaiseOpenFileLimit();
 
   GatewayOptions options;
   options.server.host = flags.host;

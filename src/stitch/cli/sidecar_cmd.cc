@@ -2,7 +2,6 @@
 // (docs/sidecar.md). Exit status: 0 after SIGINT or SIGTERM, 1 when it could
 // not start, 2 for refused flags, 3 after a terminal error (a failed commit,
 // a dead engine), so that a supervisor replaces the replica.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -26,6 +25,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/net/event_loop.h"
+#include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/replica/clock.h"
 #include "stitch/replica/sidecar.h"
@@ -82,15 +82,6 @@ class ShutdownDeadline {
   bool done_ = false;
   std::thread thread_;
 };
-
-// Each proxied request holds two sockets: let thousands of them in.
-void RaiseOpenFileLimit() {
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
-}
 
 int RunSidecar(const SidecarFlags& flags) {
   auto config = CheckSidecarFlags(flags);

@@ -1,5 +1,7 @@
 #include "stitch/net/server.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <exception>
 
@@ -678,6 +680,14 @@ boost::asio::awaitable<void> HttpRouter::Dispatch(HttpExchange& exchange) const 
 HttpHandler HttpRouter::AsHandler() const {
   auto router = std::make_shared<const HttpRouter>(*this);
   return [router](HttpExchange& exchange) { return router->Dispatch(exchange); };
+}
+
+void RaiseOpenFileLimit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
 }
 
 }  // namespace stitch

@@ -211,6 +211,11 @@ class HttpServer {
   std::string host_;
 };
 
+// Raises this process's open-file limit (RLIMIT_NOFILE) to its hard limit,
+// best effort: a server that relays requests holds two sockets for each, and
+// thousands of them need more than the usual soft limit of 1024.
+void RaiseOpenFileLimit();
+
 // A tiny router: exact path (request target without its query) plus method.
 // Unknown paths get 404 and known paths with another method 405 (with an
 // Allow header), both with JSON error bodies, unless a fallback is set.
