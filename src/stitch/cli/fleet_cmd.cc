@@ -25,6 +25,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
 #include "stitch/core/state.h"
+#include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/pool/pool.h"
 #include "stitch/store/store.h"
@@ -272,23 +273,6 @@ struct SmokeFlags {
   double timeout_s = 60;
 };
 
-// The version stamped at the end of a response, if any.
-std::optional<int64_t> EndVersion(const std::string& body) {
-  boost::system::error_code ec;
-  json::value doc = json::parse(body, ec);
-  if (ec || !doc.is_object()) return std::nullopt;
-  const json::object& o = doc.get_object();
-  const json::value* end = o.if_contains("weight_version_end");
-  if (end == nullptr) {
-    if (const json::value* meta = o.if_contains("meta_info");
-        meta != nullptr && meta->is_object()) {
-      end = meta->get_object().if_contains("weight_version_end");
-    }
-  }
-  if (end == nullptr || !end->is_int64()) return std::nullopt;
-  return end->get_int64();
-}
-
 // One exact-version generation against `url`; an empty string when it was
 // served by `version`, else what went wrong.
 std::string TryVersion(const std::string& url, int64_t version, std::chrono::milliseconds timeout) {
@@ -302,7 +286,7 @@ std::string TryVersion(const std::string& url, int64_t version, std::chrono::mil
   if (response->status != 200) {
     return absl::StrCat("HTTP ", response->status, ": ", response->body.substr(0, 300));
   }
-  std::optional<int64_t> served = EndVersion(response->body);
+  std::optional<int64_t> served = StampedEndVersion(response->body);
   if (!served.has_value()) return "the response carries no weight_version_end stamp";
   if (*served != version) return absl::StrCat("served by version ", *served);
   return "";

@@ -1,6 +1,8 @@
 #include "stitch/engine/engine.h"
 
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
 #include <boost/json/string.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,28 @@ absl::StatusOr<UpdateDestination> ParseUpdateDestination(std::string_view name) 
   if (name == "cpu") return UpdateDestination::kCpu;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown update mode \"", AbslView(name), "\" (expected disk|cpu)"));
+}
+
+std::optional<int64_t> StampedEndVersion(std::string_view body) {
+  boost::system::error_code ec;
+  boost::json::value doc = boost::json::parse(body, ec);
+  if (ec) return std::nullopt;
+  const boost::json::value* item = &doc;
+  if (doc.is_array()) {
+    if (doc.get_array().empty()) return std::nullopt;
+    item = &doc.get_array().front();
+  }
+  if (!item->is_object()) return std::nullopt;
+  const boost::json::object& o = item->get_object();
+  const boost::json::value* end = o.if_contains("weight_version_end");
+  if (end == nullptr) {
+    if (const boost::json::value* meta = o.if_contains("meta_info");
+        meta != nullptr && meta->is_object()) {
+      end = meta->get_object().if_contains("weight_version_end");
+    }
+  }
+  if (end == nullptr || !end->is_int64()) return std::nullopt;
+  return end->get_int64();
 }
 
 std::string CacheIsolationPrefix(const VersionRef& serving) {

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,6 +94,11 @@ enum class ApiRoute {
   kCompletions,      // OpenAI /v1/completions
   kChatCompletions,  // OpenAI /v1/chat/completions
 };
+
+// The end version Engine::StampResponse stamped on a response body:
+// meta_info.weight_version_end (/generate) or weight_version_end (OpenAI
+// routes), of the first document of a batch; nullopt when there is none.
+std::optional<int64_t> StampedEndVersion(std::string_view body);
 
 // The prefix that isolates one serving version in the engine's prefix cache:
 // "wv<version>;<run_id>/".

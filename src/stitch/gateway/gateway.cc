@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
+#include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/replica/proxy.h"
@@ -94,31 +95,6 @@ HttpHeaders ResponseHeaders(const HttpHeaders& from, const std::string& replica)
   }
   to.Set("X-Stitch-Replica", replica);
   return to;
-}
-
-// The end version stamped on a relayed response: meta_info.weight_version_end
-// (/generate) or weight_version_end (OpenAI routes), of the first document of
-// a batch.
-std::optional<int64_t> StampedEndVersion(const std::string& body) {
-  boost::system::error_code ec;
-  json::value doc = json::parse(body, ec);
-  if (ec) return std::nullopt;
-  const json::value* item = &doc;
-  if (doc.is_array()) {
-    if (doc.get_array().empty()) return std::nullopt;
-    item = &doc.get_array().front();
-  }
-  if (!item->is_object()) return std::nullopt;
-  const json::object& o = item->get_object();
-  const json::value* end = o.if_contains("weight_version_end");
-  if (end == nullptr) {
-    if (const json::value* meta = o.if_contains("meta_info");
-        meta != nullptr && meta->is_object()) {
-      end = meta->get_object().if_contains("weight_version_end");
-    }
-  }
-  if (end == nullptr || !end->is_int64()) return std::nullopt;
-  return end->get_int64();
 }
 
 std::string PromLabel(std::string_view value) {
