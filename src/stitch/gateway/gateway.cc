@@ -63,36 +63,20 @@ struct Replica {
 // it, and so does the session table.
 using ReplicaPtr = std::shared_ptr<Replica>;
 
-std::string ErrorBody(std::string_view type, std::string_view message, bool retryable) {
-  json::object body;
-  body["type"] = type;
-  body["message"] = message;
-  if (retryable) body["retryable"] = true;
-  return json::serialize(body);
-}
-
+// Bodies pass through unchanged, so their encoding and type headers do too.
 bool DropRequestHeader(std::string_view name) {
   return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "host") ||
          absl::EqualsIgnoreCase(AbslView(name), "expect");
 }
 
-HttpHeaders RequestHeaders(const HttpHeaders& from) {
-  HttpHeaders to;
-  to.reserve(from.size());
-  for (const auto& [name, value] : from) {
-    if (!DropRequestHeader(name)) to.Add(name, value);
-  }
-  return to;
+bool DropResponseHeader(std::string_view name) {
+  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "content-length");
 }
 
+// A replica's response headers as the gateway relays them, with
+// X-Stitch-Replica naming the replica.
 HttpHeaders ResponseHeaders(const HttpHeaders& from, const std::string& replica) {
-  HttpHeaders to;
-  to.reserve(from.size() + 1);
-  for (const auto& [name, value] : from) {
-    if (!IsFramingHeader(name) && !absl::EqualsIgnoreCase(AbslView(name), "content-length")) {
-      to.Add(name, value);
-    }
-  }
+  HttpHeaders to = CopyHeaders(from, &DropResponseHeader);
   to.Set("X-Stitch-Replica", replica);
   return to;
 }
@@ -424,12 +408,8 @@ struct Gateway::Impl {
         break;
       case RouteClass::kBlocked: {
         ++counters.blocked;
-        HttpResponse response = JsonResponse(
-            403, ErrorBody("RouteBlocked",
-                           absl::StrCat(path,
-                                        " is an engine control route: only each replica's "
-                                        "sidecar drives its engine, so the gateway refuses it"),
-                           false));
+        HttpResponse response = RouteBlockedResponse(
+            path, "only each replica's sidecar drives its engine, so the gateway refuses it");
         (void)co_await exchange.Respond(std::move(response));
         co_return;
       }
@@ -447,29 +427,15 @@ struct Gateway::Impl {
 
   awaitable<void> HandleVersioned(HttpExchange& exchange) {
     ++counters.requests;
-    boost::system::error_code ec;
-    json::value parsed = json::parse(exchange.request().body, ec);
-    if (ec || !parsed.is_object()) {
-      std::string message = "the request body must be a JSON object";
-      if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
-      std::string error = ErrorBody("BadRequest", message, false);
+    json::value parsed;
+    absl::StatusOr<VersionedAsk> ask = ParseVersionedBody(exchange.request().body, parsed);
+    if (!ask.ok()) {
+      std::string error = JsonErrorBody("BadRequest", std::string(ask.status().message()));
       co_await Respond(exchange, 400, std::move(error));
       co_return;
     }
-    const json::object& body = parsed.get_object();
-    VersionConstraint constraint;
-    if (const json::value* wv = body.if_contains("weight_version"); wv != nullptr) {
-      auto c = ConstraintFromJsonValue(*wv);
-      if (!c.ok()) {
-        std::string message = absl::StrCat("weight_version: ", c.status().message());
-        std::string error = ErrorBody("BadRequest", message, false);
-        co_await Respond(exchange, 400, std::move(error));
-        co_return;
-      }
-      constraint = *c;
-    }
-    const json::value* stream_flag = body.if_contains("stream");
-    const bool stream = stream_flag != nullptr && stream_flag->is_bool() && stream_flag->get_bool();
+    const VersionConstraint constraint = ask->constraint;
+    const bool stream = ask->stream;
     std::string session;
     if (auto s = exchange.request().headers.Get(options.session_header); s.has_value()) {
       session = std::string(*s);
@@ -477,7 +443,7 @@ struct Gateway::Impl {
 
     HttpRequest upstream;
     upstream.method = "POST";
-    upstream.headers = RequestHeaders(exchange.request().headers);
+    upstream.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
     const std::string target = exchange.request().target;
     const std::string payload = std::move(exchange.request().body);
 
@@ -528,35 +494,47 @@ struct Gateway::Impl {
       co_return;
     }
     ++counters.rejected;
-    std::string conflict = NotReadyBody(constraint);
+    std::string conflict = NotReady(constraint);
     co_await Respond(exchange, 409, std::move(conflict));
   }
 
-  std::string NotReadyBody(const VersionConstraint& constraint) {
+  // The 409 body when no ready replica satisfies `constraint`: `applied` is
+  // the newest version any ready replica serves.
+  std::string NotReady(const VersionConstraint& constraint) {
     Reindex();
-    json::object conflict;
-    conflict["type"] = "WeightVersionNotReady";
-    if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
-      conflict["target_version"] = *t;
-    } else {
-      conflict["target_version"] = nullptr;
-    }
-    // The newest version any ready replica serves.
-    const Replica* newest = nullptr;
-    if (!by_version.empty()) newest = by_version.rbegin()->second.front();
-    if (newest != nullptr) {
-      conflict["applied"] = newest->state.applied->ToString();
-      conflict["applied_version"] = newest->state.applied->version;
-    } else {
-      conflict["applied"] = nullptr;
-      conflict["applied_version"] = nullptr;
-    }
-    conflict["message"] = absl::StrFormat(
+    std::optional<VersionRef> newest;
+    if (!by_version.empty()) newest = by_version.rbegin()->second.front()->state.applied;
+    const std::string message = absl::StrFormat(
         "no ready replica serves %s after waiting %.1f s (%d of %d replicas ready); retry later "
         "or relax the constraint",
         constraint.ToString(), std::chrono::duration<double>(options.admission_wait).count(),
         static_cast<int>(routable.size()), static_cast<int>(replicas.size()));
-    return json::serialize(conflict);
+    return NotReadyBody(constraint, newest, message);
+  }
+
+  // The 503 to relay, if no other replica answers, when `r` could not be
+  // reached or broke off with `status`; marks `r` unreachable.
+  HttpResponse Unreachable(Replica& r, const absl::Status& status) {
+    const std::string why(status.message());
+    MarkFailed(r, why, /*unreachable=*/true);
+    return JsonResponse(
+        503, JsonErrorBody("ReplicaUnavailable",
+                           absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true));
+  }
+
+  // Whether `r` refused the request with `out`: a 409 (its version does not
+  // satisfy the constraint) or a 503 (not ready). Learns from the refusal
+  // and keeps `out` in *last_failure to relay if no other replica does
+  // better.
+  bool Refused(Replica& r, HttpResponse& out, std::optional<HttpResponse>* last_failure) {
+    if (out.status != 409 && out.status != 503) return false;
+    if (out.status == 409) {
+      Learn409(r, out.body);
+    } else {
+      MarkFailed(r, absl::StrCat("HTTP 503: ", out.body), /*unreachable=*/false);
+    }
+    last_failure->emplace(std::move(out));
+    return true;
   }
 
   // One try on one replica. kRetry leaves the answer to relay if no other
@@ -569,36 +547,18 @@ struct Gateway::Impl {
     --r.in_flight;
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
-      const std::string why(response.status().message());
-      MarkFailed(r, why, /*unreachable=*/true);
-      last_failure->emplace(JsonResponse(
-          503, ErrorBody("ReplicaUnavailable",
-                         absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true)));
+      last_failure->emplace(Unreachable(r, response.status()));
       (*last_failure)->headers.Set("Retry-After", "1");
       co_return Outcome::kRetry;
     }
-    if (response->status == 409 || response->status == 503) {
-      if (response->status == 409) {
-        Learn409(r, response->body);
-      } else {
-        MarkFailed(r, absl::StrCat("HTTP 503: ", response->body), /*unreachable=*/false);
-      }
-      HttpResponse failure;
-      failure.status = response->status;
-      failure.headers = ResponseHeaders(response->headers, r.url);
-      failure.body = std::move(response->body);
-      last_failure->emplace(std::move(failure));
-      co_return Outcome::kRetry;
-    }
-    if (response->status == 200) {
-      if (std::optional<int64_t> v = StampedEndVersion(response->body); v.has_value()) {
+    HttpResponse out{response->status, ResponseHeaders(response->headers, r.url),
+                     std::move(response->body)};
+    if (Refused(r, out, last_failure)) co_return Outcome::kRetry;
+    if (out.status == 200) {
+      if (std::optional<int64_t> v = StampedEndVersion(out.body); v.has_value()) {
         LearnVersion(r, *v);
       }
     }
-    HttpResponse out;
-    out.status = response->status;
-    out.headers = ResponseHeaders(response->headers, r.url);
-    out.body = std::move(response->body);
     (void)co_await exchange.Respond(std::move(out));
     co_return Outcome::kDone;
   }
@@ -617,11 +577,7 @@ struct Gateway::Impl {
         co_await exchange.CancelOnDisconnect(client.SendStreamed(r.origin, std::move(request)));
     if (!stream.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
-      const std::string why(stream.status().message());
-      MarkFailed(r, why, /*unreachable=*/true);
-      last_failure->emplace(JsonResponse(
-          503, ErrorBody("ReplicaUnavailable",
-                         absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true)));
+      last_failure->emplace(Unreachable(r, stream.status()));
       (*last_failure)->headers.Set("Retry-After", "1");
       co_return Outcome::kRetry;
     }
@@ -632,26 +588,12 @@ struct Gateway::Impl {
       absl::StatusOr<std::string> body = co_await exchange.CancelOnDisconnect(stream->ReadAll());
       if (!body.ok()) {
         if (exchange.disconnected()) co_return Outcome::kClientGone;
-        const std::string why(body.status().message());
-        MarkFailed(r, why, /*unreachable=*/true);
-        last_failure->emplace(JsonResponse(
-            503, ErrorBody("ReplicaUnavailable",
-                           absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true)));
+        last_failure->emplace(Unreachable(r, body.status()));
         co_return Outcome::kRetry;
       }
-      HttpResponse out;
-      out.status = stream->status();
-      out.headers = ResponseHeaders(stream->headers(), r.url);
-      out.body = *std::move(body);
-      if (out.status == 409 || out.status == 503) {
-        if (out.status == 409) {
-          Learn409(r, out.body);
-        } else {
-          MarkFailed(r, absl::StrCat("HTTP 503: ", out.body), /*unreachable=*/false);
-        }
-        last_failure->emplace(std::move(out));
-        co_return Outcome::kRetry;
-      }
+      HttpResponse out{stream->status(), ResponseHeaders(stream->headers(), r.url),
+                       *std::move(body)};
+      if (Refused(r, out, last_failure)) co_return Outcome::kRetry;
       (void)co_await exchange.Respond(std::move(out));
       co_return Outcome::kDone;
     }
@@ -679,8 +621,8 @@ struct Gateway::Impl {
     Replica* chosen = Choose(VersionConstraint{}, "", {});
     if (chosen == nullptr) {
       std::string error =
-          ErrorBody("NoReadyReplica",
-                    "no replica of the pool is ready; check `stitch status` and retry", true);
+          JsonErrorBody("NoReadyReplica",
+                        "no replica of the pool is ready; check `stitch status` and retry", true);
       co_await Respond(exchange, 503, std::move(error));
       co_return;
     }
@@ -688,7 +630,7 @@ struct Gateway::Impl {
     HttpRequest up;
     up.method = exchange.request().method;
     up.target = r->prefix + exchange.request().target;
-    up.headers = RequestHeaders(exchange.request().headers);
+    up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
     up.body = std::move(exchange.request().body);
     ++r->in_flight;
     absl::StatusOr<HttpResponse> response =
@@ -698,15 +640,13 @@ struct Gateway::Impl {
       if (exchange.disconnected()) co_return;
       const std::string why(response.status().message());
       MarkFailed(*r, why, /*unreachable=*/true);
-      std::string body =
-          ErrorBody("ReplicaUnavailable", absl::StrCat("replica ", r->url, " failed: ", why), true);
+      std::string body = JsonErrorBody("ReplicaUnavailable",
+                                       absl::StrCat("replica ", r->url, " failed: ", why), true);
       co_await Respond(exchange, 503, std::move(body));
       co_return;
     }
-    HttpResponse out;
-    out.status = response->status;
-    out.headers = ResponseHeaders(response->headers, r->url);
-    out.body = std::move(response->body);
+    HttpResponse out{response->status, ResponseHeaders(response->headers, r->url),
+                     std::move(response->body)};
     (void)co_await exchange.Respond(std::move(out));
   }
 

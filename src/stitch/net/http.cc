@@ -70,9 +70,19 @@ HttpResponse JsonResponse(int status, std::string body) {
   return r;
 }
 
-std::string JsonErrorBody(std::string_view type, std::string_view message) {
+HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view name)) {
+  HttpHeaders to;
+  to.reserve(from.size());
+  for (const auto& [name, value] : from) {
+    if (!drop(name)) to.Add(name, value);
+  }
+  return to;
+}
+
+std::string JsonErrorBody(std::string_view type, std::string_view message, bool retryable) {
   return absl::StrCat("{\"type\":", boost::json::serialize(boost::json::string(type)),
-                      ",\"message\":", boost::json::serialize(boost::json::string(message)), "}");
+                      ",\"message\":", boost::json::serialize(boost::json::string(message)),
+                      retryable ? ",\"retryable\":true}" : "}");
 }
 
 std::string_view TargetPath(std::string_view target) {

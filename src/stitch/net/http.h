@@ -55,6 +55,10 @@ class HttpHeaders {
 // True for the framing headers listed at the top of this file.
 bool IsFramingHeader(std::string_view name);
 
+// The fields of `from` for which `drop` is false, in order: the headers a
+// proxy passes on.
+HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view name));
+
 struct HttpRequest {
   std::string method = "GET";
   // Origin form: "/path?query". The client sends it as is.
@@ -73,8 +77,8 @@ struct HttpResponse {
 HttpResponse JsonResponse(int status, std::string body);
 
 // The JSON error body used across Stitch: {"type": <type>, "message": <message>}
-// (properly escaped).
-std::string JsonErrorBody(std::string_view type, std::string_view message);
+// (properly escaped), with "retryable": true after them when `retryable`.
+std::string JsonErrorBody(std::string_view type, std::string_view message, bool retryable = false);
 
 // The path of an origin-form request target ("/a/b" for "/a/b?x=1"), still
 // percent-encoded. An unparseable target is returned whole.

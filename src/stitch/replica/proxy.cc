@@ -63,23 +63,6 @@ bool DropResponseHeader(std::string_view name) {
          absl::EqualsIgnoreCase(AbslView(name), "content-encoding");
 }
 
-HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view)) {
-  HttpHeaders to;
-  to.reserve(from.size());
-  for (const auto& [name, value] : from) {
-    if (!drop(name)) to.Add(name, value);
-  }
-  return to;
-}
-
-std::string ErrorBody(std::string_view type, std::string_view message, bool retryable) {
-  json::object body;
-  body["type"] = type;
-  body["message"] = message;
-  if (retryable) body["retryable"] = true;
-  return json::serialize(body);
-}
-
 // Whether a /generate body asks for a batch (a list of prompts).
 size_t BatchSize(const json::object& body) {
   if (const json::value* text = body.if_contains("text"); text != nullptr && text->is_array()) {
@@ -154,6 +137,55 @@ RouteClass ClassifyRoute(std::string_view path, ApiRoute* route) {
   return RouteClass::kOther;
 }
 
+absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body, json::value& doc) {
+  boost::system::error_code ec;
+  doc = json::parse(body, ec);
+  if (ec || !doc.is_object()) {
+    std::string message = "the request body must be a JSON object";
+    if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
+    return absl::InvalidArgumentError(message);
+  }
+  const json::object& o = doc.get_object();
+  VersionedAsk ask;
+  if (const json::value* wv = o.if_contains("weight_version"); wv != nullptr) {
+    auto c = ConstraintFromJsonValue(*wv);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("weight_version: ", c.status().message()));
+    }
+    ask.constraint = *c;
+  }
+  const json::value* stream = o.if_contains("stream");
+  ask.stream = stream != nullptr && stream->is_bool() && stream->get_bool();
+  return ask;
+}
+
+std::string NotReadyBody(const VersionConstraint& constraint,
+                         const std::optional<VersionRef>& applied, std::string_view message) {
+  json::object conflict;
+  conflict["type"] = "WeightVersionNotReady";
+  if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
+    conflict["target_version"] = *t;
+  } else {
+    conflict["target_version"] = nullptr;
+  }
+  if (applied.has_value()) {
+    conflict["applied"] = applied->ToString();
+    conflict["applied_version"] = applied->version;
+  } else {
+    conflict["applied"] = nullptr;
+    conflict["applied_version"] = nullptr;
+  }
+  conflict["message"] = message;
+  return json::serialize(conflict);
+}
+
+HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why) {
+  return JsonResponse(
+      403,
+      JsonErrorBody("RouteBlocked",
+                    absl::StrCat(AbslView(path), " is an engine control route: ", AbslView(why))));
+}
+
 struct VersionedProxy::Call {
   ApiRoute route = ApiRoute::kGenerate;
   std::optional<AdmissionGate::Ticket> ticket;
@@ -188,13 +220,9 @@ awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
       break;
     case RouteClass::kBlocked: {
       ++counters_.route_blocked;
-      std::string path(TargetPath(exchange.request().target));
-      HttpResponse response = JsonResponse(
-          403, ErrorBody("RouteBlocked",
-                         absl::StrCat(path,
-                                      " is an engine control route: the sidecar alone drives the "
-                                      "engine, so it is not forwarded"),
-                         false));
+      HttpResponse response =
+          RouteBlockedResponse(TargetPath(exchange.request().target),
+                               "the sidecar alone drives the engine, so it is not forwarded");
       (void)co_await exchange.Respond(std::move(response));
       co_return;
     }
@@ -217,17 +245,17 @@ awaitable<void> VersionedProxy::EngineUnavailable(HttpExchange& exchange, Call* 
   }
   ++counters_.engine_unavailable;
   HttpResponse response = JsonResponse(
-      503, ErrorBody("EngineUnavailable",
-                     absl::StrCat("the engine behind this replica is unavailable (", AbslView(why),
-                                  "); retry, possibly on another replica"),
-                     true));
+      503, JsonErrorBody("EngineUnavailable",
+                         absl::StrCat("the engine behind this replica is unavailable (",
+                                      AbslView(why), "); retry, possibly on another replica"),
+                         true));
   response.headers.Set("Retry-After", "1");
   (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> VersionedProxy::BadRequest(HttpExchange& exchange, std::string message) {
   ++counters_.bad_requests;
-  HttpResponse response = JsonResponse(400, ErrorBody("BadRequest", message, false));
+  HttpResponse response = JsonResponse(400, JsonErrorBody("BadRequest", message));
   (void)co_await exchange.Respond(std::move(response));
 }
 
@@ -235,27 +263,16 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   ++counters_.versioned_requests;
   // (Messages are built before co_await: GCC 12 mishandles temporaries of
   // conditional expressions inside co_await expressions.)
-  boost::system::error_code ec;
-  json::value parsed = json::parse(exchange.request().body, ec);
-  if (ec || !parsed.is_object()) {
-    std::string message = "the request body must be a JSON object";
-    if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
+  json::value parsed;
+  absl::StatusOr<VersionedAsk> ask = ParseVersionedBody(exchange.request().body, parsed);
+  if (!ask.ok()) {
+    std::string message(ask.status().message());
     co_await BadRequest(exchange, std::move(message));
     co_return;
   }
   json::object& body = parsed.get_object();
-
-  VersionConstraint constraint;
-  if (json::value* wv = body.if_contains("weight_version"); wv != nullptr) {
-    auto c = ConstraintFromJsonValue(*wv);
-    if (!c.ok()) {
-      std::string message = absl::StrCat("weight_version: ", c.status().message());
-      co_await BadRequest(exchange, std::move(message));
-      co_return;
-    }
-    constraint = *c;
-    body.erase("weight_version");
-  }
+  const VersionConstraint constraint = ask->constraint;
+  body.erase("weight_version");
 
   Call call;
   call.route = route;
@@ -279,8 +296,6 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
     call.rids.push_back(NextRid());
     body["rid"] = call.rids.back();
   }
-  const json::value* stream_flag = body.if_contains("stream");
-  const bool stream = stream_flag != nullptr && stream_flag->is_bool() && stream_flag->get_bool();
 
   // Admission: decided at once unless a commit holds it closed.
   std::optional<absl::StatusOr<AdmissionGate::Ticket>> admitted = gate_.TryAdmit(constraint);
@@ -290,23 +305,14 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   if (!admitted->ok()) {
     const absl::Status& s = admitted->status();
     if (GetErrorKind(s) == ErrorKind::kVersionNotReady) {
-      json::object conflict;
-      conflict["type"] = "WeightVersionNotReady";
-      if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
-        conflict["target_version"] = *t;
-      } else {
-        conflict["target_version"] = nullptr;
-      }
-      conflict["applied"] = gate_.serving().ToString();
-      conflict["applied_version"] = gate_.serving().version;
-      conflict["message"] = std::string(s.message());
-      HttpResponse response = JsonResponse(409, json::serialize(conflict));
+      HttpResponse response =
+          JsonResponse(409, NotReadyBody(constraint, gate_.serving(), std::string(s.message())));
       (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;
     } else {
       HttpResponse response =
-          JsonResponse(503, ErrorBody("ReplicaUnavailable", std::string(s.message()), true));
+          JsonResponse(503, JsonErrorBody("ReplicaUnavailable", std::string(s.message()), true));
       response.headers.Set("Retry-After", "1");
       (void)co_await exchange.Respond(std::move(response));
     }
@@ -322,7 +328,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   up.headers.Set("Content-Type", "application/json");
   up.body = json::serialize(parsed);
 
-  if (stream) {
+  if (ask->stream) {
     ++counters_.streamed;
     co_await RelayStream(exchange, call);
   } else {
@@ -343,10 +349,8 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
     co_await EngineUnavailable(exchange, &call, why);
     co_return;
   }
-  HttpResponse out;
-  out.status = response->status;
-  out.headers = CopyHeaders(response->headers, &DropResponseHeader);
-  out.body = std::move(response->body);
+  HttpResponse out{response->status, CopyHeaders(response->headers, &DropResponseHeader),
+                   std::move(response->body)};
   if (out.status == 200 && StampDocument(engine_, call.route, call.ticket->Stamp(), out.body)) {
     out.headers.Set("Content-Type", "application/json");
   }
@@ -385,10 +389,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       co_await EngineUnavailable(exchange, &call, why);
       co_return;
     }
-    HttpResponse out;
-    out.status = stream->status();
-    out.headers = CopyHeaders(stream->headers(), &DropResponseHeader);
-    out.body = *std::move(body);
+    HttpResponse out{stream->status(), CopyHeaders(stream->headers(), &DropResponseHeader),
+                     *std::move(body)};
     if (out.status == 200) StampDocument(engine_, call.route, call.ticket->Stamp(), out.body);
     call.ticket.reset();
     ++counters_.completed;
@@ -417,8 +419,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       // incomplete.
       ++counters_.engine_unavailable;
       std::string event = SseEvent(
-          ErrorBody("EngineUnavailable",
-                    absl::StrCat("the engine stream broke: ", chunk.status().message()), true));
+          JsonErrorBody("EngineUnavailable",
+                        absl::StrCat("the engine stream broke: ", chunk.status().message()), true));
       (void)co_await exchange.WriteChunk(std::move(event));
       co_return;
     }
@@ -461,10 +463,8 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
     co_await EngineUnavailable(exchange, nullptr, why);
     co_return;
   }
-  HttpResponse out;
-  out.status = response->status;
-  out.headers = CopyHeaders(response->headers, &DropResponseHeader);
-  out.body = std::move(response->body);
+  HttpResponse out{response->status, CopyHeaders(response->headers, &DropResponseHeader),
+                   std::move(response->body)};
   (void)co_await exchange.Respond(std::move(out));
 }
 

@@ -26,17 +26,25 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include "absl/status/statusor.h"
+#include "stitch/core/constraint.h"
+#include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/http.h"
 #include "stitch/net/server.h"
 #include "stitch/replica/admission_gate.h"
+
+namespace boost::json {
+class value;
+}
 
 namespace stitch {
 
@@ -67,6 +75,29 @@ struct ProxyCounters {
 // (blocked), or another one (forwarded).
 enum class RouteClass { kVersioned, kBlocked, kOther };
 RouteClass ClassifyRoute(std::string_view path, ApiRoute* route);
+
+// The parts of the contract above that the gateway answers the same way.
+//
+// What the JSON body of a versioned route asks for besides the generation.
+struct VersionedAsk {
+  VersionConstraint constraint;  // empty without `weight_version`
+  bool stream = false;           // `stream: true`
+};
+// Parses the body of a versioned route into `doc` (an object; its
+// `weight_version` is left in it). InvalidArgument, with the message of the
+// 400 BadRequest to answer, when the body is not a JSON object or its
+// constraint is malformed.
+[[nodiscard]] absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body,
+                                                              boost::json::value& doc);
+
+// The body of a 409 WeightVersionNotReady: the constraint's target, the
+// version served (`applied`, null when none) and `message`.
+std::string NotReadyBody(const VersionConstraint& constraint,
+                         const std::optional<VersionRef>& applied, std::string_view message);
+
+// The 403 RouteBlocked answer to an engine control route: "<path> is an
+// engine control route: <why>".
+HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why);
 
 class VersionedProxy {
  public:
