@@ -6,24 +6,14 @@
 #include <random>
 
 #include "stitch/refengine/init_model.h"
+#include "stitch/refengine/test_models.h"
 #include "stitch/refengine/tokenizer.h"
 
 namespace stitch {
 namespace {
 
-ModelConfig TinyConfig() {
-  ModelConfig config;
-  config.hidden_size = 16;
-  config.intermediate_size = 32;
-  config.num_hidden_layers = 1;
-  config.num_attention_heads = 2;
-  config.num_key_value_heads = 2;
-  config.max_position_embeddings = 64;
-  return config;
-}
-
 std::unique_ptr<LmHeadTrainer> MakeTrainer(double learning_rate) {
-  ModelConfig config = TinyConfig();
+  ModelConfig config = testing::TinyConfig();
   TrainerOptions options;
   options.learning_rate = learning_rate;
   auto trainer = LmHeadTrainer::Create(config, RandomCheckpointTensors(config, 7), options);

@@ -42,6 +42,20 @@ inline ModelConfig MhaTiedConfig() {
   return c;
 }
 
+// 1 layer, 2 heads of 8 with their own key/value heads, intermediate 32,
+// context 64, default vocabulary: the smallest model, for tests of the code
+// around one (trainers, publishers).
+inline ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
 // Tensors of `config` with values of standard deviation `scale` (norms
 // 1 + noise), from a generator seeded by `seed`, as config.weight_dtype.
 inline std::vector<HostTensor> RandomTensors(const ModelConfig& config, uint64_t seed,
