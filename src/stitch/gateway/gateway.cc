@@ -512,14 +512,17 @@ struct Gateway::Impl {
     return NotReadyBody(constraint, newest, message);
   }
 
-  // The 503 to relay, if no other replica answers, when `r` could not be
-  // reached or broke off with `status`; marks `r` unreachable.
+  // The 503 (with Retry-After) to relay, if no other replica answers, when
+  // `r` could not be reached or broke off with `status`; marks `r`
+  // unreachable.
   HttpResponse Unreachable(Replica& r, const absl::Status& status) {
     const std::string why(status.message());
     MarkFailed(r, why, /*unreachable=*/true);
-    return JsonResponse(
+    HttpResponse response = JsonResponse(
         503, JsonErrorBody("ReplicaUnavailable",
                            absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true));
+    response.headers.Set("Retry-After", "1");
+    return response;
   }
 
   // Whether `r` refused the request with `out`: a 409 (its version does not
@@ -548,7 +551,6 @@ struct Gateway::Impl {
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
       last_failure->emplace(Unreachable(r, response.status()));
-      (*last_failure)->headers.Set("Retry-After", "1");
       co_return Outcome::kRetry;
     }
     HttpResponse out{response->status, ResponseHeaders(response->headers, r.url),
@@ -578,7 +580,6 @@ struct Gateway::Impl {
     if (!stream.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
       last_failure->emplace(Unreachable(r, stream.status()));
-      (*last_failure)->headers.Set("Retry-After", "1");
       co_return Outcome::kRetry;
     }
     const std::optional<std::string_view> type = stream->headers().Get("content-type");

@@ -163,6 +163,7 @@ class StubReplica {
 struct Answer {
   int status = 0;
   std::string replica;  // X-Stitch-Replica
+  std::string retry_after;
   int64_t version = -1;
   json::object body;
   std::string text;
@@ -238,6 +239,7 @@ class GatewayTest : public ::testing::Test {
     a.status = r->status;
     a.text = r->body;
     if (auto rep = r->headers.Get("X-Stitch-Replica")) a.replica = std::string(*rep);
+    if (auto retry = r->headers.Get("Retry-After")) a.retry_after = std::string(*retry);
     a.body = Parse(r->body);
     if (const json::value* meta = a.body.if_contains("meta_info")) {
       a.version = meta->at("weight_version_end").as_int64();
@@ -330,6 +332,24 @@ TEST_F(GatewayTest, AReplicaDyingMidRequestIsRetriedElsewhere) {
     if (r.url == dying.url()) {
       EXPECT_FALSE(r.state.ready);
     }
+  }
+}
+
+// With no other replica to try, a broken exchange comes back as a
+// retryable 503, streamed or not.
+TEST_F(GatewayTest, AnUnreachableLastReplicaIsARetryable503) {
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "plain");
+    stubs_.clear();
+    StubReplica& dying = AddStub(true, 1);
+    dying.set_mode(StubReplica::Mode::kDieMidRequest);
+    StartGateway(StaticSpec(), Options(100ms, 60s));
+    ASSERT_TRUE(ReadyCount(1));
+    Answer a = Generate(R"({"min_version":1})", "", stream);
+    EXPECT_EQ(a.status, 503) << a.text;
+    EXPECT_EQ(a.retry_after, "1");
+    EXPECT_THAT(a.text, HasSubstr("ReplicaUnavailable"));
+    StopGateway();
   }
 }
 
