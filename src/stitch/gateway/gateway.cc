@@ -398,7 +398,7 @@ struct Gateway::Impl {
   // --- requests ---------------------------------------------------------------
   awaitable<void> Handle(HttpExchange& exchange) {
     ApiRoute route;
-    const std::string path(TargetPath(exchange.request().target));
+    const std::string_view path = TargetPath(exchange.request().target);
     switch (ClassifyRoute(path, &route)) {
       case RouteClass::kVersioned:
         if (exchange.request().method == "POST") {
@@ -441,10 +441,8 @@ struct Gateway::Impl {
       session = std::string(*s);
     }
 
-    HttpRequest upstream;
-    upstream.method = "POST";
-    upstream.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
-    const std::string target = exchange.request().target;
+    const HttpHeaders headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+    const std::string& target = exchange.request().target;
     const std::string payload = std::move(exchange.request().body);
 
     const Clock::time_point deadline = Clock::now() + options.admission_wait;
@@ -471,13 +469,13 @@ struct Gateway::Impl {
       tried.push_back(chosen);
       if (tried.size() > 1) ++counters.retried;
       ++counters.routed;
-      upstream.target = replica->prefix + target;
-      upstream.body = payload;
+      // Each attempt takes its own copy: a retry sends the same request.
+      HttpRequest upstream{"POST", replica->prefix + target, headers, payload};
       Outcome outcome = Outcome::kRetry;
       if (stream) {
-        outcome = co_await AttemptStream(exchange, *replica, upstream, &last_failure);
+        outcome = co_await AttemptStream(exchange, *replica, std::move(upstream), &last_failure);
       } else {
-        outcome = co_await Attempt(exchange, *replica, upstream, &last_failure);
+        outcome = co_await Attempt(exchange, *replica, std::move(upstream), &last_failure);
       }
       if (outcome == Outcome::kClientGone) co_return;
       if (outcome == Outcome::kDone) {
