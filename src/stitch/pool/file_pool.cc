@@ -38,22 +38,14 @@ std::string FilePool::spec() const { return absl::StrCat("file:", path_.string()
 
 absl::StatusOr<std::vector<std::string>> FilePool::Discover() {
   std::error_code ec;
-  const auto mtime = std::filesystem::last_write_time(path_, ec);
-  if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) {
+  if (!std::filesystem::exists(path_, ec)) {
+    if (!ec) {
       return absl::NotFoundError(absl::StrCat("pool file ", path_.string(),
                                               " does not exist; create it with one replica URL "
                                               "per line"));
     }
     return absl::UnavailableError(absl::StrCat("pool file ", path_.string(), ": ", ec.message()));
   }
-  const uintmax_t size = std::filesystem::file_size(path_, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("pool file ", path_.string(), ": ", ec.message()));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cached_ && mtime == mtime_ && size == size_) return urls_;
-
   std::ifstream in(path_);
   if (!in) {
     return absl::UnavailableError(absl::StrCat("pool file ", path_.string(), " cannot be read"));
@@ -73,12 +65,6 @@ absl::StatusOr<std::vector<std::string>> FilePool::Discover() {
     }
     if (std::find(urls.begin(), urls.end(), *url) == urls.end()) urls.push_back(*std::move(url));
   }
-  // A file rewritten within the clock's granularity keeps its mtime; the size
-  // usually changes with it, and a later rewrite is picked up regardless.
-  cached_ = true;
-  mtime_ = mtime;
-  size_ = size;
-  urls_ = urls;
   return urls;
 }
 

@@ -5,12 +5,10 @@
 
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "stitch/pool/pool.h"
 
@@ -28,8 +26,8 @@ class FilePool final : public Pool {
 
   // The URLs in the file: blank lines and lines starting with '#' are
   // skipped, surrounding whitespace and trailing slashes are dropped,
-  // duplicates are kept once. The file is read again only when its size or
-  // modification time changed since the last read. Errors: NotFound when
+  // duplicates are kept once. The file is read at every call, so that any
+  // rewrite is seen at the next discovery. Errors: NotFound when
   // the file does not exist, InvalidArgument (naming the line) for an entry
   // that is not an http(s) URL, Unavailable when it cannot be read. An empty
   // file is an empty pool, not an error.
@@ -41,11 +39,6 @@ class FilePool final : public Pool {
  private:
   const std::filesystem::path path_;
   const WakeOptions options_;
-  std::mutex mu_;
-  bool cached_ ABSL_GUARDED_BY(mu_) = false;
-  std::filesystem::file_time_type mtime_ ABSL_GUARDED_BY(mu_);
-  uintmax_t size_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::string> urls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stitch
