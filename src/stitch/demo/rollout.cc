@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/json.h"
 
 namespace stitch {
 namespace {
@@ -45,9 +46,8 @@ std::string GenerateRequestBody(const RolloutRequest& request) {
   body["sampling_params"] = std::move(sampling);
   body["return_logprob"] = true;
   if (request.min_version.has_value()) {
-    boost::json::object constraint;
-    constraint["min_version"] = *request.min_version;
-    body["weight_version"] = std::move(constraint);
+    body["weight_version"] =
+        ConstraintToJsonValue(VersionConstraint::AtLeast(*request.min_version));
   }
   return boost::json::serialize(body);
 }
