@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/state.h"
+#include "stitch/format/fileio.h"
 #include "stitch/net/client.h"
 
 namespace stitch {
@@ -72,23 +72,12 @@ std::string LocalFleet::gateway_url() const {
 }
 
 absl::Status LocalFleet::WritePoolFile() {
-  // Replaced by rename, so that the gateway never reads half a list.
-  const std::filesystem::path tmp = options_.dir / "replicas.txt.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "# written by stitch demo: the replicas the gateway routes over\n";
-    for (const auto& m : members_) {
-      if (m->listed && !m->killed) out << m->record.url << "\n";
-    }
-    if (!out) return absl::InternalError(absl::StrCat("demo: cannot write ", tmp.string()));
+  // Replaced atomically, so that the gateway never reads half a list.
+  std::string text = "# written by stitch demo: the replicas the gateway routes over\n";
+  for (const auto& m : members_) {
+    if (m->listed && !m->killed) absl::StrAppend(&text, m->record.url, "\n");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, pool_file(), ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("demo: cannot replace ", pool_file().string(), ": ", ec.message()));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(pool_file(), text);
 }
 
 absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
