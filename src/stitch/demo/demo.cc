@@ -585,10 +585,8 @@ absl::Status Demo::Train() {
     // behaviour policies up to lag + 1 versions old are expected.
     std::vector<Rollout> batch = BuildBatch(pending->prompts, generated, options_.group_size,
                                             targets_, step - 1, options_.lag + 1, &stats);
-    for (int epoch = 0; epoch < options_.epochs; ++epoch) {
-      auto trained = trainer_->Step(batch);
-      if (!trained.ok()) return trained.status();
-    }
+    auto trained = trainer_->Step(batch, options_.epochs);
+    if (!trained.ok()) return trained.status();
 
     phase(step, "publishing", next);
     const double publish_start = Now();

@@ -14,6 +14,12 @@ namespace {
 
 constexpr std::string_view kLmHeadName = "lm_head.weight";
 
+int64_t CompletionTokens(std::span<const Rollout> batch) {
+  int64_t tokens = 0;
+  for (const Rollout& r : batch) tokens += static_cast<int64_t>(r.completion.size());
+  return tokens;
+}
+
 }  // namespace
 
 ByteSet MakeByteSet(std::string_view bytes) {
@@ -111,16 +117,11 @@ std::vector<double> LmHeadTrainer::LogProbs(std::span<const float> h) const {
   return logits;
 }
 
-absl::StatusOr<double> LmHeadTrainer::Objective(std::span<const Rollout> batch,
-                                                std::vector<double>* gradient) {
+absl::StatusOr<std::vector<std::vector<float>>> LmHeadTrainer::BatchHidden(
+    std::span<const Rollout> batch) {
   const int64_t vocab = config_.vocab_size;
-  const int64_t hidden_size = config_.hidden_size;
-  int64_t tokens = 0;
-  for (const Rollout& r : batch) tokens += static_cast<int64_t>(r.completion.size());
-  if (gradient != nullptr) gradient->assign(lm_head_.size(), 0.0);
-  if (tokens == 0) return 0.0;
-  const double eps = options_.clip_epsilon;
-  double objective = 0;
+  std::vector<std::vector<float>> out;
+  out.reserve(batch.size());
   for (const Rollout& r : batch) {
     if (r.behaviour_logprobs.size() != r.completion.size()) {
       return absl::InvalidArgumentError(absl::StrCat("demo trainer: ", r.behaviour_logprobs.size(),
@@ -129,12 +130,29 @@ absl::StatusOr<double> LmHeadTrainer::Objective(std::span<const Rollout> batch,
     }
     auto hidden = Hidden(r);
     if (!hidden.ok()) return hidden.status();
-    for (size_t t = 0; t < r.completion.size(); ++t) {
-      const int32_t y = r.completion[t];
+    for (const int32_t y : r.completion) {
       if (y < 0 || y >= vocab) {
         return absl::InvalidArgumentError(absl::StrCat("demo trainer: token ", y, " out of range"));
       }
-      std::span<const float> h(hidden->data() + t * static_cast<size_t>(hidden_size),
+    }
+    out.push_back(*std::move(hidden));
+  }
+  return out;
+}
+
+double LmHeadTrainer::ObjectiveOn(std::span<const Rollout> batch,
+                                  const std::vector<std::vector<float>>& hidden, int64_t tokens,
+                                  std::vector<double>* gradient) const {
+  const int64_t vocab = config_.vocab_size;
+  const int64_t hidden_size = config_.hidden_size;
+  if (gradient != nullptr) gradient->assign(lm_head_.size(), 0.0);
+  const double eps = options_.clip_epsilon;
+  double objective = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Rollout& r = batch[i];
+    for (size_t t = 0; t < r.completion.size(); ++t) {
+      const int32_t y = r.completion[t];
+      std::span<const float> h(hidden[i].data() + t * static_cast<size_t>(hidden_size),
                                static_cast<size_t>(hidden_size));
       std::vector<double> logp = LogProbs(h);
       const double ratio = std::exp(logp[y] - r.behaviour_logprobs[t]);
@@ -156,15 +174,33 @@ absl::StatusOr<double> LmHeadTrainer::Objective(std::span<const Rollout> batch,
   return objective;
 }
 
-absl::StatusOr<StepStats> LmHeadTrainer::Step(std::span<const Rollout> batch) {
-  std::vector<double> gradient;
-  auto objective = Objective(batch, &gradient);
-  if (!objective.ok()) return objective.status();
+absl::StatusOr<double> LmHeadTrainer::Objective(std::span<const Rollout> batch,
+                                                std::vector<double>* gradient) {
+  const int64_t tokens = CompletionTokens(batch);
+  if (tokens == 0) {
+    if (gradient != nullptr) gradient->assign(lm_head_.size(), 0.0);
+    return 0.0;
+  }
+  auto hidden = BatchHidden(batch);
+  if (!hidden.ok()) return hidden.status();
+  return ObjectiveOn(batch, *hidden, tokens, gradient);
+}
+
+absl::StatusOr<StepStats> LmHeadTrainer::Step(std::span<const Rollout> batch, int epochs) {
   StepStats stats;
-  stats.objective = *objective;
-  for (const Rollout& r : batch) stats.tokens += static_cast<int64_t>(r.completion.size());
-  for (size_t i = 0; i < lm_head_.size(); ++i) {
-    lm_head_[i] += static_cast<float>(options_.learning_rate * gradient[i]);
+  stats.tokens = CompletionTokens(batch);
+  if (stats.tokens > 0) {
+    // The rest of the model is frozen: the hidden states serve every epoch.
+    auto hidden = BatchHidden(batch);
+    if (!hidden.ok()) return hidden.status();
+    std::vector<double> gradient;
+    for (int epoch = 0; epoch < epochs; ++epoch) {
+      const double objective = ObjectiveOn(batch, *hidden, stats.tokens, &gradient);
+      if (epoch == 0) stats.objective = objective;
+      for (size_t i = 0; i < lm_head_.size(); ++i) {
+        lm_head_[i] += static_cast<float>(options_.learning_rate * gradient[i]);
+      }
+    }
   }
   HostTensor& head = tensors_[head_index_];
   head = HostTensor::FromFloats(head.name, head.shape, lm_head_, head.dtype);

@@ -88,8 +88,9 @@ class LmHeadTrainer {
   // log pi(completion[t] | prefix) under the current head, per token.
   [[nodiscard]] absl::StatusOr<std::vector<double>> PolicyLogProbs(const Rollout& rollout);
 
-  // One gradient-ascent step on J.
-  [[nodiscard]] absl::StatusOr<StepStats> Step(std::span<const Rollout> batch);
+  // `epochs` gradient-ascent steps on J for `batch` (its hidden states are
+  // computed once for all of them); `objective` is J before the first.
+  [[nodiscard]] absl::StatusOr<StepStats> Step(std::span<const Rollout> batch, int epochs = 1);
 
   // The policy's probability mass on `targets` averaged over every completion
   // position of `batch`: the expected reward of the next token there.
@@ -106,6 +107,13 @@ class LmHeadTrainer {
   LmHeadTrainer() = default;
   // Final hidden states predicting each completion token: [completion, hidden].
   absl::StatusOr<std::vector<float>> Hidden(const Rollout& rollout);
+  // Hidden(r) for every rollout of `batch`, after checking that its
+  // log-probabilities match its completion and its tokens are in the vocabulary.
+  absl::StatusOr<std::vector<std::vector<float>>> BatchHidden(std::span<const Rollout> batch);
+  // J (and its gradient when `gradient` is not null) for `batch` given its
+  // BatchHidden and its `tokens` > 0 completion tokens.
+  double ObjectiveOn(std::span<const Rollout> batch, const std::vector<std::vector<float>>& hidden,
+                     int64_t tokens, std::vector<double>* gradient) const;
   // log-softmax of the current head at hidden state `h`.
   std::vector<double> LogProbs(std::span<const float> h) const;
 
