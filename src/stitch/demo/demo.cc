@@ -636,6 +636,7 @@ int Demo::Finish() {
   }
   NoteTransitions();
   record_.gateway_retries = fleet_->GatewayRetries();
+  record_.client_retries = dispatcher_->retries();
   record_.replicas = fleet_->Finish();
   record_.wall_s = Now();
 
