@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <list>
 #include <map>
 #include <optional>
@@ -60,7 +59,7 @@ struct Replica {
   }
 };
 // Shared: a request in flight keeps its replica alive after the pool dropped
-// it, and so does the session table.
+// it, and so do the session table and the routing index.
 using ReplicaPtr = std::shared_ptr<Replica>;
 
 // Bodies pass through unchanged, so their encoding and type headers do too.
@@ -129,8 +128,8 @@ struct Gateway::Impl {
   absl::flat_hash_map<std::string, ReplicaPtr> sessions;
   // Routable replicas, all and by applied version; rebuilt when dirty.
   bool dirty = true;
-  std::vector<Replica*> routable;
-  std::map<int64_t, std::vector<Replica*>> by_version;
+  std::vector<ReplicaPtr> routable;
+  std::map<int64_t, std::vector<ReplicaPtr>> by_version;
 
   std::list<boost::asio::steady_timer*> waiters;
   bool wake_running = false;
@@ -152,9 +151,9 @@ struct Gateway::Impl {
     by_version.clear();
     for (auto& [url, r] : replicas) {
       if (!r->routable()) continue;
-      routable.push_back(r.get());
+      routable.push_back(r);
       if (std::optional<int64_t> v = r->version(); v.has_value()) {
-        by_version[*v].push_back(r.get());
+        by_version[*v].push_back(r);
       }
     }
   }
@@ -165,18 +164,18 @@ struct Gateway::Impl {
 
   // The replica for a request, or null when none satisfies it (or all that
   // do were tried). Cost: O(distinct versions), not O(replicas).
-  Replica* Choose(const VersionConstraint& c, const std::string& session,
-                  const std::vector<const Replica*>& tried) {
+  ReplicaPtr Choose(const VersionConstraint& c, const std::string& session,
+                    const std::vector<const Replica*>& tried) {
     Reindex();
     if (!session.empty()) {
       auto it = sessions.find(session);
       if (it != sessions.end()) {
-        Replica* r = it->second.get();
-        if (r->routable() && c.SatisfiedBy(r->version()) && !Tried(tried, r)) return r;
+        const ReplicaPtr& r = it->second;
+        if (r->routable() && c.SatisfiedBy(r->version()) && !Tried(tried, r.get())) return r;
       }
     }
     // The candidates: a few contiguous groups.
-    std::vector<const std::vector<Replica*>*> groups;
+    std::vector<const std::vector<ReplicaPtr>*> groups;
     if (c.is_exact()) {
       auto it = by_version.find(*c.exact_version);
       if (it != by_version.end()) groups.push_back(&it->second);
@@ -190,39 +189,28 @@ struct Gateway::Impl {
     size_t total = 0;
     for (const auto* g : groups) total += g->size();
     if (total == 0) return nullptr;
-    auto at = [&](size_t i) -> Replica* {
+    auto at = [&](size_t i) -> const ReplicaPtr* {
       for (const auto* g : groups) {
-        if (i < g->size()) return (*g)[i];
+        if (i < g->size()) return &(*g)[i];
         i -= g->size();
       }
       return nullptr;
     };
-    Replica* best = nullptr;
+    const ReplicaPtr* best = nullptr;
     for (int pick = 0; pick < 2; ++pick) {
-      Replica* r = at(rng() % total);
-      if (Tried(tried, r)) continue;
-      if (best == nullptr || r->in_flight < best->in_flight) best = r;
+      const ReplicaPtr* r = at(rng() % total);
+      if (Tried(tried, r->get())) continue;
+      if (best == nullptr || (*r)->in_flight < (*best)->in_flight) best = r;
     }
-    if (best != nullptr) return best;
+    if (best != nullptr) return *best;
     // Both picks were tried already (a small pool, or a retry): scan.
     for (size_t i = 0; i < total; ++i) {
-      Replica* r = at(i);
-      if (Tried(tried, r)) continue;
-      if (best == nullptr || r->in_flight < best->in_flight) best = r;
+      const ReplicaPtr* r = at(i);
+      if (Tried(tried, r->get())) continue;
+      if (best == nullptr || (*r)->in_flight < (*best)->in_flight) best = r;
     }
-    return best;
-  }
-
-  // The owning pointer of a replica Choose() returned: Choose() only returns
-  // routable replicas, which are all in `replicas`; anything else is a
-  // broken index.
-  ReplicaPtr Shared(Replica* r) {
-    auto it = replicas.find(r->url);
-    if (it == replicas.end() || it->second.get() != r) {
-      spdlog::critical("gateway: replica index out of sync for {}", r->url);
-      std::abort();
-    }
-    return it->second;
+    if (best == nullptr) return nullptr;
+    return *best;
   }
 
   // --- learning ---------------------------------------------------------------
@@ -450,8 +438,8 @@ struct Gateway::Impl {
     std::optional<HttpResponse> last_failure;
     bool waited = false;
     for (;;) {
-      Replica* chosen = Choose(constraint, session, tried);
-      if (chosen == nullptr) {
+      ReplicaPtr replica = Choose(constraint, session, tried);
+      if (replica == nullptr) {
         if (static_cast<int>(tried.size()) >= options.max_attempts || Clock::now() >= deadline) {
           break;
         }
@@ -465,8 +453,7 @@ struct Gateway::Impl {
         if (exchange.disconnected() || stopping) co_return;
         continue;
       }
-      ReplicaPtr replica = Shared(chosen);
-      tried.push_back(chosen);
+      tried.push_back(replica.get());
       if (tried.size() > 1) ++counters.retried;
       ++counters.routed;
       // Each attempt takes its own copy: a retry sends the same request.
@@ -617,15 +604,14 @@ struct Gateway::Impl {
   }
 
   awaitable<void> ForwardOther(HttpExchange& exchange) {
-    Replica* chosen = Choose(VersionConstraint{}, "", {});
-    if (chosen == nullptr) {
+    ReplicaPtr r = Choose(VersionConstraint{}, "", {});
+    if (r == nullptr) {
       std::string error =
           JsonErrorBody("NoReadyReplica",
                         "no replica of the pool is ready; check `stitch status` and retry", true);
       co_await Respond(exchange, 503, std::move(error));
       co_return;
     }
-    ReplicaPtr r = Shared(chosen);
     HttpRequest up;
     up.method = exchange.request().method;
     up.target = r->prefix + exchange.request().target;
