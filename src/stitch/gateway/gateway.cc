@@ -158,14 +158,17 @@ struct Gateway::Impl {
     }
   }
 
-  static bool Tried(const std::vector<const Replica*>& tried, const Replica* r) {
-    return std::find(tried.begin(), tried.end(), r) != tried.end();
+  // `tried` holds its replicas alive, so that a replica dropped from the
+  // pool during a retry cannot lend its address to a new one.
+  static bool Tried(const std::vector<ReplicaPtr>& tried, const Replica* r) {
+    return std::any_of(tried.begin(), tried.end(),
+                       [r](const ReplicaPtr& t) { return t.get() == r; });
   }
 
   // The replica for a request, or null when none satisfies it (or all that
   // do were tried). Cost: O(distinct versions), not O(replicas).
   ReplicaPtr Choose(const VersionConstraint& c, const std::string& session,
-                    const std::vector<const Replica*>& tried) {
+                    const std::vector<ReplicaPtr>& tried) {
     Reindex();
     if (!session.empty()) {
       auto it = sessions.find(session);
@@ -434,7 +437,7 @@ struct Gateway::Impl {
     const std::string payload = std::move(exchange.request().body);
 
     const Clock::time_point deadline = Clock::now() + options.admission_wait;
-    std::vector<const Replica*> tried;
+    std::vector<ReplicaPtr> tried;
     std::optional<HttpResponse> last_failure;
     bool waited = false;
     for (;;) {
@@ -453,7 +456,7 @@ struct Gateway::Impl {
         if (exchange.disconnected() || stopping) co_return;
         continue;
       }
-      tried.push_back(replica.get());
+      tried.push_back(replica);
       if (tried.size() > 1) ++counters.retried;
       ++counters.routed;
       // Each attempt takes its own copy: a retry sends the same request.
