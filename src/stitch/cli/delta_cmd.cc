@@ -225,7 +225,11 @@ void AddDeltaCommand(CLI::App& app, int* exit_code) {
       ->add_option("--base-version", enc.base_version,
                    "The base's version (default: the base's metadata.version, else version - 1)")
       ->check(CLI::NonNegativeNumber);
-  encode->add_option("--level", enc.level, "zstd level (default 1)")->check(CLI::Range(-7, 22));
+  encode
+      ->add_option("--level", enc.level,
+                   "zstd level: 1 and below (default 1) parse the XOR stream's zero runs, the "
+                   "fastest for sparse deltas; 2..22 use zstd's match finders")
+      ->check(CLI::Range(-7, 22));
   encode->add_option("--shard-size", enc.shard_bytes, "Largest payload file, in bytes")
       ->check(CLI::PositiveNumber);
   encode->add_option("--run-id", enc.run_id, "Record the run in the index");

@@ -1,8 +1,11 @@
 #include "stitch/format/delta_kernel.h"
 
-#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_getFrameHeader
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_getFrameHeader, ZSTD_registerSequenceProducer
 #include <unistd.h>
 #include <zstd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -44,25 +47,111 @@ STITCH_XOR_CLONES void XorInto(std::byte* out, const std::byte* a, const std::by
   XorBytes(out, a, b, n);
 }
 
-// Like XorInto; returns whether any result byte is non-zero.
-STITCH_XOR_CLONES bool XorIntoAny(std::byte* out, const std::byte* a, const std::byte* b,
-                                  size_t n) {
+// XorBytes that also returns whether any result byte is non-zero, and,
+// when kCopy, stores b's bytes at `copy` as well (`copy` may be `a`: each
+// vector is read before it is written).
+template <bool kCopy>
+[[gnu::always_inline]] inline bool XorAnyLoop(std::byte* out, const std::byte* a,
+                                              const std::byte* b, std::byte* copy, size_t n) {
   Vec any = {0, 0, 0, 0};
   size_t i = 0;
   for (; i + sizeof(Vec) <= n; i += sizeof(Vec)) {
     Vec x, y;
     std::memcpy(&x, a + i, sizeof x);
     std::memcpy(&y, b + i, sizeof y);
+    if constexpr (kCopy) std::memcpy(copy + i, &y, sizeof y);
     x ^= y;
     any |= x;
     std::memcpy(out + i, &x, sizeof x);
   }
   uint64_t tail = 0;
   for (; i < n; ++i) {
-    out[i] = a[i] ^ b[i];
+    const std::byte y = b[i];
+    out[i] = a[i] ^ y;
+    if constexpr (kCopy) copy[i] = y;
     tail |= static_cast<uint64_t>(out[i]);
   }
   return (any[0] | any[1] | any[2] | any[3] | tail) != 0;
+}
+
+STITCH_XOR_CLONES bool XorIntoAny(std::byte* out, const std::byte* a, const std::byte* b,
+                                  size_t n) {
+  return XorAnyLoop<false>(out, a, b, nullptr, n);
+}
+
+STITCH_XOR_CLONES bool XorIntoAnyAndCopy(std::byte* out, const std::byte* a, const std::byte* b,
+                                         std::byte* copy, size_t n) {
+  return XorAnyLoop<true>(out, a, b, copy, n);
+}
+
+// Bit i set when byte i of the 64 at `p` is not zero.
+inline uint64_t NonZeroMask64(const std::byte* p) {
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  uint64_t z = 0;
+  for (int k = 0; k < 4; ++k) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    z |= static_cast<uint64_t>(static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero))))
+         << (16 * k);
+  }
+  return ~z;
+#else
+  uint64_t m = 0;
+  for (int i = 0; i < 64; ++i) m |= static_cast<uint64_t>(p[i] != std::byte{0}) << i;
+  return m;
+#endif
+}
+
+// The parse of the zero-run producer: every run of at least kMinZeroRun
+// zero bytes becomes a match at offset 1 whose first zero is kept as a
+// literal (the match repeats it); every other byte is a literal. A sparse
+// XOR stream is exactly this: long zero runs between the few changed bytes.
+// zstd then entropy-codes the parse (Huffman literals, FSE sequences), so the
+// frame is an ordinary zstd frame any decoder reads.
+constexpr size_t kMinZeroRun = 1 + ZSTD_MINMATCH_MIN;
+
+// ZSTD_sequenceProducer_F over one block (at most ZSTD_BLOCKSIZE_MAX bytes,
+// no history). Each sequence covers at least kMinZeroRun bytes, so at most
+// srcSize / kMinZeroRun + 1 are written: within ZSTD_sequenceBound(srcSize),
+// the capacity zstd guarantees.
+size_t ZeroRunSequences(void* /*state*/, ZSTD_Sequence* out, size_t capacity, const void* src,
+                        size_t n, const void* /*dict*/, size_t /*dict_size*/, int /*level*/,
+                        size_t /*window_size*/) {
+  if (capacity < n / kMinZeroRun + 1) return ZSTD_SEQUENCE_PRODUCER_ERROR;
+  const auto* p = static_cast<const std::byte*>(src);
+  size_t count = 0;
+  size_t literal_start = 0;  // first byte not yet in a sequence
+  size_t zeros_from = 0;     // the zero run before the next non-zero byte starts here
+  // Ends the zero run [zeros_from, q) with a sequence when it is long enough.
+  // Branch-free in the common case: the slot is always written and counted
+  // only when used.
+  auto end_run = [&](size_t q) {
+    const size_t run = q - zeros_from;
+    out[count] = ZSTD_Sequence{1, static_cast<unsigned>(zeros_from + 1 - literal_start),
+                               static_cast<unsigned>(run - 1), 0};
+    const bool emit = run >= kMinZeroRun;
+    count += emit ? 1 : 0;
+    literal_start = emit ? q : literal_start;
+  };
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (uint64_t m = NonZeroMask64(p + i); m != 0; m &= m - 1) {
+      const size_t q = i + static_cast<size_t>(__builtin_ctzll(m));
+      end_run(q);
+      zeros_from = q + 1;
+    }
+  }
+  for (; i < n; ++i) {
+    if (p[i] != std::byte{0}) {
+      end_run(i);
+      zeros_from = i + 1;
+    }
+  }
+  if (n - zeros_from >= kMinZeroRun) end_run(n);  // a trailing zero run
+  if (literal_start < n) {                        // trailing literals: the block delimiter
+    out[count++] = ZSTD_Sequence{0, static_cast<unsigned>(n - literal_start), 0, 0};
+  }
+  return count;
 }
 
 absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
@@ -386,9 +475,14 @@ absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws, const EncodeSpec
   ZSTD_CCtx_reset(w.cctx, ZSTD_reset_session_and_parameters);
   for (auto [param, value] :
        {std::pair{ZSTD_c_compressionLevel, spec.level}, std::pair{ZSTD_c_checksumFlag, 0},
-        std::pair{ZSTD_c_contentSizeFlag, 1}}) {
+        std::pair{ZSTD_c_contentSizeFlag, 1},
+        std::pair{ZSTD_c_enableLongDistanceMatching, static_cast<int>(ZSTD_ps_disable)}}) {
     if (size_t r = ZSTD_CCtx_setParameter(w.cctx, param, value); ZSTD_isError(r))
       return zstd_error(r);
+  }
+  // The reset above also unregisters the producer.
+  if (spec.level <= kZeroRunMaxLevel) {
+    ZSTD_registerSequenceProducer(w.cctx, nullptr, ZeroRunSequences);
   }
   if (size_t r = ZSTD_CCtx_setPledgedSrcSize(w.cctx, spec.nbytes); ZSTD_isError(r)) {
     return zstd_error(r);
@@ -428,7 +522,11 @@ absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws, const EncodeSpec
     if (!b.ok()) return b.status();
     absl::StatusOr<std::span<const std::byte>> t = target.Read(off, w.ybuf.span().first(n));
     if (!t.ok()) return t.status();
-    if (XorIntoAny(w.xbuf.data(), b->data(), t->data(), n)) result.changed = true;
+    const bool changed =
+        spec.copy_target_to != nullptr
+            ? XorIntoAnyAndCopy(w.xbuf.data(), b->data(), t->data(), spec.copy_target_to + off, n)
+            : XorIntoAny(w.xbuf.data(), b->data(), t->data(), n);
+    if (changed) result.changed = true;
     w.hasher.Update(*t);
     ZSTD_inBuffer in{w.xbuf.data(), n, 0};
     if (absl::Status s = drain(in, ZSTD_e_continue); !s.ok()) return s;

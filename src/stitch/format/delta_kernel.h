@@ -46,6 +46,14 @@ inline constexpr size_t kMaxFramesPerPass = 8;
 // Default zstd level of encoded frames.
 inline constexpr int kDefaultZstdLevel = 1;
 
+// Levels up to this one encode with the codec's zero-run parser instead of
+// zstd's match finders: every run of zero bytes in the XOR stream becomes one
+// match, every other byte a literal, and zstd entropy-codes that parse. On
+// sparse deltas (a few changed bytes per hundred) it is about twice as fast
+// as zstd level 1 and its frames are smaller; it finds no repeats other than
+// zero runs, which higher levels (zstd's match finders) do.
+inline constexpr int kZeroRunMaxLevel = 1;
+
 // out[i] = a[i] ^ b[i] over 32-byte vectors (GCC/Clang vector extensions;
 // memcpy keeps the loads and stores unaligned-safe and compiles to plain
 // vector moves), built for the target of the code it is inlined into: the
@@ -255,6 +263,11 @@ struct EncodeSpec {
   int level = kDefaultZstdLevel;
   const std::atomic<bool>* cancel = nullptr;
   ProgressMeter* progress = nullptr;
+  // When set, the target's bytes are also stored here (nbytes), chunk by
+  // chunk right after they are read. It may be the very memory the base
+  // source reads (each chunk of the base is read before it is overwritten):
+  // the base then advances to the target in the encoding pass.
+  std::byte* copy_target_to = nullptr;
 };
 struct EncodedFrame {
   bool changed = false;  // some byte of target differs from base
