@@ -95,6 +95,9 @@ namespace {
           break;
       }
   }
+  // The core says when a failed encode had started to overwrite the
+  // caller's snapshot (EncodeDeltaAdvancingBase).
+  if (BaseWasAdvanced(status)) extra["base_advanced"] = true;
   nb::object cls = errors.attr(name);
   nb::object exc = cls(std::string(status.message()),
                        "code"_a = absl::StatusCodeToString(status.code()), **extra);
@@ -128,8 +131,11 @@ using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::
 using MutableBytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // (name, safetensors dtype, shape, the tensor's bytes as a flat uint8 array)
 using TensorArg = std::tuple<std::string, std::string, std::vector<int64_t>, Bytes>;
+// The same over writable bytes (a snapshot the core may advance in place).
+using MutableTensorArg = std::tuple<std::string, std::string, std::vector<int64_t>, MutableBytes>;
 
-std::vector<TensorView> Views(const std::vector<TensorArg>& tensors) {
+template <class Arg>
+std::vector<TensorView> Views(const std::vector<Arg>& tensors) {
   std::vector<TensorView> views;
   views.reserve(tensors.size());
   for (const auto& [name, dtype, shape, bytes] : tensors) {
@@ -294,6 +300,26 @@ nb::dict EncodeResultDict(const EncodeResult& r) {
   d["payload_bytes"] = r.payload_bytes;
   d["files"] = r.files;
   return d;
+}
+
+EncodeOptions DeltaOptions(int64_t version, const std::string& run_id, int level, int threads) {
+  EncodeOptions options;
+  options.version = version;
+  options.base_version = version - 1;
+  options.run_id = run_id;
+  options.level = level;
+  options.threads = threads;
+  return options;
+}
+
+// Runs one of the in-memory EncodeDelta entry points without the GIL.
+template <class Encode>
+nb::dict EncodeDeltaDict(const std::vector<TensorView>& base, const std::vector<TensorView>& target,
+                         const std::string& out_dir, const EncodeOptions& options, Encode encode) {
+  return EncodeResultDict(CheckReleased("StitchError", [&] {
+    return encode(std::span<const TensorView>(base), std::span<const TensorView>(target), out_dir,
+                  options);
+  }));
 }
 
 }  // namespace
@@ -489,19 +515,24 @@ NB_MODULE(_stitch, m) {
       [](const std::vector<TensorArg>& base, const std::vector<TensorArg>& target,
          const std::string& out_dir, int64_t version, const std::string& run_id, int level,
          int threads) {
-        std::vector<TensorView> b = Views(base), t = Views(target);
-        EncodeOptions options;
-        options.version = version;
-        options.base_version = version - 1;
-        options.run_id = run_id;
-        options.level = level;
-        options.threads = threads;
-        return EncodeResultDict(CheckReleased("StitchError", [&] {
-          return EncodeDelta(std::span<const TensorView>(b), std::span<const TensorView>(t),
-                             out_dir, options);
-        }));
+        return EncodeDeltaDict(Views(base), Views(target), out_dir,
+                               DeltaOptions(version, run_id, level, threads),
+                               [](const auto&... a) { return EncodeDelta(a...); });
       },
       "base"_a, "target"_a, "out_dir"_a, "version"_a, "run_id"_a, "level"_a, "threads"_a);
+
+  m.def(
+      "encode_delta_advancing",
+      [](const std::vector<MutableTensorArg>& base, const std::vector<TensorArg>& target,
+         const std::string& out_dir, int64_t version, const std::string& run_id, int level,
+         int threads) {
+        return EncodeDeltaDict(Views(base), Views(target), out_dir,
+                               DeltaOptions(version, run_id, level, threads),
+                               EncodeDeltaAdvancingBase);
+      },
+      "base"_a, "target"_a, "out_dir"_a, "version"_a, "run_id"_a, "level"_a, "threads"_a,
+      "encode_delta, and each base array is overwritten with its target in the same pass "
+      "(partly, when it fails).");
 
   m.def("dlpack_view", &DLPackView, "name"_a, "array"_a.noconvert(),
         "(dtype, shape, flat uint8 view) of a CPU array, without copying it.");

@@ -238,3 +238,54 @@ def test_big_endian_arrays_are_refused():
 
     with pytest.raises(stitch.InvalidArgument, match="big-endian"):
         as_tensor("b", np.zeros(4, dtype=">f4"))
+
+
+def test_a_failed_encode_that_overwrote_the_snapshot_demands_a_full_version(tmp_path):
+    import resource
+    import signal
+    rng = np.random.default_rng(5)
+    v0 = {"w": rng.standard_normal((256, 256), dtype=np.float32)}
+    v1 = perturb(v0, 1)
+    v2 = perturb(v1, 2)
+    enc = stitch.DeltaEncoder(v0, version=0, run_id=RUN)
+    # While v1 is encoded, files may not grow past 1 KiB: writing its frame
+    # fails (EFBIG) after the snapshot started to advance.
+    saved = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, saved[1]))
+    try:
+        with pytest.raises(stitch.StitchError) as info:
+            enc.encode(v1, str(tmp_path / "weight_v000001"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, saved)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert info.value.base_advanced
+    assert "partly advanced" in info.value.message
+    assert enc.version == 0 and not (tmp_path / "weight_v000001").exists()
+    # No delta (and no anchor) can come from that snapshot any more.
+    with pytest.raises(stitch.StitchError, match=r"full=True"):
+        enc.encode(v1, str(tmp_path / "weight_v000001"))
+    with pytest.raises(stitch.StitchError, match=r"full=True"):
+        enc.write_anchor(str(tmp_path / "anchor"))
+    # A FULL version makes the snapshot a version again.
+    enc.encode(v1, str(tmp_path / "weight_v000001"), full=True)
+    d2 = enc.encode(v2, str(tmp_path / "weight_v000002"))
+    stitch.apply_chain(str(tmp_path / "weight_v000001"), [d2["dir"]], str(tmp_path / "out"))
+    got = delta_reference.read_checkpoint(str(tmp_path / "out"))
+    assert np.array_equal(got["w"][2], raw(v2["w"]))
+
+
+def test_a_refused_encode_leaves_the_snapshot_usable(tmp_path):
+    v0 = weights(0)
+    v1 = perturb(v0, 1)
+    enc = stitch.DeltaEncoder(v0, version=0, run_id=RUN)
+    (tmp_path / "busy" / "weight_v000001").mkdir(parents=True)
+    (tmp_path / "busy" / "weight_v000001" / "x").write_text("not empty")
+    with pytest.raises(stitch.StitchError) as info:
+        enc.encode(v1, str(tmp_path / "busy" / "weight_v000001"))
+    assert not getattr(info.value, "base_advanced", False)
+    d1 = enc.encode(v1, str(tmp_path / "weight_v000001"))
+    anchor = tmp_path / "weight_v000000"
+    stitch.DeltaEncoder(v0, version=0, run_id=RUN).write_anchor(str(anchor))
+    stitch.apply_chain(str(anchor), [d1["dir"]], str(tmp_path / "out"))
+    expect_checkpoint(tmp_path / "out", v1)

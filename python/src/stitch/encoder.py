@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from stitch import _stitch
-from stitch.errors import InvalidArgument
+from stitch.errors import InvalidArgument, StitchError
 
 # NumPy dtype names -> safetensors dtype names. "bfloat16", "float8_*" are
 # ml_dtypes' names (when it is installed, its arrays work directly). Other
@@ -77,9 +77,12 @@ class DeltaEncoder:
     ``tensors`` maps names to the weights of version ``version`` (already
     published, e.g. the boot checkpoint); they are copied once into a
     snapshot. Each :meth:`encode` writes version ``version + 1`` as a DELTA
-    against the snapshot (or a FULL anchor with ``full=True``), then updates
-    the snapshot. The GIL is released while the core encodes on ``threads``
-    workers (0: every core).
+    against the snapshot (or a FULL anchor with ``full=True``) and updates
+    the snapshot: a DELTA overwrites it in the same pass that encodes it.
+    The GIL is released while the core encodes on ``threads`` workers (0:
+    every core). When a DELTA encode fails after it started to overwrite
+    the snapshot (a write error), the next version must be FULL
+    (``full=True``); until then delta encodes raise :class:`StitchError`.
     """
 
     def __init__(self, tensors: Mapping[str, Any], version: int, run_id: str,
@@ -89,6 +92,9 @@ class DeltaEncoder:
         self.level = int(level)
         self.threads = int(threads)
         self._snapshot: Dict[str, _Tensor] = {}
+        # Why the snapshot is no version any more (a failed encode had
+        # partly advanced it), or None.
+        self._lost: Optional[str] = None
         copies = []
         for name, value in tensors.items():
             n, dtype, shape, data = as_tensor(name, value)
@@ -96,6 +102,13 @@ class DeltaEncoder:
             copies.append((data, snapshot))
             self._snapshot[name] = (n, dtype, shape, snapshot)
         _stitch.copy_bytes(copies, self.threads)
+
+    def _check_snapshot(self) -> None:
+        if self._lost is not None:
+            raise StitchError(
+                f"stitch: the snapshot of version {self.version} was partly overwritten by an "
+                f"encode that failed ({self._lost}); write the next version as a FULL one: "
+                "encode(tensors, full=True)", "FAILED_PRECONDITION")
 
     def _targets(self, tensors: Mapping[str, Any]) -> List[_Tensor]:
         if set(tensors) != set(self._snapshot):
@@ -115,21 +128,31 @@ class DeltaEncoder:
         if out_dir is None:
             out_dir = _stitch.VersionRef(self.run_id, version).dir_name
         targets = self._targets(tensors)
+        if not full:
+            self._check_snapshot()
         _make_parent(out_dir)
         if full:
             result = _stitch.write_full(targets, str(out_dir), version, self.run_id)
+            _stitch.copy_bytes([(data, self._snapshot[name][3]) for name, _, _, data in targets],
+                               self.threads)
+            self._lost = None
         else:
+            # The snapshot advances to the targets in the encoding pass.
             base = list(self._snapshot.values())
-            result = _stitch.encode_delta(base, targets, str(out_dir), version, self.run_id,
-                                          self.level, self.threads)
-        _stitch.copy_bytes([(data, self._snapshot[name][3]) for name, _, _, data in targets],
-                           self.threads)
+            try:
+                result = _stitch.encode_delta_advancing(base, targets, str(out_dir), version,
+                                                        self.run_id, self.level, self.threads)
+            except StitchError as e:
+                if getattr(e, "base_advanced", False):
+                    self._lost = e.message
+                raise
         self.version = version
         result["dir"] = os.fspath(out_dir)
         return result
 
     def write_anchor(self, out_dir: str) -> Dict[str, Any]:
         """Writes the snapshot (version ``self.version``) as a FULL version."""
+        self._check_snapshot()
         _make_parent(out_dir)
         result = _stitch.write_full(list(self._snapshot.values()), str(out_dir), self.version,
                                     self.run_id)

@@ -1,7 +1,10 @@
 // Encode, materialize and verify through directories, including every kind
 // of bad input the issue lists.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+
+#include <csignal>
 
 #include <fstream>
 
@@ -279,6 +282,87 @@ TEST_F(DeltaCodecTest, EncodingFromMemoryEqualsEncodingFromDirectoriesAndIsDeter
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->changed_tensors, 7u);  // all but the empty one
   EXPECT_EQ(SnapshotTree(dir_ / "mem2"), SnapshotTree(Delta(2)));
+}
+
+std::vector<TensorView> ViewsOf(const TestCheckpoint& c) {
+  std::vector<TensorView> views;
+  for (const auto& [name, t] : c) views.push_back(TensorView{name, t.dtype, t.shape, t.bytes});
+  return views;
+}
+
+TEST_F(DeltaCodecTest, AdvancingTheBaseWritesTheSameDeltaAndLeavesTheTargetInTheBase) {
+  TestCheckpoint snapshot = versions_[1];  // the caller's own copy of version 1
+  EncodeOptions o;
+  o.version = 2;
+  o.run_id = "run-a";
+  o.threads = 3;
+  absl::StatusOr<EncodeResult> r =
+      EncodeDeltaAdvancingBase(ViewsOf(snapshot), ViewsOf(versions_[2]), dir_ / "adv2", o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(SnapshotTree(dir_ / "adv2"), SnapshotTree(Delta(2)));
+  for (const auto& [name, t] : versions_[2]) EXPECT_EQ(snapshot.at(name).bytes, t.bytes) << name;
+}
+
+TEST_F(DeltaCodecTest, AdvancingRefusesBadInputBeforeTouchingTheBase) {
+  const TestCheckpoint original = versions_[1];
+  TestCheckpoint snapshot = versions_[1];
+  EncodeOptions o;
+  o.version = 2;
+  o.run_id = "run-a";
+  // A base tensor that is a target's own memory.
+  std::vector<TensorView> base = ViewsOf(snapshot), target = ViewsOf(versions_[2]);
+  for (TensorView& b : base) {
+    if (b.name == "layers.1.norm") b.data = versions_[2].at("layers.1.norm").bytes;
+  }
+  absl::StatusOr<EncodeResult> r = EncodeDeltaAdvancingBase(base, target, dir_ / "adv2", o);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("\"layers.1.norm\""), std::string::npos) << r.status();
+  EXPECT_FALSE(BaseWasAdvanced(r.status()));
+  // Two base tensors sharing memory: "positions" inside "embed.weight".
+  base = ViewsOf(snapshot);
+  const std::span<const std::byte> embed = snapshot.at("embed.weight").bytes;
+  for (TensorView& b : base) {
+    if (b.name == "positions") b.data = embed.subspan(7, b.data.size());
+  }
+  r = EncodeDeltaAdvancingBase(base, target, dir_ / "adv2", o);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  // An output directory that is not empty.
+  fs::create_directories(dir_ / "adv2" / "something");
+  r = EncodeDeltaAdvancingBase(ViewsOf(snapshot), target, dir_ / "adv2", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_FALSE(BaseWasAdvanced(r.status())) << r.status();
+  for (const auto& [name, t] : original) EXPECT_EQ(snapshot.at(name).bytes, t.bytes) << name;
+}
+
+TEST_F(DeltaCodecTest, AWriteFailureWhileAdvancingSaysTheBaseWasAdvanced) {
+  TestCheckpoint snapshot = versions_[1];
+  EncodeOptions o;
+  o.version = 2;
+  o.run_id = "run-a";
+  // Files of this process may not grow past 1 KiB (the frames are larger):
+  // the first write of a frame fails with EFBIG instead of a signal.
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = saved;
+  small.rlim_cur = 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  absl::StatusOr<EncodeResult> r =
+      EncodeDeltaAdvancingBase(ViewsOf(snapshot), ViewsOf(versions_[2]), dir_ / "adv2", o);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(BaseWasAdvanced(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("partly advanced"), std::string::npos) << r.status();
+  EXPECT_FALSE(fs::exists(dir_ / "adv2"));
+  // The same failure without advancing says nothing of the kind.
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::signal(SIGXFSZ, SIG_IGN);
+  r = EncodeDelta(ViewsOf(versions_[1]), ViewsOf(versions_[2]), dir_ / "adv2", o);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_FALSE(r.ok());
+  EXPECT_FALSE(BaseWasAdvanced(r.status())) << r.status();
 }
 
 TEST_F(DeltaCodecTest, PayloadIsShardedBySize) {

@@ -10,6 +10,7 @@
 #include <set>
 #include <variant>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "stitch/core/errors.h"
@@ -35,6 +36,9 @@ struct TensorInput {
   uint64_t offset = 0;
   const fs::path* path = nullptr;
   std::span<const std::byte> memory;
+  // A base tensor to advance: its own memory, overwritten with the target's
+  // bytes as they are encoded.
+  std::byte* advance = nullptr;
 };
 
 using AnySource = std::variant<FileSource, MemorySource>;
@@ -245,10 +249,13 @@ absl::StatusOr<int64_t> ResolveBaseVersion(const EncodeOptions& options,
   return base;
 }
 
+// `*started` (when given) is set once the tensors' bytes start to be
+// encoded: input is refused before that.
 absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
                                         std::span<const TensorInput> target,
                                         const fs::path& out_dir, const EncodeOptions& options,
-                                        std::optional<int64_t> base_dir_version) {
+                                        std::optional<int64_t> base_dir_version,
+                                        bool* started = nullptr) {
   absl::StatusOr<int64_t> base_version = ResolveBaseVersion(options, base_dir_version);
   if (!base_version.ok()) return base_version.status();
   if (!options.run_id.empty()) {
@@ -292,6 +299,7 @@ absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
   std::atomic<bool> cancel{false};
   const std::vector<size_t> schedule = LargestFirst(sizes);
 
+  if (started != nullptr) *started = true;
   absl::Status st = ParallelFor(
       schedule.size(), threads,
       [&](size_t i, int worker) -> absl::Status {
@@ -304,7 +312,7 @@ absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
         }
         const uint64_t start = sf.end();
         AnySource bs = SourceFor(b), ts = SourceFor(t);
-        EncodeSpec spec{t.name, t.nbytes, options.level, &cancel, &meter};
+        EncodeSpec spec{t.name, t.nbytes, options.level, &cancel, &meter, b.advance};
         absl::StatusOr<EncodedFrame> f = EncodeXorFrame(workspaces[static_cast<size_t>(worker)],
                                                         spec, AsSource(bs), AsSource(ts), sf);
         if (!f.ok()) return f.status();
@@ -425,6 +433,48 @@ absl::Status CheckFullOptions(const FullVersionOptions& options) {
   return absl::OkStatus();
 }
 
+// Marks the errors of EncodeDeltaAdvancingBase raised after the base
+// started to advance.
+constexpr char kBaseAdvancedPayload[] = "stitch/base-advanced";
+
+// A base that advances while it is encoded must be memory of its own: no
+// base tensor may share a byte with another base tensor or with any target
+// tensor (one would be overwritten while it is still being read).
+absl::Status CheckBaseIsSeparate(std::span<const TensorInput> base,
+                                 std::span<const TensorInput> target) {
+  struct Range {
+    uintptr_t begin, end;
+    bool is_base;
+    std::string_view name;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [inputs, is_base] : {std::pair{base, true}, std::pair{target, false}}) {
+    for (const TensorInput& t : inputs) {
+      const auto begin = reinterpret_cast<uintptr_t>(t.memory.data());
+      if (!t.memory.empty()) ranges.push_back({begin, begin + t.memory.size(), is_base, t.name});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  // The range reaching furthest so far, among all, and among base ranges.
+  const Range* furthest = nullptr;
+  const Range* furthest_base = nullptr;
+  for (const Range& r : ranges) {
+    // Target ranges may share memory with each other (tied weights); any
+    // other pair may not.
+    const Range* other = r.is_base ? furthest : furthest_base;
+    if (other != nullptr && other->end > r.begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the base that advances must be memory of its own, but ",
+          other->is_base ? "base" : "target", " tensor \"", AbslView(other->name), "\" and ",
+          r.is_base ? "base" : "target", " tensor \"", AbslView(r.name), "\" share bytes"));
+    }
+    if (furthest == nullptr || r.end > furthest->end) furthest = &r;
+    if (r.is_base && (furthest_base == nullptr || r.end > furthest_base->end)) furthest_base = &r;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<EncodeResult> EncodeDelta(const fs::path& base_dir, const fs::path& target_dir,
@@ -451,6 +501,36 @@ absl::StatusOr<EncodeResult> EncodeDelta(std::span<const TensorView> base,
   absl::StatusOr<std::vector<TensorInput>> t = InputsFromViews(target, "target");
   if (!t.ok()) return t.status();
   return EncodeImpl(*b, *t, out_dir, options, std::nullopt);
+}
+
+absl::StatusOr<EncodeResult> EncodeDeltaAdvancingBase(std::span<const TensorView> base,
+                                                      std::span<const TensorView> target,
+                                                      const fs::path& out_dir,
+                                                      const EncodeOptions& options) {
+  absl::StatusOr<std::vector<TensorInput>> b = InputsFromViews(base, "base");
+  if (!b.ok()) return b.status();
+  absl::StatusOr<std::vector<TensorInput>> t = InputsFromViews(target, "target");
+  if (!t.ok()) return t.status();
+  if (absl::Status s = CheckBaseIsSeparate(*b, *t); !s.ok()) return s;
+  // The caller owns the base's memory and lets it be written (the contract
+  // of this entry point); TensorView only carries it as const.
+  for (TensorInput& in : *b) in.advance = const_cast<std::byte*>(in.memory.data());
+  bool started = false;
+  absl::StatusOr<EncodeResult> r = EncodeImpl(*b, *t, out_dir, options, std::nullopt, &started);
+  if (!r.ok() && started) {
+    absl::Status s(r.status().code(),
+                   absl::StrCat(r.status().message(),
+                                " (the base was partly advanced: it is no version any more)"));
+    r.status().ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
+    s.SetPayload(kBaseAdvancedPayload, absl::Cord("1"));
+    return s;
+  }
+  return r;
+}
+
+bool BaseWasAdvanced(const absl::Status& status) {
+  return status.GetPayload(kBaseAdvancedPayload).has_value();
 }
 
 absl::StatusOr<FullVersionResult> WriteFullVersion(const fs::path& checkpoint_dir,

@@ -42,7 +42,9 @@ struct EncodeOptions {
   // when it records one, else version - 1. It must equal version - 1: a delta
   // always applies to the version just before it.
   std::optional<int64_t> base_version;
-  int level = kDefaultZstdLevel;  // zstd level, 1..19 (negative: faster levels)
+  // zstd level: up to kZeroRunMaxLevel the codec's zero-run parser
+  // (delta_kernel.h), above it zstd's match finders.
+  int level = kDefaultZstdLevel;
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
   std::string run_id;                // recorded as metadata.run_id when non-empty
   int threads = 0;                   // 0: DefaultThreads()
@@ -74,6 +76,23 @@ struct EncodeResult {
                                                        std::span<const TensorView> target,
                                                        const std::filesystem::path& out_dir,
                                                        const EncodeOptions& options);
+
+// The same, where the base is the caller's own writable copy of the
+// previous version (a trainer's snapshot of the weights it last published),
+// and it advances to the target in the same pass: each base tensor is
+// overwritten with its target's bytes chunk by chunk as it is encoded, so on
+// success `base` equals `target` without a second copy. The base's memory
+// must be writable and must not overlap the target's. Invalid input (names,
+// dtypes, shapes, the output directory) is refused before any byte is
+// written; an error after that says so (BaseWasAdvanced): the base is then
+// partly advanced, no version at all, and must not be the base of another
+// delta.
+[[nodiscard]] absl::StatusOr<EncodeResult> EncodeDeltaAdvancingBase(
+    std::span<const TensorView> base, std::span<const TensorView> target,
+    const std::filesystem::path& out_dir, const EncodeOptions& options);
+
+// Whether an error of EncodeDeltaAdvancingBase left the base partly advanced.
+bool BaseWasAdvanced(const absl::Status& status);
 
 struct FullVersionOptions {
   int64_t version = 0;
