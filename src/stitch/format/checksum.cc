@@ -8,12 +8,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/format/xxh3_ops.h"
 
 namespace stitch {
 
 namespace {
-
-Checksum128 FromXxh(XXH128_hash_t h) { return Checksum128{h.high64, h.low64}; }
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -51,34 +50,47 @@ absl::StatusOr<Checksum128> Checksum128::FromHex(std::string_view hex) {
     if (hi < 0 || lo < 0) return bad();
     canonical.digest[i] = static_cast<unsigned char>(hi << 4 | lo);
   }
-  return FromXxh(XXH128_hashFromCanonical(&canonical));
+  const XXH128_hash_t h = XXH128_hashFromCanonical(&canonical);
+  return Checksum128{h.high64, h.low64};
 }
+
+namespace {
+
+// The xxh3 build for this CPU, picked once.
+const format_internal::Xxh3Ops& Ops() {
+  static const format_internal::Xxh3Ops& ops = format_internal::Xxh3OpsAvx2() != nullptr
+                                                   ? *format_internal::Xxh3OpsAvx2()
+                                                   : format_internal::Xxh3OpsDefault();
+  return ops;
+}
+
+}  // namespace
 
 Checksum128 Xxh3Checksum(std::span<const std::byte> bytes) {
-  return FromXxh(XXH3_128bits(bytes.data(), bytes.size()));
+  Checksum128 c;
+  Ops().hash(bytes.data(), bytes.size(), c.high, c.low);
+  return c;
 }
 
-// XXH3_state_t must be 64-byte aligned; XXH3_createState guarantees that.
 struct Xxh3Hasher::State {
-  XXH3_state_t* s;
-  State() : s(XXH3_createState()) {
-    if (s == nullptr) throw std::bad_alloc();
-    XXH3_128bits_reset(s);
-  }
-  ~State() { XXH3_freeState(s); }
+  format_internal::Xxh3State s;
 };
 
-Xxh3Hasher::Xxh3Hasher() : state_(std::make_unique<State>()) {}
+Xxh3Hasher::Xxh3Hasher() : state_(std::make_unique<State>()) { Reset(); }
 Xxh3Hasher::Xxh3Hasher(Xxh3Hasher&&) noexcept = default;
 Xxh3Hasher& Xxh3Hasher::operator=(Xxh3Hasher&&) noexcept = default;
 Xxh3Hasher::~Xxh3Hasher() = default;
 
-void Xxh3Hasher::Reset() { XXH3_128bits_reset(state_->s); }
+void Xxh3Hasher::Reset() { Ops().reset(state_->s); }
 
 void Xxh3Hasher::Update(std::span<const std::byte> bytes) {
-  XXH3_128bits_update(state_->s, bytes.data(), bytes.size());
+  Ops().update(state_->s, bytes.data(), bytes.size());
 }
 
-Checksum128 Xxh3Hasher::Digest() const { return FromXxh(XXH3_128bits_digest(state_->s)); }
+Checksum128 Xxh3Hasher::Digest() const {
+  Checksum128 c;
+  Ops().digest(state_->s, c.high, c.low);
+  return c;
+}
 
 }  // namespace stitch

@@ -1,9 +1,12 @@
 #include "stitch/format/checksum.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <string>
 #include <vector>
+
+#include "stitch/format/xxh3_ops.h"
 
 namespace stitch {
 namespace {
@@ -37,6 +40,32 @@ TEST(ChecksumTest, StreamingEqualsOneShotWhateverThePieces) {
   h.Reset();
   h.Update(data);
   EXPECT_EQ(h.Digest(), whole);
+}
+
+// Both builds of xxh3 (xxh3_ops.h) agree with libxxhash on every size
+// class xxh3 treats apart (0, 1-3, 4-8, 9-16, 17-128, 129-240, longer, and
+// across its 1 KiB stripes and internal buffer), one-shot and streamed.
+TEST(ChecksumTest, EveryBuildOfXxh3AgreesWithLibxxhash) {
+  std::vector<const format_internal::Xxh3Ops*> builds = {&format_internal::Xxh3OpsDefault()};
+  if (format_internal::Xxh3OpsAvx2() != nullptr) builds.push_back(format_internal::Xxh3OpsAvx2());
+  std::vector<unsigned char> data(70'000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + (i >> 7));
+  for (const format_internal::Xxh3Ops* ops : builds) {
+    for (size_t n : {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 1025, 65536, 70000}) {
+      const XXH128_hash_t want = XXH3_128bits(data.data(), n);
+      uint64_t high = 0, low = 0;
+      ops->hash(data.data(), n, high, low);
+      EXPECT_EQ(high, want.high64) << n;
+      EXPECT_EQ(low, want.low64) << n;
+      format_internal::Xxh3State state;
+      ops->reset(state);
+      for (size_t off = 0; off < n; off += 333)
+        ops->update(state, &data[off], std::min<size_t>(333, n - off));
+      ops->digest(state, high, low);
+      EXPECT_EQ(high, want.high64) << "streamed " << n;
+      EXPECT_EQ(low, want.low64) << "streamed " << n;
+    }
+  }
 }
 
 TEST(ChecksumTest, HexRoundTripsAndRejectsMalformedText) {
