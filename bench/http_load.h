@@ -5,6 +5,9 @@
 // benchmarks are single files.
 #pragma once
 
+#include <pthread.h>
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,6 +34,10 @@ struct LoadResult {
   std::vector<double> latencies_us;  // of the answered (200) requests, sorted
   uint64_t errors = 0;
   std::string first_error;
+  // CPU seconds of the load generator's thread, and of each thread RunLoad
+  // was asked to watch, during the measured window.
+  double client_cpu_s = 0;
+  std::vector<double> watched_cpu_s;
 
   double rps() const {
     return seconds > 0 ? static_cast<double>(latencies_us.size()) / seconds : 0;
@@ -80,10 +87,27 @@ inline boost::asio::awaitable<void> LoadWorker(HttpClient& client, HttpOrigin or
 
 }  // namespace internal
 
-// Warms up for min(0.5 s, seconds / 4), then measures for `seconds`.
+// The CPU-time clock of `loop`'s thread.
+inline clockid_t LoopCpuClock(EventLoop& loop) {
+  return loop.BlockOn([]() -> boost::asio::awaitable<clockid_t> {
+    clockid_t clock{};
+    pthread_getcpuclockid(pthread_self(), &clock);
+    co_return clock;
+  }());
+}
+
+inline double CpuSeconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Warms up for min(0.5 s, seconds / 4), then measures for `seconds`, also
+// the CPU time of the `watch` clocks (other loops' threads) in that window.
 inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seconds,
-                          const std::string& body) {
+                          const std::string& body, const std::vector<clockid_t>& watch = {}) {
   EventLoop loop;
+  const clockid_t client_clock = LoopCpuClock(loop);
   ClientOptions options;
   options.max_idle_per_origin = static_cast<size_t>(connections) + 16;
   options.request_timeout = std::chrono::seconds(30);
@@ -98,12 +122,19 @@ inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seco
                           boost::asio::detached);
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.5, seconds / 4)));
+  std::vector<double> cpu_start;
+  for (clockid_t c : watch) cpu_start.push_back(CpuSeconds(c));
+  const double client_start = CpuSeconds(client_clock);
   measuring = true;
   const auto start = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   measuring = false;
   LoadResult r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.client_cpu_s = CpuSeconds(client_clock) - client_start;
+  for (size_t i = 0; i < watch.size(); ++i) {
+    r.watched_cpu_s.push_back(CpuSeconds(watch[i]) - cpu_start[i]);
+  }
   stop = true;
   while (running.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   for (LoadResult& p : per) {

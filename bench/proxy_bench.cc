@@ -9,6 +9,14 @@
 // Targets (issue 5): at 64 concurrent connections the sidecar adds under
 // 1 ms of p99 latency and keeps at least 0.5x the direct throughput; 1024
 // concurrent connections are held with no errors.
+//
+// Each level also prints the CPU time per answered request of the three
+// parties' threads (load generator, stub, sidecar). The sidecar is a server
+// and a client in one, so "sidecar / (client + stub)" near 1 means it costs
+// little beyond the HTTP it must do. It also tells what the throughput ratio
+// can be: with the three threads on fewer cores than three, the sidecar's
+// thread competes with the other two for CPU and the ratio stays below
+// about 0.5 however cheap the sidecar is.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -62,13 +70,18 @@ struct Result {
   std::string first_error;
   double p50_ms = 0;
   double p99_ms = 0;
+  // CPU microseconds per answered request of each party's thread.
+  double client_us = 0, stub_us = 0, sidecar_us = 0;
   double rps() const { return seconds > 0 ? static_cast<double>(ok) / seconds : 0; }
 };
 
-Result Measure(const HttpOrigin& origin, int connections, double seconds) {
+// `clocks`: the stub's and the sidecar's loop threads.
+Result Measure(const HttpOrigin& origin, int connections, double seconds,
+               const std::vector<clockid_t>& clocks) {
   const bench::LoadResult load = bench::RunLoad(
       origin, connections, seconds,
-      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":0}})");
+      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":0}})",
+      clocks);
   Result r;
   r.seconds = load.seconds;
   r.ok = load.latencies_us.size();
@@ -76,6 +89,10 @@ Result Measure(const HttpOrigin& origin, int connections, double seconds) {
   r.first_error = load.first_error;
   r.p50_ms = load.quantile(0.5) / 1000;
   r.p99_ms = load.quantile(0.99) / 1000;
+  const double per = r.ok > 0 ? 1e6 / static_cast<double>(r.ok) : 0;
+  r.client_us = load.client_cpu_s * per;
+  r.stub_us = load.watched_cpu_s[0] * per;
+  r.sidecar_us = load.watched_cpu_s[1] * per;
   return r;
 }
 
@@ -146,14 +163,18 @@ int Main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
-  std::printf("proxy_bench: POST /generate, %.1f s per point, instant-answer engine stub\n",
-              seconds);
+  // The CPU clocks of the stub's and the sidecar's loop threads.
+  const std::vector<clockid_t> clocks = {bench::LoopCpuClock(stub_loop),
+                                         bench::LoopCpuClock(*sidecar_loop)};
+  std::printf(
+      "proxy_bench: POST /generate, %.1f s per point, instant-answer engine stub; %u cores\n",
+      seconds, std::thread::hardware_concurrency());
   std::printf("%6s  %-8s %10s %9s %9s %7s | %10s %10s %10s\n", "conns", "path", "req/s", "p50 ms",
               "p99 ms", "errors", "rps ratio", "+p50 ms", "+p99 ms");
   bool ok = true;
   for (int n : levels) {
-    Result direct = Measure(stub_origin, n, seconds);
-    Result proxied = Measure(sidecar_origin, n, seconds);
+    Result direct = Measure(stub_origin, n, seconds, clocks);
+    Result proxied = Measure(sidecar_origin, n, seconds, clocks);
     std::printf("%6d  %-8s %10.0f %9.3f %9.3f %7llu |\n", n, "direct", direct.rps(), direct.p50_ms,
                 direct.p99_ms, static_cast<unsigned long long>(direct.errors));
     const double ratio = direct.rps() > 0 ? proxied.rps() / direct.rps() : 0;
@@ -161,6 +182,13 @@ int Main(int argc, char** argv) {
                 proxied.rps(), proxied.p50_ms, proxied.p99_ms,
                 static_cast<unsigned long long>(proxied.errors), ratio,
                 proxied.p50_ms - direct.p50_ms, proxied.p99_ms - direct.p99_ms);
+    std::printf(
+        "        cpu us/request: client %.1f, stub %.1f, sidecar %.1f (direct: client %.1f, "
+        "stub %.1f); sidecar / (client + stub) %.2f\n",
+        proxied.client_us, proxied.stub_us, proxied.sidecar_us, direct.client_us, direct.stub_us,
+        proxied.client_us + proxied.stub_us > 0
+            ? proxied.sidecar_us / (proxied.client_us + proxied.stub_us)
+            : 0);
     if (!direct.first_error.empty()) {
       std::printf("        direct error: %s\n", direct.first_error.c_str());
     }
