@@ -14,9 +14,10 @@
 // parties' threads (load generator, stub, sidecar). The sidecar is a server
 // and a client in one, so "sidecar / (client + stub)" near 1 means it costs
 // little beyond the HTTP it must do. It also tells what the throughput ratio
-// can be: with the three threads on fewer cores than three, the sidecar's
-// thread competes with the other two for CPU and the ratio stays below
-// about 0.5 however cheap the sidecar is.
+// can be: with the three threads on two cores, each request costs about
+// twice the CPU it costs direct, so the ratio stays near or below 0.5 unless
+// the sidecar serves and forwards more cheaply than the stub and the load
+// generator do their halves.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
