@@ -84,6 +84,7 @@ STITCH_XOR_CLONES bool XorIntoAnyAndCopy(std::byte* out, const std::byte* a, con
   return XorAnyLoop<true>(out, a, b, copy, n);
 }
 
+#if ZSTD_VERSION_NUMBER >= 10504
 // Bit i set when byte i of the 64 at `p` is not zero.
 inline uint64_t NonZeroMask64(const std::byte* p) {
 #if defined(__SSE2__)
@@ -153,6 +154,7 @@ size_t ZeroRunSequences(void* /*state*/, ZSTD_Sequence* out, size_t capacity, co
   }
   return count;
 }
+#endif  // ZSTD_VERSION_NUMBER >= 10504
 
 absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
                        const std::filesystem::path& path) {
@@ -480,10 +482,13 @@ absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws, const EncodeSpec
     if (size_t r = ZSTD_CCtx_setParameter(w.cctx, param, value); ZSTD_isError(r))
       return zstd_error(r);
   }
-  // The reset above also unregisters the producer.
+  // The reset above also unregisters the producer. (zstd before 1.5.4 has
+  // no producer API: its own level-1 matcher encodes instead.)
+#if ZSTD_VERSION_NUMBER >= 10504
   if (spec.level <= kZeroRunMaxLevel) {
     ZSTD_registerSequenceProducer(w.cctx, nullptr, ZeroRunSequences);
   }
+#endif
   if (size_t r = ZSTD_CCtx_setPledgedSrcSize(w.cctx, spec.nbytes); ZSTD_isError(r)) {
     return zstd_error(r);
   }

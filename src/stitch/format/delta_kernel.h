@@ -51,7 +51,8 @@ inline constexpr int kDefaultZstdLevel = 1;
 // match, every other byte a literal, and zstd entropy-codes that parse. On
 // sparse deltas (a few changed bytes per hundred) it is about twice as fast
 // as zstd level 1 and its frames are smaller; it finds no repeats other than
-// zero runs, which higher levels (zstd's match finders) do.
+// zero runs, which higher levels (zstd's match finders) do. (Built against
+// zstd older than 1.5.4, which lacks the API, level 1 is zstd's own.)
 inline constexpr int kZeroRunMaxLevel = 1;
 
 // out[i] = a[i] ^ b[i] over 32-byte vectors (GCC/Clang vector extensions;
