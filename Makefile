@@ -11,7 +11,7 @@ CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
 .PHONY: all deps build test test-asan fuzz format format-check lint bench clean demo
-.PHONY: python-test
+.PHONY: python-install python-test
 
 all: build
 
@@ -56,8 +56,9 @@ DEMO_FLAGS ?=
 demo: deps build
 	$(BUILD)/src/stitch/cli/stitch demo $(DEMO_FLAGS)
 
-bench: deps build
+bench: deps build python-install
 	@for b in $(BUILD)/bench/*_bench; do echo "== $$b"; "$$b" || exit 1; done
+	@echo "== bench/python_encode_bench.py"; $(PYTHON_VENV)/bin/python bench/python_encode_bench.py
 
 format:
 	$(CLANG_FORMAT) -i $(SOURCES)
@@ -77,7 +78,9 @@ clean:
 # pytest suite.
 PYTHON_VENV ?= .venv
 PYTHON_JOBS ?= 1
-python-test: deps
+python-install: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(PYTHON_JOBS) $(PYTHON_VENV)/bin/pip install --quiet \
 	  --no-build-isolation -C build-dir=build-python/{wheel_tag} .
+
+python-test: python-install
 	$(PYTHON_VENV)/bin/python -m pytest -q python/tests
