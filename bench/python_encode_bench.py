@@ -130,7 +130,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gib", type=float, default=2.0)
     parser.add_argument("--tensors", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where version directories go (default: $TMPDIR)")
     parser.add_argument("--no-check", action="store_true", help="report only; do not fail on targets")
     a = parser.parse_args()
