@@ -19,9 +19,9 @@ fraction of completion bytes in it). Each step:
 
 Run it against the fleet `stitch demo --keep` leaves running:
 
-    stitch demo --keep --dir /tmp/demo        # prints the gateway URL, store and pool
+    stitch demo --keep --dir /tmp/demo        # prints this command with the gateway's URL
     python examples/train_loop.py --store /tmp/demo/store --gateway http://127.0.0.1:PORT \\
-        --pool file:/tmp/demo/pool --model /tmp/demo/model
+        --pool file:/tmp/demo/replicas.txt --model /tmp/demo/base
 
 It continues from the version the store's pointer names (rebuilding those
 weights from the store with stitch.apply_chain). Only this module's training

@@ -682,7 +682,11 @@ void Demo::Keep() {
       "      # a 409 after the gateway's ",
       FleetOptions{}.gateway_admission_wait_s,
       " s admission wait: no replica serves v0 any more\n  curl -s ", gateway, "/metrics\n  ",
-      self.string(), " status --gateway ", gateway, " --store ", (dir_ / "store").string()));
+      self.string(), " status --gateway ", gateway, " --store ", (dir_ / "store").string(),
+      "\n\nA PyTorch trainer can take over from here (examples/train_loop.py; needs torch):\n"
+      "  python examples/train_loop.py --store ",
+      (dir_ / "store").string(), " --gateway ", gateway,
+      " --pool file:", fleet_->pool_file().string(), " --model ", (dir_ / "base").string()));
   while (!stop_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
