@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/storage_ptr.hpp>
 #include <boost/json/value.hpp>
 
 #include "absl/status/statusor.h"
@@ -27,5 +29,23 @@ boost::json::value ReplicaStateToJsonValue(const ReplicaState& s);
 [[nodiscard]] absl::StatusOr<ReplicaState> ReplicaStateFromJsonValue(const boost::json::value& v);
 
 boost::json::value PoolStateToJsonValue(const PoolState& s);
+
+// Memory for the JSON documents of one request: their nodes come from an
+// inline buffer (then from blocks of growing size) and are freed all at
+// once, instead of one allocation per key, string and container. A value
+// built on storage() must not outlive the arena; declare the arena first.
+class JsonArena {
+ public:
+  JsonArena() = default;
+  JsonArena(const JsonArena&) = delete;
+  JsonArena& operator=(const JsonArena&) = delete;
+  boost::json::storage_ptr storage() { return &resource_; }
+
+ private:
+  // Holds a typical /generate request or answer without another block.
+  static constexpr size_t kInlineBytes = 2048;
+  unsigned char buffer_[kInlineBytes];
+  boost::json::monotonic_resource resource_{buffer_, kInlineBytes};
+};
 
 }  // namespace stitch

@@ -418,7 +418,8 @@ struct Gateway::Impl {
 
   awaitable<void> HandleVersioned(HttpExchange& exchange) {
     ++counters.requests;
-    json::value parsed;
+    JsonArena arena;
+    json::value parsed(arena.storage());
     absl::StatusOr<VersionedAsk> ask = ParseVersionedBody(exchange.request().body, parsed);
     if (!ask.ok()) {
       std::string error = JsonErrorBody("BadRequest", std::string(ask.status().message()));

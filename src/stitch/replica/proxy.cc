@@ -78,8 +78,9 @@ size_t BatchSize(const json::object& body) {
 // Stamps one JSON document in place: an object, or (a batched /generate)
 // an array of objects. False when `text` is not such a document.
 bool StampDocument(const Engine& engine, ApiRoute route, VersionStamp stamp, std::string& text) {
+  JsonArena arena;
   boost::system::error_code ec;
-  json::value doc = json::parse(text, ec);
+  json::value doc = json::parse(text, ec, arena.storage());
   if (ec) return false;
   if (doc.is_object()) {
     engine.StampResponse(route, doc.get_object(), stamp);
@@ -139,7 +140,7 @@ RouteClass ClassifyRoute(std::string_view path, ApiRoute* route) {
 
 absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body, json::value& doc) {
   boost::system::error_code ec;
-  doc = json::parse(body, ec);
+  doc = json::parse(body, ec, doc.storage());
   if (ec || !doc.is_object()) {
     std::string message = "the request body must be a JSON object";
     if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
@@ -263,7 +264,8 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   ++counters_.versioned_requests;
   // (Messages are built before co_await: GCC 12 mishandles temporaries of
   // conditional expressions inside co_await expressions.)
-  json::value parsed;
+  JsonArena arena;
+  json::value parsed(arena.storage());
   absl::StatusOr<VersionedAsk> ask = ParseVersionedBody(exchange.request().body, parsed);
   if (!ask.ok()) {
     std::string message(ask.status().message());
@@ -285,7 +287,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
       }
     }
   } else if (size_t n = route == ApiRoute::kGenerate ? BatchSize(body) : 0; n > 0) {
-    json::array rids;
+    json::array rids(body.storage());
     std::string base = NextRid();
     for (size_t i = 0; i < n; ++i) {
       call.rids.push_back(absl::StrCat(base, "-", i));

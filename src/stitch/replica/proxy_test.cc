@@ -8,10 +8,12 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/engine/fake_sglang_server.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
@@ -133,6 +135,32 @@ TEST_F(ProxyTest, GenerateIsAdmittedTaggedAndStamped) {
   ASSERT_TRUE(sent.contains("rid"));
   EXPECT_FALSE(sent.at("rid").as_string().empty());
   EXPECT_TRUE(sent.contains("sampling_params"));
+  EXPECT_EQ(Active(), 0);
+}
+
+TEST_F(ProxyTest, LargeBodiesReachTheEngineAndComeBackIntact) {
+  // Far more JSON than the request's inline arena holds, in both directions
+  // (the fake engine echoes the request in its answer).
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  json::object request;
+  std::string prompt;
+  for (int i = 0; i < 20000; ++i) absl::StrAppend(&prompt, "tok", i, " \u00e9\"");
+  request["text"] = prompt;
+  json::object& params = request["sampling_params"].emplace_object();
+  for (int i = 0; i < 300; ++i) {
+    params[absl::StrCat("a_rather_long_parameter_name_", i)] = json::array{i, "x", nullptr, 0.5};
+  }
+  request["weight_version"] = json::object{{"min_version", 0}};
+  HttpResponse r = Send("POST", "/generate", json::serialize(request));
+  ASSERT_EQ(r.status, 200) << r.body.substr(0, 200);
+  json::object body = Parse(r.body);
+  EXPECT_EQ(body.at("meta_info").at("weight_version_end").as_int64(), 0);
+  json::object sent = body.at("request").as_object();
+  EXPECT_EQ(sent.at("text"), request.at("text"));
+  EXPECT_EQ(sent.at("sampling_params"), request.at("sampling_params"));
+  EXPECT_FALSE(sent.contains("weight_version"));
+  EXPECT_TRUE(sent.contains("rid"));
   EXPECT_EQ(Active(), 0);
 }
 
