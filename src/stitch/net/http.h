@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 
 namespace stitch {
@@ -25,6 +26,9 @@ namespace stitch {
 class HttpHeaders {
  public:
   using Field = std::pair<std::string, std::string>;
+  // Most messages carry a handful of fields: those live inline, so building
+  // or copying the headers of a typical request allocates nothing more.
+  using Fields = absl::InlinedVector<Field, 6>;
 
   HttpHeaders() = default;
   HttpHeaders(std::initializer_list<Field> fields) : fields_(fields) {}
@@ -41,7 +45,7 @@ class HttpHeaders {
   // Removes every field named `name`; returns how many were removed.
   size_t Remove(std::string_view name);
 
-  const std::vector<Field>& fields() const { return fields_; }
+  const Fields& fields() const { return fields_; }
   auto begin() const { return fields_.begin(); }
   auto end() const { return fields_.end(); }
   size_t size() const { return fields_.size(); }
@@ -49,7 +53,7 @@ class HttpHeaders {
   void reserve(size_t n) { fields_.reserve(n); }
 
  private:
-  std::vector<Field> fields_;
+  Fields fields_;
 };
 
 // True for the framing headers listed at the top of this file.
