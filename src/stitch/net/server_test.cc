@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "stitch/net/client.h"
@@ -391,6 +392,66 @@ TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
   ASSERT_NE(second, std::string::npos) << answer;
   EXPECT_LT(first, second);
   EXPECT_EQ(h.server->stats().requests, 2u);
+}
+
+// A handler that asks about its client starts a disconnect monitor: a read
+// that stays pending while it runs. When it ends with the read still waiting
+// for a byte, that read becomes the wait for the next request.
+awaitable<void> WatchfulEcho(HttpExchange& ex) {
+  if (ex.disconnected()) co_return;
+  co_await Echo(ex);
+}
+
+TEST(HttpServerTest, AWatchedKeepAliveConnectionServesTheNextRequest) {
+  Harness h(WatchfulEcho);
+  RawSocket raw(h.server->port());
+  for (int i = 0; i < 3; ++i) {
+    // Each request is sent only once the previous answer is read, so it
+    // reaches the server while the last monitor read is waiting.
+    raw.Send(absl::StrCat("POST /n", i, " HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n", i));
+    std::string answer = raw.ReadUntil(absl::StrCat("\r\n\r\n", i));
+    EXPECT_NE(answer.find(absl::StrCat("X-Target: /n", i)), std::string::npos) << answer;
+  }
+  EXPECT_EQ(h.server->stats().requests, 3u);
+  EXPECT_EQ(h.server->stats().connections_accepted, 1u);
+  EXPECT_EQ(h.server->stats().connections_active, 1u);
+  // A client that leaves ends its connection.
+  raw.Close();
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().connections_active == 0; }));
+}
+
+TEST(HttpServerTest, AWatchedConnectionLeftIdleIsClosedAfterTheIdleTimeout) {
+  ServerOptions options;
+  options.idle_timeout = milliseconds(50);
+  Harness h(WatchfulEcho, options);
+  RawSocket raw(h.server->port());
+  raw.Send("GET /once HTTP/1.1\r\nHost: x\r\n\r\n");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_NE(answer.find("X-Target: /once"), std::string::npos) << answer;
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().connections_active == 0; }));
+}
+
+TEST(HttpServerTest, RequestsPipelinedBehindAWatchedOneAreAnsweredInOrder) {
+  Harness h(WatchfulEcho);
+  RawSocket raw(h.server->port());
+  raw.Send(
+      "GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /second HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /third HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  size_t first = answer.find("X-Target: /first");
+  size_t second = answer.find("X-Target: /second");
+  size_t third = answer.find("X-Target: /third");
+  ASSERT_NE(first, std::string::npos) << answer;
+  ASSERT_NE(second, std::string::npos) << answer;
+  ASSERT_NE(third, std::string::npos) << answer;
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, third);
+  EXPECT_EQ(h.server->stats().requests, 3u);
 }
 
 TEST(HttpServerTest, Http10ClientGetsAnAnswerAndTheConnectionCloses) {
