@@ -1,8 +1,15 @@
-// What the HTTP benchmarks share: a closed-loop load generator
-// (`connections` coroutines on one event loop, each sending POST /generate
-// with `body` again as soon as its previous answer arrives) and the setup of
-// the instant-answer stub servers they measure against. Header-only:
+// What the HTTP benchmarks share: a load generator (`connections` coroutines
+// on one event loop, each sending POST /generate with `body`) and the setup
+// of the instant-answer stub servers they measure against. Header-only:
 // benchmarks are single files.
+//
+// The load is a closed loop by default: each connection sends again as soon
+// as its previous answer arrives, which finds the highest throughput, and
+// the latency it reports is then mostly time spent queued behind a busy CPU.
+// With a rate, each connection sends on a fixed schedule instead (the
+// connections together send `rate` requests per second), and a request's
+// latency counts from the moment the schedule said to send it, so a late
+// answer also charges the requests it delayed (no coordinated omission).
 #pragma once
 
 #include <pthread.h>
@@ -21,6 +28,9 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/net/client.h"
@@ -56,8 +66,12 @@ struct LoadResult {
 
 namespace internal {
 
+// `period`: zero for a closed loop; else the time between this worker's
+// scheduled sends, the first at `first`.
 inline boost::asio::awaitable<void> LoadWorker(HttpClient& client, HttpOrigin origin,
                                                const std::string& body,
+                                               std::chrono::steady_clock::duration period,
+                                               std::chrono::steady_clock::time_point first,
                                                const std::atomic<bool>& stop,
                                                const std::atomic<bool>& measuring,
                                                LoadResult& result, std::atomic<int>& running) {
@@ -66,8 +80,18 @@ inline boost::asio::awaitable<void> LoadWorker(HttpClient& client, HttpOrigin or
   request.target = "/generate";
   request.headers.Set("Content-Type", "application/json");
   request.body = body;
+  boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor);
+  std::chrono::steady_clock::time_point scheduled = first;
   while (!stop.load(std::memory_order_relaxed)) {
-    const auto start = std::chrono::steady_clock::now();
+    auto start = std::chrono::steady_clock::now();
+    if (period.count() > 0) {
+      if (start < scheduled) {
+        timer.expires_at(scheduled);
+        co_await timer.async_wait(boost::asio::use_awaitable);
+      }
+      start = scheduled;
+      scheduled += period;
+    }
     auto response = co_await client.Send(origin, request);
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
@@ -104,8 +128,11 @@ inline double CpuSeconds(clockid_t clock) {
 
 // Warms up for min(0.5 s, seconds / 4), then measures for `seconds`, also
 // the CPU time of the `watch` clocks (other loops' threads) in that window.
+// `rate`: requests per second of all connections together on a fixed
+// schedule; zero for a closed loop.
 inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seconds,
-                          const std::string& body, const std::vector<clockid_t>& watch = {}) {
+                          const std::string& body, const std::vector<clockid_t>& watch = {},
+                          double rate = 0) {
   EventLoop loop;
   const clockid_t client_clock = LoopCpuClock(loop);
   ClientOptions options;
@@ -116,9 +143,16 @@ inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seco
   std::atomic<bool> measuring{false};
   std::atomic<int> running{connections};
   std::vector<LoadResult> per(static_cast<size_t>(connections));
-  for (LoadResult& p : per) {
+  // On a schedule, the workers' sends are spread evenly over one period.
+  const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(rate > 0 ? connections / rate : 0));
+  const auto first = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < per.size(); ++i) {
     boost::asio::co_spawn(loop.executor(),
-                          internal::LoadWorker(client, origin, body, stop, measuring, p, running),
+                          internal::LoadWorker(client, origin, body, period,
+                                               first + period * static_cast<int64_t>(i) /
+                                                           static_cast<int64_t>(per.size()),
+                                               stop, measuring, per[i], running),
                           boost::asio::detached);
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.5, seconds / 4)));
