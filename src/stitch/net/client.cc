@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <exception>
@@ -11,6 +12,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/error.hpp>
@@ -23,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/asio_internal.h"
+#include "stitch/net/wire.h"
 
 namespace stitch {
 
@@ -212,6 +215,13 @@ boost::asio::awaitable<absl::StatusOr<std::unique_ptr<ClientConnection>>> Connec
   co_return std::move(connection);
 }
 
+// A request ready to send (and to send again on a fresh connection).
+struct WireRequest {
+  std::string head;
+  std::string body;
+  bool head_method = false;  // HEAD: the response carries no body
+};
+
 template <typename Body>
 struct StartedCall {
   std::unique_ptr<ClientConnection> connection;
@@ -222,9 +232,9 @@ struct StartedCall {
 // retrying once under the rule in client.h.
 template <typename Body>
 boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
-    ClientPool& pool, const CallInfo& call, const std::string& key,
-    http::request<http::string_body>& request, Clock::time_point deadline,
-    std::chrono::milliseconds timeout, std::optional<uint64_t> body_limit) {
+    ClientPool& pool, const CallInfo& call, const std::string& key, const WireRequest& request,
+    Clock::time_point deadline, std::chrono::milliseconds timeout,
+    std::optional<uint64_t> body_limit) {
   for (int attempt = 0;; ++attempt) {
     std::unique_ptr<ClientConnection> connection = attempt == 0 ? pool.TakeIdle(key) : nullptr;
     const bool reused = connection != nullptr;
@@ -234,7 +244,10 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
       connection = std::move(*connected);
     }
     connection->deadline.ArmAt(deadline);
-    auto [write_ec, written] = co_await http::async_write(connection->socket, request, kAwait);
+    const std::array<boost::asio::const_buffer, 2> message{boost::asio::buffer(request.head),
+                                                           boost::asio::buffer(request.body)};
+    auto [write_ec, written] =
+        co_await boost::asio::async_write(connection->socket, message, kAwait);
     if (write_ec) {
       // A dead idle connection: the request never reached a server.
       if (reused && !connection->deadline.expired()) {
@@ -248,7 +261,7 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
     parser->header_limit(static_cast<uint32_t>(std::min<size_t>(
         pool.options.max_response_header_bytes, std::numeric_limits<uint32_t>::max())));
     parser->body_limit(body_limit ? boost::optional<uint64_t>(*body_limit) : boost::none);
-    if (request.method() == http::verb::head) parser->skip(true);
+    if (request.head_method) parser->skip(true);
     auto [read_ec, read] =
         co_await http::async_read_header(connection->socket, connection->buffer, *parser, kAwait);
     if (read_ec) {
@@ -265,26 +278,17 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
   }
 }
 
-absl::StatusOr<http::request<http::string_body>> BuildRequest(const HttpOrigin& origin,
-                                                              HttpRequest& request) {
-  if (request.method.empty()) return absl::InvalidArgumentError("HTTP request without a method");
-  if (request.target.empty() || request.target.front() != '/') {
-    return absl::InvalidArgumentError(absl::StrCat("HTTP request target \"", request.target,
-                                                   "\" must start with '/' (origin form)"));
+// The request as it goes on the wire (moves the body out of `request`).
+absl::StatusOr<WireRequest> BuildRequest(std::string_view host, HttpRequest& request) {
+  WireRequest wire;
+  if (absl::Status s = FormatRequestHead(request.method, request.target, request.headers, host,
+                                         request.body.size(), wire.head);
+      !s.ok()) {
+    return s;
   }
-  http::request<http::string_body> req;
-  req.version(11);
-  req.method_string(request.method);
-  req.target(request.target);
-  for (const auto& [name, value] : request.headers) {
-    if (IsFramingHeader(name) || boost::beast::iequals(name, "host")) continue;
-    req.insert(name, value);
-  }
-  req.set(http::field::host, HostHeader(origin));
-  req.body() = std::move(request.body);
-  req.keep_alive(true);
-  req.prepare_payload();
-  return req;
+  wire.body = std::move(request.body);
+  wire.head_method = request.method == "HEAD";
+  return wire;
 }
 
 HttpHeaders ToHeaders(const http::fields& fields) {
@@ -304,11 +308,11 @@ boost::asio::awaitable<absl::StatusOr<HttpResponse>> DoSend(std::shared_ptr<Clie
                                                             HttpOrigin origin, HttpRequest request,
                                                             CallOptions options) {
   const CallInfo call{request.method, origin, request.target};
-  auto built = BuildRequest(origin, request);
+  std::string key = PoolKey(origin);
+  auto built = BuildRequest(key, request);
   if (!built.ok()) co_return built.status();
   std::chrono::milliseconds timeout = options.timeout.value_or(pool->options.request_timeout);
   Clock::time_point deadline = Clock::now() + timeout;
-  std::string key = PoolKey(origin);
   auto started = co_await StartCall<http::string_body>(*pool, call, key, *built, deadline, timeout,
                                                        pool->options.max_response_body_bytes);
   if (!started.ok()) co_return started.status();
@@ -487,11 +491,11 @@ namespace net_internal {
 boost::asio::awaitable<absl::StatusOr<std::unique_ptr<HttpResponseStream::Impl>>> DoSendStreamed(
     std::shared_ptr<ClientPool> pool, HttpOrigin origin, HttpRequest request, CallOptions options) {
   const CallInfo call{request.method, origin, request.target};
-  auto built = BuildRequest(origin, request);
+  std::string key = PoolKey(origin);
+  auto built = BuildRequest(key, request);
   if (!built.ok()) co_return built.status();
   std::chrono::milliseconds timeout = options.timeout.value_or(pool->options.request_timeout);
   Clock::time_point deadline = Clock::now() + timeout;
-  std::string key = PoolKey(origin);
   auto started = co_await StartCall<http::buffer_body>(*pool, call, key, *built, deadline, timeout,
                                                        std::nullopt);
   if (!started.ok()) co_return started.status();

@@ -266,6 +266,23 @@ TEST(HttpClientTest, IdleConnectionsPerOriginAreBounded) {
   EXPECT_EQ(h.client->idle_connections(), 2u);
 }
 
+TEST(HttpClientTest, ARequestThatWouldSplitItsHeadIsRefusedBeforeConnecting) {
+  Harness h(Echo);
+  HttpRequest evil = Get("/a");
+  evil.headers.Add("X-Evil", "1\r\nX-Injected: yes");
+  auto r = h.Send(evil);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  HttpRequest bad_target = Get("/a HTTP/1.1\r\nX-Injected: yes\r\n\r\nGET /b");
+  r = h.Send(bad_target);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(h.client->connections_opened(), 0u);
+  EXPECT_EQ(h.server->stats().requests, 0u);
+  // A sound request on the same client still goes.
+  auto ok = h.Send(Get("/fine"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->headers.Get("x-target"), "/fine");
+}
+
 TEST(HttpFetchTest, RunsOneRequestSynchronously) {
   Harness h(Echo);
   auto r = HttpFetch("POST", h.server->url() + "/wake?now=1", R"({"a":1})");

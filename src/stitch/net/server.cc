@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <exception>
 
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/asio_internal.h"
+#include "stitch/net/wire.h"
 
 namespace stitch {
 
@@ -455,19 +457,27 @@ boost::asio::awaitable<absl::Status> HttpExchange::Respond(HttpResponse response
   }
   if (absl::Status s = CheckWritable("Respond()"); !s.ok()) co_return s;
   if (absl::Status s = CheckStatusCode(response.status); !s.ok()) co_return s;
+  // 204 and 304 have no body and no length; an answer to HEAD has the length
+  // of the body it does not carry.
+  const bool bodiless = response.status == 204 || response.status == 304;
+  if (bodiless) response.body.clear();
+  std::string head;
+  bool close = close_after_;
+  if (absl::Status s = net_internal::FormatResponseHead(version_, response.status, response.headers,
+                                                        response.body.size(), bodiless, keep_alive_,
+                                                        &close, head);
+      !s.ok()) {
+    co_return absl::InvalidArgumentError(absl::StrCat("Respond(): ", s.message()));
+  }
+  close_after_ = close;
   state_ = State::kResponded;
-  http::response<http::string_body> res;
-  res.version(version_);
-  res.result(static_cast<unsigned>(response.status));
-  CopyHeaders(response.headers, res, &close_after_);
-  res.keep_alive(keep_alive_ && !close_after_);
-  if (response.status != 204 && response.status != 304) res.body() = std::move(response.body);
-  res.prepare_payload();
-  if (request_.method == "HEAD") res.body().clear();
+  if (request_.method == "HEAD") response.body.clear();
+  const std::array<boost::asio::const_buffer, 2> message{boost::asio::buffer(head),
+                                                         boost::asio::buffer(response.body)};
   writing_ = true;
   ServerConnection& c = *connection_;
-  absl::Status status =
-      co_await c.TimedWrite([&] { return http::async_write(c.socket_, res, kAwait); }, "response");
+  absl::Status status = co_await c.TimedWrite(
+      [&] { return boost::asio::async_write(c.socket_, message, kAwait); }, "response");
   writing_ = false;
   co_return status;
 }

@@ -336,6 +336,24 @@ TEST(HttpServerTest, HandlerWithoutAResponseGets500) {
   EXPECT_NE(thrown->body.find("boom"), std::string::npos) << thrown->body;
 }
 
+TEST(HttpServerTest, AnAnswerWhoseHeaderWouldSplitItIsRefused) {
+  std::atomic<int> respond_code{-1};
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    HttpResponse r;
+    r.headers.Add("X-Evil", "a\r\nSet-Cookie: stolen");
+    absl::Status s = co_await ex.Respond(std::move(r));
+    respond_code = static_cast<int>(s.code());
+  });
+  auto r = h.Send(Get("/x"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Nothing of the refused answer went out; the handler then returned
+  // without a response, which is answered for it.
+  EXPECT_EQ(r->status, 500);
+  EXPECT_FALSE(r->headers.Has("set-cookie"));
+  EXPECT_FALSE(r->headers.Has("x-evil"));
+  EXPECT_EQ(respond_code.load(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(HttpServerTest, SecondResponseIsRefused) {
   absl::Status second;
   absl::Notification handled;
