@@ -79,6 +79,16 @@ HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view n
   return to;
 }
 
+HttpHeaders CopyHeaders(HttpHeaders&& from, bool (*drop)(std::string_view name)) {
+  HttpHeaders to;
+  to.reserve(from.size());
+  HttpHeaders::Fields fields = from.Release();
+  for (HttpHeaders::Field& field : fields) {
+    if (!drop(field.first)) to.Add(std::move(field));
+  }
+  return to;
+}
+
 std::string JsonErrorBody(std::string_view type, std::string_view message, bool retryable) {
   return absl::StrCat("{\"type\":", boost::json::serialize(boost::json::string(type)),
                       ",\"message\":", boost::json::serialize(boost::json::string(message)),
@@ -86,6 +96,8 @@ std::string JsonErrorBody(std::string_view type, std::string_view message, bool 
 }
 
 std::string_view TargetPath(std::string_view target) {
+  // Without a query the path is the whole target, valid or not (see below).
+  if (target.find('?') == std::string_view::npos) return target;
   auto parsed = boost::urls::parse_origin_form(target);
   if (!parsed) return target;
   boost::urls::pct_string_view path = parsed->encoded_path();

@@ -42,6 +42,7 @@ class HttpHeaders {
   void Set(std::string_view name, std::string_view value);
   // Appends a field, keeping existing ones of the same name.
   void Add(std::string_view name, std::string_view value);
+  void Add(Field field) { fields_.push_back(std::move(field)); }
   // Removes every field named `name`; returns how many were removed.
   size_t Remove(std::string_view name);
 
@@ -51,6 +52,8 @@ class HttpHeaders {
   size_t size() const { return fields_.size(); }
   bool empty() const { return fields_.empty(); }
   void reserve(size_t n) { fields_.reserve(n); }
+  // Leaves the headers empty and returns their fields.
+  Fields Release() { return std::exchange(fields_, Fields()); }
 
  private:
   Fields fields_;
@@ -62,6 +65,8 @@ bool IsFramingHeader(std::string_view name);
 // The fields of `from` for which `drop` is false, in order: the headers a
 // proxy passes on.
 HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view name));
+// The same, moving the kept fields out of `from`.
+HttpHeaders CopyHeaders(HttpHeaders&& from, bool (*drop)(std::string_view name));
 
 struct HttpRequest {
   std::string method = "GET";

@@ -32,6 +32,33 @@ TEST(HttpHeadersTest, SetReplacesEveryFieldOfTheName) {
   EXPECT_FALSE(h.Has("x-a"));
 }
 
+TEST(HttpHeadersTest, CopyHeadersKeepsTheOrderOfWhatItDoesNotDrop) {
+  const HttpHeaders many{{"A", "1"},
+                         {"Content-Length", "3"},
+                         {"B", "2"},
+                         {"C", "3"},
+                         {"Connection", "x"},
+                         {"D", "4"},
+                         {"E", "5"},
+                         {"F", "6"},
+                         {"G", "a value long enough to live on the heap"}};
+  auto drop = [](std::string_view name) { return IsFramingHeader(name); };
+  const HttpHeaders copied = CopyHeaders(many, drop);
+  EXPECT_EQ(many.size(), 9u);
+  HttpHeaders source = many;
+  const HttpHeaders moved = CopyHeaders(std::move(source), drop);
+  for (const HttpHeaders* h : {&copied, &moved}) {
+    ASSERT_EQ(h->size(), 7u);
+    EXPECT_EQ(h->fields()[0], HttpHeaders::Field("A", "1"));
+    EXPECT_EQ(h->fields()[1], HttpHeaders::Field("B", "2"));
+    EXPECT_EQ(h->fields()[3], HttpHeaders::Field("D", "4"));
+    EXPECT_EQ(h->Get("g"), "a value long enough to live on the heap");
+    EXPECT_FALSE(h->Has("content-length"));
+    EXPECT_FALSE(h->Has("connection"));
+  }
+  EXPECT_TRUE(source.empty());  // NOLINT(bugprone-use-after-move): Release() leaves it empty
+}
+
 TEST(HttpHeadersTest, FramingHeadersAreRecognised) {
   EXPECT_TRUE(IsFramingHeader("Content-Length"));
   EXPECT_TRUE(IsFramingHeader("transfer-encoding"));

@@ -354,6 +354,19 @@ TEST(HttpServerTest, AnAnswerWhoseHeaderWouldSplitItIsRefused) {
   EXPECT_EQ(respond_code.load(), static_cast<int>(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(HttpServerTest, AnyFinalStatusReachesTheClient) {
+  Harness h([](HttpExchange& ex) -> awaitable<void> {
+    HttpResponse r;
+    r.status = 299;  // no reason phrase is known for it
+    r.body = "odd";
+    (void)co_await ex.Respond(std::move(r));
+  });
+  auto r = h.Send(Get("/x"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 299);
+  EXPECT_EQ(r->body, "odd");
+}
+
 TEST(HttpServerTest, SecondResponseIsRefused) {
   absl::Status second;
   absl::Notification handled;

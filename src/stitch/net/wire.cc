@@ -2,7 +2,6 @@
 
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/rfc7230.hpp>
-#include <boost/beast/http/status.hpp>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +11,9 @@ namespace stitch::net_internal {
 namespace {
 
 namespace http = boost::beast::http;
+
+// Room for a typical head, so that it is written without reallocating.
+constexpr size_t kHeadReserve = 256;
 
 // RFC 9110 tchar.
 bool IsTokenChar(char c) {
@@ -62,10 +64,10 @@ absl::Status FormatResponseHead(unsigned version, int status, const HttpHeaders&
                                 size_t body_size, bool bodiless, bool keep_alive, bool* close,
                                 std::string& out) {
   const size_t start = out.size();
+  out.reserve(start + kHeadReserve);
   out.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
   absl::StrAppend(&out, status, " ");
-  const boost::beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
-  out.append(reason.data(), reason.size()).append("\r\n");
+  out.append(StatusReason(status)).append("\r\n");
   if (absl::Status s = AppendFields(headers, /*skip_host=*/false, out, close); !s.ok()) {
     out.resize(start);
     return s;
@@ -96,6 +98,7 @@ absl::Status FormatRequestHead(std::string_view method, std::string_view target,
                      "\" must start with '/' (origin form) and hold no space, CR, LF or NUL"));
   }
   const size_t start = out.size();
+  out.reserve(start + kHeadReserve + target.size());
   out.append(method).append(" ").append(target).append(" HTTP/1.1\r\n");
   bool close = false;  // a request's own Connection field is dropped like any framing field
   if (absl::Status s = AppendFields(headers, /*skip_host=*/true, out, &close); !s.ok()) {

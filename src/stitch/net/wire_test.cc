@@ -50,6 +50,13 @@ TEST(WireTest, NoContentHasNoLength) {
   EXPECT_EQ(head, "HTTP/1.1 204 No Content\r\n\r\n");
 }
 
+TEST(WireTest, AStatusWithoutAKnownReasonHasAnEmptyOne) {
+  std::string head;
+  bool close = false;
+  ASSERT_TRUE(FormatResponseHead(11, 299, {}, 0, false, true, &close, head).ok());
+  EXPECT_EQ(head, "HTTP/1.1 299 \r\nContent-Length: 0\r\n\r\n");
+}
+
 TEST(WireTest, FieldsThatWouldSplitTheHeadAreRefused) {
   const HttpHeaders bad[] = {
       {{"X-Ok", "1"}, {"X-Evil", "a\r\nSet-Cookie: stolen"}},

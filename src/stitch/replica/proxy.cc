@@ -351,7 +351,7 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
     co_await EngineUnavailable(exchange, &call, why);
     co_return;
   }
-  HttpResponse out{response->status, CopyHeaders(response->headers, &DropResponseHeader),
+  HttpResponse out{response->status, CopyHeaders(std::move(response->headers), &DropResponseHeader),
                    std::move(response->body)};
   if (out.status == 200 && StampDocument(engine_, call.route, call.ticket->Stamp(), out.body)) {
     out.headers.Set("Content-Type", "application/json");
@@ -465,7 +465,7 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
     co_await EngineUnavailable(exchange, nullptr, why);
     co_return;
   }
-  HttpResponse out{response->status, CopyHeaders(response->headers, &DropResponseHeader),
+  HttpResponse out{response->status, CopyHeaders(std::move(response->headers), &DropResponseHeader),
                    std::move(response->body)};
   (void)co_await exchange.Respond(std::move(out));
 }
