@@ -408,29 +408,41 @@ TEST(HttpServerTest, RouterDispatchesByMethodAndPath) {
   EXPECT_EQ(wrong->headers.Get("allow"), "POST");
 }
 
-TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
-  Harness h(Echo);
-  RawSocket raw(h.server->port());
-  raw.Send(
-      "GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
-      "GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-  bool closed = false;
-  std::string answer = raw.ReadUntilClosed(&closed);
-  EXPECT_TRUE(closed);
-  size_t first = answer.find("X-Target: /first");
-  size_t second = answer.find("X-Target: /second");
-  ASSERT_NE(first, std::string::npos) << answer;
-  ASSERT_NE(second, std::string::npos) << answer;
-  EXPECT_LT(first, second);
-  EXPECT_EQ(h.server->stats().requests, 2u);
-}
-
 // A handler that asks about its client starts a disconnect monitor: a read
 // that stays pending while it runs. When it ends with the read still waiting
 // for a byte, that read becomes the wait for the next request.
 awaitable<void> WatchfulEcho(HttpExchange& ex) {
   if (ex.disconnected()) co_return;
   co_await Echo(ex);
+}
+
+// Sends requests for `targets` at once on one connection, the last with
+// "Connection: close", and checks that each is answered, in order.
+void ExpectPipelinedRequestsAnsweredInOrder(HttpHandler handler,
+                                            const std::vector<std::string>& targets) {
+  Harness h(std::move(handler));
+  RawSocket raw(h.server->port());
+  std::string requests;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    absl::StrAppend(&requests, "GET ", targets[i], " HTTP/1.1\r\nHost: x\r\n",
+                    i + 1 == targets.size() ? "Connection: close\r\n" : "", "\r\n");
+  }
+  raw.Send(requests);
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  size_t previous = 0;
+  for (const std::string& target : targets) {
+    size_t at = answer.find("X-Target: " + target);
+    ASSERT_NE(at, std::string::npos) << target << " in " << answer;
+    EXPECT_GT(at, previous) << target;
+    previous = at;
+  }
+  EXPECT_EQ(h.server->stats().requests, targets.size());
+}
+
+TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  ExpectPipelinedRequestsAnsweredInOrder(Echo, {"/first", "/second"});
 }
 
 TEST(HttpServerTest, AWatchedKeepAliveConnectionServesTheNextRequest) {
@@ -465,24 +477,7 @@ TEST(HttpServerTest, AWatchedConnectionLeftIdleIsClosedAfterTheIdleTimeout) {
 }
 
 TEST(HttpServerTest, RequestsPipelinedBehindAWatchedOneAreAnsweredInOrder) {
-  Harness h(WatchfulEcho);
-  RawSocket raw(h.server->port());
-  raw.Send(
-      "GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
-      "GET /second HTTP/1.1\r\nHost: x\r\n\r\n"
-      "GET /third HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-  bool closed = false;
-  std::string answer = raw.ReadUntilClosed(&closed);
-  EXPECT_TRUE(closed);
-  size_t first = answer.find("X-Target: /first");
-  size_t second = answer.find("X-Target: /second");
-  size_t third = answer.find("X-Target: /third");
-  ASSERT_NE(first, std::string::npos) << answer;
-  ASSERT_NE(second, std::string::npos) << answer;
-  ASSERT_NE(third, std::string::npos) << answer;
-  EXPECT_LT(first, second);
-  EXPECT_LT(second, third);
-  EXPECT_EQ(h.server->stats().requests, 3u);
+  ExpectPipelinedRequestsAnsweredInOrder(WatchfulEcho, {"/first", "/second", "/third"});
 }
 
 TEST(HttpServerTest, Http10ClientGetsAnAnswerAndTheConnectionCloses) {
