@@ -529,13 +529,21 @@ struct Gateway::Impl {
     return true;
   }
 
+  // Options for a call to a replica that ends (closing its connection) when
+  // the exchange's client disconnects.
+  static CallOptions AbortedWithTheClient(HttpExchange& exchange) {
+    CallOptions options;
+    options.abort = &exchange.AbortOnDisconnect();
+    return options;
+  }
+
   // One try on one replica. kRetry leaves the answer to relay if no other
   // replica does better in *last_failure.
   awaitable<Outcome> Attempt(HttpExchange& exchange, Replica& r, HttpRequest request,
                              std::optional<HttpResponse>* last_failure) {
     ++r.in_flight;
     absl::StatusOr<HttpResponse> response =
-        co_await exchange.CancelOnDisconnect(client.Send(r.origin, std::move(request)));
+        co_await client.Send(r.origin, std::move(request), AbortedWithTheClient(exchange));
     --r.in_flight;
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
@@ -623,7 +631,7 @@ struct Gateway::Impl {
     up.body = std::move(exchange.request().body);
     ++r->in_flight;
     absl::StatusOr<HttpResponse> response =
-        co_await exchange.CancelOnDisconnect(client.Send(r->origin, std::move(up)));
+        co_await client.Send(r->origin, std::move(up), AbortedWithTheClient(exchange));
     --r->in_flight;
     if (!response.ok()) {
       if (exchange.disconnected()) co_return;

@@ -20,6 +20,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/core/json.h"
 #include "stitch/core/state.h"
 #include "stitch/net/client.h"
@@ -55,7 +56,7 @@ json::object Parse(const std::string& text) {
 // A stub replica: its readiness, version and failure mode are set by the test.
 class StubReplica {
  public:
-  enum class Mode { kServe, kUnavailable, kDieMidRequest };
+  enum class Mode { kServe, kUnavailable, kDieMidRequest, kHang };
 
   StubReplica(EventLoop& loop, bool ready, int64_t version) : loop_(loop) {
     ready_ = ready;
@@ -79,6 +80,7 @@ class StubReplica {
   int generates() const { return generates_; }
   int wakes() const { return wakes_; }
   int others() const { return others_; }
+  int disconnects() const { return disconnects_; }
 
  private:
   std::string Applied() const { return VersionRef{"r1", version_}.ToString(); }
@@ -103,6 +105,11 @@ class StubReplica {
     ++generates_;
     if (mode_ == Mode::kDieMidRequest) {
       server_->Stop();  // every connection drops: the caller sees a broken exchange
+      co_return;
+    }
+    if (mode_ == Mode::kHang) {  // never answers; counts the callers that leave
+      co_await ex.WaitDisconnected();
+      ++disconnects_;
       co_return;
     }
     if (mode_ == Mode::kUnavailable) {
@@ -158,6 +165,7 @@ class StubReplica {
   std::atomic<int> generates_{0};
   std::atomic<int> wakes_{0};
   std::atomic<int> others_{0};
+  std::atomic<int> disconnects_{0};
 };
 
 struct Answer {
@@ -337,6 +345,24 @@ TEST_F(GatewayTest, AReplicaDyingMidRequestIsRetriedElsewhere) {
 
 // With no other replica to try, a broken exchange comes back as a
 // retryable 503, streamed or not.
+TEST_F(GatewayTest, AClientThatLeavesEndsTheCallToItsReplica) {
+  StubReplica& stub = AddStub(true, 1);
+  stub.set_mode(StubReplica::Mode::kHang);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(1));
+  {
+    testing::RawSocket client(gateway_->port());
+    ASSERT_TRUE(client.connected());
+    const std::string body = R"({"text":"hi"})";
+    client.Send(absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
+                             "\r\n\r\n", body));
+    ASSERT_TRUE(Eventually([&] { return stub.generates() == 1; }));
+    EXPECT_EQ(stub.disconnects(), 0);
+  }  // the client goes away: the replica (a sidecar, which would abort) must see it
+  EXPECT_TRUE(Eventually([&] { return stub.disconnects() == 1; }));
+  EXPECT_EQ(stub.generates(), 1);  // and nothing was retried elsewhere or again
+}
+
 TEST_F(GatewayTest, AnUnreachableLastReplicaIsARetryable503) {
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "plain");

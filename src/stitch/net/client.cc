@@ -66,12 +66,47 @@ struct CallInfo {
 struct ClientConnection {
   explicit ClientConnection(const boost::asio::any_io_executor& executor)
       : socket(executor), deadline(socket) {}
+  ~ClientConnection() { DetachAbort(); }
+  ClientConnection(const ClientConnection&) = delete;
+  ClientConnection& operator=(const ClientConnection&) = delete;
+
+  // Lets `a` close this connection while a call uses it; closes it now when
+  // `a` already fired.
+  void AttachAbort(HttpCallAbort* a) {
+    if (a == nullptr) return;
+    DetachAbort();
+    abort = a;
+    a->connection_ = this;
+    if (a->aborted_) Close();
+  }
+  void DetachAbort() {
+    if (abort != nullptr) abort->connection_ = nullptr;
+    abort = nullptr;
+  }
+  void Close() {
+    boost::system::error_code ec;
+    socket.close(ec);
+  }
 
   Tcp::socket socket;
   boost::beast::flat_buffer buffer;
   SocketDeadline deadline;  // after `socket`: it refers to it
   Clock::time_point idle_since;
+  HttpCallAbort* abort = nullptr;  // of the call using the connection, if it has one
 };
+
+}  // namespace net_internal
+
+HttpCallAbort::~HttpCallAbort() {
+  if (connection_ != nullptr) connection_->abort = nullptr;
+}
+
+void HttpCallAbort::Abort() {
+  aborted_ = true;
+  if (connection_ != nullptr) connection_->Close();
+}
+
+namespace net_internal {
 
 struct ClientPool {
   ClientPool(boost::asio::any_io_executor ex, ClientOptions opts)
@@ -118,6 +153,7 @@ std::unique_ptr<ClientConnection> ClientPool::TakeIdle(const std::string& key) {
 }
 
 void ClientPool::Release(const std::string& key, std::unique_ptr<ClientConnection> connection) {
+  connection->DetachAbort();
   if (!connection->socket.is_open() || connection->buffer.size() != 0) return;
   std::vector<std::unique_ptr<ClientConnection>>& stack = idle[key];
   if (stack.size() >= options.max_idle_per_origin) return;
@@ -160,10 +196,18 @@ boost::asio::awaitable<absl::Status> FailedCall(const CallInfo& call, std::strin
   co_return TransportError(call, phase, ec);
 }
 
+// True when `abort` fired.
+bool Aborted(const HttpCallAbort* abort) { return abort != nullptr && abort->aborted(); }
+
+absl::Status AbortedError(const CallInfo& call) {
+  return absl::CancelledError(absl::StrCat(call.Describe(), ": aborted"));
+}
+
 boost::asio::awaitable<absl::StatusOr<std::unique_ptr<ClientConnection>>> Connect(
     ClientPool& pool, const CallInfo& call, Clock::time_point call_deadline,
-    std::chrono::milliseconds call_timeout) {
+    std::chrono::milliseconds call_timeout, HttpCallAbort* abort) {
   auto connection = std::make_unique<ClientConnection>(pool.executor);
+  connection->AttachAbort(abort);
   Clock::time_point connect_deadline =
       std::min(call_deadline, Clock::now() + pool.options.connect_timeout);
   std::vector<Tcp::endpoint> endpoints;
@@ -183,6 +227,7 @@ boost::asio::awaitable<absl::StatusOr<std::unique_ptr<ClientConnection>>> Connec
     for (const auto& entry : results) endpoints.push_back(entry.endpoint());
   }
   for (const Tcp::endpoint& endpoint : endpoints) {
+    if (Aborted(abort)) co_return AbortedError(call);
     connection->socket.close(ec);
     connection->socket.open(endpoint.protocol(), ec);
     if (ec) continue;
@@ -195,6 +240,7 @@ boost::asio::awaitable<absl::StatusOr<std::unique_ptr<ClientConnection>>> Connec
     if (cancellation.cancelled() != boost::asio::cancellation_type::none) break;
   }
   if (ec) {
+    if (Aborted(abort)) co_return AbortedError(call);
     auto cancellation = co_await boost::asio::this_coro::cancellation_state;
     if (cancellation.cancelled() != boost::asio::cancellation_type::none) {
       co_return absl::CancelledError(absl::StrCat(call.Describe(), ": cancelled"));
@@ -234,14 +280,17 @@ template <typename Body>
 boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
     ClientPool& pool, const CallInfo& call, const std::string& key, const WireRequest& request,
     Clock::time_point deadline, std::chrono::milliseconds timeout,
-    std::optional<uint64_t> body_limit) {
+    std::optional<uint64_t> body_limit, HttpCallAbort* abort) {
   for (int attempt = 0;; ++attempt) {
+    if (Aborted(abort)) co_return AbortedError(call);
     std::unique_ptr<ClientConnection> connection = attempt == 0 ? pool.TakeIdle(key) : nullptr;
     const bool reused = connection != nullptr;
     if (!reused) {
-      auto connected = co_await Connect(pool, call, deadline, timeout);
+      auto connected = co_await Connect(pool, call, deadline, timeout, abort);
       if (!connected.ok()) co_return connected.status();
       connection = std::move(*connected);
+    } else {
+      connection->AttachAbort(abort);
     }
     connection->deadline.ArmAt(deadline);
     const std::array<boost::asio::const_buffer, 2> message{boost::asio::buffer(request.head),
@@ -254,6 +303,7 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
         auto cancellation = co_await boost::asio::this_coro::cancellation_state;
         if (cancellation.cancelled() == boost::asio::cancellation_type::none) continue;
       }
+      if (Aborted(abort)) co_return AbortedError(call);
       co_return co_await FailedCall(call, "sending the request", write_ec, connection->deadline,
                                     timeout);
     }
@@ -271,6 +321,7 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
         auto cancellation = co_await boost::asio::this_coro::cancellation_state;
         if (cancellation.cancelled() == boost::asio::cancellation_type::none) continue;
       }
+      if (Aborted(abort)) co_return AbortedError(call);
       co_return co_await FailedCall(call, "reading the response", read_ec, connection->deadline,
                                     timeout);
     }
@@ -313,8 +364,9 @@ boost::asio::awaitable<absl::StatusOr<HttpResponse>> DoSend(std::shared_ptr<Clie
   if (!built.ok()) co_return built.status();
   std::chrono::milliseconds timeout = options.timeout.value_or(pool->options.request_timeout);
   Clock::time_point deadline = Clock::now() + timeout;
-  auto started = co_await StartCall<http::string_body>(*pool, call, key, *built, deadline, timeout,
-                                                       pool->options.max_response_body_bytes);
+  auto started =
+      co_await StartCall<http::string_body>(*pool, call, key, *built, deadline, timeout,
+                                            pool->options.max_response_body_bytes, options.abort);
   if (!started.ok()) co_return started.status();
   ClientConnection& connection = *started->connection;
   http::response_parser<http::string_body>& parser = *started->parser;
@@ -322,6 +374,7 @@ boost::asio::awaitable<absl::StatusOr<HttpResponse>> DoSend(std::shared_ptr<Clie
     connection.deadline.ArmAt(deadline);
     auto [ec, n] = co_await http::async_read(connection.socket, connection.buffer, parser, kAwait);
     if (ec) {
+      if (Aborted(options.abort)) co_return AbortedError(call);
       co_return co_await FailedCall(call, "reading the response body", ec, connection.deadline,
                                     timeout);
     }
@@ -476,14 +529,17 @@ uint64_t HttpClient::connections_opened() const { return pool_->opened.load(); }
 boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpClient::Send(HttpOrigin origin,
                                                                       HttpRequest request,
                                                                       CallOptions options) {
-  std::string description = absl::StrCat(request.method, " ", origin.ToString(), request.target);
+  // For the message of a cancellation; built only then.
+  const HttpOrigin where = origin;
+  const std::string method = request.method;
+  const std::string target = request.target;
   std::exception_ptr error;
   try {
     co_return co_await net_internal::DoSend(pool_, std::move(origin), std::move(request), options);
   } catch (...) {
     error = std::current_exception();
   }
-  co_return StatusFromException(error, description);
+  co_return StatusFromException(error, absl::StrCat(method, " ", where.ToString(), target));
 }
 
 namespace net_internal {
@@ -497,7 +553,7 @@ boost::asio::awaitable<absl::StatusOr<std::unique_ptr<HttpResponseStream::Impl>>
   std::chrono::milliseconds timeout = options.timeout.value_or(pool->options.request_timeout);
   Clock::time_point deadline = Clock::now() + timeout;
   auto started = co_await StartCall<http::buffer_body>(*pool, call, key, *built, deadline, timeout,
-                                                       std::nullopt);
+                                                       std::nullopt, /*abort=*/nullptr);
   if (!started.ok()) co_return started.status();
   started->connection->deadline.Disarm();
   auto stream = std::make_unique<HttpResponseStream::Impl>();

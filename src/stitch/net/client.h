@@ -70,6 +70,9 @@ struct CallOptions {
   // SendStreamed(): the longest wait for body bytes in one Read(); zero
   // means no limit.
   std::optional<std::chrono::milliseconds> stream_idle_timeout;
+  // Send() only: ends the call with CancelledError when aborted (see
+  // HttpCallAbort in http.h).
+  HttpCallAbort* abort = nullptr;
 };
 
 namespace net_internal {

@@ -159,6 +159,62 @@ TEST(HttpClientTest, CancellationThroughASlotClosesTheUpstreamConnection) {
   ASSERT_TRUE(holder.saw_disconnect.WaitForNotificationWithTimeout(kWait));
 }
 
+TEST(HttpClientTest, AnAbortClosesTheCallsConnectionAndTheCallIsCancelled) {
+  Holder holder;
+  Harness h(holder.Handler());
+  HttpCallAbort abort;  // client loop thread only
+  absl::StatusOr<HttpResponse> result;
+  absl::Notification done;
+  Spawn(h.client_loop.executor(),
+        [](HttpClient* client, HttpOrigin origin, HttpCallAbort* abort,
+           absl::StatusOr<HttpResponse>* result, absl::Notification* done) -> awaitable<void> {
+          CallOptions options;
+          options.abort = abort;
+          *result = co_await client->Send(origin, Post("/generate", "{}"), options);
+          done->Notify();
+        }(&*h.client, h.origin(), &abort, &result, &done));
+  ASSERT_TRUE(holder.started.WaitForNotificationWithTimeout(kWait));
+  EXPECT_FALSE(done.HasBeenNotified());
+  boost::asio::post(h.client_loop.executor(), [&] { abort.Abort(); });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  // The upstream saw its client go, and nothing went back to the pool.
+  ASSERT_TRUE(holder.saw_disconnect.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(h.client->idle_connections(), 0u);
+}
+
+TEST(HttpClientTest, AnAbortThatFiredBeforeTheCallKeepsItFromConnecting) {
+  Harness h(Echo);
+  HttpCallAbort abort;
+  abort.Abort();
+  CallOptions options;
+  options.abort = &abort;
+  auto r = h.Send(Post("/generate", "{}"), options);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  EXPECT_EQ(h.client->connections_opened(), 0u);
+  EXPECT_EQ(h.server->stats().requests, 0u);
+}
+
+TEST(HttpClientTest, AnAbortAfterItsCallEndedLeavesThePooledConnectionAlone) {
+  Harness h(Echo);
+  HttpCallAbort abort;
+  CallOptions options;
+  options.abort = &abort;
+  auto first = h.Send(Post("/one", "1"), options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(h.client->idle_connections(), 1u);
+  // Fired after the call returned its connection to the pool: the pooled
+  // connection must not be the one it closes.
+  h.client_loop.BlockOn([](HttpCallAbort* a) -> awaitable<void> {
+    a->Abort();
+    co_return;
+  }(&abort));
+  auto second = h.Send(Post("/two", "2"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->body, "2");
+  EXPECT_EQ(h.client->connections_opened(), 1u);
+}
+
 TEST(HttpClientTest, ComposesWithAwaitableOperators) {
   Holder holder;
   Harness h(holder.Handler());

@@ -71,6 +71,32 @@ HttpHeaders CopyHeaders(const HttpHeaders& from, bool (*drop)(std::string_view n
 // The same, moving the kept fields out of `from`.
 HttpHeaders CopyHeaders(HttpHeaders&& from, bool (*drop)(std::string_view name));
 
+namespace net_internal {
+struct ClientConnection;
+}
+
+// Ends a client call early from outside, for a proxy whose own client left:
+// Abort() closes the connection of the call it was given to
+// (CallOptions::abort; a call not connected yet fails before connecting),
+// and that call returns CancelledError. Much cheaper than Asio cancellation,
+// which runs the call as its own coroutine and allocates per operation.
+// One call at a time; loop thread only; must outlive the call.
+class HttpCallAbort {
+ public:
+  HttpCallAbort() = default;
+  ~HttpCallAbort();
+  HttpCallAbort(const HttpCallAbort&) = delete;
+  HttpCallAbort& operator=(const HttpCallAbort&) = delete;
+
+  void Abort();
+  bool aborted() const { return aborted_; }
+
+ private:
+  friend struct net_internal::ClientConnection;
+  bool aborted_ = false;
+  net_internal::ClientConnection* connection_ = nullptr;  // the call's, while it has one
+};
+
 struct HttpRequest {
   std::string method = "GET";
   // Origin form: "/path?query". The client sends it as is.

@@ -234,6 +234,7 @@ class ServerConnection {
     request.body = std::move(msg.body());
     HttpExchange exchange(this, std::move(request), peer_, msg.version(), msg.keep_alive());
 
+    exchange_ = &exchange;
     handler_running_ = true;
     monitor_requested_ = false;
     std::string handler_error;
@@ -246,6 +247,7 @@ class ServerConnection {
       handler_error = "non-standard exception";
     }
     handler_running_ = false;
+    exchange_ = nullptr;
 
     if (!exchange.response_started() && !disconnected_ && socket_.is_open()) {
       std::string message = handler_error.empty()
@@ -318,6 +320,7 @@ class ServerConnection {
     if (disconnected_) return;
     disconnected_ = true;
     disconnect_event_.Set();
+    if (exchange_ != nullptr) exchange_->disconnect_abort_.Abort();
     // Emitting may run cancellation handlers that register or unregister
     // signals; iterate over a copy.
     std::vector<boost::asio::cancellation_signal*> signals = cancel_on_disconnect_;
@@ -364,6 +367,7 @@ class ServerConnection {
   bool stopping_ = false;
   LoopEvent disconnect_event_;
   std::vector<boost::asio::cancellation_signal*> cancel_on_disconnect_;
+  HttpExchange* exchange_ = nullptr;  // while its handler runs
 };
 
 }  // namespace net_internal
@@ -384,6 +388,12 @@ HttpExchange::HttpExchange(ServerConnection* connection, HttpRequest request, st
 bool HttpExchange::disconnected() const {
   connection_->EnsureMonitor();
   return connection_->disconnected_;
+}
+
+HttpCallAbort& HttpExchange::AbortOnDisconnect() {
+  connection_->EnsureMonitor();
+  if (connection_->disconnected_) disconnect_abort_.Abort();
+  return disconnect_abort_;
 }
 
 boost::asio::awaitable<void> HttpExchange::WaitDisconnected() {

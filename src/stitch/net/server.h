@@ -17,11 +17,12 @@
 // Timeouts close the connection without an answer.
 //
 // Client disconnects: from the handler's first interest (a call to
-// disconnected(), WaitDisconnected() or CancelOnDisconnect(), or
-// BeginStream()) until it returns, the server keeps a read pending on the
-// socket. End of stream or an error on it marks the exchange disconnected:
-// disconnected() turns true, WaitDisconnected() returns, and operations run
-// through CancelOnDisconnect() receive Asio terminal cancellation. A failed
+// disconnected(), WaitDisconnected(), AbortOnDisconnect() or
+// CancelOnDisconnect(), or BeginStream()) until it returns, the server keeps
+// a read pending on the socket. End of stream or an error on it marks the
+// exchange disconnected: disconnected() turns true, WaitDisconnected()
+// returns, AbortOnDisconnect() fires, and operations run through
+// CancelOnDisconnect() receive Asio terminal cancellation. A failed
 // write and the server stopping do the same. A client that half-closes its
 // side after sending the request counts as disconnected (the usual proxy
 // convention). Quick handlers that never ask pay nothing for this.
@@ -115,6 +116,11 @@ class HttpExchange {
   // cancelled (so it composes with `||` from awaitable_operators).
   boost::asio::awaitable<void> WaitDisconnected();
 
+  // An HttpCallAbort (http.h) that fires when the client disconnects, for
+  // one HttpClient call at a time (CallOptions::abort): the lighter way for
+  // a proxy to end its upstream call. Fired already when the client is gone.
+  HttpCallAbort& AbortOnDisconnect();
+
   // Runs `op` and cancels it (Asio terminal cancellation, delivered to
   // whatever `op` is awaiting) when the client disconnects. Returns op's
   // result, or CancelledError when the client was already gone, or when the
@@ -153,6 +159,7 @@ class HttpExchange {
   bool close_after_ = false;
   bool writing_ = false;
   State state_ = State::kNone;
+  HttpCallAbort disconnect_abort_;
 };
 
 // A request handler. It runs on the server's executor and must not block it:

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -218,7 +219,14 @@ TEST(HttpServerTest, HandlerSeesTheClientDisconnect) {
   EXPECT_TRUE(flag_after.load());
 }
 
-TEST(HttpServerTest, ClientDisconnectCancelsTheProxiedUpstreamCall) {
+// How a proxying handler makes its upstream call.
+using UpstreamCall = std::function<awaitable<absl::StatusOr<HttpResponse>>(
+    HttpExchange& ex, HttpClient& client, const HttpOrigin& origin)>;
+
+// A client disconnects while its request waits on an upstream server that
+// never answers: the upstream call must end Cancelled and close its
+// connection, so the upstream side knows too.
+void ExpectADisconnectToEndTheUpstreamCall(const UpstreamCall& call) {
   absl::Notification upstream_started, upstream_saw_disconnect, proxy_done;
   absl::Status proxy_status;
   EventLoop upstream_loop;
@@ -232,8 +240,7 @@ TEST(HttpServerTest, ClientDisconnectCancelsTheProxiedUpstreamCall) {
   HttpOrigin upstream_origin{"127.0.0.1", (*upstream)->port()};
 
   Harness h([&](HttpExchange& ex) -> awaitable<void> {
-    absl::StatusOr<HttpResponse> r = co_await ex.CancelOnDisconnect(
-        h.loop_client->Send(upstream_origin, Post("/generate", ex.request().body)));
+    absl::StatusOr<HttpResponse> r = co_await call(ex, *h.loop_client, upstream_origin);
     proxy_status = r.status();
     proxy_done.Notify();
   });
@@ -245,8 +252,23 @@ TEST(HttpServerTest, ClientDisconnectCancelsTheProxiedUpstreamCall) {
   raw.Close();
   ASSERT_TRUE(proxy_done.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(proxy_status.code(), absl::StatusCode::kCancelled) << proxy_status;
-  // Cancelling closed the upstream connection, so the engine side knows too.
   ASSERT_TRUE(upstream_saw_disconnect.WaitForNotificationWithTimeout(kWait));
+}
+
+TEST(HttpServerTest, ClientDisconnectCancelsTheProxiedUpstreamCall) {
+  ExpectADisconnectToEndTheUpstreamCall(
+      [](HttpExchange& ex, HttpClient& client, const HttpOrigin& origin) {
+        return ex.CancelOnDisconnect(client.Send(origin, Post("/generate", ex.request().body)));
+      });
+}
+
+TEST(HttpServerTest, ClientDisconnectAbortsTheProxiedUpstreamCall) {
+  ExpectADisconnectToEndTheUpstreamCall(
+      [](HttpExchange& ex, HttpClient& client, const HttpOrigin& origin) {
+        CallOptions options;
+        options.abort = &ex.AbortOnDisconnect();
+        return client.Send(origin, Post("/generate", ex.request().body), options);
+      });
 }
 
 TEST(HttpServerTest, ClientDisconnectCancelsAProxiedStream) {

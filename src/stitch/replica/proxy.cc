@@ -339,8 +339,11 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
 }
 
 awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
-  auto response =
-      co_await exchange.CancelOnDisconnect(client_.Send(options_.engine, std::move(call.upstream)));
+  // A client that leaves closes the upstream connection: the engine sees
+  // it go, and the call ends with CancelledError.
+  CallOptions upstream;
+  upstream.abort = &exchange.AbortOnDisconnect();
+  auto response = co_await client_.Send(options_.engine, std::move(call.upstream), upstream);
   if (!response.ok()) {
     if (exchange.disconnected()) {
       AbortUpstream(call);
