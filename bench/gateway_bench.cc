@@ -1,9 +1,9 @@
-// The gateway's cost, against instant-answer stub replicas (each answers
+// The gateway's cost, against instant-answer replicas (each answers
 // /server_info as ready at version 1 and /generate at once, stamped):
 //   1. throughput and latency of POST /generate sent directly to a replica
 //      and through a gateway in front of it, at 1 and 32 connections;
 //   2. the gateway routing over 10, 100 and 1000 discovered replicas (one
-//      stub server reached through 127.0.0.N loopback addresses, so every
+//      instant server reached through 127.0.0.N loopback addresses, so every
 //      replica is a distinct origin): the per-request cost must not grow
 //      with the replica count; the 1000/10 ratio of mean latency and of
 //      throughput is printed.
@@ -39,7 +39,7 @@ namespace {
 using boost::asio::awaitable;
 using Clock = std::chrono::steady_clock;
 
-awaitable<void> StubReplica(HttpExchange& ex) {
+awaitable<void> InstantReplica(HttpExchange& ex) {
   const std::string_view path = TargetPath(ex.request().target);
   if (path == "/server_info") {
     ReplicaState s;
@@ -64,7 +64,7 @@ Result Measure(const HttpOrigin& origin, int connections, double seconds) {
       R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":1}})");
 }
 
-// A gateway over `replicas` stub URLs, on its own loop.
+// A gateway over `replicas` instant-replica URLs, on its own loop.
 class BenchGateway {
  public:
   BenchGateway(std::vector<std::string> urls) : pool_(std::move(urls), WakeOptions{}) {
@@ -119,15 +119,15 @@ int Main(int argc, char** argv) {
   }
   RaiseOpenFileLimit();
 
-  // One stub server on every loopback address: 127.0.0.N:port are distinct
+  // One instant server on every loopback address: 127.0.0.N:port are distinct
   // replicas to the gateway.
-  EventLoop stub_loop;
-  ServerOptions stub_options;
-  stub_options.host = "0.0.0.0";
-  std::unique_ptr<HttpServer> stub =
-      bench::StartStub(stub_loop, stub_options, StubReplica, "gateway_bench");
-  if (stub == nullptr) return 1;
-  const uint16_t port = stub->port();
+  EventLoop replica_loop;
+  ServerOptions replica_options;
+  replica_options.host = "0.0.0.0";
+  std::unique_ptr<HttpServer> replicas_server =
+      bench::StartInstantServer(replica_loop, replica_options, InstantReplica, "gateway_bench");
+  if (replicas_server == nullptr) return 1;
+  const uint16_t port = replicas_server->port();
   auto replica_urls = [&](int n) {
     std::vector<std::string> urls;
     for (int i = 0; i < n; ++i) {
@@ -137,7 +137,7 @@ int Main(int argc, char** argv) {
     return urls;
   };
 
-  std::printf("gateway_bench: POST /generate, %.1f s per point, instant-answer stub replicas\n",
+  std::printf("gateway_bench: POST /generate, %.1f s per point, instant-answer replicas\n",
               seconds);
   std::printf("%-28s %6s %10s %9s %9s %9s %7s\n", "path", "conns", "req/s", "mean us", "p50 us",
               "p99 us", "errors");
@@ -202,7 +202,7 @@ int Main(int argc, char** argv) {
         "ratio %.2f at 1 connection, %.2f at 32; throughput ratio %.2f at 32\n",
         kRounds, mean1_at[2] / mean1_at[0], mean_at[2] / mean_at[0], rps_at[2] / rps_at[0]);
   }
-  stub_loop.BlockOn(stub->Shutdown());
+  replica_loop.BlockOn(replicas_server->Shutdown());
   return ok ? 0 : 1;
 }
 

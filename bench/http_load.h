@@ -1,6 +1,6 @@
 // What the HTTP benchmarks share: a load generator (`connections` coroutines
 // on one event loop, each sending POST /generate with `body`) and the setup
-// of the instant-answer stub servers they measure against. Header-only:
+// of the instant-answer servers they measure against. Header-only:
 // benchmarks are single files.
 //
 // The load is a closed loop by default: each connection sends again as soon
@@ -180,18 +180,19 @@ inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seco
   return r;
 }
 
-// Starts a stub server with `handler` on `loop`, with a backlog deep enough
+// Starts an instant-answer server with `handler` on `loop`, with a backlog deep enough
 // for the benchmarks' connection bursts; null (and a message naming
 // `program`) when it cannot.
-inline std::unique_ptr<HttpServer> StartStub(EventLoop& loop, ServerOptions options,
-                                             HttpHandler handler, const char* program) {
+inline std::unique_ptr<HttpServer> StartInstantServer(EventLoop& loop, ServerOptions options,
+                                                      HttpHandler handler, const char* program) {
   options.backlog = 8192;
-  auto stub = HttpServer::Start(loop.executor(), std::move(options), std::move(handler));
-  if (!stub.ok()) {
-    std::fprintf(stderr, "%s: stub: %s\n", program, std::string(stub.status().message()).c_str());
+  auto server = HttpServer::Start(loop.executor(), std::move(options), std::move(handler));
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s: server: %s\n", program,
+                 std::string(server.status().message()).c_str());
     return nullptr;
   }
-  return *std::move(stub);
+  return *std::move(server);
 }
 
 }  // namespace stitch::bench

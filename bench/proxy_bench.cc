@@ -1,6 +1,6 @@
 // The sidecar's proxy overhead: requests per second and p50/p99 latency of
-// POST /generate sent directly to a minimal instant-answer engine stub, and
-// through a sidecar in front of that stub, at 1, 64 and 1024 concurrent
+// POST /generate sent directly to a minimal instant-answer engine, and
+// through a sidecar in front of that engine, at 1, 64 and 1024 concurrent
 // connections. Each line compares the sidecar with the direct baseline
 // measured in the same run.
 //
@@ -21,12 +21,12 @@
 // concurrent connections are held with no errors.
 //
 // Each level also prints the CPU time per answered request of the three
-// parties' threads (load generator, stub, sidecar). The sidecar is a server
-// and a client in one, so "sidecar / (client + stub)" near 1 means it costs
+// parties' threads (load generator, instant engine, sidecar). The sidecar is a server
+// and a client in one, so "sidecar / (client + engine)" near 1 means it costs
 // little beyond the HTTP it must do. It also tells what the throughput ratio
 // can be: with the three threads on two cores, each request costs about
 // twice the CPU it costs direct, so the ratio stays near or below 0.5 unless
-// the sidecar serves and forwards more cheaply than the stub and the load
+// the sidecar serves and forwards more cheaply than the engine and the load
 // generator do their halves.
 #include <algorithm>
 #include <atomic>
@@ -62,9 +62,9 @@ namespace {
 using boost::asio::awaitable;
 using Clock = std::chrono::steady_clock;
 
-// The engine stub: answers every generation at once, and every control
+// The instant engine: answers every generation at once, and every control
 // route with success, so that only HTTP and the sidecar's work are measured.
-awaitable<void> Stub(HttpExchange& ex) {
+awaitable<void> InstantEngine(HttpExchange& ex) {
   std::string_view path = TargetPath(ex.request().target);
   HttpResponse response =
       path == "/generate"
@@ -83,11 +83,11 @@ struct Result {
   double p50_ms = 0;
   double p99_ms = 0;
   // CPU microseconds per answered request of each party's thread.
-  double client_us = 0, stub_us = 0, sidecar_us = 0;
+  double client_us = 0, engine_us = 0, sidecar_us = 0;
   double rps() const { return seconds > 0 ? static_cast<double>(ok) / seconds : 0; }
 };
 
-// `clocks`: the stub's and the sidecar's loop threads.
+// `clocks`: the instant engine's and the sidecar's loop threads.
 // `rate`: requests per second on a fixed schedule; zero for a closed loop.
 Result Measure(const HttpOrigin& origin, int connections, double seconds,
                const std::vector<clockid_t>& clocks, double rate = 0) {
@@ -104,7 +104,7 @@ Result Measure(const HttpOrigin& origin, int connections, double seconds,
   r.p99_ms = load.quantile(0.99) / 1000;
   const double per = r.ok > 0 ? 1e6 / static_cast<double>(r.ok) : 0;
   r.client_us = load.client_cpu_s * per;
-  r.stub_us = load.watched_cpu_s[0] * per;
+  r.engine_us = load.watched_cpu_s[0] * per;
   r.sidecar_us = load.watched_cpu_s[1] * per;
   return r;
 }
@@ -120,11 +120,11 @@ void PrintPair(int n, const Result& direct, const Result& proxied) {
               static_cast<unsigned long long>(proxied.errors), ratio,
               proxied.p50_ms - direct.p50_ms, proxied.p99_ms - direct.p99_ms);
   std::printf(
-      "        cpu us/request: client %.1f, stub %.1f, sidecar %.1f (direct: client %.1f, "
-      "stub %.1f); sidecar / (client + stub) %.2f\n",
-      proxied.client_us, proxied.stub_us, proxied.sidecar_us, direct.client_us, direct.stub_us,
-      proxied.client_us + proxied.stub_us > 0
-          ? proxied.sidecar_us / (proxied.client_us + proxied.stub_us)
+      "        cpu us/request: client %.1f, engine %.1f, sidecar %.1f (direct: client %.1f, "
+      "engine %.1f); sidecar / (client + engine) %.2f\n",
+      proxied.client_us, proxied.engine_us, proxied.sidecar_us, direct.client_us, direct.engine_us,
+      proxied.client_us + proxied.engine_us > 0
+          ? proxied.sidecar_us / (proxied.client_us + proxied.engine_us)
           : 0);
   if (!direct.first_error.empty()) {
     std::printf("        direct error: %s\n", direct.first_error.c_str());
@@ -171,11 +171,12 @@ int Main(int argc, char** argv) {
   // Three endpoints of every connection live in this process.
   RaiseOpenFileLimit();
 
-  // The stub engine on its own loop.
-  EventLoop stub_loop;
-  std::unique_ptr<HttpServer> stub = bench::StartStub(stub_loop, {}, Stub, "proxy_bench");
-  if (stub == nullptr) return 1;
-  const HttpOrigin stub_origin{"127.0.0.1", stub->port()};
+  // The instant engine on its own loop.
+  EventLoop engine_loop;
+  std::unique_ptr<HttpServer> instant =
+      bench::StartInstantServer(engine_loop, {}, InstantEngine, "proxy_bench");
+  if (instant == nullptr) return 1;
+  const HttpOrigin engine_origin{"127.0.0.1", instant->port()};
 
   // The sidecar on its own loop, following an in-memory store whose pointer
   // is unset (ready at once at the boot version).
@@ -185,7 +186,7 @@ int Main(int argc, char** argv) {
   auto store = MemStore::Open("proxy-bench", "bench");
   if (!store.ok()) return 1;
   SglangEngineOptions engine_options;
-  engine_options.url = "http://127.0.0.1:" + std::to_string(stub_origin.port);
+  engine_options.url = "http://127.0.0.1:" + std::to_string(engine_origin.port);
   engine_options.base_checkpoint_dir = "/nonexistent-base";
   engine_options.destination = UpdateDestination::kCpu;
   auto engine = SglangEngine::Make(sidecar_loop->executor(), engine_options);
@@ -193,7 +194,7 @@ int Main(int argc, char** argv) {
   Sidecar::Settings settings;
   settings.reconciler.run_id = "bench";
   settings.reconciler.base_checkpoint_dir = engine_options.base_checkpoint_dir;
-  settings.proxy.engine = stub_origin;
+  settings.proxy.engine = engine_origin;
   settings.server.backlog = 8192;
   Sidecar::Ports ports{sidecar_loop->executor(), &pool, store->get(), engine->get(), &clock};
   auto sidecar = sidecar_loop->BlockOn(Sidecar::Start(settings, ports));
@@ -209,17 +210,16 @@ int Main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
-  // The CPU clocks of the stub's and the sidecar's loop threads.
-  const std::vector<clockid_t> clocks = {bench::LoopCpuClock(stub_loop),
+  // The CPU clocks of the instant engine's and the sidecar's loop threads.
+  const std::vector<clockid_t> clocks = {bench::LoopCpuClock(engine_loop),
                                          bench::LoopCpuClock(*sidecar_loop)};
-  std::printf(
-      "proxy_bench: POST /generate, %.1f s per point, instant-answer engine stub; %u cores\n",
-      seconds, std::thread::hardware_concurrency());
+  std::printf("proxy_bench: POST /generate, %.1f s per point, instant-answer engine; %u cores\n",
+              seconds, std::thread::hardware_concurrency());
   std::printf("%6s  %-8s %10s %9s %9s %7s | %10s %10s %10s\n", "conns", "path", "req/s", "p50 ms",
               "p99 ms", "errors", "rps ratio", "+p50 ms", "+p99 ms");
   bool ok = true;
   for (int n : levels) {
-    Result direct = Measure(stub_origin, n, seconds, clocks);
+    Result direct = Measure(engine_origin, n, seconds, clocks);
     Result proxied = Measure(sidecar_origin, n, seconds, clocks);
     PrintPair(n, direct, proxied);
     const double ratio = direct.rps() > 0 ? proxied.rps() / direct.rps() : 0;
@@ -230,7 +230,7 @@ int Main(int argc, char** argv) {
       const double rate = std::floor(proxied.rps() * paced_fraction);
       std::printf("        on a schedule of %.0f req/s (%.2fx the sidecar's closed-loop rate):\n",
                   rate, paced_fraction);
-      paced_direct = Measure(stub_origin, n, seconds, clocks, rate);
+      paced_direct = Measure(engine_origin, n, seconds, clocks, rate);
       paced_proxied = Measure(sidecar_origin, n, seconds, clocks, rate);
       PrintPair(n, paced_direct, paced_proxied);
     }
