@@ -180,11 +180,21 @@ absl::Status TransportError(const CallInfo& call, std::string_view phase,
                                              ec.message(), "; is the server up and reachable?"));
 }
 
-// The status for a failed operation: cancellation first, then the deadline.
+// True when `abort` fired.
+bool Aborted(const HttpCallAbort* abort) { return abort != nullptr && abort->aborted(); }
+
+absl::Status AbortedError(const CallInfo& call) {
+  return absl::CancelledError(absl::StrCat(call.Describe(), ": aborted"));
+}
+
+// The status for a failed operation: an abort or a cancellation first, then
+// the deadline.
 boost::asio::awaitable<absl::Status> FailedCall(const CallInfo& call, std::string_view phase,
                                                 const boost::system::error_code& ec,
                                                 const SocketDeadline& deadline,
-                                                std::chrono::milliseconds timeout) {
+                                                std::chrono::milliseconds timeout,
+                                                const HttpCallAbort* abort) {
+  if (Aborted(abort)) co_return AbortedError(call);
   auto cancellation = co_await boost::asio::this_coro::cancellation_state;
   if (cancellation.cancelled() != boost::asio::cancellation_type::none) {
     co_return absl::CancelledError(absl::StrCat(call.Describe(), ": cancelled"));
@@ -194,13 +204,6 @@ boost::asio::awaitable<absl::Status> FailedCall(const CallInfo& call, std::strin
         call.Describe(), ": no response within ", timeout.count(), " ms (", AbslView(phase), ")"));
   }
   co_return TransportError(call, phase, ec);
-}
-
-// True when `abort` fired.
-bool Aborted(const HttpCallAbort* abort) { return abort != nullptr && abort->aborted(); }
-
-absl::Status AbortedError(const CallInfo& call) {
-  return absl::CancelledError(absl::StrCat(call.Describe(), ": aborted"));
 }
 
 boost::asio::awaitable<absl::StatusOr<std::unique_ptr<ClientConnection>>> Connect(
@@ -303,9 +306,8 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
         auto cancellation = co_await boost::asio::this_coro::cancellation_state;
         if (cancellation.cancelled() == boost::asio::cancellation_type::none) continue;
       }
-      if (Aborted(abort)) co_return AbortedError(call);
       co_return co_await FailedCall(call, "sending the request", write_ec, connection->deadline,
-                                    timeout);
+                                    timeout, abort);
     }
     auto parser = std::make_unique<http::response_parser<Body>>();
     parser->header_limit(static_cast<uint32_t>(std::min<size_t>(
@@ -321,9 +323,8 @@ boost::asio::awaitable<absl::StatusOr<StartedCall<Body>>> StartCall(
         auto cancellation = co_await boost::asio::this_coro::cancellation_state;
         if (cancellation.cancelled() == boost::asio::cancellation_type::none) continue;
       }
-      if (Aborted(abort)) co_return AbortedError(call);
       co_return co_await FailedCall(call, "reading the response", read_ec, connection->deadline,
-                                    timeout);
+                                    timeout, abort);
     }
     co_return StartedCall<Body>{std::move(connection), std::move(parser)};
   }
@@ -374,9 +375,8 @@ boost::asio::awaitable<absl::StatusOr<HttpResponse>> DoSend(std::shared_ptr<Clie
     connection.deadline.ArmAt(deadline);
     auto [ec, n] = co_await http::async_read(connection.socket, connection.buffer, parser, kAwait);
     if (ec) {
-      if (Aborted(options.abort)) co_return AbortedError(call);
       co_return co_await FailedCall(call, "reading the response body", ec, connection.deadline,
-                                    timeout);
+                                    timeout, options.abort);
     }
   }
   connection.deadline.Disarm();
