@@ -5,7 +5,8 @@
 //   - POST /generate, /v1/completions, /v1/chat/completions: a small
 //     generation result echoing the request body as `request`, or, with
 //     `stream: true`, server-sent events (`events` of them, then
-//     `data: [DONE]`), the second one held until ReleaseStream();
+//     `data: [DONE]`), the second one held until ReleaseStream() or until
+//     the client goes away, which it records;
 //   - a route set to hang (Hang): no answer until the client goes away,
 //     which it records;
 //   - anything else: 200 {"success": true, "message": "ok"}.
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -93,7 +95,7 @@ class FakeSglangServer {
     }
     return out;
   }
-  // Hanging requests whose client went away.
+  // Hanging requests and held streams whose client went away.
   int disconnects() const {
     absl::MutexLock lock(&mu_);
     return disconnects_;
@@ -171,9 +173,15 @@ class FakeSglangServer {
     absl::Status begun = co_await ex.BeginStream(200, std::move(headers));
     if (!begun.ok()) co_return;
     for (int i = 0; i < events; ++i) {
-      if (i == 1) {
-        while (!stream_released_ && !ex.disconnected()) {
-          co_await stream_gate_->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+      if (i == 1 && !stream_released_) {
+        using namespace boost::asio::experimental::awaitable_operators;
+        (void)co_await (
+            stream_gate_->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)) ||
+            ex.WaitDisconnected());
+        if (!stream_released_) {
+          absl::MutexLock lock(&mu_);
+          ++disconnects_;
+          co_return;
         }
       }
       boost::json::object event;

@@ -529,21 +529,13 @@ struct Gateway::Impl {
     return true;
   }
 
-  // Options for a call to a replica that ends (closing its connection) when
-  // the exchange's client disconnects.
-  static CallOptions AbortedWithTheClient(HttpExchange& exchange) {
-    CallOptions options;
-    options.abort = &exchange.AbortOnDisconnect();
-    return options;
-  }
-
   // One try on one replica. kRetry leaves the answer to relay if no other
   // replica does better in *last_failure.
   awaitable<Outcome> Attempt(HttpExchange& exchange, Replica& r, HttpRequest request,
                              std::optional<HttpResponse>* last_failure) {
     ++r.in_flight;
     absl::StatusOr<HttpResponse> response =
-        co_await client.Send(r.origin, std::move(request), AbortedWithTheClient(exchange));
+        co_await client.Send(r.origin, std::move(request), EndedWithTheClient(exchange));
     --r.in_flight;
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
@@ -573,7 +565,7 @@ struct Gateway::Impl {
   awaitable<Outcome> RelayStream(HttpExchange& exchange, Replica& r, HttpRequest request,
                                  std::optional<HttpResponse>* last_failure) {
     absl::StatusOr<HttpResponseStream> stream =
-        co_await exchange.CancelOnDisconnect(client.SendStreamed(r.origin, std::move(request)));
+        co_await client.SendStreamed(r.origin, std::move(request), EndedWithTheClient(exchange));
     if (!stream.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
       last_failure->emplace(Unreachable(r, stream.status()));
@@ -583,7 +575,7 @@ struct Gateway::Impl {
     const bool events =
         type.has_value() && type->find("text/event-stream") != std::string_view::npos;
     if (stream->status() != 200 || !events) {
-      absl::StatusOr<std::string> body = co_await exchange.CancelOnDisconnect(stream->ReadAll());
+      absl::StatusOr<std::string> body = co_await stream->ReadAll();
       if (!body.ok()) {
         if (exchange.disconnected()) co_return Outcome::kClientGone;
         last_failure->emplace(Unreachable(r, body.status()));
@@ -599,7 +591,7 @@ struct Gateway::Impl {
         co_await exchange.BeginStream(200, ResponseHeaders(stream->headers(), r.url));
     if (!begun.ok()) co_return Outcome::kClientGone;
     for (;;) {
-      absl::StatusOr<std::string> chunk = co_await exchange.CancelOnDisconnect(stream->Read());
+      absl::StatusOr<std::string> chunk = co_await stream->Read();
       if (!chunk.ok()) {
         if (exchange.disconnected()) co_return Outcome::kClientGone;
         // The replica cut the stream after it began: too late to retry. End
@@ -631,7 +623,7 @@ struct Gateway::Impl {
     up.body = std::move(exchange.request().body);
     ++r->in_flight;
     absl::StatusOr<HttpResponse> response =
-        co_await client.Send(r->origin, std::move(up), AbortedWithTheClient(exchange));
+        co_await client.Send(r->origin, std::move(up), EndedWithTheClient(exchange));
     --r->in_flight;
     if (!response.ok()) {
       if (exchange.disconnected()) co_return;

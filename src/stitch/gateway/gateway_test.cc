@@ -107,7 +107,13 @@ class StubReplica {
       server_->Stop();  // every connection drops: the caller sees a broken exchange
       co_return;
     }
-    if (mode_ == Mode::kHang) {  // never answers; counts the callers that leave
+    if (mode_ == Mode::kHang) {  // never answers or ends; counts the callers that leave
+      if (ex.request().body.find(R"("stream":true)") != std::string::npos) {
+        HttpHeaders headers;
+        headers.Set("Content-Type", "text/event-stream");
+        if (!(co_await ex.BeginStream(200, headers)).ok()) co_return;
+        if (!(co_await ex.WriteChunk("data: {\"token\":0}\n\n")).ok()) co_return;
+      }
       co_await ex.WaitDisconnected();
       ++disconnects_;
       co_return;
@@ -343,26 +349,37 @@ TEST_F(GatewayTest, AReplicaDyingMidRequestIsRetriedElsewhere) {
   }
 }
 
-// With no other replica to try, a broken exchange comes back as a
-// retryable 503, streamed or not.
+// Streamed or not, the replica (a sidecar, which would abort the generation)
+// must see a client that leaves go.
 TEST_F(GatewayTest, AClientThatLeavesEndsTheCallToItsReplica) {
-  StubReplica& stub = AddStub(true, 1);
-  stub.set_mode(StubReplica::Mode::kHang);
-  StartGateway(StaticSpec());
-  ASSERT_TRUE(ReadyCount(1));
-  {
-    testing::RawSocket client(gateway_->port());
-    ASSERT_TRUE(client.connected());
-    const std::string body = R"({"text":"hi"})";
-    client.Send(absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
-                             "\r\n\r\n", body));
-    ASSERT_TRUE(Eventually([&] { return stub.generates() == 1; }));
-    EXPECT_EQ(stub.disconnects(), 0);
-  }  // the client goes away: the replica (a sidecar, which would abort) must see it
-  EXPECT_TRUE(Eventually([&] { return stub.disconnects() == 1; }));
-  EXPECT_EQ(stub.generates(), 1);  // and nothing was retried elsewhere or again
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "plain");
+    stubs_.clear();
+    StubReplica& stub = AddStub(true, 1);
+    stub.set_mode(StubReplica::Mode::kHang);
+    StartGateway(StaticSpec());
+    ASSERT_TRUE(ReadyCount(1));
+    {
+      testing::RawSocket client(gateway_->port());
+      ASSERT_TRUE(client.connected());
+      const std::string body = stream ? R"({"text":"hi","stream":true})" : R"({"text":"hi"})";
+      client.Send(absl::StrCat(
+          "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+      if (stream) {  // the stream began and stays open
+        const std::string got = client.ReadUntil("\n\n");
+        EXPECT_NE(got.find(R"(data: {"token":0})"), std::string::npos) << got;
+      }
+      ASSERT_TRUE(Eventually([&] { return stub.generates() == 1; }));
+      EXPECT_EQ(stub.disconnects(), 0);
+    }  // the client goes away
+    EXPECT_TRUE(Eventually([&] { return stub.disconnects() == 1; }));
+    EXPECT_EQ(stub.generates(), 1);  // and nothing was retried elsewhere or again
+    StopGateway();
+  }
 }
 
+// With no other replica to try, a broken exchange comes back as a
+// retryable 503, streamed or not.
 TEST_F(GatewayTest, AnUnreachableLastReplicaIsARetryable503) {
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "plain");

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/asio_internal.h"
+#include "stitch/net/server.h"
 #include "stitch/net/wire.h"
 
 namespace stitch {
@@ -469,7 +470,9 @@ boost::asio::awaitable<absl::StatusOr<std::string>> HttpResponseStream::Read() {
       if (ec) {
         auto cancellation = co_await boost::asio::this_coro::cancellation_state;
         absl::Status status;
-        if (cancellation.cancelled() != boost::asio::cancellation_type::none) {
+        if (net_internal::Aborted(connection.abort)) {
+          status = absl::CancelledError(absl::StrCat(s.description, ": aborted"));
+        } else if (cancellation.cancelled() != boost::asio::cancellation_type::none) {
           status = absl::CancelledError(absl::StrCat(s.description, ": cancelled"));
         } else if (connection.deadline.expired()) {
           status = absl::DeadlineExceededError(absl::StrCat(
@@ -552,8 +555,9 @@ boost::asio::awaitable<absl::StatusOr<std::unique_ptr<HttpResponseStream::Impl>>
   if (!built.ok()) co_return built.status();
   std::chrono::milliseconds timeout = options.timeout.value_or(pool->options.request_timeout);
   Clock::time_point deadline = Clock::now() + timeout;
+  // The connection stays attached to options.abort until the stream ends.
   auto started = co_await StartCall<http::buffer_body>(*pool, call, key, *built, deadline, timeout,
-                                                       std::nullopt, /*abort=*/nullptr);
+                                                       std::nullopt, options.abort);
   if (!started.ok()) co_return started.status();
   started->connection->deadline.Disarm();
   auto stream = std::make_unique<HttpResponseStream::Impl>();
@@ -586,6 +590,12 @@ boost::asio::awaitable<absl::StatusOr<HttpResponseStream>> HttpClient::SendStrea
     error = std::current_exception();
   }
   co_return StatusFromException(error, description);
+}
+
+CallOptions EndedWithTheClient(HttpExchange& exchange) {
+  CallOptions options;
+  options.abort = &exchange.AbortOnDisconnect();
+  return options;
 }
 
 boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpClient::Fetch(std::string method,

@@ -24,7 +24,8 @@
 //   ResourceExhausted  a response body over max_response_body_bytes
 //   Cancelled          the awaiting coroutine was cancelled (Asio cancellation
 //                      slots: `||` from awaitable_operators,
-//                      HttpExchange::CancelOnDisconnect, bind_cancellation_slot)
+//                      HttpExchange::CancelOnDisconnect, bind_cancellation_slot),
+//                      or the call's CallOptions::abort fired
 //   InvalidArgument    a bad URL, method or target
 // A cancelled or failed call closes its connection, so the server sees the
 // client go away.
@@ -70,10 +71,19 @@ struct CallOptions {
   // SendStreamed(): the longest wait for body bytes in one Read(); zero
   // means no limit.
   std::optional<std::chrono::milliseconds> stream_idle_timeout;
-  // Send() only: ends the call with CancelledError when aborted (see
-  // HttpCallAbort in http.h).
+  // Ends the call with CancelledError when aborted (see HttpCallAbort in
+  // http.h). For SendStreamed(), until the body has ended or the stream was
+  // closed: an abort in between closes the connection, and the stream's
+  // Read() returns CancelledError.
   HttpCallAbort* abort = nullptr;
 };
+
+class HttpExchange;
+
+// Options for a proxy's upstream call that ends, closing its connection,
+// when the client of `exchange` disconnects (HttpExchange::AbortOnDisconnect
+// in server.h).
+CallOptions EndedWithTheClient(HttpExchange& exchange);
 
 namespace net_internal {
 struct ClientPool;

@@ -215,6 +215,57 @@ TEST(HttpClientTest, AnAbortAfterItsCallEndedLeavesThePooledConnectionAlone) {
   EXPECT_EQ(h.client->connections_opened(), 1u);
 }
 
+TEST(HttpClientTest, AnAbortDuringAStreamClosesItsConnectionAndTheReadIsCancelled) {
+  absl::Notification saw_disconnect;
+  Harness h([&](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.BeginStream(200, HttpHeaders());
+    (void)co_await ex.WriteChunk("partial");
+    co_await ex.WaitDisconnected();
+    saw_disconnect.Notify();
+  });
+  HttpCallAbort abort;
+  auto [first, second] =
+      h.client_loop.BlockOn([&]() -> awaitable<std::pair<std::string, absl::Status>> {
+        CallOptions options;
+        options.abort = &abort;
+        auto stream = co_await h.client->SendStreamed(h.origin(), Get("/s"), options);
+        if (!stream.ok()) co_return std::pair{std::string(), stream.status()};
+        auto chunk = co_await stream->Read();
+        // Fired while the server holds the rest of the body.
+        abort.Abort();
+        auto rest = co_await stream->Read();
+        EXPECT_TRUE(stream->finished());
+        co_return std::pair{chunk.ok() ? *chunk : chunk.status().ToString(), rest.status()};
+      }());
+  EXPECT_EQ(first, "partial");
+  EXPECT_EQ(second.code(), absl::StatusCode::kCancelled) << second;
+  ASSERT_TRUE(saw_disconnect.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(h.client->idle_connections(), 0u);
+}
+
+TEST(HttpClientTest, AStreamReadToItsEndLeavesItsAbort) {
+  Harness h([](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.BeginStream(200, HttpHeaders());
+    (void)co_await ex.WriteChunk("all");
+    (void)co_await ex.EndStream();
+  });
+  HttpCallAbort abort;
+  CallOptions options;
+  options.abort = &abort;
+  std::string body = h.client_loop.BlockOn([&]() -> awaitable<std::string> {
+    auto stream = co_await h.client->SendStreamed(h.origin(), Get("/s"), options);
+    if (!stream.ok()) co_return stream.status().ToString();
+    auto all = co_await stream->ReadAll();
+    // The connection went back to the pool: an abort now must not close it.
+    abort.Abort();
+    co_return all.ok() ? *all : all.status().ToString();
+  }());
+  EXPECT_EQ(body, "all");
+  auto again = h.Send(Get("/again"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(h.client->connections_opened(), 1u);
+}
+
 TEST(HttpClientTest, ComposesWithAwaitableOperators) {
   Holder holder;
   Harness h(holder.Handler());

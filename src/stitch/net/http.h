@@ -77,8 +77,9 @@ struct ClientConnection;
 
 // Ends a client call early from outside, for a proxy whose own client left:
 // Abort() closes the connection of the call it was given to
-// (CallOptions::abort; a call not connected yet fails before connecting),
-// and that call returns CancelledError. Much cheaper than Asio cancellation,
+// (CallOptions::abort; a call not connected yet fails before connecting, a
+// streamed call is covered until its body ends), and that call, or the
+// stream's Read(), returns CancelledError. Much cheaper than Asio cancellation,
 // which runs the call as its own coroutine and allocates per operation.
 // One call at a time; loop thread only; must outlive the call.
 class HttpCallAbort {

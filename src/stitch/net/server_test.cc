@@ -265,13 +265,33 @@ TEST(HttpServerTest, ClientDisconnectCancelsTheProxiedUpstreamCall) {
 TEST(HttpServerTest, ClientDisconnectAbortsTheProxiedUpstreamCall) {
   ExpectADisconnectToEndTheUpstreamCall(
       [](HttpExchange& ex, HttpClient& client, const HttpOrigin& origin) {
-        CallOptions options;
-        options.abort = &ex.AbortOnDisconnect();
-        return client.Send(origin, Post("/generate", ex.request().body), options);
+        return client.Send(origin, Post("/generate", ex.request().body), EndedWithTheClient(ex));
       });
 }
 
-TEST(HttpServerTest, ClientDisconnectCancelsAProxiedStream) {
+// How a proxying handler relays a stream: it returns how the relay ended.
+using StreamRelay = std::function<awaitable<absl::Status>(HttpExchange& ex, HttpClient& client,
+                                                          const HttpOrigin& origin)>;
+
+// Relays the upstream stream to the client with `options`.
+awaitable<absl::Status> RelayStream(HttpExchange& ex, HttpClient& client, const HttpOrigin& origin,
+                                    CallOptions options) {
+  auto stream = co_await client.SendStreamed(origin, Post("/generate", "{}"), options);
+  if (!stream.ok()) co_return stream.status();
+  absl::Status s = co_await ex.BeginStream(stream->status(), stream->headers());
+  while (s.ok()) {
+    auto chunk = co_await stream->Read();
+    if (!chunk.ok()) co_return chunk.status();
+    if (chunk->empty()) co_return co_await ex.EndStream();
+    s = co_await ex.WriteChunk(std::move(*chunk));
+  }
+  co_return s;
+}
+
+// A client disconnects while its stream waits on an upstream server that
+// holds the rest of the body: the relay must end Cancelled and close the
+// upstream connection.
+void ExpectADisconnectToEndTheUpstreamStream(const StreamRelay& relay) {
   absl::Notification upstream_saw_disconnect, proxy_done;
   absl::Status proxy_status;
   EventLoop upstream_loop;
@@ -286,18 +306,7 @@ TEST(HttpServerTest, ClientDisconnectCancelsAProxiedStream) {
   HttpOrigin upstream_origin{"127.0.0.1", (*upstream)->port()};
 
   Harness h([&](HttpExchange& ex) -> awaitable<void> {
-    proxy_status = co_await ex.CancelOnDisconnect([&]() -> awaitable<absl::Status> {
-      auto stream = co_await h.loop_client->SendStreamed(upstream_origin, Post("/generate", "{}"));
-      if (!stream.ok()) co_return stream.status();
-      absl::Status s = co_await ex.BeginStream(stream->status(), stream->headers());
-      while (s.ok()) {
-        auto chunk = co_await stream->Read();
-        if (!chunk.ok()) co_return chunk.status();
-        if (chunk->empty()) co_return co_await ex.EndStream();
-        s = co_await ex.WriteChunk(std::move(*chunk));
-      }
-      co_return s;
-    }());
+    proxy_status = co_await relay(ex, *h.loop_client, upstream_origin);
     proxy_done.Notify();
   });
   h.loop_client.emplace(h.loop.executor());
@@ -306,10 +315,25 @@ TEST(HttpServerTest, ClientDisconnectCancelsAProxiedStream) {
   raw.Send("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
   std::string got = raw.ReadUntil("token-1");
   EXPECT_NE(got.find("data: token-1"), std::string::npos) << got;
+  EXPECT_FALSE(proxy_done.HasBeenNotified());
   raw.Close();
   ASSERT_TRUE(proxy_done.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(proxy_status.code(), absl::StatusCode::kCancelled) << proxy_status;
   ASSERT_TRUE(upstream_saw_disconnect.WaitForNotificationWithTimeout(kWait));
+}
+
+TEST(HttpServerTest, ClientDisconnectCancelsAProxiedStream) {
+  ExpectADisconnectToEndTheUpstreamStream(
+      [](HttpExchange& ex, HttpClient& client, const HttpOrigin& origin) {
+        return ex.CancelOnDisconnect(RelayStream(ex, client, origin, CallOptions{}));
+      });
+}
+
+TEST(HttpServerTest, ClientDisconnectAbortsAProxiedStream) {
+  ExpectADisconnectToEndTheUpstreamStream(
+      [](HttpExchange& ex, HttpClient& client, const HttpOrigin& origin) {
+        return RelayStream(ex, client, origin, EndedWithTheClient(ex));
+      });
 }
 
 TEST(HttpServerTest, OneThreadHoldsAThousandConcurrentSlowRequests) {

@@ -339,11 +339,8 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
 }
 
 awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
-  // A client that leaves closes the upstream connection: the engine sees
-  // it go, and the call ends with CancelledError.
-  CallOptions upstream;
-  upstream.abort = &exchange.AbortOnDisconnect();
-  auto response = co_await client_.Send(options_.engine, std::move(call.upstream), upstream);
+  auto response = co_await client_.Send(options_.engine, std::move(call.upstream),
+                                        EndedWithTheClient(exchange));
   if (!response.ok()) {
     if (exchange.disconnected()) {
       AbortUpstream(call);
@@ -367,8 +364,8 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
 }
 
 awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) {
-  auto stream = co_await exchange.CancelOnDisconnect(
-      client_.SendStreamed(options_.engine, std::move(call.upstream)));
+  auto stream = co_await client_.SendStreamed(options_.engine, std::move(call.upstream),
+                                              EndedWithTheClient(exchange));
   if (!stream.ok()) {
     if (exchange.disconnected()) {
       AbortUpstream(call);
@@ -383,7 +380,7 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
   const bool events = type.has_value() && type->find("text/event-stream") != std::string_view::npos;
   if (stream->status() != 200 || !events) {
     // An error answer (or a server that ignored `stream`): relay it whole.
-    auto body = co_await exchange.CancelOnDisconnect(stream->ReadAll());
+    auto body = co_await stream->ReadAll();
     if (!body.ok()) {
       if (exchange.disconnected()) {
         AbortUpstream(call);
@@ -412,7 +409,7 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
   }
   SseEventSplitter splitter;
   for (;;) {
-    auto chunk = co_await exchange.CancelOnDisconnect(stream->Read());
+    auto chunk = co_await stream->Read();
     if (!chunk.ok()) {
       AbortUpstream(call);
       if (exchange.disconnected()) {
@@ -461,7 +458,7 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   }
   up.body = std::move(exchange.request().body);
   auto response =
-      co_await exchange.CancelOnDisconnect(client_.Send(options_.engine, std::move(up)));
+      co_await client_.Send(options_.engine, std::move(up), EndedWithTheClient(exchange));
   if (!response.ok()) {
     if (exchange.disconnected()) co_return;
     std::string why(response.status().message());

@@ -343,6 +343,34 @@ TEST_F(ProxyTest, StreamedEventsAreStampedAsTheyArrive) {
   EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
 }
 
+TEST_F(ProxyTest, AStreamingClientThatLeavesEndsTheEngineStreamAndReleasesAdmission) {
+  fake_.SetStreamEvents(3);
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  {
+    RawSocket client(sidecar_->port());
+    ASSERT_TRUE(client.connected());
+    std::string body = R"({"text":"hi","rid":"gone-2","stream":true})";
+    client.Send(
+        absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                     "Content-Length: ", body.size(), "\r\n\r\n", body));
+    // The first event came through; the engine holds the next one.
+    std::string got = client.ReadUntil("\n\n");
+    EXPECT_NE(got.find(R"("index":0)"), std::string::npos) << got;
+    EXPECT_EQ(Active(), 1);
+    EXPECT_EQ(fake_.disconnects(), 0);
+  }  // the client goes away mid-stream
+  EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
+  EXPECT_TRUE(WaitUntil([&] {
+    auto aborted = Aborted();
+    return aborted.size() == 1 && aborted[0] == "gone-2";
+  }));
+  // The engine's stream was closed too, so the engine saw it go.
+  EXPECT_TRUE(WaitUntil([&] { return fake_.disconnects() == 1; }));
+  HttpResponse metrics = Send("GET", "/metrics");
+  EXPECT_NE(metrics.body.find("stitch_sidecar_client_disconnects_total 1"), std::string::npos);
+}
+
 TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
   // No pointer in the store, the engine still initializing, and admission
   // closed (as during a commit): /metrics answers anyway.
