@@ -111,8 +111,11 @@ class StubReplica {
       if (ex.request().body.find(R"("stream":true)") != std::string::npos) {
         HttpHeaders headers;
         headers.Set("Content-Type", "text/event-stream");
-        if (!(co_await ex.BeginStream(200, headers)).ok()) co_return;
-        if (!(co_await ex.WriteChunk("data: {\"token\":0}\n\n")).ok()) co_return;
+        const absl::Status begun = co_await ex.BeginStream(200, headers);
+        if (!begun.ok()) co_return;
+        std::string first = "data: {\"token\":0}\n\n";
+        const absl::Status written = co_await ex.WriteChunk(std::move(first));
+        if (!written.ok()) co_return;
       }
       co_await ex.WaitDisconnected();
       ++disconnects_;

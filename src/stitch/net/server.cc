@@ -15,14 +15,10 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/chunk_encode.hpp>
-#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
-#include <boost/beast/http/rfc7230.hpp>
-#include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -162,9 +158,12 @@ class ServerConnection {
       }
       if (!parser_->is_done()) {
         if (boost::beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
-          http::response<http::empty_body> cont{http::status::continue_, parser_->get().version()};
+          static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
           auto status = co_await TimedWrite(
-              [&] { return http::async_write(socket_, cont, kAwait); }, "100 Continue");
+              [&] {
+                return boost::asio::async_write(socket_, boost::asio::buffer(kContinue), kAwait);
+              },
+              "100 Continue");
           if (!status.ok()) co_return;
         }
         deadline_.ArmAfter(options_.body_timeout);
@@ -200,13 +199,16 @@ class ServerConnection {
 
   boost::asio::awaitable<void> AnswerAndClose(int status, std::string_view type,
                                               std::string message) {
-    http::response<http::string_body> res{static_cast<http::status>(status), 11};
-    res.set(http::field::content_type, "application/json");
-    res.body() = JsonErrorBody(type, message);
-    res.keep_alive(false);
-    res.prepare_payload();
-    auto written = co_await TimedWrite([&] { return http::async_write(socket_, res, kAwait); },
-                                       "error answer");
+    const HttpResponse res = JsonResponse(status, JsonErrorBody(type, message));
+    std::string head;
+    bool close = true;
+    // Our own fields and a known status: nothing to refuse.
+    (void)net_internal::FormatResponseHead(11, status, res.headers, net_internal::Framing::kLength,
+                                           res.body.size(), /*keep_alive=*/false, &close, head);
+    const std::array<boost::asio::const_buffer, 2> answer{boost::asio::buffer(head),
+                                                          boost::asio::buffer(res.body)};
+    auto written = co_await TimedWrite(
+        [&] { return boost::asio::async_write(socket_, answer, kAwait); }, "error answer");
     if (!written.ok()) co_return;
     boost::system::error_code ec;
     socket_.shutdown(Tcp::socket::shutdown_send, ec);
@@ -436,25 +438,27 @@ absl::Status HttpExchange::CheckWritable(std::string_view what) const {
 
 namespace {
 
-// Copies the non-framing headers into `message`; reports "Connection: close".
-template <typename Message>
-void CopyHeaders(const HttpHeaders& headers, Message& message, bool* close) {
-  for (const auto& [name, value] : headers) {
-    if (IsFramingHeader(name)) {
-      if (boost::beast::iequals(name, "connection") && http::token_list(value).exists("close")) {
-        *close = true;
-      }
-      continue;
-    }
-    message.insert(name, value);
-  }
-}
-
 absl::Status CheckStatusCode(int status) {
   if (status < 200 || status > 999) {
     return absl::InvalidArgumentError(
         absl::StrCat("response status ", status, " is not a final HTTP status (200..999)"));
   }
+  return absl::OkStatus();
+}
+
+// The head of an exchange's response into `head`, for `what` ("Respond()"):
+// `*close_after` says and learns whether the connection closes after it.
+absl::Status FormatHead(std::string_view what, unsigned version, bool keep_alive, bool* close_after,
+                        int status, const HttpHeaders& headers, net_internal::Framing framing,
+                        size_t body_size, std::string& head) {
+  if (absl::Status s = CheckStatusCode(status); !s.ok()) return s;
+  bool close = *close_after;
+  if (absl::Status s = net_internal::FormatResponseHead(version, status, headers, framing,
+                                                        body_size, keep_alive, &close, head);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(what), ": ", s.message()));
+  }
+  *close_after = close;
   return absl::OkStatus();
 }
 
@@ -466,20 +470,18 @@ boost::asio::awaitable<absl::Status> HttpExchange::Respond(HttpResponse response
         "Respond() called after a response was already started; send one response per request");
   }
   if (absl::Status s = CheckWritable("Respond()"); !s.ok()) co_return s;
-  if (absl::Status s = CheckStatusCode(response.status); !s.ok()) co_return s;
   // 204 and 304 have no body and no length; an answer to HEAD has the length
   // of the body it does not carry.
   const bool bodiless = response.status == 204 || response.status == 304;
   if (bodiless) response.body.clear();
   std::string head;
-  bool close = close_after_;
-  if (absl::Status s = net_internal::FormatResponseHead(version_, response.status, response.headers,
-                                                        response.body.size(), bodiless, keep_alive_,
-                                                        &close, head);
+  if (absl::Status s = FormatHead(
+          "Respond()", version_, keep_alive_, &close_after_, response.status, response.headers,
+          bodiless ? net_internal::Framing::kNone : net_internal::Framing::kLength,
+          response.body.size(), head);
       !s.ok()) {
-    co_return absl::InvalidArgumentError(absl::StrCat("Respond(): ", s.message()));
+    co_return s;
   }
-  close_after_ = close;
   state_ = State::kResponded;
   if (request_.method == "HEAD") response.body.clear();
   const std::array<boost::asio::const_buffer, 2> message{boost::asio::buffer(head),
@@ -499,22 +501,20 @@ boost::asio::awaitable<absl::Status> HttpExchange::BeginStream(int status_code,
         "BeginStream() called after a response was already started");
   }
   if (absl::Status s = CheckWritable("BeginStream()"); !s.ok()) co_return s;
-  if (absl::Status s = CheckStatusCode(status_code); !s.ok()) co_return s;
-  state_ = State::kStreaming;
-  http::response<http::empty_body> res;
-  res.version(version_);
-  res.result(static_cast<unsigned>(status_code));
-  CopyHeaders(headers, res, &close_after_);
   // HTTP/1.0 has no chunked encoding: the body ends when the connection does.
-  if (version_ == 10) close_after_ = true;
-  res.keep_alive(keep_alive_ && !close_after_);
-  if (version_ == 11) res.chunked(true);
-  http::response_serializer<http::empty_body> serializer{res};
+  std::string head;
+  if (absl::Status s = FormatHead("BeginStream()", version_, keep_alive_, &close_after_,
+                                  status_code, headers, net_internal::Framing::kStreamed, 0, head);
+      !s.ok()) {
+    co_return s;
+  }
+  state_ = State::kStreaming;
   writing_ = true;
   ServerConnection& c = *connection_;
   c.EnsureMonitor();
   absl::Status status = co_await c.TimedWrite(
-      [&] { return http::async_write_header(c.socket_, serializer, kAwait); }, "stream header");
+      [&] { return boost::asio::async_write(c.socket_, boost::asio::buffer(head), kAwait); },
+      "stream header");
   writing_ = false;
   co_return status;
 }

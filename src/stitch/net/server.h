@@ -91,7 +91,10 @@ class HttpExchange {
   // Sends a complete response. Framing headers in `response.headers` are
   // ignored except "Connection: close", which ends the connection after this
   // response. Errors: FailedPrecondition when a response was already started,
-  // Unavailable when the write failed (the client is then disconnected()).
+  // InvalidArgument (nothing sent) for a status outside 200..999 or a header
+  // that would split the head (a name that is not a token, a value with CR,
+  // LF or NUL), Unavailable when the write failed (the client is then
+  // disconnected()).
   [[nodiscard]] boost::asio::awaitable<absl::Status> Respond(HttpResponse response);
 
   // Streaming: sends the status and headers at once (chunked transfer

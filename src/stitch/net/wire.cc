@@ -61,7 +61,7 @@ absl::Status AppendFields(const HttpHeaders& headers, bool skip_host, std::strin
 }
 
 absl::Status FormatResponseHead(unsigned version, int status, const HttpHeaders& headers,
-                                size_t body_size, bool bodiless, bool keep_alive, bool* close,
+                                Framing framing, size_t body_size, bool keep_alive, bool* close,
                                 std::string& out) {
   const size_t start = out.size();
   out.reserve(start + kHeadReserve);
@@ -72,8 +72,19 @@ absl::Status FormatResponseHead(unsigned version, int status, const HttpHeaders&
     out.resize(start);
     return s;
   }
-  if (!bodiless) {
-    absl::StrAppend(&out, "Content-Length: ", body_size, "\r\n");
+  switch (framing) {
+    case Framing::kLength:
+      absl::StrAppend(&out, "Content-Length: ", body_size, "\r\n");
+      break;
+    case Framing::kNone:
+      break;
+    case Framing::kStreamed:
+      if (version == 10) {
+        *close = true;
+      } else {
+        out.append("Transfer-Encoding: chunked\r\n");
+      }
+      break;
   }
   const bool persist = keep_alive && !*close;
   if (version == 10 && persist) out.append("Connection: keep-alive\r\n");

@@ -20,15 +20,22 @@ namespace stitch::net_internal {
 [[nodiscard]] absl::Status AppendFields(const HttpHeaders& headers, bool skip_host,
                                         std::string& out, bool* close);
 
+// How a response's body is delimited.
+enum class Framing {
+  kLength,    // Content-Length: the body's size
+  kNone,      // no body and no length (204 and 304)
+  kStreamed,  // chunked in HTTP/1.1; in HTTP/1.0 the body ends with the connection
+};
+
 // The head of a response: status line, the fields of `headers` (see
-// AppendFields), Content-Length unless `bodiless` (204 and 304), and the
-// Connection field that `keep_alive` asks for under `version` (10 or 11).
-// Appended to `out`; on error `out` is left as it was.
-// `*close` comes in as whether the connection closes after this response,
-// and is set when `headers` ask for that too.
+// AppendFields), the framing field, and the Connection field that
+// `keep_alive` asks for under `version` (10 or 11). Appended to `out`; on
+// error `out` is left as it was. `*close` comes in as whether the connection
+// closes after this response, and is set when `headers` ask for that too, or
+// when an HTTP/1.0 body is streamed.
 [[nodiscard]] absl::Status FormatResponseHead(unsigned version, int status,
-                                              const HttpHeaders& headers, size_t body_size,
-                                              bool bodiless, bool keep_alive, bool* close,
+                                              const HttpHeaders& headers, Framing framing,
+                                              size_t body_size, bool keep_alive, bool* close,
                                               std::string& out);
 
 // The head of an HTTP/1.1 keep-alive request: request line, the fields of

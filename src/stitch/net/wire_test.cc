@@ -14,9 +14,9 @@ TEST(WireTest, ResponseHeadCarriesTheFieldsTheLengthAndNoFramingFromTheHandler) 
                       {"X-Trace", "a, b"}};
   std::string head;
   bool close = false;
-  ASSERT_TRUE(FormatResponseHead(11, 200, headers, 17, /*bodiless=*/false, /*keep_alive=*/true,
-                                 &close, head)
-                  .ok());
+  ASSERT_TRUE(
+      FormatResponseHead(11, 200, headers, Framing::kLength, 17, /*keep_alive=*/true, &close, head)
+          .ok());
   EXPECT_EQ(head,
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Trace: a, b\r\n"
             "Content-Length: 17\r\n\r\n");
@@ -27,17 +27,20 @@ TEST(WireTest, ResponseHeadSaysHowTheConnectionEnds) {
   std::string head;
   bool close = false;
   // HTTP/1.1 keeps the connection unless told otherwise.
-  ASSERT_TRUE(FormatResponseHead(11, 503, {}, 0, false, /*keep_alive=*/false, &close, head).ok());
+  ASSERT_TRUE(
+      FormatResponseHead(11, 503, {}, Framing::kLength, 0, /*keep_alive=*/false, &close, head)
+          .ok());
   EXPECT_EQ(head,
             "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   // HTTP/1.0 closes unless told otherwise.
   head.clear();
-  ASSERT_TRUE(FormatResponseHead(10, 200, {}, 2, false, /*keep_alive=*/true, &close, head).ok());
+  ASSERT_TRUE(
+      FormatResponseHead(10, 200, {}, Framing::kLength, 2, /*keep_alive=*/true, &close, head).ok());
   EXPECT_EQ(head, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n");
   // A handler's "Connection: close" closes after this answer.
   head.clear();
-  ASSERT_TRUE(FormatResponseHead(11, 200, {{"Connection", "keep-alive, close"}}, 0, false, true,
-                                 &close, head)
+  ASSERT_TRUE(FormatResponseHead(11, 200, {{"Connection", "keep-alive, close"}}, Framing::kLength,
+                                 0, true, &close, head)
                   .ok());
   EXPECT_TRUE(close);
   EXPECT_EQ(head, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
@@ -46,14 +49,29 @@ TEST(WireTest, ResponseHeadSaysHowTheConnectionEnds) {
 TEST(WireTest, NoContentHasNoLength) {
   std::string head;
   bool close = false;
-  ASSERT_TRUE(FormatResponseHead(11, 204, {}, 0, /*bodiless=*/true, true, &close, head).ok());
+  ASSERT_TRUE(FormatResponseHead(11, 204, {}, Framing::kNone, 0, true, &close, head).ok());
   EXPECT_EQ(head, "HTTP/1.1 204 No Content\r\n\r\n");
+}
+
+TEST(WireTest, AStreamedBodyIsChunkedOrEndsWithAnHttp10Connection) {
+  HttpHeaders headers{{"Content-Type", "text/event-stream"}, {"Content-Length", "5"}};
+  std::string head;
+  bool close = false;
+  ASSERT_TRUE(FormatResponseHead(11, 200, headers, Framing::kStreamed, 0, true, &close, head).ok());
+  EXPECT_EQ(head,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n");
+  EXPECT_FALSE(close);
+  head.clear();
+  ASSERT_TRUE(FormatResponseHead(10, 200, headers, Framing::kStreamed, 0, true, &close, head).ok());
+  EXPECT_EQ(head, "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n");
+  EXPECT_TRUE(close);
 }
 
 TEST(WireTest, AStatusWithoutAKnownReasonHasAnEmptyOne) {
   std::string head;
   bool close = false;
-  ASSERT_TRUE(FormatResponseHead(11, 299, {}, 0, false, true, &close, head).ok());
+  ASSERT_TRUE(FormatResponseHead(11, 299, {}, Framing::kLength, 0, true, &close, head).ok());
   EXPECT_EQ(head, "HTTP/1.1 299 \r\nContent-Length: 0\r\n\r\n");
 }
 
@@ -72,7 +90,7 @@ TEST(WireTest, FieldsThatWouldSplitTheHeadAreRefused) {
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_EQ(head, "unchanged");
     head.clear();
-    s = FormatResponseHead(11, 200, headers, 0, false, true, &close, head);
+    s = FormatResponseHead(11, 200, headers, Framing::kLength, 0, true, &close, head);
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     head.clear();
     s = FormatRequestHead("GET", "/", headers, "h:1", 0, head);
