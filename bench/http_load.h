@@ -66,10 +66,25 @@ struct LoadResult {
 
 namespace internal {
 
+// Sends `request` and reads its streamed answer to the end, event by event
+// as the server writes them.
+inline boost::asio::awaitable<absl::StatusOr<HttpResponse>> SendAndReadStream(
+    HttpClient& client, const HttpOrigin& origin, const HttpRequest& request) {
+  auto stream = co_await client.SendStreamed(origin, request);
+  if (!stream.ok()) co_return stream.status();
+  HttpResponse response;
+  response.status = stream->status();
+  auto body = co_await stream->ReadAll();
+  if (!body.ok()) co_return body.status();
+  response.body = *std::move(body);
+  co_return response;
+}
+
 // `period`: zero for a closed loop; else the time between this worker's
-// scheduled sends, the first at `first`.
+// scheduled sends, the first at `first`. `streamed`: the answers are read
+// as streams.
 inline boost::asio::awaitable<void> LoadWorker(HttpClient& client, HttpOrigin origin,
-                                               const std::string& body,
+                                               const std::string& body, bool streamed,
                                                std::chrono::steady_clock::duration period,
                                                std::chrono::steady_clock::time_point first,
                                                const std::atomic<bool>& stop,
@@ -92,7 +107,12 @@ inline boost::asio::awaitable<void> LoadWorker(HttpClient& client, HttpOrigin or
       start = scheduled;
       scheduled += period;
     }
-    auto response = co_await client.Send(origin, request);
+    absl::StatusOr<HttpResponse> response;
+    if (streamed) {
+      response = co_await SendAndReadStream(client, origin, request);
+    } else {
+      response = co_await client.Send(origin, request);
+    }
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     if (!measuring.load(std::memory_order_relaxed)) continue;
@@ -129,10 +149,11 @@ inline double CpuSeconds(clockid_t clock) {
 // Warms up for min(0.5 s, seconds / 4), then measures for `seconds`, also
 // the CPU time of the `watch` clocks (other loops' threads) in that window.
 // `rate`: requests per second of all connections together on a fixed
-// schedule; zero for a closed loop.
+// schedule; zero for a closed loop. `streamed`: each answer is read as a
+// stream (SendStreamed) to its end.
 inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seconds,
                           const std::string& body, const std::vector<clockid_t>& watch = {},
-                          double rate = 0) {
+                          double rate = 0, bool streamed = false) {
   EventLoop loop;
   const clockid_t client_clock = LoopCpuClock(loop);
   ClientOptions options;
@@ -149,7 +170,7 @@ inline LoadResult RunLoad(const HttpOrigin& origin, int connections, double seco
   const auto first = std::chrono::steady_clock::now();
   for (size_t i = 0; i < per.size(); ++i) {
     boost::asio::co_spawn(loop.executor(),
-                          internal::LoadWorker(client, origin, body, period,
+                          internal::LoadWorker(client, origin, body, streamed, period,
                                                first + period * static_cast<int64_t>(i) /
                                                            static_cast<int64_t>(per.size()),
                                                stop, measuring, per[i], running),

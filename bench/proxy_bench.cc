@@ -5,6 +5,7 @@
 // measured in the same run.
 //
 //   proxy_bench [--seconds S] [--concurrency 1,64,1024] [--paced F]
+//               [--stream-events K]
 //
 // Each level is first a closed loop (every connection sends again as soon
 // as it has its answer), which finds the highest throughput. Its latency is
@@ -15,6 +16,11 @@
 // for both paths: there the difference in latency is what the sidecar adds
 // to a request when it is not short of CPU. The latency target is judged
 // there; both are printed.
+//
+// Then streams (unless K is 0): 64 connections ask for streamed generations
+// of K events each, every event written on its own, direct and through the
+// sidecar, which stamps each event as it passes; the CPU time per event is
+// printed. No target: it shows what a token-by-token stream costs.
 //
 // Targets (issue 5): at 64 concurrent connections the sidecar adds under
 // 1 ms of p99 latency and keeps at least 0.5x the direct throughput; 1024
@@ -45,6 +51,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "http_load.h"
 #include "stitch/engine/sglang_engine.h"
@@ -62,10 +69,39 @@ namespace {
 using boost::asio::awaitable;
 using Clock = std::chrono::steady_clock;
 
-// The instant engine: answers every generation at once, and every control
-// route with success, so that only HTTP and the sidecar's work are measured.
+// Events per streamed generation (--stream-events); set before the engine
+// starts.
+int stream_events = 16;
+
+// A streamed generation: `stream_events` server-sent events, each written on
+// its own as a token-by-token engine does, then `data: [DONE]`.
+awaitable<void> InstantStream(HttpExchange& ex) {
+  HttpHeaders headers;
+  headers.Set("Content-Type", "text/event-stream");
+  const absl::Status begun = co_await ex.BeginStream(200, std::move(headers));
+  if (!begun.ok()) co_return;
+  for (int i = 0; i < stream_events; ++i) {
+    std::string event = absl::StrCat(
+        R"(data: {"text":"ok","output_ids":[1],"meta_info":{"id":"x","completion_tokens":)", i + 1,
+        "}}\n\n");
+    const absl::Status written = co_await ex.WriteChunk(std::move(event));
+    if (!written.ok()) co_return;
+  }
+  std::string done = "data: [DONE]\n\n";
+  const absl::Status written = co_await ex.WriteChunk(std::move(done));
+  if (!written.ok()) co_return;
+  (void)co_await ex.EndStream();
+}
+
+// The instant engine: answers every generation at once (streamed when the
+// request asks), and every control route with success, so that only HTTP
+// and the sidecar's work are measured.
 awaitable<void> InstantEngine(HttpExchange& ex) {
   std::string_view path = TargetPath(ex.request().target);
+  if (path == "/generate" && ex.request().body.find(R"("stream":true)") != std::string::npos) {
+    co_await InstantStream(ex);
+    co_return;
+  }
   HttpResponse response =
       path == "/generate"
           ? JsonResponse(200,
@@ -89,12 +125,15 @@ struct Result {
 
 // `clocks`: the instant engine's and the sidecar's loop threads.
 // `rate`: requests per second on a fixed schedule; zero for a closed loop.
+// `streamed`: generations are asked for and read as streams.
 Result Measure(const HttpOrigin& origin, int connections, double seconds,
-               const std::vector<clockid_t>& clocks, double rate = 0) {
-  const bench::LoadResult load = bench::RunLoad(
-      origin, connections, seconds,
-      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":0}})",
-      clocks, rate);
+               const std::vector<clockid_t>& clocks, double rate = 0, bool streamed = false) {
+  const std::string body =
+      streamed ? R"({"text":"hello","stream":true,"weight_version":{"min_version":0}})"
+               : R"({"text":"hello","sampling_params":{"max_new_tokens":1},)"
+                 R"("weight_version":{"min_version":0}})";
+  const bench::LoadResult load =
+      bench::RunLoad(origin, connections, seconds, body, clocks, rate, streamed);
   Result r;
   r.seconds = load.seconds;
   r.ok = load.latencies_us.size();
@@ -151,6 +190,11 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "proxy_bench: --paced needs a fraction in (0, 1]\n");
         return 2;
       }
+    } else if (arg == "--stream-events" && i + 1 < argc) {
+      if (!absl::SimpleAtoi(argv[++i], &stream_events) || stream_events < 0) {
+        std::fprintf(stderr, "proxy_bench: --stream-events needs a count (0 skips streams)\n");
+        return 2;
+      }
     } else if (arg == "--concurrency" && i + 1 < argc) {
       levels.clear();
       for (absl::string_view part : absl::StrSplit(argv[++i], ',')) {
@@ -163,7 +207,8 @@ int Main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: proxy_bench [--seconds S] [--concurrency 1,64,1024] [--paced F]\n");
+                   "usage: proxy_bench [--seconds S] [--concurrency 1,64,1024] [--paced F] "
+                   "[--stream-events K]\n");
       return 2;
     }
   }
@@ -252,6 +297,23 @@ int Main(int argc, char** argv) {
       std::printf("        target @%d: held with no errors: %s\n", n, held ? "met" : "MISSED");
       ok = ok && held;
     }
+  }
+
+  if (stream_events > 0) {
+    // Streams: what the sidecar spends on each event it stamps and relays.
+    constexpr int kStreams = 64;
+    std::printf("streamed, %d events and [DONE] per generation (closed loop; req/s are streams):\n",
+                stream_events);
+    Result direct = Measure(engine_origin, kStreams, seconds, clocks, 0, /*streamed=*/true);
+    Result proxied = Measure(sidecar_origin, kStreams, seconds, clocks, 0, /*streamed=*/true);
+    PrintPair(kStreams, direct, proxied);
+    const double events = stream_events + 1;
+    std::printf(
+        "        cpu us/event: client %.2f, engine %.2f, sidecar %.2f; events/s: direct "
+        "%.0f, sidecar %.0f\n",
+        proxied.client_us / events, proxied.engine_us / events, proxied.sidecar_us / events,
+        direct.rps() * events, proxied.rps() * events);
+    ok = ok && direct.errors == 0 && proxied.errors == 0 && proxied.ok > 0;
   }
 
   sidecar_loop->BlockOn((*sidecar)->Shutdown());
