@@ -14,7 +14,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "stitch/net/net_test_util.h"
-#include "stitch/net/sse.h"
 
 namespace stitch {
 namespace {
@@ -28,6 +27,20 @@ using testing::Post;
 using testing::ScriptedServer;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
+
+// A handler that streams "partial", then holds the rest of the body until
+// the client goes away.
+struct PartialStream {
+  absl::Notification saw_disconnect;
+  HttpHandler Handler() {
+    return [this](HttpExchange& ex) -> awaitable<void> {
+      (void)co_await ex.BeginStream(200, HttpHeaders());
+      (void)co_await ex.WriteChunk("partial");
+      co_await ex.WaitDisconnected();
+      saw_disconnect.Notify();
+    };
+  }
+};
 
 // A handler that holds the request until the client goes away.
 struct Holder {
@@ -69,26 +82,21 @@ TEST(HttpClientTest, ResponseTimeoutIsDeadlineExceededAndClosesTheConnection) {
 }
 
 TEST(HttpClientTest, StreamIdleTimeoutEndsARead) {
-  absl::Notification saw_disconnect;
-  Harness h([&](HttpExchange& ex) -> awaitable<void> {
-    (void)co_await ex.BeginStream(200, testing::EventStreamHeaders());
-    (void)co_await ex.WriteChunk(SseEvent("one"));
-    co_await ex.WaitDisconnected();
-    saw_disconnect.Notify();
-  });
+  PartialStream partial;
+  Harness h(partial.Handler());
   CallOptions options;
   options.stream_idle_timeout = milliseconds(100);
   absl::Status second_read = h.client_loop.BlockOn([&]() -> awaitable<absl::Status> {
     auto stream = co_await h.client->SendStreamed(h.origin(), Post("/generate", "{}"), options);
     if (!stream.ok()) co_return stream.status();
     auto first = co_await stream->Read();
-    EXPECT_TRUE(first.ok() && first->find("one") != std::string::npos);
+    EXPECT_TRUE(first.ok() && *first == "partial");
     auto second = co_await stream->Read();
     EXPECT_TRUE(stream->finished());
     co_return second.status();
   }());
   EXPECT_EQ(second_read.code(), absl::StatusCode::kDeadlineExceeded) << second_read;
-  ASSERT_TRUE(saw_disconnect.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(partial.saw_disconnect.WaitForNotificationWithTimeout(kWait));
 }
 
 TEST(HttpClientTest, RetriesAnIdempotentRequestOnceWhenThePooledConnectionIsDead) {
@@ -216,13 +224,8 @@ TEST(HttpClientTest, AnAbortAfterItsCallEndedLeavesThePooledConnectionAlone) {
 }
 
 TEST(HttpClientTest, AnAbortDuringAStreamClosesItsConnectionAndTheReadIsCancelled) {
-  absl::Notification saw_disconnect;
-  Harness h([&](HttpExchange& ex) -> awaitable<void> {
-    (void)co_await ex.BeginStream(200, HttpHeaders());
-    (void)co_await ex.WriteChunk("partial");
-    co_await ex.WaitDisconnected();
-    saw_disconnect.Notify();
-  });
+  PartialStream partial;
+  Harness h(partial.Handler());
   HttpCallAbort abort;
   auto [first, second] =
       h.client_loop.BlockOn([&]() -> awaitable<std::pair<std::string, absl::Status>> {
@@ -239,7 +242,7 @@ TEST(HttpClientTest, AnAbortDuringAStreamClosesItsConnectionAndTheReadIsCancelle
       }());
   EXPECT_EQ(first, "partial");
   EXPECT_EQ(second.code(), absl::StatusCode::kCancelled) << second;
-  ASSERT_TRUE(saw_disconnect.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(partial.saw_disconnect.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(h.client->idle_connections(), 0u);
 }
 
@@ -282,14 +285,8 @@ TEST(HttpClientTest, ComposesWithAwaitableOperators) {
 }
 
 TEST(HttpClientTest, ClosingAStreamEarlyClosesItsConnection) {
-  Holder holder;
-  absl::Notification saw_disconnect;
-  Harness h([&](HttpExchange& ex) -> awaitable<void> {
-    (void)co_await ex.BeginStream(200, HttpHeaders());
-    (void)co_await ex.WriteChunk("partial");
-    co_await ex.WaitDisconnected();
-    saw_disconnect.Notify();
-  });
+  PartialStream partial;
+  Harness h(partial.Handler());
   std::string first = h.client_loop.BlockOn([&]() -> awaitable<std::string> {
     auto stream = co_await h.client->SendStreamed(h.origin(), Get("/s"));
     if (!stream.ok()) co_return stream.status().ToString();
@@ -299,7 +296,7 @@ TEST(HttpClientTest, ClosingAStreamEarlyClosesItsConnection) {
     co_return chunk.ok() ? *chunk : chunk.status().ToString();
   }());
   EXPECT_EQ(first, "partial");
-  ASSERT_TRUE(saw_disconnect.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(partial.saw_disconnect.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(h.client->idle_connections(), 0u);
 }
 

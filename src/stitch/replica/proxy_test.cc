@@ -97,6 +97,26 @@ class ProxyTest : public ::testing::Test {
     return OnLoop([&] { return engine_->aborted; });
   }
 
+  // A client's generation `rid` whose client left: admission is released,
+  // the engine was told to abort it and saw its connection close, and the
+  // metrics count the client that left.
+  void ExpectTheGenerationEndedWithItsClient(const std::string& rid) {
+    EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
+    EXPECT_TRUE(WaitUntil([&] {
+      auto aborted = Aborted();
+      return aborted.size() == 1 && aborted[0] == rid;
+    }));
+    EXPECT_TRUE(WaitUntil([&] { return fake_.disconnects() == 1; }));
+    HttpResponse metrics = Send("GET", "/metrics");
+    EXPECT_NE(metrics.body.find("stitch_sidecar_client_disconnects_total 1"), std::string::npos);
+  }
+
+  // POST /generate with a JSON `body`, as raw HTTP/1.1.
+  static std::string RawGenerate(const std::string& body) {
+    return absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                        "Content-Length: ", body.size(), "\r\n\r\n", body);
+  }
+
   HttpResponse Send(std::string method, std::string path, std::string body = {}) {
     auto r = HttpFetch(method, sidecar_->url() + path, std::move(body));
     EXPECT_TRUE(r.ok()) << r.status();
@@ -276,21 +296,11 @@ TEST_F(ProxyTest, ClientDisconnectAbortsUpstreamAndReleasesAdmission) {
     RawSocket client(sidecar_->port());
     ASSERT_TRUE(client.connected());
     std::string body = R"({"text":"hi","rid":"gone-1"})";
-    client.Send(
-        absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
-                     "Content-Length: ", body.size(), "\r\n\r\n", body));
+    client.Send(RawGenerate(body));
     ASSERT_TRUE(WaitUntil([&] { return fake_.in_flight() == 1; }));
     EXPECT_EQ(Active(), 1);
   }  // the client goes away
-  EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
-  EXPECT_TRUE(WaitUntil([&] {
-    auto aborted = Aborted();
-    return aborted.size() == 1 && aborted[0] == "gone-1";
-  }));
-  // The upstream connection was closed too, so the engine saw it go.
-  EXPECT_TRUE(WaitUntil([&] { return fake_.disconnects() == 1; }));
-  HttpResponse metrics = Send("GET", "/metrics");
-  EXPECT_NE(metrics.body.find("stitch_sidecar_client_disconnects_total 1"), std::string::npos);
+  ExpectTheGenerationEndedWithItsClient("gone-1");
 }
 
 TEST_F(ProxyTest, StreamedEventsAreStampedAsTheyArrive) {
@@ -351,24 +361,14 @@ TEST_F(ProxyTest, AStreamingClientThatLeavesEndsTheEngineStreamAndReleasesAdmiss
     RawSocket client(sidecar_->port());
     ASSERT_TRUE(client.connected());
     std::string body = R"({"text":"hi","rid":"gone-2","stream":true})";
-    client.Send(
-        absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
-                     "Content-Length: ", body.size(), "\r\n\r\n", body));
+    client.Send(RawGenerate(body));
     // The first event came through; the engine holds the next one.
     std::string got = client.ReadUntil("\n\n");
     EXPECT_NE(got.find(R"("index":0)"), std::string::npos) << got;
     EXPECT_EQ(Active(), 1);
     EXPECT_EQ(fake_.disconnects(), 0);
   }  // the client goes away mid-stream
-  EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
-  EXPECT_TRUE(WaitUntil([&] {
-    auto aborted = Aborted();
-    return aborted.size() == 1 && aborted[0] == "gone-2";
-  }));
-  // The engine's stream was closed too, so the engine saw it go.
-  EXPECT_TRUE(WaitUntil([&] { return fake_.disconnects() == 1; }));
-  HttpResponse metrics = Send("GET", "/metrics");
-  EXPECT_NE(metrics.body.find("stitch_sidecar_client_disconnects_total 1"), std::string::npos);
+  ExpectTheGenerationEndedWithItsClient("gone-2");
 }
 
 TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
@@ -433,8 +433,7 @@ TEST_F(ProxyTest, RequestWaitingForACommitIsReleasedWhenItsClientLeaves) {
   {
     RawSocket client(sidecar_->port());
     std::string body = R"({"text":"hi"})";
-    client.Send(absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
-                             "\r\n\r\n", body));
+    client.Send(RawGenerate(body));
     ASSERT_TRUE(WaitUntil([&] {
       return OnLoop([&] { return sidecar_->proxy().counters().versioned_requests; }) == 1;
     }));
