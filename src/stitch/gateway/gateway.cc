@@ -26,6 +26,7 @@
 #include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/replica/proxy.h"
 
 namespace stitch {
@@ -78,19 +79,6 @@ HttpHeaders ResponseHeaders(const HttpHeaders& from, const std::string& replica)
   HttpHeaders to = CopyHeaders(from, &DropResponseHeader);
   to.Set("X-Stitch-Replica", replica);
   return to;
-}
-
-std::string PromLabel(std::string_view value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '\\' || c == '"') out.push_back('\\');
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out.push_back(c);
-  }
-  return out;
 }
 
 }  // namespace
@@ -675,48 +663,30 @@ struct Gateway::Impl {
 
   awaitable<void> Metrics(HttpExchange& exchange) {
     Reindex();
-    std::string text;
-    auto counter = [&](std::string_view name, std::string_view help, uint64_t value) {
-      absl::StrAppend(&text, "# HELP stitch_gateway_", AbslView(name), " ", AbslView(help),
-                      "\n# TYPE stitch_gateway_", AbslView(name), " counter\nstitch_gateway_",
-                      AbslView(name), " ", value, "\n");
-    };
-    counter("requests_total", "Versioned requests received.", counters.requests);
-    counter("routed_total", "Attempts sent to a replica.", counters.routed);
-    counter("retried_total", "Attempts retried on another replica.", counters.retried);
-    counter("waited_total", "Requests that waited for the fleet to catch up.", counters.waited);
-    counter("rejected_total", "409s answered by the gateway after waiting.", counters.rejected);
-    counter("blocked_total", "Engine control routes refused.", counters.blocked);
-    counter("wakes_total", "Fleet wakes started.", counters.wakes);
-    absl::StrAppend(&text,
-                    "# HELP stitch_gateway_replicas_ready Replicas ready to serve.\n"
-                    "# TYPE stitch_gateway_replicas_ready gauge\nstitch_gateway_replicas_ready ",
-                    routable.size(), "\n");
-    absl::StrAppend(&text,
-                    "# HELP stitch_gateway_replica_in_flight Requests outstanding on a replica.\n"
-                    "# TYPE stitch_gateway_replica_in_flight gauge\n");
+    PrometheusText text("stitch_gateway_");
+    text.One("requests_total", "counter", "Versioned requests received.", counters.requests);
+    text.One("routed_total", "counter", "Attempts sent to a replica.", counters.routed);
+    text.One("retried_total", "counter", "Attempts retried on another replica.", counters.retried);
+    text.One("waited_total", "counter", "Requests that waited for the fleet to catch up.",
+             counters.waited);
+    text.One("rejected_total", "counter", "409s answered by the gateway after waiting.",
+             counters.rejected);
+    text.One("blocked_total", "counter", "Engine control routes refused.", counters.blocked);
+    text.One("wakes_total", "counter", "Fleet wakes started.", counters.wakes);
+    text.One("replicas_ready", "gauge", "Replicas ready to serve.", routable.size());
+    text.Header("replica_in_flight", "gauge", "Requests outstanding on a replica.");
     for (const auto& [url, r] : replicas) {
-      absl::StrAppend(&text, "stitch_gateway_replica_in_flight{replica=\"", PromLabel(url), "\"} ",
-                      r->in_flight, "\n");
+      text.Sample("replica_in_flight", PromLabels("replica", url), r->in_flight);
     }
-    absl::StrAppend(&text,
-                    "# HELP stitch_gateway_replica_ready Whether a replica is in rotation.\n"
-                    "# TYPE stitch_gateway_replica_ready gauge\n");
+    text.Header("replica_ready", "gauge", "Whether a replica is in rotation.");
     for (const auto& [url, r] : replicas) {
-      absl::StrAppend(&text, "stitch_gateway_replica_ready{replica=\"", PromLabel(url), "\"} ",
-                      r->routable() ? 1 : 0, "\n");
+      text.Sample("replica_ready", PromLabels("replica", url), r->routable() ? 1 : 0);
     }
-    absl::StrAppend(&text,
-                    "# HELP stitch_gateway_replica_version Applied version of a replica "
-                    "(-1: none).\n# TYPE stitch_gateway_replica_version gauge\n");
+    text.Header("replica_version", "gauge", "Applied version of a replica (-1: none).");
     for (const auto& [url, r] : replicas) {
-      absl::StrAppend(&text, "stitch_gateway_replica_version{replica=\"", PromLabel(url), "\"} ",
-                      r->version().value_or(-1), "\n");
+      text.Sample("replica_version", PromLabels("replica", url), r->version().value_or(-1));
     }
-    HttpResponse response;
-    response.status = 200;
-    response.headers.Set("Content-Type", "text/plain; version=0.0.4");
-    response.body = std::move(text);
+    HttpResponse response = PrometheusResponse(text.Take());
     (void)co_await exchange.Respond(std::move(response));
   }
 

@@ -1,45 +1,20 @@
 #include "stitch/replica/metrics.h"
 
-#include "absl/strings/str_cat.h"
-#include "stitch/core/errors.h"
+#include "stitch/net/prometheus.h"
 
 namespace stitch {
 
-namespace {
-
-class Writer {
- public:
-  void Header(std::string_view name, std::string_view type, std::string_view help) {
-    absl::StrAppend(&out_, "# HELP stitch_sidecar_", AbslView(name), " ", AbslView(help), "\n",
-                    "# TYPE stitch_sidecar_", AbslView(name), " ", AbslView(type), "\n");
-  }
-  template <typename T>
-  void Sample(std::string_view name, std::string_view labels, T value) {
-    absl::StrAppend(&out_, "stitch_sidecar_", AbslView(name), AbslView(labels), " ", value, "\n");
-  }
-  template <typename T>
-  void One(std::string_view name, std::string_view type, std::string_view help, T value) {
-    Header(name, type, help);
-    Sample(name, "", value);
-  }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-}  // namespace
-
 std::string RenderPrometheus(const SidecarMetrics& m) {
-  Writer w;
+  PrometheusText w("stitch_sidecar_");
   w.One("requests_admitted_total", "counter", "Versioned requests admitted by the gate.",
         m.admitted);
   w.Header("requests_rejected_total", "counter", "Versioned requests refused, by reason.");
-  w.Sample("requests_rejected_total", "{reason=\"version_not_ready\"}", m.rejected_not_ready);
-  w.Sample("requests_rejected_total", "{reason=\"terminal\"}", m.rejected_terminal);
-  w.Sample("requests_rejected_total", "{reason=\"bad_request\"}", m.proxy.bad_requests);
-  w.Sample("requests_rejected_total", "{reason=\"route_blocked\"}", m.proxy.route_blocked);
-  w.Sample("requests_rejected_total", "{reason=\"engine_unavailable\"}",
+  w.Sample("requests_rejected_total", PromLabels("reason", "version_not_ready"),
+           m.rejected_not_ready);
+  w.Sample("requests_rejected_total", PromLabels("reason", "terminal"), m.rejected_terminal);
+  w.Sample("requests_rejected_total", PromLabels("reason", "bad_request"), m.proxy.bad_requests);
+  w.Sample("requests_rejected_total", PromLabels("reason", "route_blocked"), m.proxy.route_blocked);
+  w.Sample("requests_rejected_total", PromLabels("reason", "engine_unavailable"),
            m.proxy.engine_unavailable);
   w.One("requests_in_flight", "gauge", "Versioned requests holding admission now.", m.in_flight);
   w.One("client_disconnects_total", "counter",
@@ -50,8 +25,7 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.One("forwarded_requests_total", "counter", "Other requests forwarded to the engine as is.",
         m.proxy.forwarded);
   w.Header("applied_version", "gauge", "The version the engine serves.");
-  w.Sample("applied_version", absl::StrCat("{run_id=\"", m.applied.run_id, "\"}"),
-           m.applied.version);
+  w.Sample("applied_version", PromLabels("run_id", m.applied.run_id), m.applied.version);
   w.One("ready", "gauge", "1 once the replica caught up with the pointer (and is not terminal).",
         m.ready ? 1 : 0);
   w.One("terminal", "gauge", "1 once the replica hit a terminal error and is exiting.",
@@ -59,8 +33,7 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.Header("sync_state", "gauge", "The reconciler's state (one-hot).");
   for (SyncState s : {SyncState::kIdle, SyncState::kFetching, SyncState::kStaging,
                       SyncState::kCommitting, SyncState::kError}) {
-    w.Sample("sync_state", absl::StrCat("{state=\"", AbslView(SyncStateName(s)), "\"}"),
-             s == m.sync_state ? 1 : 0);
+    w.Sample("sync_state", PromLabels("state", SyncStateName(s)), s == m.sync_state ? 1 : 0);
   }
   const ReconcilerCounters& r = m.reconciler;
   w.Header("stage_duration_seconds", "summary", "Time spent staging versions while serving.");

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/net/prometheus.h"
 
 namespace stitch {
 
@@ -204,9 +205,7 @@ awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
 }
 
 awaitable<void> Sidecar::MetricsRoute(HttpExchange& exchange) {
-  HttpResponse response;
-  response.headers.Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-  response.body = RenderPrometheus(Metrics());
+  HttpResponse response = PrometheusResponse(RenderPrometheus(Metrics()));
   (void)co_await exchange.Respond(std::move(response));
 }
 
