@@ -6,13 +6,15 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <future>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
@@ -37,20 +39,17 @@ namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kProbeTimeout = std::chrono::seconds(3);
-constexpr size_t kProbeConcurrency = 32;
+constexpr size_t kProbeConcurrency = 64;
 
 std::string TrimSlash(std::string url) {
   while (url.ends_with('/')) url.pop_back();
   return url;
 }
 
-// What one replica says about itself through /server_info.
-ReplicaStatus Probe(const std::string& url) {
+// What one replica says about itself, from its answer to GET /server_info.
+ReplicaStatus StatusFrom(const std::string& url, const absl::StatusOr<HttpResponse>& response) {
   ReplicaStatus s;
   s.url = url;
-  FetchOptions options;
-  options.timeout = kProbeTimeout;
-  auto response = HttpFetch("GET", url + "/server_info", {}, options);
   if (!response.ok()) {
     s.last_error = std::string(response.status().message());
     return s;
@@ -71,16 +70,36 @@ ReplicaStatus Probe(const std::string& url) {
   return s;
 }
 
-// Probes every URL, a bounded number at a time.
+// Probes every URL on one event loop, kProbeConcurrency at a time: a probe
+// starts as soon as another ends, so a replica that does not answer holds
+// up only its own slot. The statuses keep the order of `urls`.
 std::vector<ReplicaStatus> ProbeAll(const std::vector<std::string>& urls) {
-  std::vector<ReplicaStatus> out;
-  out.reserve(urls.size());
-  for (size_t start = 0; start < urls.size(); start += kProbeConcurrency) {
-    std::vector<std::future<ReplicaStatus>> batch;
-    for (size_t i = start; i < std::min(urls.size(), start + kProbeConcurrency); ++i) {
-      batch.push_back(std::async(std::launch::async, [&urls, i] { return Probe(urls[i]); }));
+  std::vector<ReplicaStatus> out(urls.size());
+  boost::asio::io_context io(1);
+  ClientOptions options;
+  options.connect_timeout = kProbeTimeout;
+  options.request_timeout = kProbeTimeout;
+  {
+    HttpClient client(io.get_executor(), options);
+    size_t next = 0;  // the loop's thread only
+    for (size_t slot = 0; slot < std::min(kProbeConcurrency, urls.size()); ++slot) {
+      boost::asio::co_spawn(
+          io,
+          [&]() -> boost::asio::awaitable<void> {
+            while (next < urls.size()) {
+              const size_t i = next++;
+              // (Named arguments: GCC 12 destroys temporaries of a co_await
+              // expression twice.)
+              std::string method = "GET";
+              std::string url = urls[i] + "/server_info";
+              const absl::StatusOr<HttpResponse> response =
+                  co_await client.Fetch(std::move(method), std::move(url));
+              out[i] = StatusFrom(urls[i], response);
+            }
+          },
+          boost::asio::detached);
     }
-    for (auto& f : batch) out.push_back(f.get());
+    io.run();
   }
   return out;
 }
