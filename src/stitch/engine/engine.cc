@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/core/json.h"
 
 namespace stitch {
 
@@ -22,8 +23,9 @@ absl::StatusOr<UpdateDestination> ParseUpdateDestination(std::string_view name) 
 }
 
 std::optional<int64_t> StampedEndVersion(std::string_view body) {
+  JsonArena arena;
   boost::system::error_code ec;
-  boost::json::value doc = boost::json::parse(body, ec);
+  boost::json::value doc = boost::json::parse(body, ec, arena.storage());
   if (ec) return std::nullopt;
   const boost::json::value* item = &doc;
   if (doc.is_array()) {

@@ -116,6 +116,22 @@ TEST(EngineStampingTest, OpenAiRoutesAreStampedAtTheTopLevel) {
   EXPECT_FALSE(body.contains("meta_info"));
 }
 
+TEST(EngineStampingTest, TheStampedEndVersionIsReadBack) {
+  PlainEngine engine;
+  for (ApiRoute route : {ApiRoute::kGenerate, ApiRoute::kCompletions}) {
+    json::object body = Parse(R"({"text":"x","meta_info":{"id":"a"}})");
+    engine.StampResponse(route, body, VersionStamp{3, 6});
+    EXPECT_EQ(StampedEndVersion(json::serialize(body)), 6);
+  }
+  // A batch: the first document's.
+  EXPECT_EQ(StampedEndVersion(R"([{"meta_info":{"weight_version_end":2}},{}])"), 2);
+  // Nothing stamped, or not a stamp.
+  EXPECT_EQ(StampedEndVersion(R"({"text":"x","meta_info":{}})"), std::nullopt);
+  EXPECT_EQ(StampedEndVersion(R"({"weight_version_end":"2"})"), std::nullopt);
+  EXPECT_EQ(StampedEndVersion("[]"), std::nullopt);
+  EXPECT_EQ(StampedEndVersion("not json"), std::nullopt);
+}
+
 // The SGLang adapters ---------------------------------------------------------
 
 class SglangEngineTest : public ::testing::Test {
