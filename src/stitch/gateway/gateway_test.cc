@@ -1,4 +1,4 @@
-// The gateway against stub replicas (HTTP servers in this process that speak
+// The gateway against scripted replicas (HTTP servers in this process that speak
 // the sidecar's /server_info, /wake and versioned /generate contract).
 #include "stitch/gateway/gateway.h"
 
@@ -53,12 +53,12 @@ json::object Parse(const std::string& text) {
   return v.get_object();
 }
 
-// A stub replica: its readiness, version and failure mode are set by the test.
-class StubReplica {
+// A scripted replica: its readiness, version and failure mode are set by the test.
+class ScriptedReplica {
  public:
   enum class Mode { kServe, kUnavailable, kDieMidRequest, kHang };
 
-  StubReplica(EventLoop& loop, bool ready, int64_t version) : loop_(loop) {
+  ScriptedReplica(EventLoop& loop, bool ready, int64_t version) : loop_(loop) {
     ready_ = ready;
     version_ = version;
     HttpRouter router;
@@ -71,7 +71,7 @@ class StubReplica {
     server_ = *std::move(server);
     url_ = server_->url();
   }
-  ~StubReplica() { loop_.BlockOn(server_->Shutdown()); }
+  ~ScriptedReplica() { loop_.BlockOn(server_->Shutdown()); }
 
   const std::string& url() const { return url_; }
   void set_ready(bool ready) { ready_ = ready; }
@@ -200,13 +200,13 @@ class GatewayTest : public ::testing::Test {
  protected:
   ~GatewayTest() override { StopGateway(); }
 
-  StubReplica& AddStub(bool ready, int64_t version) {
-    stubs_.push_back(std::make_unique<StubReplica>(loop_, ready, version));
-    return *stubs_.back();
+  ScriptedReplica& AddReplica(bool ready, int64_t version) {
+    replicas_.push_back(std::make_unique<ScriptedReplica>(loop_, ready, version));
+    return *replicas_.back();
   }
   std::string StaticSpec() const {
     std::string spec = "static:";
-    for (size_t i = 0; i < stubs_.size(); ++i) spec += (i ? "," : "") + stubs_[i]->url();
+    for (size_t i = 0; i < replicas_.size(); ++i) spec += (i ? "," : "") + replicas_[i]->url();
     return spec;
   }
 
@@ -217,6 +217,16 @@ class GatewayTest : public ::testing::Test {
     auto gateway = Gateway::Start(loop_.executor(), *pool_, workers_, options);
     ASSERT_TRUE(gateway.ok()) << gateway.status();
     gateway_ = *std::move(gateway);
+  }
+  // A fresh gateway in front of one fresh replica, ready at v1, in `mode`.
+  ScriptedReplica& RestartWithOneReplica(ScriptedReplica::Mode mode,
+                                         GatewayOptions options = Options(30s, 50ms)) {
+    StopGateway();
+    replicas_.clear();
+    ScriptedReplica& replica = AddReplica(true, 1);
+    replica.set_mode(mode);
+    StartGateway(StaticSpec(), std::move(options));
+    return replica;
   }
   void StopGateway() {
     if (gateway_ == nullptr) return;
@@ -266,15 +276,15 @@ class GatewayTest : public ::testing::Test {
 
   EventLoop loop_;
   WorkerPool workers_{2};
-  std::vector<std::unique_ptr<StubReplica>> stubs_;
+  std::vector<std::unique_ptr<ScriptedReplica>> replicas_;
   std::unique_ptr<Pool> pool_;
   std::unique_ptr<Gateway> gateway_;
 };
 
 TEST_F(GatewayTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
-  StubReplica& v1 = AddStub(true, 1);
-  StubReplica& v2 = AddStub(true, 2);
-  StubReplica& v3 = AddStub(true, 3);
+  ScriptedReplica& v1 = AddReplica(true, 1);
+  ScriptedReplica& v2 = AddReplica(true, 2);
+  ScriptedReplica& v3 = AddReplica(true, 3);
   StartGateway(StaticSpec());
   ASSERT_TRUE(ReadyCount(3));
   std::set<std::string> any;
@@ -297,15 +307,15 @@ TEST_F(GatewayTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
 }
 
 TEST_F(GatewayTest, ASessionStaysOnItsReplicaWhileItCan) {
-  for (int i = 0; i < 4; ++i) AddStub(true, 1);
+  for (int i = 0; i < 4; ++i) AddReplica(true, 1);
   StartGateway(StaticSpec());
   ASSERT_TRUE(ReadyCount(4));
   const std::string first = Generate("", "s-1").replica;
   ASSERT_FALSE(first.empty());
   for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("", "s-1").replica, first);
   // Its replica leaves rotation: the session moves, then sticks again.
-  StubReplica* home = nullptr;
-  for (auto& s : stubs_) {
+  ScriptedReplica* home = nullptr;
+  for (auto& s : replicas_) {
     if (s->url() == first) home = s.get();
   }
   ASSERT_NE(home, nullptr);
@@ -317,9 +327,9 @@ TEST_F(GatewayTest, ASessionStaysOnItsReplicaWhileItCan) {
 }
 
 TEST_F(GatewayTest, A503IsRetriedOnAnotherReplica) {
-  StubReplica& bad = AddStub(true, 1);
-  StubReplica& good = AddStub(true, 1);
-  bad.set_mode(StubReplica::Mode::kUnavailable);
+  ScriptedReplica& bad = AddReplica(true, 1);
+  ScriptedReplica& good = AddReplica(true, 1);
+  bad.set_mode(ScriptedReplica::Mode::kUnavailable);
   StartGateway(StaticSpec(), Options(30s, 60s));
   ASSERT_TRUE(ReadyCount(2));
   for (int i = 0; i < 100 && bad.generates() == 0; ++i) {
@@ -332,9 +342,9 @@ TEST_F(GatewayTest, A503IsRetriedOnAnotherReplica) {
 }
 
 TEST_F(GatewayTest, AReplicaDyingMidRequestIsRetriedElsewhere) {
-  StubReplica& dying = AddStub(true, 1);
-  StubReplica& good = AddStub(true, 1);
-  dying.set_mode(StubReplica::Mode::kDieMidRequest);
+  ScriptedReplica& dying = AddReplica(true, 1);
+  ScriptedReplica& good = AddReplica(true, 1);
+  dying.set_mode(ScriptedReplica::Mode::kDieMidRequest);
   StartGateway(StaticSpec(), Options(30s, 60s));
   ASSERT_TRUE(ReadyCount(2));
   for (int i = 0; i < 100 && dying.generates() == 0; ++i) {
@@ -357,10 +367,7 @@ TEST_F(GatewayTest, AReplicaDyingMidRequestIsRetriedElsewhere) {
 TEST_F(GatewayTest, AClientThatLeavesEndsTheCallToItsReplica) {
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "plain");
-    stubs_.clear();
-    StubReplica& stub = AddStub(true, 1);
-    stub.set_mode(StubReplica::Mode::kHang);
-    StartGateway(StaticSpec());
+    ScriptedReplica& replica = RestartWithOneReplica(ScriptedReplica::Mode::kHang);
     ASSERT_TRUE(ReadyCount(1));
     {
       testing::RawSocket client(gateway_->port());
@@ -372,11 +379,11 @@ TEST_F(GatewayTest, AClientThatLeavesEndsTheCallToItsReplica) {
         const std::string got = client.ReadUntil("\n\n");
         EXPECT_NE(got.find(R"(data: {"token":0})"), std::string::npos) << got;
       }
-      ASSERT_TRUE(Eventually([&] { return stub.generates() == 1; }));
-      EXPECT_EQ(stub.disconnects(), 0);
+      ASSERT_TRUE(Eventually([&] { return replica.generates() == 1; }));
+      EXPECT_EQ(replica.disconnects(), 0);
     }  // the client goes away
-    EXPECT_TRUE(Eventually([&] { return stub.disconnects() == 1; }));
-    EXPECT_EQ(stub.generates(), 1);  // and nothing was retried elsewhere or again
+    EXPECT_TRUE(Eventually([&] { return replica.disconnects() == 1; }));
+    EXPECT_EQ(replica.generates(), 1);  // and nothing was retried elsewhere or again
     StopGateway();
   }
 }
@@ -386,10 +393,7 @@ TEST_F(GatewayTest, AClientThatLeavesEndsTheCallToItsReplica) {
 TEST_F(GatewayTest, AnUnreachableLastReplicaIsARetryable503) {
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "plain");
-    stubs_.clear();
-    StubReplica& dying = AddStub(true, 1);
-    dying.set_mode(StubReplica::Mode::kDieMidRequest);
-    StartGateway(StaticSpec(), Options(100ms, 60s));
+    RestartWithOneReplica(ScriptedReplica::Mode::kDieMidRequest, Options(100ms, 60s));
     ASSERT_TRUE(ReadyCount(1));
     Answer a = Generate(R"({"min_version":1})", "", stream);
     EXPECT_EQ(a.status, 503) << a.text;
@@ -402,8 +406,8 @@ TEST_F(GatewayTest, AnUnreachableLastReplicaIsARetryable503) {
 TEST_F(GatewayTest, AStale409IsRetriedAndTheVersionLearned) {
   // The gateway believes both replicas serve v2; one actually fell back to
   // v1 and answers 409: the request lands on the other.
-  StubReplica& stale = AddStub(true, 2);
-  StubReplica& good = AddStub(true, 2);
+  ScriptedReplica& stale = AddReplica(true, 2);
+  ScriptedReplica& good = AddReplica(true, 2);
   StartGateway(StaticSpec(), Options(30s, 60s));
   ASSERT_TRUE(ReadyCount(2));
   stale.set_version(1);
@@ -421,7 +425,7 @@ TEST_F(GatewayTest, AStale409IsRetriedAndTheVersionLearned) {
 }
 
 TEST_F(GatewayTest, WaitsForTheFleetToCatchUp) {
-  StubReplica& replica = AddStub(true, 1);
+  ScriptedReplica& replica = AddReplica(true, 1);
   StartGateway(StaticSpec(), Options(20s, 60s));
   ASSERT_TRUE(ReadyCount(1));
   auto pending = std::async(std::launch::async, [&] { return Generate(R"({"exact_version":2})"); });
@@ -436,7 +440,7 @@ TEST_F(GatewayTest, WaitsForTheFleetToCatchUp) {
 }
 
 TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {
-  AddStub(true, 1);
+  AddReplica(true, 1);
   StartGateway(StaticSpec(), Options(300ms, 50ms));
   ASSERT_TRUE(ReadyCount(1));
   const auto start = std::chrono::steady_clock::now();
@@ -453,7 +457,7 @@ TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {
 }
 
 TEST_F(GatewayTest, StreamsArePassedThrough) {
-  AddStub(true, 3);
+  AddReplica(true, 3);
   StartGateway(StaticSpec());
   ASSERT_TRUE(ReadyCount(1));
   Answer a = Generate(R"({"exact_version":3})", "", /*stream=*/true);
@@ -464,7 +468,7 @@ TEST_F(GatewayTest, StreamsArePassedThrough) {
 }
 
 TEST_F(GatewayTest, EngineControlRoutesAreNeverForwarded) {
-  StubReplica& replica = AddStub(true, 1);
+  ScriptedReplica& replica = AddReplica(true, 1);
   StartGateway(StaticSpec());
   ASSERT_TRUE(ReadyCount(1));
   auto blocked = HttpFetch("POST", gateway_->url() + "/update_weights_from_disk", "{}");
@@ -478,7 +482,7 @@ TEST_F(GatewayTest, EngineControlRoutesAreNeverForwarded) {
 }
 
 TEST_F(GatewayTest, HealthReplicasAndMetrics) {
-  StubReplica& replica = AddStub(false, 1);
+  ScriptedReplica& replica = AddReplica(false, 1);
   StartGateway(StaticSpec());
   ASSERT_TRUE(Eventually([&] { return Snapshot().replicas.size() == 1; }));
   auto health = HttpFetch("GET", gateway_->url() + "/health");
@@ -516,8 +520,8 @@ TEST_F(GatewayTest, HealthReplicasAndMetrics) {
 
 TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {
   testing::TempDir tmp;
-  StubReplica& first = AddStub(true, 1);
-  StubReplica& joining = AddStub(false, 1);
+  ScriptedReplica& first = AddReplica(true, 1);
+  ScriptedReplica& joining = AddReplica(false, 1);
   const auto file = tmp / "replicas.txt";
   { std::ofstream(file) << first.url() << "\n"; }
   StartGateway("file:" + file.string());
@@ -532,9 +536,9 @@ TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {
 }
 
 TEST_F(GatewayTest, DiscoversReplicasThroughDns) {
-  StubReplica& replica = AddStub(true, 4);
+  ScriptedReplica& replica = AddReplica(true, 4);
   const std::string port = replica.url().substr(replica.url().rfind(':') + 1);
-  // localhost resolves through /etc/hosts (maybe also to ::1, where the stub
+  // localhost resolves through /etc/hosts (maybe also to ::1, where the replica
   // does not listen: that address simply never becomes ready).
   StartGateway("dns:localhost:" + port);
   ASSERT_TRUE(ReadyCount(1));
@@ -544,7 +548,7 @@ TEST_F(GatewayTest, DiscoversReplicasThroughDns) {
 }
 
 TEST_F(GatewayTest, BadRequestsAreRefusedUpFront) {
-  AddStub(true, 1);
+  AddReplica(true, 1);
   StartGateway(StaticSpec());
   auto r = HttpFetch("POST", gateway_->url() + "/generate",
                      R"({"weight_version":{"exact_version":"x"}})");

@@ -7,72 +7,64 @@
 namespace stitch::net_internal {
 namespace {
 
+// The head FormatResponseHead writes into an empty string, or its error.
+std::string ResponseHead(unsigned version, int status, const HttpHeaders& headers, Framing framing,
+                         size_t body_size, bool keep_alive, bool* close) {
+  std::string head;
+  const absl::Status s =
+      FormatResponseHead(version, status, headers, framing, body_size, keep_alive, close, head);
+  return s.ok() ? head : "error: " + s.ToString();
+}
+
 TEST(WireTest, ResponseHeadCarriesTheFieldsTheLengthAndNoFramingFromTheHandler) {
   HttpHeaders headers{{"Content-Type", "application/json"},
                       {"Content-Length", "999"},
                       {"Transfer-Encoding", "chunked"},
                       {"X-Trace", "a, b"}};
-  std::string head;
   bool close = false;
-  ASSERT_TRUE(
-      FormatResponseHead(11, 200, headers, Framing::kLength, 17, /*keep_alive=*/true, &close, head)
-          .ok());
-  EXPECT_EQ(head,
+  EXPECT_EQ(ResponseHead(11, 200, headers, Framing::kLength, 17, /*keep_alive=*/true, &close),
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Trace: a, b\r\n"
             "Content-Length: 17\r\n\r\n");
   EXPECT_FALSE(close);
 }
 
 TEST(WireTest, ResponseHeadSaysHowTheConnectionEnds) {
-  std::string head;
   bool close = false;
   // HTTP/1.1 keeps the connection unless told otherwise.
-  ASSERT_TRUE(
-      FormatResponseHead(11, 503, {}, Framing::kLength, 0, /*keep_alive=*/false, &close, head)
-          .ok());
-  EXPECT_EQ(head,
+  EXPECT_EQ(ResponseHead(11, 503, {}, Framing::kLength, 0, /*keep_alive=*/false, &close),
             "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   // HTTP/1.0 closes unless told otherwise.
-  head.clear();
-  ASSERT_TRUE(
-      FormatResponseHead(10, 200, {}, Framing::kLength, 2, /*keep_alive=*/true, &close, head).ok());
-  EXPECT_EQ(head, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n");
+  EXPECT_EQ(ResponseHead(10, 200, {}, Framing::kLength, 2, /*keep_alive=*/true, &close),
+            "HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n");
   // A handler's "Connection: close" closes after this answer.
-  head.clear();
-  ASSERT_TRUE(FormatResponseHead(11, 200, {{"Connection", "keep-alive, close"}}, Framing::kLength,
-                                 0, true, &close, head)
-                  .ok());
+  EXPECT_EQ(ResponseHead(11, 200, {{"Connection", "keep-alive, close"}}, Framing::kLength, 0, true,
+                         &close),
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   EXPECT_TRUE(close);
-  EXPECT_EQ(head, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
 }
 
 TEST(WireTest, NoContentHasNoLength) {
-  std::string head;
   bool close = false;
-  ASSERT_TRUE(FormatResponseHead(11, 204, {}, Framing::kNone, 0, true, &close, head).ok());
-  EXPECT_EQ(head, "HTTP/1.1 204 No Content\r\n\r\n");
+  EXPECT_EQ(ResponseHead(11, 204, {}, Framing::kNone, 0, true, &close),
+            "HTTP/1.1 204 No Content\r\n\r\n");
 }
 
 TEST(WireTest, AStreamedBodyIsChunkedOrEndsWithAnHttp10Connection) {
   HttpHeaders headers{{"Content-Type", "text/event-stream"}, {"Content-Length", "5"}};
-  std::string head;
   bool close = false;
-  ASSERT_TRUE(FormatResponseHead(11, 200, headers, Framing::kStreamed, 0, true, &close, head).ok());
-  EXPECT_EQ(head,
+  EXPECT_EQ(ResponseHead(11, 200, headers, Framing::kStreamed, 0, true, &close),
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             "Transfer-Encoding: chunked\r\n\r\n");
   EXPECT_FALSE(close);
-  head.clear();
-  ASSERT_TRUE(FormatResponseHead(10, 200, headers, Framing::kStreamed, 0, true, &close, head).ok());
-  EXPECT_EQ(head, "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n");
+  EXPECT_EQ(ResponseHead(10, 200, headers, Framing::kStreamed, 0, true, &close),
+            "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n");
   EXPECT_TRUE(close);
 }
 
 TEST(WireTest, AStatusWithoutAKnownReasonHasAnEmptyOne) {
-  std::string head;
   bool close = false;
-  ASSERT_TRUE(FormatResponseHead(11, 299, {}, Framing::kLength, 0, true, &close, head).ok());
-  EXPECT_EQ(head, "HTTP/1.1 299 \r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(ResponseHead(11, 299, {}, Framing::kLength, 0, true, &close),
+            "HTTP/1.1 299 \r\nContent-Length: 0\r\n\r\n");
 }
 
 TEST(WireTest, FieldsThatWouldSplitTheHeadAreRefused) {
