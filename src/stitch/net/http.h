@@ -8,8 +8,8 @@
 // HttpRequest::headers or HttpResponse::headers, so a handler can forward a
 // received message without scrubbing it first. A field name that is not an
 // HTTP token, or a value with CR, LF or NUL, would split the message: the
-// server's Respond() and the client's calls refuse it with InvalidArgument
-// before anything is sent.
+// server's answers (Respond(), BeginStream()) and the client's calls refuse
+// it with InvalidArgument before anything is sent.
 #pragma once
 
 #include <cstdint>
