@@ -93,4 +93,17 @@ Checksum128 Xxh3Hasher::Digest() const {
   return c;
 }
 
+Checksum128 WeightsFingerprint(const std::map<std::string, Checksum128, std::less<>>& checksums) {
+  Xxh3Hasher hasher;
+  for (const auto& [name, checksum] : checksums) {
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH128_hash_t{checksum.low, checksum.high});
+    hasher.Update(std::as_bytes(std::span(name.data(), name.size())));
+    const std::byte separator{0};
+    hasher.Update(std::span(&separator, 1));
+    hasher.Update(std::as_bytes(std::span(canonical.digest)));
+  }
+  return hasher.Digest();
+}
+
 }  // namespace stitch

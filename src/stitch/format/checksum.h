@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,6 +36,14 @@ struct Checksum128 {
 
 // The xxh3-128 of `bytes` in one call.
 Checksum128 Xxh3Checksum(std::span<const std::byte> bytes);
+
+// The fingerprint of a whole set of weights: the xxh3-128 of, for every
+// tensor in name order, its name, a NUL byte and the 16 bytes of its
+// checksum's canonical form. Two sets of weights have the same fingerprint
+// exactly when they name the same tensors with the same checksums, so an
+// engine that reports the fingerprint of what it loaded can be checked
+// against the checksums a store records, without moving any tensor bytes.
+Checksum128 WeightsFingerprint(const std::map<std::string, Checksum128, std::less<>>& checksums);
 
 // Streaming xxh3-128: Update() with consecutive pieces, then Digest(). The
 // result equals Xxh3Checksum of the concatenation. Move-only; not

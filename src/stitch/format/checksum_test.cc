@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stitch/format/xxh3_ops.h"
@@ -82,6 +84,40 @@ TEST(ChecksumTest, HexRoundTripsAndRejectsMalformedText) {
     absl::StatusOr<Checksum128> r = Checksum128::FromHex(bad);
     EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
   }
+}
+
+// The fingerprint is defined byte for byte (so that other implementations
+// can compute it): name, NUL, the checksum's 16 canonical bytes, per tensor
+// in name order.
+TEST(ChecksumTest, WeightsFingerprintHashesNamesAndChecksumsInNameOrder) {
+  const Checksum128 a = Xxh3Checksum(Bytes("tensor a"));
+  const Checksum128 b = Xxh3Checksum(Bytes("tensor b"));
+  std::map<std::string, Checksum128, std::less<>> weights{{"b.weight", b}, {"a.weight", a}};
+  std::string expected_input;
+  for (const auto& [name, c] :
+       {std::pair{std::string("a.weight"), a}, std::pair{std::string("b.weight"), b}}) {
+    expected_input += name;
+    expected_input.push_back('\0');
+    const std::string hex = c.ToHex();
+    for (size_t i = 0; i < 32; i += 2) {
+      expected_input.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    }
+  }
+  EXPECT_EQ(WeightsFingerprint(weights), Xxh3Checksum(Bytes(expected_input)));
+
+  // Any change to a checksum or a name changes it; so does a missing tensor.
+  const Checksum128 original = WeightsFingerprint(weights);
+  auto changed = weights;
+  changed["b.weight"] = Xxh3Checksum(Bytes("tensor b, one byte flipped"));
+  EXPECT_NE(WeightsFingerprint(changed), original);
+  auto renamed = weights;
+  renamed.erase("b.weight");
+  renamed["c.weight"] = b;
+  EXPECT_NE(WeightsFingerprint(renamed), original);
+  auto fewer = weights;
+  fewer.erase("a.weight");
+  EXPECT_NE(WeightsFingerprint(fewer), original);
+  EXPECT_EQ(WeightsFingerprint({}), Xxh3Checksum({}));
 }
 
 }  // namespace

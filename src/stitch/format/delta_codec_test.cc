@@ -15,6 +15,7 @@
 #include "stitch/format/delta_test_util.h"
 #include "stitch/format/delta_verify.h"
 #include "stitch/format/delta_version.h"
+#include "stitch/format/weights_checksums.h"
 
 namespace stitch {
 namespace {
@@ -123,6 +124,40 @@ TEST_F(DeltaCodecTest, EncodedDeltaHoldsOnlyChangedTensorsWithTargetChecksums) {
     ASSERT_EQ(t.shape.size(), 1u);
     EXPECT_EQ(payload->metadata().at(t.name), Xxh3Checksum(versions_[1].at(t.name).bytes).ToHex());
   }
+}
+
+// What a sidecar expects an engine to report after loading v4: the anchor's
+// tensors hashed, then each delta's recorded target checksums, give the
+// same fingerprint as the hashes of v4's own bytes.
+TEST_F(DeltaCodecTest, FoldingDeltaChecksumsGivesTheTargetsFingerprint) {
+  absl::StatusOr<TensorChecksums> folded = HashCheckpointTensors(Ckpt(0));
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  for (size_t v = 1; v <= 4; ++v) {
+    absl::Status s = FoldDeltaChecksums(Delta(v), *folded);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  absl::StatusOr<TensorChecksums> target = HashCheckpointTensors(Ckpt(4));
+  ASSERT_TRUE(target.ok()) << target.status();
+  EXPECT_EQ(*folded, *target);
+  for (const auto& [name, tensor] : versions_[4]) {
+    EXPECT_EQ(target->at(name), Xxh3Checksum(tensor.bytes)) << name;
+  }
+  EXPECT_EQ(WeightsFingerprint(*folded), WeightsFingerprint(*target));
+
+  // Stopping one delta short gives v3's weights, which differ.
+  absl::StatusOr<TensorChecksums> short_chain = HashCheckpointTensors(Ckpt(0));
+  ASSERT_TRUE(short_chain.ok());
+  for (size_t v = 1; v <= 3; ++v) ASSERT_TRUE(FoldDeltaChecksums(Delta(v), *short_chain).ok());
+  EXPECT_NE(WeightsFingerprint(*short_chain), WeightsFingerprint(*target));
+}
+
+TEST_F(DeltaCodecTest, FoldingADeltaOfAnotherModelIsRefusedAndChangesNothing) {
+  TensorChecksums other{{"embed.weight", Checksum128{1, 2}}};
+  const TensorChecksums before = other;
+  absl::Status s = FoldDeltaChecksums(Delta(1), other);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("layers.0.attn.w"), std::string_view::npos) << s;
+  EXPECT_EQ(other, before);
 }
 
 TEST_F(DeltaCodecTest, UnchangedModelGivesAnEmptyDelta) {
