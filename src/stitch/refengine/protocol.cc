@@ -1074,6 +1074,8 @@ std::string FormatServerInfo(const EngineStatus& s) {
   o["weight_version"] = WeightVersionString(s.scheduler.weight_version);
   o["weight_version_id"] = VersionText(s.scheduler.weight_version);
   o["run_id"] = s.scheduler.weight_version.run_id;
+  o["weights_fingerprint"] = s.scheduler.weights_fingerprint.ToHex();
+  o["instance_id"] = s.instance_id;
   o["boot_version"] = s.boot_version;
   o["healthy"] = s.healthy;
   o["seconds_since_heartbeat"] = s.seconds_since_heartbeat;
@@ -1121,6 +1123,8 @@ std::string FormatModelInfo(const EngineStatus& s) {
   o["parameters"] = s.parameters;
   o["weight_version"] = WeightVersionString(s.scheduler.weight_version);
   o["weight_version_id"] = VersionText(s.scheduler.weight_version);
+  o["weights_fingerprint"] = s.scheduler.weights_fingerprint.ToHex();
+  o["instance_id"] = s.instance_id;
   boost::system::error_code ec;
   json::value config = json::parse(s.config.ToJson(), ec);
   o["config"] = ec ? json::value(nullptr) : std::move(config);

@@ -151,7 +151,10 @@ struct CommitOutcome {
 };
 std::string FormatCommitResult(const CommitOutcome& outcome);
 
-// GET /server_info, /model_info.
+// GET /server_info, /model_info. Besides SGLang's fields, both carry
+// `weight_version_id` (the identity, with its run), `instance_id` and
+// `weights_fingerprint` (WeightsFingerprint of the serving weights, 32 hex
+// digits), which let a sidecar verify what this engine holds.
 struct EngineStatus {
   std::string model_path;
   std::string served_model_name;
@@ -166,6 +169,8 @@ struct EngineStatus {
   double seconds_since_heartbeat = 0;
   double uptime_seconds = 0;
   std::optional<CommitOutcome> last_commit;
+  // Random per process: a new value means the engine restarted.
+  std::string instance_id;
 };
 std::string FormatServerInfo(const EngineStatus& status);
 std::string FormatModelInfo(const EngineStatus& status);

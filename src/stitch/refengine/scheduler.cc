@@ -68,6 +68,7 @@ Scheduler::Scheduler(std::shared_ptr<const ModelWeights> weights, VersionRef ver
     : config_(weights->config()),
       options_(std::move(options)),
       version_(version),
+      fingerprint_(weights->fingerprint()),
       heartbeat_(options_.clock()),
       weights_(std::move(weights)),
       serving_version_(std::move(version)) {
@@ -228,6 +229,7 @@ void Scheduler::SwapWeights(std::shared_ptr<const ModelWeights> weights, Version
     const auto start = std::chrono::steady_clock::now();
     if (at_pause) std::move(at_pause)();
     SwapResult result;
+    const Checksum128 fingerprint = weights->fingerprint();
     result.previous = std::exchange(weights_, std::move(weights));
     result.previous_version = std::exchange(serving_version_, version);
     for (const std::unique_ptr<Entry>& e : running_)
@@ -237,6 +239,7 @@ void Scheduler::SwapWeights(std::shared_ptr<const ModelWeights> weights, Version
     {
       absl::MutexLock lock(&mu_);
       version_ = std::move(version);
+      fingerprint_ = fingerprint;
       last_swap_pause_seconds_ = result.pause_seconds;
     }
     weight_swaps_.fetch_add(1, std::memory_order_relaxed);
@@ -257,6 +260,7 @@ SchedulerStats Scheduler::stats() const {
   s.paused = paused_;
   s.pause_mode = pause_mode_;
   s.weight_version = version_;
+  s.weights_fingerprint = fingerprint_;
   s.pending_commands = static_cast<int64_t>(commands_.size());
   s.last_swap_pause_seconds = last_swap_pause_seconds_;
   s.heartbeat = heartbeat_;

@@ -148,7 +148,8 @@ struct SchedulerStats {
   bool paused = false;
   PauseMode pause_mode = PauseMode::kInPlace;  // meaningful when paused
   VersionRef weight_version;
-  int64_t pending_commands = 0;  // posted, not yet run
+  Checksum128 weights_fingerprint;  // ModelWeights::fingerprint() of the serving weights
+  int64_t pending_commands = 0;     // posted, not yet run
   uint64_t steps = 0;
   uint64_t tokens_generated = 0;
   uint64_t requests_finished = 0;  // every finish, aborts included
@@ -255,6 +256,7 @@ class Scheduler {
   PauseMode pause_mode_ ABSL_GUARDED_BY(mu_) = PauseMode::kInPlace;
   int64_t running_count_ ABSL_GUARDED_BY(mu_) = 0;
   VersionRef version_ ABSL_GUARDED_BY(mu_);
+  Checksum128 fingerprint_ ABSL_GUARDED_BY(mu_);
   double last_swap_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point heartbeat_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

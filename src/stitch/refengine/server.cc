@@ -211,6 +211,7 @@ struct EngineServer::Impl {
   // Loop thread only.
   std::mt19937_64 random{std::random_device{}()};
   bool committing = false;
+  const std::string instance_id = absl::StrFormat("%016x%016x", random(), random());
 
   mutable absl::Mutex mu;
   std::optional<CommitOutcome> last_commit ABSL_GUARDED_BY(mu);
@@ -259,6 +260,7 @@ EngineStatus EngineServer::Impl::Status() const {
   s.seconds_since_heartbeat = scheduler->SecondsSinceHeartbeat();
   s.healthy = scheduler->Healthy();
   s.uptime_seconds = SecondsSince(started);
+  s.instance_id = instance_id;
   absl::MutexLock lock(&mu);
   s.last_commit = last_commit;
   return s;
@@ -522,6 +524,17 @@ awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
     co_await RespondError(ex, error);
     co_return;
   }
+  if (!request.weight_version.has_value() && !loaded->recorded_version.has_value()) {
+    // Keeping the old label on new weights would make every later response
+    // name weights that are no longer served.
+    committing = false;
+    const absl::Status unlabelled = absl::InvalidArgumentError(absl::StrCat(
+        request.model_path.string(),
+        " records no version (its index has no metadata.version): give weight_version, the "
+        "version these weights are; the serving weights are unchanged"));
+    co_await RespondError(ex, unlabelled);
+    co_return;
+  }
   if (request.abort_all_requests) {
     Scheduler* s = scheduler.get();
     CommandStart<int64_t> abort = [s](CommandDone<int64_t> done) {
@@ -536,6 +549,18 @@ awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
     if (!request.weight_version->run_id.empty()) version.run_id = request.weight_version->run_id;
   } else if (loaded->recorded_version.has_value()) {
     version.version = *loaded->recorded_version;
+  }
+  if (version == current &&
+      loaded->weights->fingerprint() != scheduler->stats().weights_fingerprint) {
+    // A label names one set of weights: reusing it for others would make
+    // responses under it ambiguous.
+    committing = false;
+    const absl::Status relabel = absl::InvalidArgumentError(absl::StrCat(
+        request.model_path.string(), " holds other weights than the served ", version.ToString(),
+        ", and a version names one set of weights: give the weight_version these weights are; "
+        "the serving weights are unchanged"));
+    co_await RespondError(ex, relabel);
+    co_return;
   }
   std::string what = absl::StrCat("disk (", request.model_path.string(), ")");
   co_await Commit(ex, std::move(loaded->weights), version, std::move(what), start);

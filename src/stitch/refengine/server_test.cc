@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
+#include "stitch/format/weights_checksums.h"
 #include "stitch/net/client.h"
 #include "stitch/refengine/engine_test_util.h"
 #include "stitch/refengine/tokenizer.h"
@@ -637,6 +638,66 @@ TEST_F(EngineServerTest, InfoRoutesReportTheBootVersionAndConfiguration) {
   EXPECT_EQ(JsonGet(Get("/get_model_info").body, "is_generation"), "true");
   EXPECT_EQ(JsonGet(Get("/v1/models").body, "data.0.id"), "test-model");
   ExpectGeneratesLike(*Weights(0), "7");
+}
+
+// What a sidecar verifies: the fingerprint of the serving weights equals
+// what the checkpoint's own tensors give, follows every load, and the
+// instance id is the process's.
+TEST_F(EngineServerTest, WhatItHoldsIsReportedAsAFingerprintAndAnInstance) {
+  Publish();
+  Start();
+  auto fingerprint = [](const fs::path& dir) {
+    absl::StatusOr<TensorChecksums> c = HashCheckpointTensors(dir);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? WeightsFingerprint(*c).ToHex() : std::string();
+  };
+  const std::string info = Get("/model_info").body;
+  EXPECT_EQ(JsonGet(info, "weights_fingerprint"), fingerprint(boot_));
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "weights_fingerprint"), fingerprint(boot_));
+  const std::string instance = JsonGet(info, "instance_id").value_or("");
+  EXPECT_EQ(instance.size(), 32u);
+
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(4, "disk")).status, 200);
+  ASSERT_EQ(Post("/update_weights_from_disk",
+                 absl::StrCat(R"({"model_path": ")", local_.string(), R"("})"))
+                .status,
+            200);
+  const std::string after = Get("/model_info").body;
+  EXPECT_EQ(JsonGet(after, "weights_fingerprint"), fingerprint(local_));
+  EXPECT_NE(fingerprint(local_), fingerprint(boot_));
+  EXPECT_EQ(JsonGet(after, "weight_version_id"), "run-a/weight_v000004");
+  EXPECT_EQ(JsonGet(after, "instance_id"), instance);
+
+  EngineOptions other;
+  other.model_dir = boot_;
+  absl::StatusOr<std::unique_ptr<EngineServer>> second = EngineServer::Start(other);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE((*second)->Status().instance_id, instance);
+}
+
+// A label names one set of weights: a load that would leave the served label
+// on weights it does not name is refused, and the weights stay.
+TEST_F(EngineServerTest, ALoadNeverLeavesALabelOnWeightsItDoesNotName) {
+  Publish();
+  Start();
+  HttpResponse unlabelled = Post("/update_weights_from_disk",
+                                 absl::StrCat(R"({"model_path": ")", boot_.string(), R"("})"));
+  EXPECT_EQ(unlabelled.status, 400) << unlabelled.body;
+  EXPECT_THAT(unlabelled.body, HasSubstr("records no version"));
+
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(4, "disk")).status, 200);
+  HttpResponse relabelled = Post("/update_weights_from_disk",
+                                 absl::StrCat(R"({"model_path": ")", local_.string(),
+                                              R"(", "weight_version": "run-a/weight_v000000"})"));
+  EXPECT_EQ(relabelled.status, 400) << relabelled.body;
+  EXPECT_THAT(relabelled.body, HasSubstr("names one set of weights"));
+  ExpectGeneratesLike(*Weights(0), "0");
+
+  // Reloading the same weights under their own label is fine.
+  HttpResponse reload = Post("/update_weights_from_disk",
+                             absl::StrCat(R"({"model_path": ")", boot_.string(),
+                                          R"(", "weight_version": "run-a/weight_v000000"})"));
+  EXPECT_EQ(reload.status, 200) << reload.body;
 }
 
 TEST_F(EngineServerTest, FaultInjectionFailsStagingsCommitsAndHangsHealth) {

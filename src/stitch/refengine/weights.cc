@@ -125,13 +125,18 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ModelWeights::FromTensors(
     const ModelConfig& config, std::span<const TensorView> tensors) {
   if (absl::Status s = ValidateTensors(config, tensors); !s.ok()) return s;
   std::map<std::string_view, const TensorView*> by_name;
-  for (const TensorView& t : tensors) by_name.emplace(t.name, &t);
+  std::map<std::string, Checksum128, std::less<>> checksums;
+  for (const TensorView& t : tensors) {
+    by_name.emplace(t.name, &t);
+    checksums.emplace(t.name, Xxh3Checksum(t.data));
+  }
 
   auto get = [&](const std::string& name, std::vector<float>& out) {
     AppendFloats(*by_name.at(name), out);
   };
   std::shared_ptr<ModelWeights> w(new ModelWeights());
   w->config_ = config;
+  w->fingerprint_ = WeightsFingerprint(checksums);
   get("model.embed_tokens.weight", w->embedding_);
   w->layers_.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/format/checksum.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/refengine/config.h"
 
@@ -75,10 +76,14 @@ class ModelWeights {
   }
   // Rotary inverse frequencies rope_theta^(-2i / head_dim), i < head_dim / 2.
   std::span<const double> rope_inv_freq() const { return rope_inv_freq_; }
+  // WeightsFingerprint (format/checksum.h) of the tensors these weights were
+  // built from, as their bytes were given (before widening to float32): the
+  // same value a store's recorded per-tensor checksums give for them.
+  const Checksum128& fingerprint() const { return fingerprint_; }
 
   // Builds weights from `tensors` for `config` (a valid configuration) after
   // ValidateTensors, whose error it returns. bfloat16 values are widened to
-  // float32 exactly.
+  // float32 exactly. Hashes every tensor once for the fingerprint.
   [[nodiscard]] static absl::StatusOr<std::shared_ptr<const ModelWeights>> FromTensors(
       const ModelConfig& config, std::span<const TensorView> tensors);
 
@@ -91,6 +96,7 @@ class ModelWeights {
   std::vector<float> final_norm_;
   std::vector<float> lm_head_;  // empty when tied
   std::vector<double> rope_inv_freq_;
+  Checksum128 fingerprint_;
 };
 
 // Loads a checkpoint directory: `config.json`, the Hugging Face index (or a
