@@ -387,12 +387,15 @@ TEST_F(SidecarIntegrationTest, MetricsAnswerBeforeTheFirstPointerExists) {
   auto metrics = Call("GET", "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_EQ(metrics->status, 200);
-  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 0"));
   EXPECT_THAT(metrics->body, HasSubstr("# TYPE stitch_sidecar_requests_in_flight gauge"));
-  // With no pointer there is nothing to catch up with: ready at the boot
-  // version, and it serves.
+  // With no pointer there is nothing to catch up with: once the engine's
+  // boot weights are verified, ready at the boot version, and it serves.
   ASSERT_TRUE(ServesVersion(0));
   EXPECT_EQ(Generate(url_, R"({"exact_version":0})").status, 200);
+  metrics = Call("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 0"));
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_engine_verified 1"));
 }
 
 TEST_F(SidecarIntegrationTest, InconsistentFlagsAreRefusedWithOneLine) {

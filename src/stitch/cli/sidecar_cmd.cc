@@ -199,8 +199,11 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--reconcile-interval", flags.reconcile_interval_s,
                   "Seconds between backstop reconciles (0 disables them)")
       ->capture_default_str();
-  cmd->add_option("--watchdog-interval", flags.watchdog_interval_s,
-                  "Seconds between engine health probes (0 disables the watchdog)")
+  cmd->add_option(
+         "--watchdog-interval", flags.watchdog_interval_s,
+         "Seconds between engine checks: alive, and holding the weights the sidecar loaded (0 "
+         "disables the periodic checks; a request that cannot reach the engine still "
+         "triggers one)")
       ->capture_default_str();
   cmd->add_option("--watchdog-threshold", flags.watchdog_threshold,
                   "Failed probes in a row that end the replica")

@@ -91,6 +91,7 @@ json::value ReplicaStateToJsonValue(const ReplicaState& s) {
   o["update_destination_ready"] = s.update_destination_ready;
   o["update_destination_error"] = s.update_destination_error;
   o["terminal_error"] = s.terminal_error;
+  o["sync_error"] = s.sync_error;
   json::object m;
   for (const auto& [k, v] : s.metrics) m[k] = v;
   o["metrics"] = std::move(m);
@@ -129,9 +130,10 @@ absl::StatusOr<ReplicaState> ReplicaStateFromJsonValue(const json::value& v) {
                         std::pair{"update_destination_ready", &s.update_destination_ready}}) {
     if (absl::Status st = get_bool(k, *out); !st.ok()) return st;
   }
-  for (auto [k, out] : {std::pair{"reason", &s.reason}, std::pair{"run_id", &s.run_id},
-                        std::pair{"update_destination_error", &s.update_destination_error},
-                        std::pair{"terminal_error", &s.terminal_error}}) {
+  for (auto [k, out] :
+       {std::pair{"reason", &s.reason}, std::pair{"run_id", &s.run_id},
+        std::pair{"update_destination_error", &s.update_destination_error},
+        std::pair{"terminal_error", &s.terminal_error}, std::pair{"sync_error", &s.sync_error}}) {
     if (absl::Status st = get_string(k, *out); !st.ok()) return st;
   }
   std::string text;

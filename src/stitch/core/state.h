@@ -30,6 +30,8 @@ std::string_view CommitModeName(CommitMode m);
 // What one sidecar reports about itself (GET /server_info).
 struct ReplicaState {
   bool ready = false;
+  // What the replica serves; nullopt while it has not verified which
+  // weights its engine holds (it then serves nothing versioned).
   std::optional<VersionRef> applied;
   SyncState sync_state = SyncState::kIdle;
   std::string reason;
@@ -39,6 +41,9 @@ struct ReplicaState {
   bool update_destination_ready = false;
   std::string update_destination_error;
   std::string terminal_error;
+  // Why the last reconcile pass failed (a version that cannot be staged, a
+  // store that cannot be read), until a pass catches up; "" otherwise.
+  std::string sync_error;
   // Timings and counters of the last reconcile pass (stage_s, commit_s, ...).
   std::map<std::string, double> metrics;
 

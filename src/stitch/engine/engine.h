@@ -8,7 +8,8 @@
 //   Pause(); Commit(target); Resume()
 //                                   the only paused moment (admission closed)
 //   ResetToBoot(boot)               a run change, while paused and drained
-//   Health(timeout)                 the watchdog's probe
+//   Health(timeout), Report(timeout) the watchdog's probe: alive, and what
+//                                   weights it says it holds
 // and, on the data plane, TagRequest / StampResponse for every versioned
 // request, Abort for requests whose client went away.
 //
@@ -39,10 +40,12 @@
 #include "absl/status/statusor.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
+#include "stitch/format/checksum.h"
 
 namespace boost::json {
 class object;
-}
+class value;
+}  // namespace boost::json
 
 namespace stitch {
 
@@ -95,6 +98,43 @@ enum class ApiRoute {
   kChatCompletions,  // OpenAI /v1/chat/completions
 };
 
+// What an engine says about the weights it serves (Engine::Report): the
+// sidecar compares it with what it loaded to verify the engine, and to
+// notice a restart or a change of weights it did not make.
+struct EngineReport {
+  // The engine's own label of its serving weights, as given (SGLang's
+  // `weight_version`: whatever the last load named, "default" for an engine
+  // started without one).
+  std::string label;
+  // The label read as a version (ParseEngineLabel); nullopt when it names
+  // none.
+  std::optional<VersionRef> held;
+  // Changes when the engine process restarts; "" when it reports none.
+  std::string instance;
+  // WeightsFingerprint (format/checksum.h) of the serving weights, when the
+  // engine reports one.
+  std::optional<Checksum128> fingerprint;
+};
+
+// Reads an engine's weight label as a version: an identity
+// ("run/weight_v000007", its run included) or a bare number ("7", run "").
+// nullopt for anything else ("default", "", a label someone else chose).
+std::optional<VersionRef> ParseEngineLabel(std::string_view label);
+
+// Parses an engine's /model_info (or /server_info) body into a report:
+// `weight_version_id` (the reference engine's identity) when present, else
+// `weight_version` (a string or a number); `instance_id`;
+// `weights_fingerprint` (32 hex digits). InvalidArgument when the body is
+// not a JSON object or a present field has the wrong type.
+[[nodiscard]] absl::StatusOr<EngineReport> ParseEngineReport(std::string_view body);
+
+// The weight label an engine put on a generation response (or one streamed
+// event): `meta_info.weight_version` on /generate (the first document of a
+// batch), `metadata.weight_version` on the OpenAI routes; nullopt when it
+// carries none (OpenAI streams of SGLang, engines that report nothing).
+// `body` is the parsed document: an object, or an array for a batch.
+std::optional<std::string> ResponseWeightLabel(const boost::json::value& body);
+
 // The end version Engine::StampResponse stamped on a response body:
 // meta_info.weight_version_end (/generate) or weight_version_end (OpenAI
 // routes), of the first document of a batch; nullopt when there is none.
@@ -142,6 +182,11 @@ class Engine {
 
   // OK when the engine answers its health check within `timeout`.
   virtual boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds timeout) = 0;
+
+  // What the engine says it holds now. Unavailable when it did not answer
+  // within `timeout`; InvalidArgument when its answer is unreadable.
+  virtual boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
+      std::chrono::milliseconds timeout) = 0;
 
   // Best effort: asks the engine to end the requests with these ids.
   virtual boost::asio::awaitable<void> Abort(std::vector<std::string> rids) = 0;

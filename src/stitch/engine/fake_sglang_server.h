@@ -9,6 +9,12 @@
 //     the client goes away, which it records;
 //   - a route set to hang (Hang): no answer until the client goes away,
 //     which it records;
+//   - like SGLang, it keeps a weight label ("default" until set): the
+//     `weight_version` of POST /update_weights_from_disk and the
+//     `new_version` of POST /update_weight_version set it, GET /model_info
+//     (/get_model_info) reports it, and generations carry it
+//     (`meta_info.weight_version` on /generate and its events,
+//     `metadata.weight_version` on non-streamed OpenAI answers);
 //   - anything else: 200 {"success": true, "message": "ok"}.
 // Thread-safe: tests call it from their own thread while it serves.
 #pragma once
@@ -70,6 +76,15 @@ class FakeSglangServer {
     absl::MutexLock lock(&mu_);
     hanging_.insert(path);
   }
+  // The weight label it reports from now on (as a load naming it would).
+  void SetWeightVersion(const std::string& label) {
+    absl::MutexLock lock(&mu_);
+    weight_version_ = label;
+  }
+  std::string weight_version() const {
+    absl::MutexLock lock(&mu_);
+    return weight_version_;
+  }
   // How many events a streamed generation sends.
   void SetStreamEvents(int n) {
     absl::MutexLock lock(&mu_);
@@ -112,11 +127,25 @@ class FakeSglangServer {
     stream_gate_.reset();
   }
 
+  // Loads and relabels change the label, as in SGLang.
+  void NoteLabel(const std::string& path, const std::string& body) {
+    const char* key = path == "/update_weights_from_disk" ? "weight_version"
+                      : path == "/update_weight_version"  ? "new_version"
+                                                          : nullptr;
+    if (key == nullptr) return;
+    boost::system::error_code ec;
+    boost::json::value v = boost::json::parse(body, ec);
+    if (ec || !v.is_object()) return;
+    const boost::json::value* label = v.get_object().if_contains(key);
+    if (label != nullptr && label->is_string()) SetWeightVersion(std::string(label->get_string()));
+  }
+
   boost::asio::awaitable<void> Handle(HttpExchange& ex) {
     std::string path(TargetPath(ex.request().target));
     std::optional<HttpResponse> answer;
     bool hang = false;
     int events = 0;
+    NoteLabel(path, ex.request().body);
     {
       absl::MutexLock lock(&mu_);
       requests_.push_back(ex.request());
@@ -144,6 +173,15 @@ class FakeSglangServer {
     }
     const bool generation =
         path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions";
+    const std::string label = weight_version();
+    if (path == "/model_info" || path == "/get_model_info") {
+      boost::json::object info;
+      info["model_path"] = "fake";
+      info["weight_version"] = label;
+      HttpResponse response = JsonResponse(200, boost::json::serialize(info));
+      (void)co_await ex.Respond(std::move(response));
+      co_return;
+    }
     if (!generation) {
       HttpResponse ok = JsonResponse(200, R"({"success":true,"message":"ok"})");
       (void)co_await ex.Respond(std::move(ok));
@@ -160,9 +198,16 @@ class FakeSglangServer {
       out["request"] = ec ? boost::json::value(ex.request().body) : body;
       if (path == "/generate") {
         boost::json::object meta;
-        meta["id"] = "fake";
-        meta["weight_version"] = "engine-says";
+        // SGLang answers with the request's rid.
+        const boost::json::value* rid =
+            !ec && body.is_object() ? body.get_object().if_contains("rid") : nullptr;
+        meta["id"] = rid != nullptr && rid->is_string() ? *rid : boost::json::value("fake");
+        meta["weight_version"] = label;
         out["meta_info"] = std::move(meta);
+      } else {
+        boost::json::object metadata;
+        metadata["weight_version"] = label;
+        out["metadata"] = std::move(metadata);
       }
       HttpResponse response = JsonResponse(200, boost::json::serialize(out));
       (void)co_await ex.Respond(std::move(response));
@@ -187,7 +232,11 @@ class FakeSglangServer {
       boost::json::object event;
       event["text"] = std::string(static_cast<size_t>(i + 1), 'x');
       event["index"] = i;
-      if (path == "/generate") event["meta_info"] = boost::json::object();
+      if (path == "/generate") {
+        boost::json::object meta;
+        meta["weight_version"] = weight_version();
+        event["meta_info"] = std::move(meta);
+      }
       std::string chunk = SseEvent(boost::json::serialize(event));
       absl::Status written = co_await ex.WriteChunk(std::move(chunk));
       if (!written.ok()) co_return;
@@ -206,6 +255,7 @@ class FakeSglangServer {
   std::map<std::string, HttpResponse> answers_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> hanging_ ABSL_GUARDED_BY(mu_);
   int events_ ABSL_GUARDED_BY(mu_) = 3;
+  std::string weight_version_ ABSL_GUARDED_BY(mu_) = "default";
   int disconnects_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -136,21 +136,49 @@ awaitable<absl::Status> SglangHttpEngine::FlushCache() {
   co_return co_await Call("/flush_cache", std::move(body), options_.control_timeout);
 }
 
-awaitable<absl::Status> SglangHttpEngine::Health(std::chrono::milliseconds timeout) {
+awaitable<absl::StatusOr<HttpResponse>> SglangHttpEngine::Get(std::string_view path,
+                                                              std::chrono::milliseconds timeout) {
   HttpRequest request;
-  request.target = "/health";
+  request.target = std::string(path);
   CallOptions call;
   call.timeout = timeout;
   auto response = co_await client_.Send(url_.origin, std::move(request), call);
-  std::string where = absl::StrCat("engine ", url_.origin.ToString(), ": GET /health");
   if (!response.ok()) {
-    co_return absl::UnavailableError(absl::StrCat(where, ": ", response.status().message()));
+    co_return absl::UnavailableError(absl::StrCat("engine ", url_.origin.ToString(), ": GET ",
+                                                  AbslView(path), ": ",
+                                                  response.status().message()));
   }
+  co_return response;
+}
+
+awaitable<absl::Status> SglangHttpEngine::Health(std::chrono::milliseconds timeout) {
+  auto response = co_await Get("/health", timeout);
+  if (!response.ok()) co_return response.status();
+  if (response->status != 200) {
+    co_return absl::UnavailableError(absl::StrCat("engine ", url_.origin.ToString(),
+                                                  ": GET /health: HTTP ", response->status, ": ",
+                                                  EngineMessage(*response)));
+  }
+  co_return absl::OkStatus();
+}
+
+awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
+    std::chrono::milliseconds timeout) {
+  auto response = co_await Get(model_info_route_, timeout);
+  if (response.ok() && response->status == 404 && model_info_route_ == "/model_info") {
+    model_info_route_ = "/get_model_info";
+    response = co_await Get(model_info_route_, timeout);
+  }
+  if (!response.ok()) co_return response.status();
+  const std::string where =
+      absl::StrCat("engine ", url_.origin.ToString(), ": GET ", AbslView(model_info_route_));
   if (response->status != 200) {
     co_return absl::UnavailableError(
         absl::StrCat(where, ": HTTP ", response->status, ": ", EngineMessage(*response)));
   }
-  co_return absl::OkStatus();
+  absl::StatusOr<EngineReport> report = ParseEngineReport(response->body);
+  if (!report.ok()) co_return Annotate(report.status(), where);
+  co_return report;
 }
 
 awaitable<void> SglangHttpEngine::Abort(std::vector<std::string> rids) {

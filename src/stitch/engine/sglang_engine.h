@@ -13,11 +13,11 @@
 //                      the engine to load it with /update_weights_from_disk.
 //
 // Both pause with /pause_generation {"mode": "in_place"}, resume with
-// /continue_generation, flush with /flush_cache, probe /health and abort with
-// /abort_request. An engine call succeeds when the engine answers 2xx and,
-// for answers carrying `success`, `success` is true. Errors name the engine
-// URL and the route: Unavailable when the engine did not answer (refused,
-// reset, timed out), Internal with the engine's own message when it refused.
+// /continue_generation, flush with /flush_cache, probe /health, read what
+// they hold from /model_info and abort with /abort_request. An engine call succeeds when the engine
+// answers 2xx and, for answers carrying `success`, `success` is true. Errors name the engine URL
+// and the route: Unavailable when the engine did not answer (refused, reset, timed out), Internal
+// with the engine's own message when it refused.
 //
 // Threading: an adapter is bound to one event loop (the executor it was
 // built with) and used only from coroutines running there.
@@ -66,6 +66,9 @@ class SglangHttpEngine : public Engine {
   boost::asio::awaitable<absl::Status> Resume() override;
   boost::asio::awaitable<absl::Status> FlushCache() override;
   boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds timeout) override;
+  // GET /model_info (/get_model_info on engines that predate it).
+  boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
+      std::chrono::milliseconds timeout) override;
   boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
 
   const SglangEngineOptions& options() const { return options_; }
@@ -82,9 +85,15 @@ class SglangHttpEngine : public Engine {
   boost::asio::awaitable<absl::Status> LoadFromDisk(const std::filesystem::path& dir,
                                                     const VersionRef& version, bool flush_cache);
 
+  // GET `path`: the answer, or Unavailable (naming the engine and route)
+  // when the engine did not answer within `timeout`.
+  boost::asio::awaitable<absl::StatusOr<HttpResponse>> Get(std::string_view path,
+                                                           std::chrono::milliseconds timeout);
+
   const SglangEngineOptions options_;
   const HttpUrl url_;
   HttpClient client_;
+  std::string_view model_info_route_ = "/model_info";
 };
 
 // Checks `options` for an engine that stages by itself: a URL that parses,

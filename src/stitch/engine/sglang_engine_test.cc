@@ -54,6 +54,9 @@ class PlainEngine final : public Engine {
   boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds) override {
     co_return absl::OkStatus();
   }
+  boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(std::chrono::milliseconds) override {
+    co_return EngineReport{};
+  }
   boost::asio::awaitable<void> Abort(std::vector<std::string>) override { co_return; }
 };
 
@@ -130,6 +133,65 @@ TEST(EngineStampingTest, TheStampedEndVersionIsReadBack) {
   EXPECT_EQ(StampedEndVersion(R"({"weight_version_end":"2"})"), std::nullopt);
   EXPECT_EQ(StampedEndVersion("[]"), std::nullopt);
   EXPECT_EQ(StampedEndVersion("not json"), std::nullopt);
+}
+
+// What engines say they hold -------------------------------------------------
+
+TEST(EngineReportTest, LabelsAreVersionsOnlyWhenTheyNameOne) {
+  EXPECT_EQ(ParseEngineLabel("r1/weight_v000007"), (VersionRef{"r1", 7}));
+  EXPECT_EQ(ParseEngineLabel("weight_v000007"), (VersionRef{"", 7}));
+  EXPECT_EQ(ParseEngineLabel("7"), (VersionRef{"", 7}));
+  for (std::string_view none : {"", "default", "v7", "r1/7", "-1"}) {
+    EXPECT_EQ(ParseEngineLabel(none), std::nullopt) << none;
+  }
+}
+
+TEST(EngineReportTest, ModelInfoIsReadWithTheIdentityFirst) {
+  auto sglang = ParseEngineReport(R"({"model_path": "m", "weight_version": "r1/weight_v000003"})");
+  ASSERT_TRUE(sglang.ok()) << sglang.status();
+  EXPECT_EQ(sglang->held, (VersionRef{"r1", 3}));
+  EXPECT_EQ(sglang->instance, "");
+  EXPECT_EQ(sglang->fingerprint, std::nullopt);
+
+  const std::string fp(32, 'a');
+  auto ours = ParseEngineReport(absl::StrCat(
+      R"({"weight_version": "3", "weight_version_id": "r1/weight_v000003", "instance_id": "i1",)",
+      R"( "weights_fingerprint": ")", fp, R"("})"));
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  EXPECT_EQ(ours->label, "r1/weight_v000003");
+  EXPECT_EQ(ours->held, (VersionRef{"r1", 3}));
+  EXPECT_EQ(ours->instance, "i1");
+  ASSERT_TRUE(ours->fingerprint.has_value());
+  EXPECT_EQ(ours->fingerprint->ToHex(), fp);
+
+  auto unlabelled = ParseEngineReport(R"({"weight_version": "default"})");
+  ASSERT_TRUE(unlabelled.ok());
+  EXPECT_EQ(unlabelled->label, "default");
+  EXPECT_EQ(unlabelled->held, std::nullopt);
+  auto numeric = ParseEngineReport(R"({"weight_version": 4})");
+  ASSERT_TRUE(numeric.ok());
+  EXPECT_EQ(numeric->held, (VersionRef{"", 4}));
+
+  EXPECT_FALSE(ParseEngineReport("[]").ok());
+  EXPECT_FALSE(ParseEngineReport(R"({"weight_version": [1]})").ok());
+  EXPECT_FALSE(ParseEngineReport(R"({"weights_fingerprint": "xyz"})").ok());
+}
+
+TEST(EngineReportTest, ResponseLabelsAreReadWhereEachRoutePutsThem) {
+  auto label = [](std::string_view text) {
+    boost::system::error_code ec;
+    json::value v = json::parse(text, ec);
+    EXPECT_FALSE(ec);
+    return ResponseWeightLabel(v);
+  };
+  EXPECT_EQ(label(R"({"meta_info": {"weight_version": "5"}})"), "5");
+  EXPECT_EQ(label(R"([{"meta_info": {"weight_version": "r/weight_v000005"}}, {}])"),
+            "r/weight_v000005");
+  EXPECT_EQ(label(R"({"choices": [], "metadata": {"weight_version": "5"}})"), "5");
+  EXPECT_EQ(label(R"({"meta_info": {"weight_version": 5}})"), "5");
+  EXPECT_EQ(label(R"({"meta_info": {"weight_version": null}})"), "");
+  EXPECT_EQ(label(R"({"choices": []})"), std::nullopt);
+  EXPECT_EQ(label(R"({"meta_info": {}})"), std::nullopt);
 }
 
 // The SGLang adapters ---------------------------------------------------------
@@ -262,6 +324,41 @@ TEST_F(SglangEngineTest, HealthFollowsTheEnginesStatus) {
   absl::Status health = Await((*engine)->Health(std::chrono::seconds(2)));
   EXPECT_TRUE(absl::IsUnavailable(health));
   EXPECT_NE(health.message().find("scheduler stalled"), std::string::npos) << health;
+}
+
+TEST_F(SglangEngineTest, ReportReadsTheLabelALoadSet) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
+  ASSERT_TRUE(engine.ok());
+  auto before = Await((*engine)->Report(std::chrono::seconds(2)));
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->label, "default");
+  EXPECT_EQ(before->held, std::nullopt);
+  ASSERT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 3}, {})).ok());
+  auto after = Await((*engine)->Report(std::chrono::seconds(2)));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->held, (VersionRef{"r1", 3}));
+  EXPECT_EQ(fake_.RequestsTo("/model_info").size(), 2u);
+}
+
+TEST_F(SglangEngineTest, ReportFallsBackToGetModelInfoOnOlderEngines) {
+  fake_.SetAnswer("/model_info", JsonResponse(404, R"({"detail":"Not Found"})"));
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
+  ASSERT_TRUE(engine.ok());
+  for (int i = 0; i < 2; ++i) {
+    auto report = Await((*engine)->Report(std::chrono::seconds(2)));
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->label, "default");
+  }
+  EXPECT_EQ(fake_.RequestsTo("/model_info").size(), 1u);
+  EXPECT_EQ(fake_.RequestsTo("/get_model_info").size(), 2u);
+}
+
+TEST_F(SglangEngineTest, ASilentEnginesReportIsUnavailable) {
+  fake_.Hang("/model_info");
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
+  ASSERT_TRUE(engine.ok());
+  auto report = Await((*engine)->Report(std::chrono::milliseconds(200)));
+  EXPECT_TRUE(absl::IsUnavailable(report.status())) << report.status();
 }
 
 TEST_F(SglangEngineTest, HangingHealthTimesOut) {

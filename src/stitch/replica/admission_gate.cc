@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/replica/loop_signal.h"
@@ -10,10 +11,17 @@ namespace stitch {
 
 using replica_internal::LoopSignal;
 
-AdmissionGate::AdmissionGate(const boost::asio::any_io_executor& loop, VersionRef serving)
-    : serving_(std::move(serving)),
-      reopened_(std::make_unique<LoopSignal>(loop)),
+AdmissionGate::AdmissionGate(const boost::asio::any_io_executor& loop)
+    : reopened_(std::make_unique<LoopSignal>(loop)),
       released_(std::make_unique<LoopSignal>(loop)) {}
+
+AdmissionGate::AdmissionGate(const boost::asio::any_io_executor& loop, VersionRef serving)
+    : AdmissionGate(loop) {
+  engine_label_ = serving;
+  serving_ = std::move(serving);
+  trusted_ = true;
+  distrust_reason_.clear();
+}
 
 AdmissionGate::~AdmissionGate() = default;
 
@@ -22,6 +30,8 @@ AdmissionGate::~AdmissionGate() = default;
 AdmissionGate::Ticket::Ticket(Ticket&& other) noexcept
     : gate_(std::exchange(other.gate_, nullptr)),
       start_(std::move(other.start_)),
+      start_label_(std::move(other.start_label_)),
+      epoch_(other.epoch_),
       exact_(other.exact_) {}
 
 AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept {
@@ -29,6 +39,8 @@ AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept
     Release();
     gate_ = std::exchange(other.gate_, nullptr);
     start_ = std::move(other.start_);
+    start_label_ = std::move(other.start_label_);
+    epoch_ = other.epoch_;
     exact_ = other.exact_;
   }
   return *this;
@@ -37,11 +49,15 @@ AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept
 AdmissionGate::Ticket::~Ticket() { Release(); }
 
 void AdmissionGate::Ticket::Release() {
-  if (gate_ != nullptr) std::exchange(gate_, nullptr)->Release(exact_);
+  if (gate_ != nullptr) std::exchange(gate_, nullptr)->Release(exact_, epoch_);
 }
 
 VersionStamp AdmissionGate::Ticket::Stamp() const {
   return VersionStamp{start_.version, gate_ != nullptr ? gate_->serving_.version : start_.version};
+}
+
+bool AdmissionGate::Ticket::trusted() const {
+  return gate_ != nullptr && gate_->trusted_ && gate_->epoch_ == epoch_;
 }
 
 // Admission ------------------------------------------------------------------
@@ -52,23 +68,56 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
     return absl::UnavailableError(
         absl::StrCat("the replica is shutting down after a terminal error: ", terminal_.message()));
   }
+  if (!trusted_ || held()) {
+    ++rejected_unverified_total_;
+    const std::string why = absl::StrCat("this replica cannot vouch for its engine's weights now (",
+                                         held() ? *hold_reason_ : distrust_reason_,
+                                         "); retry, possibly on another replica");
+    if (constraint.empty()) return absl::UnavailableError(why);
+    return WithKind(absl::FailedPreconditionError(why), ErrorKind::kVersionNotReady);
+  }
   if (!constraint.SatisfiedBy(serving_.version)) {
     ++rejected_not_ready_total_;
     if (on_reject_) on_reject_();
     // An exact pin below the served version will never be served here again
     // (versions only move forward); another replica may still hold it.
     const bool passed = constraint.is_exact() && *constraint.exact_version < serving_.version;
-    return WithKind(absl::FailedPreconditionError(absl::StrCat(
-                        "this replica serves ", serving_.ToString(), ", which does not satisfy ",
-                        constraint.ToString(),
-                        passed ? "; it has moved past that version, retry on another replica"
-                               : "; it is catching up, retry shortly")),
+    std::string why =
+        passed ? std::string("; it has moved past that version, retry on another replica")
+        : behind_reason_.empty()
+            ? std::string("; it is catching up, retry shortly")
+            : absl::StrCat("; it cannot catch up (", behind_reason_, "), retry on another replica");
+    return WithKind(absl::FailedPreconditionError(
+                        absl::StrCat("this replica serves ", serving_.ToString(),
+                                     ", which does not satisfy ", constraint.ToString(), why)),
                     ErrorKind::kVersionNotReady);
   }
   ++admitted_total_;
   ++active_;
+  ++vouched_;
   if (constraint.is_exact()) ++active_exact_;
-  return Ticket(this, serving_, constraint.is_exact());
+  return Ticket(this, serving_, engine_label_, epoch_, constraint.is_exact());
+}
+
+absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_view label) const {
+  const std::optional<VersionRef> held = ParseEngineLabel(label);
+  const VersionRef& from = ticket.start_label_;
+  int64_t to = engine_label_.version;
+  if (pending_label_.has_value()) to = std::max(to, pending_label_->version);
+  auto disagree = [&](std::string_view what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the engine labelled a response \"", absl::CEscape(AbslView(label.substr(0, 64))), "\", ",
+        AbslView(what), " (it held ", from.ToString(), " when the request was admitted",
+        to == from.version ? "" : absl::StrCat(" and ", to, " since"), ")"));
+  };
+  if (!held.has_value()) return disagree("which names no version");
+  if (!held->run_id.empty() && !from.run_id.empty() && held->run_id != from.run_id) {
+    return disagree("a version of another run");
+  }
+  if (held->version < from.version || held->version > to) {
+    return disagree("a version it did not hold while the request ran");
+  }
+  return absl::OkStatus();
 }
 
 std::optional<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::TryAdmit(
@@ -79,7 +128,7 @@ std::optional<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::TryAdmit(
 
 boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::Admit(
     VersionConstraint constraint) {
-  while (!open_ && terminal_.ok()) {
+  while (!open_ && terminal_.ok() && trusted_ && !held()) {
     const bool notified = co_await reopened_->Wait();
     if (!notified) {
       co_return absl::CancelledError("the request was cancelled while waiting for a commit");
@@ -89,9 +138,12 @@ boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::Adm
   co_return decided;
 }
 
-void AdmissionGate::Release(bool exact) {
+void AdmissionGate::Release(bool exact, uint64_t epoch) {
   --active_;
-  if (exact) --active_exact_;
+  if (epoch == epoch_) {
+    --vouched_;
+    if (exact) --active_exact_;
+  }
   if (draining_.has_value() && Drained(*draining_)) released_->NotifyAll();
 }
 
@@ -104,12 +156,52 @@ AdmissionGate::CommitWindow::~CommitWindow() {
   if (gate_ != nullptr) gate_->Reopen();
 }
 
-void AdmissionGate::CommitWindow::Flip(const VersionRef& now) {
-  if (gate_ != nullptr) gate_->serving_ = now;
+void AdmissionGate::CommitWindow::Expect(const VersionRef& label) {
+  if (gate_ != nullptr) gate_->pending_label_ = label;
 }
+
+void AdmissionGate::CommitWindow::Flip(const VersionRef& serving, const VersionRef& engine_label) {
+  if (gate_ == nullptr) return;
+  gate_->serving_ = serving;
+  gate_->engine_label_ = engine_label;
+  gate_->pending_label_.reset();
+  gate_->trusted_ = true;
+  gate_->distrust_reason_.clear();
+}
+
+void AdmissionGate::Trust(const VersionRef& serving, const VersionRef& engine_label) {
+  serving_ = serving;
+  engine_label_ = engine_label;
+  trusted_ = true;
+  distrust_reason_.clear();
+  reopened_->NotifyAll();
+}
+
+void AdmissionGate::Distrust(std::string why) {
+  if (!trusted_) return;
+  trusted_ = false;
+  ++epoch_;
+  // Tickets of earlier epochs will not be stamped: no commit waits for them.
+  vouched_ = 0;
+  active_exact_ = 0;
+  last_distrust_reason_ = why;
+  distrust_reason_ = std::move(why);
+  // Waiting admissions are refused now, and a draining commit need not wait
+  // for tickets that will not be stamped.
+  reopened_->NotifyAll();
+  released_->NotifyAll();
+}
+
+void AdmissionGate::Hold(std::string why) {
+  hold_reason_ = std::move(why);
+  reopened_->NotifyAll();
+}
+
+void AdmissionGate::Unhold() { hold_reason_.reset(); }
 
 void AdmissionGate::Reopen() {
   window_open_ = false;
+  pending_label_.reset();
   draining_.reset();
   open_ = true;
   reopened_->NotifyAll();

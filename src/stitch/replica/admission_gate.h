@@ -6,9 +6,27 @@
 // reported to the reject listener (the reconciler's wake). The request holds
 // a Ticket while it runs.
 //
+// Trust. The gate serves a version only while it trusts that the engine
+// holds it. It starts untrusted (AdmissionGate(loop)): nothing versioned is
+// admitted until Trust() names what the engine was verified to hold, or a
+// commit window's Flip() names what was just loaded into it. Distrust()
+// (an engine that restarted, or whose weights changed behind the sidecar's
+// back) withdraws it at once: new requests are refused, and every ticket
+// already issued stops being trusted(), so that its response is answered as
+// retryable instead of being stamped with a version nobody can vouch for.
+// Hold() refuses new requests while the engine is in doubt (it did not
+// answer), without withdrawing trust from what is in flight.
+//
+// Besides the served version, the gate knows the engine's own label of its
+// weights (what the last load named). It differs from the served version
+// after empty deltas, which move the served version without touching the
+// engine. CheckEngineLabel() tells whether the label an engine put on a
+// response is one this request may legitimately have been produced under.
+//
 // A commit goes through Close(): admission closes first, then the requests
 // that must not cross the change drain (exact pins for an in-place commit;
-// every request for a quiesce commit or a run change), then the caller
+// every request for a quiesce commit or a run change; none when the gate is
+// untrusted, since nothing in flight will be stamped anyway), then the caller
 // changes the engine's weights, flips the served version with
 // CommitWindow::Flip, and only then reopens admission (destroying the
 // window). Requests that arrive while admission is closed wait and are
@@ -23,6 +41,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -47,13 +67,16 @@ enum class DrainScope {
 
 class AdmissionGate {
  public:
-  // `serving` is what the engine serves when the gate opens.
+  // Untrusted: admits nothing versioned until Trust() or a window's Flip().
+  explicit AdmissionGate(const boost::asio::any_io_executor& loop);
+  // Trusted from the start: the engine serves `serving`, labelled so.
   AdmissionGate(const boost::asio::any_io_executor& loop, VersionRef serving);
   ~AdmissionGate();
   AdmissionGate(const AdmissionGate&) = delete;
   AdmissionGate& operator=(const AdmissionGate&) = delete;
 
-  // Called once for every rejected request. Set before the first Admit.
+  // Called once for every request rejected for an unmet constraint (not for
+  // refusals while untrusted or held). Set before the first Admit.
   void SetRejectListener(std::function<void()> listener) { on_reject_ = std::move(listener); }
 
   // An admitted request. Move-only; destroying it releases admission (and
@@ -70,26 +93,45 @@ class AdmissionGate {
     // is produced now). Never another run: run changes drain every request.
     VersionStamp Stamp() const;
     bool exact() const { return exact_; }
+    // Whether the gate still trusts the weights this request was admitted
+    // on: false once Distrust() was called after its admission.
+    bool trusted() const;
 
    private:
     friend class AdmissionGate;
-    Ticket(AdmissionGate* gate, VersionRef start, bool exact)
-        : gate_(gate), start_(std::move(start)), exact_(exact) {}
+    Ticket(AdmissionGate* gate, VersionRef start, VersionRef start_label, uint64_t epoch,
+           bool exact)
+        : gate_(gate),
+          start_(std::move(start)),
+          start_label_(std::move(start_label)),
+          epoch_(epoch),
+          exact_(exact) {}
     void Release();
 
     AdmissionGate* gate_;
     VersionRef start_;
+    VersionRef start_label_;  // the engine's label at admission
+    uint64_t epoch_;
     bool exact_;
   };
 
-  // Decides at once when admission is open: a Ticket, FailedPrecondition of
-  // kind kVersionNotReady for an unmet constraint, or Unavailable once the
-  // gate is terminated. nullopt while admission is closed for a commit.
+  // Decides at once when admission is open: a Ticket; FailedPrecondition of
+  // kind kVersionNotReady for an unmet constraint, or for a constrained
+  // request while untrusted or held; Unavailable for an unconstrained one
+  // then, or once the gate is terminated. nullopt while admission is closed
+  // for a commit.
   std::optional<absl::StatusOr<Ticket>> TryAdmit(const VersionConstraint& constraint);
 
   // Like TryAdmit, but while admission is closed waits for it to reopen.
   // Cancelled when the awaiting coroutine is cancelled while waiting.
   boost::asio::awaitable<absl::StatusOr<Ticket>> Admit(VersionConstraint constraint);
+
+  // OK when `label`, the weight label the engine put on a response to
+  // `ticket`'s request, names a version the engine held at some moment of
+  // that request: from its label at admission to its label now (or the one
+  // a commit in progress is loading). FailedPrecondition saying what
+  // disagrees otherwise (a label that is no version included).
+  absl::Status CheckEngineLabel(const Ticket& ticket, std::string_view label) const;
 
   // An open commit: admission stays closed until it is destroyed.
   class CommitWindow {
@@ -98,9 +140,14 @@ class AdmissionGate {
     CommitWindow& operator=(CommitWindow&&) = delete;
     ~CommitWindow();
 
-    // The served version becomes `now` (what the engine serves after the
-    // change): admissions after the window closes start on it.
-    void Flip(const VersionRef& now);
+    // The engine is about to load weights labelled `label`: from now on
+    // responses may carry that label.
+    void Expect(const VersionRef& label);
+    // The engine now holds weights labelled `engine_label`, which are the
+    // weights of `serving`: admissions after the window closes start on
+    // `serving`. Trusts the gate (what was just loaded is known).
+    void Flip(const VersionRef& serving, const VersionRef& engine_label);
+    void Flip(const VersionRef& now) { Flip(now, now); }
 
    private:
     friend class AdmissionGate;
@@ -108,44 +155,85 @@ class AdmissionGate {
     AdmissionGate* gate_;
   };
 
-  // Closes admission, then waits until the requests of `scope` have drained.
-  // Errors: Cancelled when the awaiting coroutine is cancelled (admission
-  // reopens), Unavailable when the gate is terminated meanwhile.
-  // REQUIRES: no other window is open.
+  // Closes admission, then waits until the requests of `scope` have drained
+  // (nothing when the gate is untrusted). Errors: Cancelled when the
+  // awaiting coroutine is cancelled (admission reopens), Unavailable when
+  // the gate is terminated meanwhile. REQUIRES: no other window is open.
   boost::asio::awaitable<absl::StatusOr<CommitWindow>> Close(DrainScope scope);
+
+  // Verified: the engine serves `serving`, its weights labelled
+  // `engine_label`. REQUIRES: no window is open.
+  void Trust(const VersionRef& serving, const VersionRef& engine_label);
+  // Withdraws trust, saying `why` to refused requests (see above).
+  // Idempotent while untrusted (the first reason stays).
+  void Distrust(std::string why);
+  // Refuses new requests, saying `why`, until Unhold().
+  void Hold(std::string why);
+  void Unhold();
+  // Why the served version is behind the store (a version that cannot be
+  // applied), added to the 409 of unmet constraints; "" when nothing is
+  // wrong.
+  void SetBehindReason(std::string why) { behind_reason_ = std::move(why); }
 
   // Closes admission for good: waiting and future admissions fail with
   // Unavailable carrying `why`. Requests already admitted keep their tickets.
   void Terminate(absl::Status why);
 
+  // The served version; meaningful only while trusted().
   const VersionRef& serving() const { return serving_; }
-  bool is_open() const { return open_ && terminal_.ok(); }
+  // The served version when trusted, else nullopt.
+  std::optional<VersionRef> known_serving() const {
+    return trusted_ ? std::optional<VersionRef>(serving_) : std::nullopt;
+  }
+  // The engine's label of the weights it holds; meaningful while trusted.
+  const VersionRef& engine_label() const { return engine_label_; }
+  bool trusted() const { return trusted_; }
+  const std::string& distrust_reason() const { return distrust_reason_; }
+  // The reason of the latest Distrust(), kept after trust returns (what a
+  // ticket issued before it was withdrawn for).
+  const std::string& last_distrust_reason() const { return last_distrust_reason_; }
+  bool held() const { return hold_reason_.has_value(); }
+  bool is_open() const { return open_ && terminal_.ok() && trusted_ && !held(); }
   const absl::Status& terminal() const { return terminal_; }
-  // Requests holding a ticket now, all / exact pins only.
+  // Requests holding a ticket now, all / exact pins still vouched for
+  // (issued since the last Distrust()).
   int64_t active() const { return active_; }
   int64_t active_exact() const { return active_exact_; }
   uint64_t admitted_total() const { return admitted_total_; }
-  // Rejections: unmet constraints (409) / after Terminate (503).
+  // Rejections: unmet constraints (409) / after Terminate (503) / while
+  // untrusted or held (409 or 503).
   uint64_t rejected_not_ready_total() const { return rejected_not_ready_total_; }
   uint64_t rejected_terminal_total() const { return rejected_terminal_total_; }
+  uint64_t rejected_unverified_total() const { return rejected_unverified_total_; }
 
  private:
   absl::StatusOr<Ticket> Decide(const VersionConstraint& constraint);
-  void Release(bool exact);
+  void Release(bool exact, uint64_t epoch);
   void Reopen();
   bool Drained(DrainScope scope) const {
-    return scope == DrainScope::kAll ? active_ == 0 : active_exact_ == 0;
+    if (!trusted_) return true;
+    return scope == DrainScope::kAll ? vouched_ == 0 : active_exact_ == 0;
   }
 
   VersionRef serving_;
+  VersionRef engine_label_;
+  std::optional<VersionRef> pending_label_;  // while a window loads new weights
+  bool trusted_ = false;
+  std::string distrust_reason_ = "the engine's weights are not verified yet";
+  std::string last_distrust_reason_;
+  std::optional<std::string> hold_reason_;
+  std::string behind_reason_;
+  uint64_t epoch_ = 0;
   bool open_ = true;
   bool window_open_ = false;
   absl::Status terminal_;
-  int64_t active_ = 0;
-  int64_t active_exact_ = 0;
+  int64_t active_ = 0;        // every ticket alive
+  int64_t vouched_ = 0;       // those of the current epoch (commits drain these)
+  int64_t active_exact_ = 0;  // exact pins of the current epoch
   uint64_t admitted_total_ = 0;
   uint64_t rejected_not_ready_total_ = 0;
   uint64_t rejected_terminal_total_ = 0;
+  uint64_t rejected_unverified_total_ = 0;
   std::function<void()> on_reject_;
   std::unique_ptr<replica_internal::LoopSignal> reopened_;
   std::unique_ptr<replica_internal::LoopSignal> released_;

@@ -3,6 +3,8 @@
 #include <memory>
 
 #include <gtest/gtest.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 
 #include "stitch/core/errors.h"
 #include "stitch/net/event_loop.h"
@@ -148,6 +150,129 @@ TEST_F(AdmissionGateTest, TerminateFailsWaitersAndNewAdmissions) {
     CO_ASSERT(late.has_value());
     EXPECT_TRUE(absl::IsUnavailable(late->status()));
     EXPECT_EQ(gate_->rejected_terminal_total(), 2u);
+  });
+}
+
+TEST_F(AdmissionGateTest, AnUntrustedGateAdmitsNothingVersionedAndWakesNobody) {
+  Run([&]() -> awaitable<void> {
+    AdmissionGate fresh(loop_->executor());
+    int wakes = 0;
+    fresh.SetRejectListener([&] { ++wakes; });
+    EXPECT_FALSE(fresh.known_serving().has_value());
+    auto pinned = fresh.TryAdmit(VersionConstraint::AtLeast(0));
+    CO_ASSERT(pinned.has_value() && !pinned->ok());
+    EXPECT_EQ(GetErrorKind(pinned->status()), ErrorKind::kVersionNotReady);
+    auto any = fresh.TryAdmit(VersionConstraint{});
+    CO_ASSERT(any.has_value() && !any->ok());
+    EXPECT_TRUE(absl::IsUnavailable(any->status())) << any->status();
+    EXPECT_NE(any->status().message().find("not verified"), std::string::npos) << any->status();
+    EXPECT_EQ(wakes, 0);
+    EXPECT_EQ(fresh.rejected_unverified_total(), 2u);
+    fresh.Trust(VersionRef{"r1", 4}, VersionRef{"r1", 4});
+    auto admitted = fresh.TryAdmit(VersionConstraint::Exact(4));
+    CO_ASSERT(admitted.has_value() && admitted->ok());
+    EXPECT_EQ((*admitted)->start(), (VersionRef{"r1", 4}));
+  });
+}
+
+TEST_F(AdmissionGateTest, DistrustWithdrawsTrustFromTicketsInFlightAndNoCommitWaitsForThem) {
+  Run([&]() -> awaitable<void> {
+    auto before = gate_->TryAdmit(VersionConstraint::Exact(5));
+    CO_ASSERT(before.has_value() && before->ok());
+    EXPECT_TRUE((*before)->trusted());
+    gate_->Distrust("the engine restarted");
+    EXPECT_FALSE((*before)->trusted());
+    auto refused = gate_->TryAdmit(VersionConstraint::Exact(5));
+    CO_ASSERT(refused.has_value() && !refused->ok());
+    EXPECT_NE(refused->status().message().find("the engine restarted"), std::string::npos);
+    // Loading weights while untrusted does not wait for the stale pin.
+    auto window = co_await gate_->Close(DrainScope::kAll);
+    CO_ASSERT(window.ok());
+    window->Flip(VersionRef{"r1", 6});
+    { auto reopen = std::move(*window); }
+    EXPECT_TRUE(gate_->trusted());
+    EXPECT_FALSE((*before)->trusted());  // trust returns for new tickets only
+    auto after = gate_->TryAdmit(VersionConstraint::Exact(6));
+    CO_ASSERT(after.has_value() && after->ok());
+    EXPECT_TRUE((*after)->trusted());
+    EXPECT_EQ(gate_->active(), 2);
+    EXPECT_EQ(gate_->active_exact(), 1);
+    // The next in-place commit waits for the new pin, not the stale one.
+    RollingRequest closing;
+    bool closed = false;
+    boost::asio::co_spawn(
+        loop_->executor(),
+        [&]() -> awaitable<void> {
+          auto w = co_await gate_->Close(DrainScope::kExactPins);
+          closed = w.ok();
+        },
+        boost::asio::detached);
+    co_await Settle();
+    EXPECT_FALSE(closed);
+    after.reset();
+    CO_ASSERT(co_await Until([&] { return closed; }));
+  });
+}
+
+TEST_F(AdmissionGateTest, HoldRefusesNewRequestsButKeepsThoseInFlightVouchedFor) {
+  Run([&]() -> awaitable<void> {
+    auto in_flight = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(in_flight.has_value() && in_flight->ok());
+    gate_->Hold("the engine did not answer: timed out");
+    EXPECT_FALSE(gate_->is_open());
+    auto refused = gate_->TryAdmit(VersionConstraint::AtLeast(1));
+    CO_ASSERT(refused.has_value() && !refused->ok());
+    EXPECT_NE(refused->status().message().find("timed out"), std::string::npos);
+    EXPECT_TRUE((*in_flight)->trusted());
+    gate_->Unhold();
+    auto admitted = gate_->TryAdmit(VersionConstraint::AtLeast(1));
+    CO_ASSERT(admitted.has_value() && admitted->ok());
+  });
+}
+
+// The label the engine puts on a response must name weights it held while
+// that request ran: from its label at admission to its label now, or the
+// one a commit in progress loads.
+TEST_F(AdmissionGateTest, EngineLabelsAreCheckedAgainstWhatTheEngineHeldDuringTheRequest) {
+  Run([&]() -> awaitable<void> {
+    auto t = gate_->TryAdmit(VersionConstraint::AtLeast(5));
+    CO_ASSERT(t.has_value() && t->ok());
+    const AdmissionGate::Ticket& ticket = **t;
+    for (std::string_view good : {"5", "r1/weight_v000005", "weight_v000005"}) {
+      EXPECT_TRUE(gate_->CheckEngineLabel(ticket, good).ok()) << good;
+    }
+    for (std::string_view bad : {"4", "6", "r2/weight_v000005", "default", ""}) {
+      absl::Status s = gate_->CheckEngineLabel(ticket, bad);
+      EXPECT_TRUE(absl::IsFailedPrecondition(s)) << bad;
+    }
+    auto window = co_await gate_->Close(DrainScope::kExactPins);
+    CO_ASSERT(window.ok());
+    EXPECT_FALSE(gate_->CheckEngineLabel(ticket, "6").ok());
+    window->Expect(VersionRef{"r1", 6});
+    EXPECT_TRUE(gate_->CheckEngineLabel(ticket, "6").ok());
+    window->Flip(VersionRef{"r1", 6});
+    { auto reopen = std::move(*window); }
+    EXPECT_TRUE(gate_->CheckEngineLabel(ticket, "5").ok());
+    EXPECT_TRUE(gate_->CheckEngineLabel(ticket, "6").ok());
+    EXPECT_FALSE(gate_->CheckEngineLabel(ticket, "7").ok());
+    auto later = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(later.has_value() && later->ok());
+    EXPECT_FALSE(gate_->CheckEngineLabel(**later, "5").ok());
+  });
+}
+
+TEST_F(AdmissionGateTest, AdmissionsWaitingForACommitAreRefusedWhenTrustIsWithdrawn) {
+  Run([&]() -> awaitable<void> {
+    auto window = co_await gate_->Close(DrainScope::kAll);
+    CO_ASSERT(window.ok());
+    RollingRequest waiting;
+    SpawnRoll(loop_->executor(), *gate_, VersionConstraint::AtLeast(5), nullptr, &waiting);
+    co_await Settle();
+    EXPECT_FALSE(waiting.done);
+    gate_->Distrust("the engine's weights changed");
+    CO_ASSERT(co_await Until([&] { return waiting.done; }));
+    EXPECT_FALSE(waiting.admitted);
+    EXPECT_EQ(GetErrorKind(waiting.status), ErrorKind::kVersionNotReady);
   });
 }
 

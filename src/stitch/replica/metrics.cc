@@ -12,6 +12,8 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.Sample("requests_rejected_total", PromLabels("reason", "version_not_ready"),
            m.rejected_not_ready);
   w.Sample("requests_rejected_total", PromLabels("reason", "terminal"), m.rejected_terminal);
+  w.Sample("requests_rejected_total", PromLabels("reason", "engine_unverified"),
+           m.rejected_unverified);
   w.Sample("requests_rejected_total", PromLabels("reason", "bad_request"), m.proxy.bad_requests);
   w.Sample("requests_rejected_total", PromLabels("reason", "route_blocked"), m.proxy.route_blocked);
   w.Sample("requests_rejected_total", PromLabels("reason", "engine_unavailable"),
@@ -24,8 +26,24 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
         m.proxy.streamed);
   w.One("forwarded_requests_total", "counter", "Other requests forwarded to the engine as is.",
         m.proxy.forwarded);
-  w.Header("applied_version", "gauge", "The version the engine serves.");
-  w.Sample("applied_version", PromLabels("run_id", m.applied.run_id), m.applied.version);
+  w.Header("applied_version", "gauge",
+           "The version the engine serves (absent while its weights are not verified).");
+  if (m.applied.has_value()) {
+    w.Sample("applied_version", PromLabels("run_id", m.applied->run_id), m.applied->version);
+  }
+  w.One("engine_verified", "gauge",
+        "1 while the sidecar vouches for the engine's weights (verified or loaded by it).",
+        m.applied.has_value() ? 1 : 0);
+  w.One("unvouched_responses_total", "counter",
+        "Responses answered 503 because the engine's weights changed or were mislabelled while "
+        "they ran.",
+        m.proxy.unvouched);
+  w.One("engine_distrusts_total", "counter",
+        "Times the sidecar withdrew trust in the engine's weights (a restart, a change it did not "
+        "make).",
+        m.reconciler.distrusted);
+  w.One("engine_unreachable_total", "counter",
+        "Times the engine did not answer a probe or a request.", m.reconciler.unreachable);
   w.One("ready", "gauge", "1 once the replica caught up with the pointer (and is not terminal).",
         m.ready ? 1 : 0);
   w.One("terminal", "gauge", "1 once the replica hit a terminal error and is exiting.",

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "stitch/core/state.h"
@@ -13,13 +14,14 @@
 namespace stitch {
 
 struct SidecarMetrics {
-  VersionRef applied;
+  std::optional<VersionRef> applied;  // nullopt while the engine is not verified
   bool ready = false;
   bool terminal = false;
   SyncState sync_state = SyncState::kIdle;
   uint64_t admitted = 0;
   uint64_t rejected_not_ready = 0;
   uint64_t rejected_terminal = 0;
+  uint64_t rejected_unverified = 0;
   int64_t in_flight = 0;
   ProxyCounters proxy;
   ReconcilerCounters reconciler;
@@ -29,7 +31,9 @@ struct SidecarMetrics {
 
 // Every metric has a `stitch_sidecar_` name, HELP and TYPE lines:
 //   requests_admitted_total, requests_rejected_total{reason}, requests_in_flight,
-//   applied_version{run_id}, ready, terminal, sync_state{state} (one-hot),
+//   applied_version{run_id} (only while verified), engine_verified,
+//   unvouched_responses_total, engine_distrusts_total,
+//   engine_unreachable_total, ready, terminal, sync_state{state} (one-hot),
 //   stage_duration_seconds_{sum,count}, commit_duration_seconds_{sum,count},
 //   last_stage_seconds, last_commit_seconds, commits_total,
 //   skipped_updates_total, run_switches_total, reconcile_passes_total,

@@ -75,34 +75,41 @@ size_t BatchSize(const json::object& body) {
   return 0;
 }
 
-// Stamps one JSON document in place: an object, or (a batched /generate)
-// an array of objects. False when `text` is not such a document.
-bool StampDocument(const Engine& engine, ApiRoute route, VersionStamp stamp, std::string& text) {
-  JsonArena arena;
-  boost::system::error_code ec;
-  json::value doc = json::parse(text, ec, arena.storage());
-  if (ec) return false;
-  if (doc.is_object()) {
-    engine.StampResponse(route, doc.get_object(), stamp);
-  } else if (doc.is_array()) {
-    for (json::value& item : doc.get_array()) {
-      if (item.is_object()) engine.StampResponse(route, item.get_object(), stamp);
-    }
-  } else {
-    return false;
+// Gives a response object the client's own request id back: `meta_info.id`
+// (/generate) or the OpenAI `id` ("cmpl-<rid>", "chatcmpl-<rid>"), when it
+// names the id the engine was given.
+void RestoreRid(ApiRoute route, json::object& item, const std::string& upstream,
+                const std::string& client) {
+  if (route == ApiRoute::kGenerate) {
+    json::value* meta = item.if_contains("meta_info");
+    if (meta == nullptr || !meta->is_object()) return;
+    json::value* id = meta->get_object().if_contains("id");
+    if (id != nullptr && id->is_string() && id->get_string() == upstream) *id = client;
+    return;
   }
-  text = json::serialize(doc);
-  return true;
+  json::value* id = item.if_contains("id");
+  if (id == nullptr || !id->is_string()) return;
+  std::string_view text(id->get_string().data(), id->get_string().size());
+  if (!text.ends_with(upstream)) return;
+  *id = absl::StrCat(AbslView(text.substr(0, text.size() - upstream.size())), client);
 }
 
-// One server-sent event with its data stamped; other fields are kept.
-// `[DONE]` and data that is not a JSON document pass unchanged.
-std::string StampEvent(const Engine& engine, ApiRoute route, VersionStamp stamp,
-                       const std::string& event) {
-  std::optional<std::string> data = SseData(event);
-  if (!data.has_value() || *data == "[DONE]" || !StampDocument(engine, route, stamp, *data)) {
-    return absl::StrCat(event, "\n");
+// Applies `fn` to the response object, or to each object of a batch.
+template <typename F>
+void ForEachItem(json::value& doc, F fn) {
+  if (doc.is_object()) {
+    fn(doc.get_object(), size_t{0});
+  } else if (doc.is_array()) {
+    size_t i = 0;
+    for (json::value& item : doc.get_array()) {
+      if (item.is_object()) fn(item.get_object(), i);
+      ++i;
+    }
   }
+}
+
+// Replaces the data of one server-sent event, keeping its other fields.
+std::string WithData(const std::string& event, const std::string& data) {
   std::string out;
   size_t start = 0;
   while (start < event.size()) {
@@ -112,8 +119,17 @@ std::string StampEvent(const Engine& engine, ApiRoute route, VersionStamp stamp,
     if (!line.starts_with("data")) out.append(line);
     start = end + 1;
   }
-  out += SseEvent(*data);
+  out += SseEvent(data);
   return out;
+}
+
+size_t Digits(size_t n) {
+  size_t digits = 1;
+  while (n >= 10) {
+    n /= 10;
+    ++digits;
+  }
+  return digits;
 }
 
 }  // namespace
@@ -190,8 +206,26 @@ HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why) {
 struct VersionedProxy::Call {
   ApiRoute route = ApiRoute::kGenerate;
   std::optional<AdmissionGate::Ticket> ticket;
+  // The ids the engine was given, and the client's own (empty when the
+  // client gave none), per prompt.
   std::vector<std::string> rids;
+  std::vector<std::string> client_rids;
   HttpRequest upstream;
+};
+
+// Registers a call as in flight for as long as it lives.
+class VersionedProxy::InFlight {
+ public:
+  InFlight(std::unordered_set<Call*>& set, Call* call) : set_(set), call_(call) {
+    set_.insert(call_);
+  }
+  ~InFlight() { set_.erase(call_); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::unordered_set<Call*>& set_;
+  Call* call_;
 };
 
 VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions options,
@@ -208,7 +242,46 @@ VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions o
 
 VersionedProxy::~VersionedProxy() = default;
 
-std::string VersionedProxy::NextRid() { return absl::StrCat(rid_prefix_, ++rid_counter_); }
+std::string VersionedProxy::NextRid() {
+  return absl::StrCat(rid_prefix_, absl::StrFormat("%016x", ++rid_counter_));
+}
+
+void VersionedProxy::AbortInFlight() {
+  std::vector<std::string> rids;
+  for (Call* call : in_flight_) rids.insert(rids.end(), call->rids.begin(), call->rids.end());
+  if (rids.empty()) return;
+  boost::asio::co_spawn(loop_, engine_.Abort(std::move(rids)), boost::asio::detached);
+}
+
+VersionedProxy::Verdict VersionedProxy::Vouch(Call& call, std::string& text, std::string* why) {
+  JsonArena arena;
+  boost::system::error_code ec;
+  json::value doc = json::parse(text, ec, arena.storage());
+  if (ec || !(doc.is_object() || doc.is_array())) return Verdict::kNotJson;
+  if (!call.ticket->trusted()) {
+    *why = absl::StrCat(
+        "the sidecar stopped vouching for the engine's weights while this request "
+        "ran (",
+        gate_.last_distrust_reason(), ")");
+    return Verdict::kUnvouched;
+  }
+  if (std::optional<std::string> label = ResponseWeightLabel(doc); label.has_value()) {
+    if (absl::Status agrees = gate_.CheckEngineLabel(*call.ticket, *label); !agrees.ok()) {
+      *why = std::string(agrees.message());
+      if (on_mislabel_) on_mislabel_(*why);
+      return Verdict::kUnvouched;
+    }
+  }
+  const VersionStamp stamp = call.ticket->Stamp();
+  ForEachItem(doc, [&](json::object& item, size_t i) {
+    if (i < call.client_rids.size() && !call.client_rids[i].empty()) {
+      RestoreRid(call.route, item, call.rids[i], call.client_rids[i]);
+    }
+    engine_.StampResponse(call.route, item, stamp);
+  });
+  text = json::serialize(doc);
+  return Verdict::kStamped;
+}
 
 awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
   ApiRoute route;
@@ -244,11 +317,25 @@ awaitable<void> VersionedProxy::EngineUnavailable(HttpExchange& exchange, Call* 
     AbortUpstream(*call);
     call->ticket.reset();
   }
+  if (on_unreachable_) on_unreachable_(why);
   ++counters_.engine_unavailable;
   HttpResponse response = JsonResponse(
       503, JsonErrorBody("EngineUnavailable",
                          absl::StrCat("the engine behind this replica is unavailable (",
                                       AbslView(why), "); retry, possibly on another replica"),
+                         true));
+  response.headers.Set("Retry-After", "1");
+  (void)co_await exchange.Respond(std::move(response));
+}
+
+awaitable<void> VersionedProxy::Unvouched(HttpExchange& exchange, Call& call,
+                                          std::string_view why) {
+  call.ticket.reset();
+  ++counters_.unvouched;
+  HttpResponse response = JsonResponse(
+      503, JsonErrorBody("EngineUnavailable",
+                         absl::StrCat("this response cannot be labelled with a version: ",
+                                      AbslView(why), "; retry, possibly on another replica"),
                          true));
   response.headers.Set("Retry-After", "1");
   (void)co_await exchange.Respond(std::move(response));
@@ -278,25 +365,53 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
 
   Call call;
   call.route = route;
-  if (const json::value* rid = body.if_contains("rid"); rid != nullptr && !rid->is_null()) {
-    if (rid->is_string()) {
-      call.rids.emplace_back(rid->get_string().data(), rid->get_string().size());
-    } else if (rid->is_array()) {
-      for (const json::value& r : rid->get_array()) {
-        if (r.is_string()) call.rids.emplace_back(r.get_string().data(), r.get_string().size());
+  const size_t batch = route == ApiRoute::kGenerate ? BatchSize(body) : 0;
+  const json::value* given = body.if_contains("rid");
+  if (given != nullptr && given->is_null()) given = nullptr;
+  if (batch > 0) {
+    if (given != nullptr) {
+      if (!given->is_array() || given->get_array().size() != batch) {
+        std::string message =
+            absl::StrCat("rid must be a list of ", batch, " strings, one per prompt of the batch");
+        co_await BadRequest(exchange, std::move(message));
+        co_return;
       }
+      for (const json::value& r : given->get_array()) {
+        if (!r.is_string()) {
+          std::string message = "rid must be a list of strings, one per prompt of the batch";
+          co_await BadRequest(exchange, std::move(message));
+          co_return;
+        }
+        call.client_rids.emplace_back(r.get_string().data(), r.get_string().size());
+      }
+    } else {
+      call.client_rids.resize(batch);
     }
-  } else if (size_t n = route == ApiRoute::kGenerate ? BatchSize(body) : 0; n > 0) {
+    const std::string base = NextRid();
+    const size_t width = Digits(batch - 1);
     json::array rids(body.storage());
-    std::string base = NextRid();
-    for (size_t i = 0; i < n; ++i) {
-      call.rids.push_back(absl::StrCat(base, "-", i));
-      rids.emplace_back(call.rids.back());
+    for (size_t i = 0; i < batch; ++i) {
+      std::string index = std::to_string(i);
+      std::string rid = absl::StrCat(base, "-", std::string(width - index.size(), '0'), index);
+      if (!call.client_rids[i].empty()) absl::StrAppend(&rid, "-", call.client_rids[i]);
+      rids.emplace_back(rid);
+      call.rids.push_back(std::move(rid));
     }
     body["rid"] = std::move(rids);
   } else {
-    call.rids.push_back(NextRid());
-    body["rid"] = call.rids.back();
+    if (given != nullptr && !given->is_string()) {
+      std::string message = "rid must be a string";
+      co_await BadRequest(exchange, std::move(message));
+      co_return;
+    }
+    std::string client = given != nullptr
+                             ? std::string(given->get_string().data(), given->get_string().size())
+                             : std::string();
+    std::string rid = NextRid();
+    if (!client.empty()) absl::StrAppend(&rid, "-", client);
+    body["rid"] = rid;
+    call.rids.push_back(std::move(rid));
+    call.client_rids.push_back(std::move(client));
   }
 
   // Admission: decided at once unless a commit holds it closed.
@@ -321,6 +436,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
     co_return;
   }
   call.ticket.emplace(**std::move(admitted));
+  const InFlight registered(in_flight_, &call);
 
   engine_.TagRequest(route, body, call.ticket->start());
   HttpRequest& up = call.upstream;
@@ -353,8 +469,18 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
   }
   HttpResponse out{response->status, CopyHeaders(std::move(response->headers), &DropResponseHeader),
                    std::move(response->body)};
-  if (out.status == 200 && StampDocument(engine_, call.route, call.ticket->Stamp(), out.body)) {
-    out.headers.Set("Content-Type", "application/json");
+  if (out.status == 200) {
+    std::string why;
+    switch (Vouch(call, out.body, &why)) {
+      case Verdict::kStamped:
+        out.headers.Set("Content-Type", "application/json");
+        break;
+      case Verdict::kNotJson:
+        break;
+      case Verdict::kUnvouched:
+        co_await Unvouched(exchange, call, why);
+        co_return;
+    }
   }
   // The generation is over: a slow client reading the answer must not hold
   // up a commit.
@@ -393,7 +519,11 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     }
     HttpResponse out{stream->status(), CopyHeaders(stream->headers(), &DropResponseHeader),
                      *std::move(body)};
-    if (out.status == 200) StampDocument(engine_, call.route, call.ticket->Stamp(), out.body);
+    std::string why;
+    if (out.status == 200 && Vouch(call, out.body, &why) == Verdict::kUnvouched) {
+      co_await Unvouched(exchange, call, why);
+      co_return;
+    }
     call.ticket.reset();
     ++counters_.completed;
     (void)co_await exchange.Respond(std::move(out));
@@ -429,8 +559,31 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     if (chunk->empty()) break;
     splitter.Append(*chunk);
     std::string out;
+    std::string why;
     while (std::optional<std::string> event = splitter.Next()) {
-      out += StampEvent(engine_, call.route, call.ticket->Stamp(), *event);
+      std::optional<std::string> data = SseData(*event);
+      if (!data.has_value() || *data == "[DONE]") {
+        absl::StrAppend(&out, *event, "\n");
+        continue;
+      }
+      const Verdict verdict = Vouch(call, *data, &why);
+      if (verdict == Verdict::kUnvouched) break;
+      out += verdict == Verdict::kStamped ? WithData(*event, *data) : absl::StrCat(*event, "\n");
+    }
+    if (!why.empty()) {
+      // What was sent so far was vouched for; the rest cannot be. Say so
+      // in-band and end the stream without a proper end of body.
+      AbortUpstream(call);
+      call.ticket.reset();
+      ++counters_.unvouched;
+      absl::StrAppend(&out, SseEvent(JsonErrorBody(
+                                "EngineUnavailable",
+                                absl::StrCat("the rest of this stream cannot be labelled with a "
+                                             "version: ",
+                                             why, "; retry, possibly on another replica"),
+                                true)));
+      (void)co_await exchange.WriteChunk(std::move(out));
+      co_return;
     }
     if (out.empty()) continue;
     if (absl::Status written = co_await exchange.WriteChunk(std::move(out)); !written.ok()) {

@@ -4,31 +4,45 @@
 // Versioned routes (POST /generate, /v1/completions, /v1/chat/completions):
 //   - the body's `weight_version` ({"min_version"} / {"exact_version"}) is
 //     consumed, not forwarded; a bad one is a 400 BadRequest;
-//   - `rid` is set when absent (a list of ids for a batched /generate), so
-//     that the request can be aborted;
+//   - the engine sees a request id of its own, "stitch-<8 hex>-<16 hex>"
+//     followed by "-<the client's rid>" when the client gave one (for each
+//     prompt of a batched /generate, "-<index>" first, zero-padded): all of
+//     one width up to the client's part and unique, so that no id is a
+//     prefix of another (engines abort every request whose id starts with
+//     the one given) and aborting one client's request never touches
+//     another's. Responses name the client's own rid again;
 //   - the request is admitted by the gate (409 WeightVersionNotReady with
 //     `target_version`, `applied`, `message` when its constraint is unmet;
 //     while a commit holds admission closed it waits);
 //   - the engine tags it for prefix-cache isolation (Engine::TagRequest);
 //   - the response, or each event of a `stream: true` response as it
 //     arrives, is stamped with the start and end versions
-//     (Engine::StampResponse); the ticket is held until the response ends.
+//     (Engine::StampResponse); the ticket is held until the response ends;
+//   - before stamping, the weight label the engine put on the response (or
+//     event) must be one the engine held while the request ran
+//     (AdmissionGate::CheckEngineLabel), and the ticket must still be
+//     trusted. Otherwise nothing is stamped: a response is answered 503
+//     EngineUnavailable (retryable), a stream is cut after an in-band error
+//     event, and a wrong label is reported to the mislabel listener (which
+//     withdraws trust in the engine).
 // Engine control routes are never forwarded: 403 RouteBlocked. Every other
 // route is forwarded as is, without admission.
 // When the engine cannot be reached or drops the connection: 503
 // EngineUnavailable with `retryable: true` and `Retry-After: 1`, after a
-// best-effort abort of the request. When the client disconnects, the
-// upstream generation is aborted (/abort_request with its rid) and
-// admission released.
+// best-effort abort of the request, and the unreachable listener is told. When the client
+// disconnects, the upstream generation is aborted (/abort_request with its rid) and admission
+// released.
 //
 // Threading: confined to the event loop of the HTTP server it serves.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -69,6 +83,7 @@ struct ProxyCounters {
   uint64_t engine_unavailable = 0;  // 503 EngineUnavailable (or a stream cut by the engine)
   uint64_t client_disconnects = 0;  // aborted because the client went away
   uint64_t forwarded = 0;           // other routes, forwarded as is
+  uint64_t unvouched = 0;           // 503: weights changed or were mislabelled mid-request
 };
 
 // Which route a request path is: a versioned route, an engine control route
@@ -111,11 +126,30 @@ class VersionedProxy {
   // Handles one request (any route the sidecar does not serve itself).
   boost::asio::awaitable<void> Handle(HttpExchange& exchange);
 
+  // Told when a request could not reach the engine (why), and when the
+  // engine labelled a response with weights it should not hold (why).
+  // Called on the loop, synchronously, before the request is answered.
+  void SetUnreachableListener(std::function<void(std::string_view)> listener) {
+    on_unreachable_ = std::move(listener);
+  }
+  void SetMislabelListener(std::function<void(std::string)> listener) {
+    on_mislabel_ = std::move(listener);
+  }
+
+  // Best effort: asks the engine to abort every versioned request in flight
+  // (their answers can no longer be stamped).
+  void AbortInFlight();
+
   const ProxyCounters& counters() const { return counters_; }
   const HttpClient& client() const { return client_; }
 
  private:
   struct Call;
+  class InFlight;
+  enum class Verdict { kStamped, kNotJson, kUnvouched };
+  // Checks the engine's label and the ticket's trust, restores the client's
+  // rids and stamps `text` (one document) in place. kUnvouched sets `why`.
+  Verdict Vouch(Call& call, std::string& text, std::string* why);
   boost::asio::awaitable<void> HandleVersioned(HttpExchange& exchange, ApiRoute route);
   boost::asio::awaitable<void> BadRequest(HttpExchange& exchange, std::string message);
   boost::asio::awaitable<void> Forward(HttpExchange& exchange);
@@ -124,6 +158,7 @@ class VersionedProxy {
   boost::asio::awaitable<void> EngineUnavailable(HttpExchange& exchange, Call* call,
                                                  std::string_view why);
   void AbortUpstream(Call& call);
+  boost::asio::awaitable<void> Unvouched(HttpExchange& exchange, Call& call, std::string_view why);
   std::string NextRid();
 
   const boost::asio::any_io_executor loop_;
@@ -134,6 +169,9 @@ class VersionedProxy {
   ProxyCounters counters_;
   std::string rid_prefix_;
   uint64_t rid_counter_ = 0;
+  std::function<void(std::string_view)> on_unreachable_;
+  std::function<void(std::string)> on_mislabel_;
+  std::unordered_set<Call*> in_flight_;
 };
 
 }  // namespace stitch

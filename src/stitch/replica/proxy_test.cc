@@ -35,6 +35,14 @@ using testing::RawSocket;
 using testing::ScriptedEngine;
 using testing::WaitUntil;
 
+// Whether `upstream` is the id the sidecar gives the engine for a client's
+// `rid`: "stitch-<8 hex>-<16 hex>-<rid>".
+bool IsUpstreamRidOf(std::string_view upstream, std::string_view rid) {
+  constexpr size_t kPrefix = std::string_view("stitch-01234567-0123456789abcdef").size();
+  return upstream.size() == kPrefix + 1 + rid.size() && upstream.starts_with("stitch-") &&
+         upstream[kPrefix] == '-' && upstream.substr(kPrefix + 1) == rid;
+}
+
 json::object Parse(const std::string& text) {
   boost::system::error_code ec;
   json::value v = json::parse(text, ec);
@@ -53,6 +61,8 @@ class ProxyTest : public ::testing::Test {
     EXPECT_TRUE(mem.ok()) << mem.status();
     store_ = *std::move(mem);
     engine_ = std::make_unique<ScriptedEngine>(loop_->executor());
+    // The data plane labels its answers as the engine the sidecar verified.
+    fake_.SetWeightVersion("r1/weight_v000000");
   }
   // I/O objects go before their loop, once nothing uses them.
   ~ProxyTest() override {
@@ -104,7 +114,7 @@ class ProxyTest : public ::testing::Test {
     EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
     EXPECT_TRUE(WaitUntil([&] {
       auto aborted = Aborted();
-      return aborted.size() == 1 && aborted[0] == rid;
+      return aborted.size() == 1 && IsUpstreamRidOf(aborted[0], rid);
     }));
     EXPECT_TRUE(WaitUntil([&] { return fake_.disconnects() == 1; }));
     HttpResponse metrics = Send("GET", "/metrics");
@@ -146,14 +156,14 @@ TEST_F(ProxyTest, GenerateIsAdmittedTaggedAndStamped) {
   EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
   EXPECT_EQ(meta.at("weight_version_end").as_int64(), 0);
   EXPECT_EQ(meta.at("weight_version").as_string(), "0");
-  EXPECT_EQ(meta.at("id").as_string(), "fake");
 
   // What reached the engine: no constraint, a rid, the isolation tag.
   json::object sent = body.at("request").as_object();
   EXPECT_FALSE(sent.contains("weight_version"));
   EXPECT_EQ(sent.at("extra_key").as_string(), "wv0;r1/user");
   ASSERT_TRUE(sent.contains("rid"));
-  EXPECT_FALSE(sent.at("rid").as_string().empty());
+  EXPECT_TRUE(sent.at("rid").as_string().starts_with("stitch-"));
+  EXPECT_EQ(meta.at("id"), sent.at("rid"));  // the sidecar's own id, as the engine named it
   EXPECT_TRUE(sent.contains("sampling_params"));
   EXPECT_EQ(Active(), 0);
 }
@@ -184,16 +194,47 @@ TEST_F(ProxyTest, LargeBodiesReachTheEngineAndComeBackIntact) {
   EXPECT_EQ(Active(), 0);
 }
 
-TEST_F(ProxyTest, CallersRidIsKept) {
+// The engine sees the caller's rid behind a prefix of the sidecar's own
+// (engines abort by prefix: no two ids the sidecar sends may be prefixes of
+// each other), and the caller gets its own rid back.
+TEST_F(ProxyTest, CallersRidComesBackAndTheEngineSeesAPrefixFreeId) {
   Start(fake_.url());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
-  HttpResponse r = Send("POST", "/generate", R"({"text":"hi","rid":"mine"})");
-  ASSERT_EQ(r.status, 200);
-  EXPECT_EQ(Parse(r.body).at("request").at("rid").as_string(), "mine");
-  // A batch gets one rid per prompt.
-  HttpResponse batch = Send("POST", "/generate", R"({"text":["a","b","c"]})");
-  ASSERT_EQ(batch.status, 200);
-  EXPECT_EQ(Parse(batch.body).at("request").at("rid").as_array().size(), 3u);
+  std::vector<std::string> upstream;
+  for (std::string rid : {"a", "ab", "a"}) {
+    HttpResponse r = Send("POST", "/generate", absl::StrCat(R"({"text":"hi","rid":")", rid, "\"}"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    json::object body = Parse(r.body);
+    EXPECT_EQ(body.at("meta_info").at("id").as_string(), rid);
+    std::string sent(body.at("request").at("rid").as_string());
+    EXPECT_TRUE(IsUpstreamRidOf(sent, rid)) << sent;
+    upstream.push_back(std::move(sent));
+  }
+  // A batch gets one id per prompt, each the caller's behind an index.
+  HttpResponse batch = Send("POST", "/generate", R"({"text":["a","b","c"],"rid":["x","xy","x"]})");
+  ASSERT_EQ(batch.status, 200) << batch.body;
+  const json::object batch_body = Parse(batch.body);
+  for (const json::value& rid : batch_body.at("request").at("rid").as_array()) {
+    upstream.emplace_back(rid.as_string());
+  }
+  HttpResponse anonymous = Send("POST", "/generate", R"({"text":["a","b"]})");
+  ASSERT_EQ(anonymous.status, 200);
+  const json::object anonymous_body = Parse(anonymous.body);
+  for (const json::value& rid : anonymous_body.at("request").at("rid").as_array()) {
+    upstream.emplace_back(rid.as_string());
+  }
+  ASSERT_EQ(upstream.size(), 8u);
+  for (size_t i = 0; i < upstream.size(); ++i) {
+    for (size_t j = 0; j < upstream.size(); ++j) {
+      if (i != j) {
+        EXPECT_FALSE(upstream[j].starts_with(upstream[i])) << upstream[i] << " " << upstream[j];
+      }
+    }
+  }
+  HttpResponse wrong = Send("POST", "/generate", R"({"text":["a","b"],"rid":"one"})");
+  EXPECT_EQ(wrong.status, 400);
+  HttpResponse number = Send("POST", "/generate", R"({"text":"a","rid":7})");
+  EXPECT_EQ(number.status, 400);
 }
 
 TEST_F(ProxyTest, OpenAiRoutesAreSaltedAndStampedAtTheTopLevel) {
@@ -282,7 +323,7 @@ TEST_F(ProxyTest, TransportFailureGivesARetryable503AndReleasesAdmission) {
   // The best-effort abort went out.
   EXPECT_TRUE(WaitUntil([&] {
     auto aborted = Aborted();
-    return aborted.size() == 1 && aborted[0] == "lost";
+    return aborted.size() == 1 && IsUpstreamRidOf(aborted[0], "lost");
   }));
   HttpResponse other = Send("GET", "/model_info");
   EXPECT_EQ(other.status, 503);
@@ -371,6 +412,58 @@ TEST_F(ProxyTest, AStreamingClientThatLeavesEndsTheEngineStreamAndReleasesAdmiss
   ExpectTheGenerationEndedWithItsClient("gone-2");
 }
 
+// The engine labels its answer with weights the sidecar did not load (its
+// weights were changed behind the sidecar's back): the answer is not
+// stamped but refused as retryable, and trust in the engine is withdrawn.
+TEST_F(ProxyTest, AnAnswerLabelledWithOtherWeightsIsRefusedAndWithdrawsTrust) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  fake_.SetWeightVersion("r1/weight_v000004");
+  HttpResponse r = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
+  ASSERT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.headers.Get("retry-after"), "1");
+  json::object body = Parse(r.body);
+  EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
+  EXPECT_EQ(body.at("retryable").as_bool(), true);
+  EXPECT_NE(r.body.find("weight_v000004"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("weight_version_start"), std::string::npos) << r.body;
+  HttpResponse metrics = Send("GET", "/metrics");
+  EXPECT_NE(metrics.body.find("stitch_sidecar_engine_distrusts_total 1"), std::string::npos)
+      << metrics.body;
+  EXPECT_NE(metrics.body.find("stitch_sidecar_unvouched_responses_total 1"), std::string::npos)
+      << metrics.body;
+}
+
+// Trust withdrawn while a stream runs: what was sent was vouched for, the
+// rest is not; the stream ends with an error event instead of [DONE], and
+// the engine is told to abort the generation.
+TEST_F(ProxyTest, AStreamWhoseWeightsAreDistrustedMidwayEndsWithAnErrorEvent) {
+  fake_.SetStreamEvents(3);
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  RawSocket client(sidecar_->port());
+  ASSERT_TRUE(client.connected());
+  client.Send(RawGenerate(R"({"text":"hi","rid":"mid","stream":true})"));
+  std::string first = client.ReadUntil("\n\n");
+  EXPECT_NE(first.find(R"("weight_version_start":0)"), std::string::npos) << first;
+  OnLoop([&] {
+    sidecar_->reconciler().Distrust("the engine restarted (test)");
+    return 0;
+  });
+  EXPECT_TRUE(WaitUntil([&] {
+    auto aborted = Aborted();
+    return aborted.size() == 1 && IsUpstreamRidOf(aborted[0], "mid");
+  }));
+  fake_.ReleaseStream();
+  bool closed = false;
+  std::string rest = client.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_NE(rest.find("EngineUnavailable"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("the engine restarted (test)"), std::string::npos) << rest;
+  EXPECT_EQ(rest.find("[DONE]"), std::string::npos) << rest;
+  EXPECT_EQ(rest.find(R"("index":1)"), std::string::npos) << rest;
+}
+
 TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
   // No pointer in the store, the engine still initializing, and admission
   // closed (as during a commit): /metrics answers anyway.
@@ -384,8 +477,11 @@ TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
   HttpResponse metrics = Send("GET", "/metrics");
   EXPECT_EQ(metrics.status, 200);
   EXPECT_EQ(metrics.headers.Get("content-type"), "text/plain; version=0.0.4; charset=utf-8");
+  // Nothing is verified yet: no applied version is claimed.
+  EXPECT_EQ(metrics.body.find("stitch_sidecar_applied_version{"), std::string::npos)
+      << metrics.body;
   for (std::string line :
-       {"stitch_sidecar_applied_version{run_id=\"r1\"} 0", "stitch_sidecar_ready 0",
+       {"stitch_sidecar_engine_verified 0", "stitch_sidecar_ready 0",
         "stitch_sidecar_requests_in_flight 0", "stitch_sidecar_sync_state{state=\"IDLE\"} 1",
         "stitch_sidecar_requests_admitted_total 0",
         "# TYPE stitch_sidecar_commits_total counter"}) {

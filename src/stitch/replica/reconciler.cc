@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
+#include "stitch/format/weights_checksums.h"
 #include "stitch/replica/loop_signal.h"
 #include "stitch/store/materialize_chain.h"
 
@@ -52,7 +53,8 @@ Reconciler::Reconciler(boost::asio::any_io_executor loop, ReconcilerOptions opti
       clock_(clock),
       wake_(std::make_unique<LoopSignal>(loop_)),
       ended_(std::make_unique<LoopSignal>(loop_)),
-      tasks_(std::make_unique<Task[]>(kTasks)) {
+      tasks_(std::make_unique<Task[]>(kTasks)),
+      run_id_(options_.run_id) {
   gate_.SetRejectListener([this] { Wake(); });
 }
 
@@ -116,7 +118,15 @@ void Reconciler::Fail(absl::Status why) {
 }
 
 std::string Reconciler::reason() const {
-  if (!terminal_.ok()) return reason_;
+  if (!terminal_.ok() || !destination_ready_) return reason_;
+  if (!gate_.trusted()) {
+    if (sync_state_ == SyncState::kError) return reason_;
+    return absl::StrCat("verifying the engine: ", gate_.distrust_reason());
+  }
+  if (gate_.held()) {
+    // The hold's reason is in the gate's refusals; /health says the same.
+    return "the engine did not answer its last check; waiting for it to answer as expected";
+  }
   if (ready_) return "";
   return reason_;
 }
@@ -134,16 +144,20 @@ void Reconciler::SetState(SyncState state, std::string reason) {
 void Reconciler::SetError(const absl::Status& status) {
   ++counters_.errors;
   spdlog::warn("reconcile: {} (will retry)", std::string(status.message()));
+  sync_error_ = std::string(status.message());
+  gate_.SetBehindReason(sync_error_);
   SetState(SyncState::kError, absl::StrCat("sync error: ", status.message()));
 }
 
 ReplicaState Reconciler::State() const {
   ReplicaState s;
   s.ready = ready();
-  s.applied = gate_.serving();
+  s.applied = gate_.known_serving();
   s.sync_state = sync_state_;
-  s.reason = reason_;
-  s.run_id = gate_.serving().run_id;
+  s.reason = reason();
+  if (s.reason.empty()) s.reason = reason_;
+  s.sync_error = sync_error_;
+  s.run_id = gate_.trusted() ? gate_.serving().run_id : run_id_;
   s.commit_mode = options_.commit_mode;
   s.active_requests = gate_.active();
   s.update_destination_ready = destination_ready_;
@@ -151,6 +165,157 @@ ReplicaState Reconciler::State() const {
   s.terminal_error = terminal_.ok() ? std::string() : std::string(terminal_.message());
   s.metrics = last_pass_;
   return s;
+}
+
+// Watching the engine ----------------------------------------------------------
+
+void Reconciler::EngineUnreachable(std::string_view why) {
+  if (!terminal_.ok()) return;
+  if (!gate_.held()) {
+    ++counters_.unreachable;
+    spdlog::warn("the engine did not answer ({}): holding new requests until it does",
+                 std::string(why));
+  }
+  gate_.Hold(absl::StrCat("the engine did not answer: ", AbslView(why)));
+}
+
+void Reconciler::Distrust(std::string why) {
+  if (!terminal_.ok() || !gate_.trusted()) return;
+  ++counters_.distrusted;
+  spdlog::error(
+      "{}: the sidecar no longer vouches for the engine's weights; establishing them "
+      "again",
+      why);
+  gate_.Distrust(std::move(why));
+  ready_ = false;
+  if (on_distrust_) on_distrust_();
+  Wake();
+}
+
+std::string Reconciler::Disagreement(const EngineReport& report, const VersionRef& label,
+                                     const std::optional<Checksum128>& expected) const {
+  if (!report.label.empty()) {
+    if (!report.held.has_value()) {
+      return absl::StrCat("the engine labels its weights \"", report.label,
+                          "\", which names no version, not ", label.ToString());
+    }
+    if (report.held->version != label.version ||
+        (!report.held->run_id.empty() && report.held->run_id != label.run_id)) {
+      return absl::StrCat("the engine reports weights ", report.held->ToString(), ", not ",
+                          label.ToString());
+    }
+  }
+  if (expected.has_value() && report.fingerprint.has_value() && *report.fingerprint != *expected) {
+    return absl::StrCat("the engine's weights fingerprint is ", report.fingerprint->ToHex(),
+                        ", not ", expected->ToHex(), " (", label.ToString(), "'s)");
+  }
+  return "";
+}
+
+awaitable<absl::Status> Reconciler::CheckEngine(std::chrono::milliseconds timeout) {
+  const uint64_t loads = loads_;
+  absl::Status health = co_await engine_.Health(timeout);
+  absl::StatusOr<EngineReport> report = absl::UnavailableError("not asked");
+  if (health.ok()) {
+    report = co_await engine_.Report(timeout);
+  } else {
+    report = health;
+  }
+  if (loads != loads_ || loading_ || !terminal_.ok()) co_return absl::OkStatus();
+  if (!report.ok()) {
+    EngineUnreachable(std::string(report.status().message()));
+    co_return report.status();
+  }
+  if (!gate_.trusted()) {
+    // The pass loop establishes the weights; when it last failed for want of
+    // an answer, the engine answering again is worth another attempt.
+    gate_.Unhold();
+    if (waiting_for_engine_) Wake();
+    co_return absl::OkStatus();
+  }
+  std::string drift;
+  if (!baseline_.instance.empty() && report->instance != baseline_.instance) {
+    drift = absl::StrCat("the engine restarted (its instance id changed from ", baseline_.instance,
+                         " to ", report->instance, ")");
+  } else {
+    drift = Disagreement(*report, gate_.engine_label(), baseline_.fingerprint);
+  }
+  if (!drift.empty()) {
+    Distrust(std::move(drift));
+    gate_.Unhold();
+    co_return absl::OkStatus();
+  }
+  if (baseline_.instance.empty()) baseline_.instance = report->instance;
+  if (!baseline_.fingerprint.has_value()) baseline_.fingerprint = report->fingerprint;
+  if (gate_.held()) spdlog::info("the engine answers again as expected");
+  gate_.Unhold();
+  co_return absl::OkStatus();
+}
+
+awaitable<absl::Status> Reconciler::VerifyLoaded(const VersionRef& label) {
+  std::optional<Checksum128> expected;
+  if (engine_reports_fingerprints_ && label.run_id == run_id_) {
+    auto fingerprint = co_await ExpectedFingerprint(label.version);
+    if (fingerprint.ok()) expected = *fingerprint;
+  }
+  absl::StatusOr<EngineReport> report = co_await engine_.Report(options_.report_timeout);
+  if (!report.ok()) {
+    co_return Annotate(report.status(), absl::StrCat("reading what the engine holds after loading ",
+                                                     label.ToString()));
+  }
+  const std::string disagreement = Disagreement(*report, label, expected);
+  if (!disagreement.empty()) {
+    co_return absl::InternalError(
+        absl::StrCat("after loading ", label.ToString(), ", ", disagreement));
+  }
+  baseline_ = Baseline{report->instance, report->fingerprint};
+  if (report->fingerprint.has_value()) engine_reports_fingerprints_ = true;
+  co_return absl::OkStatus();
+}
+
+absl::StatusOr<TensorChecksums> Reconciler::BootChecksums() {
+  if (!boot_checksums_.has_value()) {
+    auto hashed = HashCheckpointTensors(options_.base_checkpoint_dir);
+    if (!hashed.ok()) {
+      return Annotate(hashed.status(), "hashing the boot checkpoint for its fingerprint");
+    }
+    boot_checksums_ = *std::move(hashed);
+  }
+  return *boot_checksums_;
+}
+
+awaitable<absl::StatusOr<Checksum128>> Reconciler::ExpectedFingerprint(int64_t version) {
+  if (auto it = expected_fingerprints_.find(version); it != expected_fingerprints_.end()) {
+    co_return it->second;
+  }
+  const int64_t boot = options_.boot_version;
+  auto computed = co_await RunBlocking(pool_, [&, this]() -> absl::StatusOr<Checksum128> {
+    if (version == boot) {
+      auto checksums = BootChecksums();
+      if (!checksums.ok()) return checksums.status();
+      return WeightsFingerprint(*checksums);
+    }
+    auto chain = MaterializeChain(store_, version, boot);
+    if (!chain.ok()) return chain.status();
+    TensorChecksums checksums;
+    size_t first = 0;
+    if (!chain->empty() && chain->front().manifest.kind == VersionKind::kFull) {
+      auto anchor = HashCheckpointTensors(chain->front().dir);
+      if (!anchor.ok()) return anchor.status();
+      checksums = *std::move(anchor);
+      first = 1;
+    } else {
+      auto anchor = BootChecksums();
+      if (!anchor.ok()) return anchor.status();
+      checksums = *std::move(anchor);
+    }
+    for (size_t i = first; i < chain->size(); ++i) {
+      if (absl::Status s = FoldDeltaChecksums((*chain)[i].dir, checksums); !s.ok()) return s;
+    }
+    return WeightsFingerprint(checksums);
+  });
+  if (computed.ok()) expected_fingerprints_[version] = *computed;
+  co_return computed;
 }
 
 // The loops ------------------------------------------------------------------
@@ -174,6 +339,9 @@ awaitable<void> Reconciler::Loop() {
   destination_ready_ = true;
   SetState(SyncState::kIdle, std::string(kCatchingUp));
   wake_pending_ = true;
+  // Whatever the gate was built with, what the engine holds is verified
+  // before anything is served.
+  gate_.Distrust("verifying what the engine holds");
   while (!stopping_ && terminal_.ok()) {
     while (!wake_pending_ && !stopping_ && terminal_.ok()) {
       const bool notified = co_await wake_->Wait();
@@ -181,10 +349,154 @@ awaitable<void> Reconciler::Loop() {
     }
     if (stopping_ || !terminal_.ok()) break;
     wake_pending_ = false;
-    PassResult result = co_await Pass();
+    PassResult result = PassResult::kError;
+    if (gate_.trusted()) {
+      result = co_await Pass();
+    } else {
+      result = co_await Establish();
+    }
     if (result == PassResult::kTerminal) break;
     if (result == PassResult::kMore) wake_pending_ = true;
   }
+}
+
+// Establishing what the engine holds ------------------------------------------
+
+awaitable<std::string> Reconciler::Verify(const EngineReport& report,
+                                          const std::optional<VersionRef>& head,
+                                          VersionRef* verified) {
+  if (report.label.empty()) co_return "the engine reports no weight label";
+  if (!report.held.has_value()) {
+    co_return absl::StrCat("the engine's weight label \"", report.label, "\" names no version");
+  }
+  const int64_t boot = options_.boot_version;
+  VersionRef claim = *report.held;
+  if (claim.run_id.empty()) claim.run_id = run_id_;
+  const bool head_run = head.has_value() && head->run_id == claim.run_id;
+  if (claim.run_id != run_id_ && !head_run) {
+    co_return absl::StrCat("the engine holds ", claim.ToString(), ", a version of run ",
+                           claim.run_id, ", which this replica does not follow");
+  }
+  if (claim.version < boot) {
+    co_return absl::StrCat("the engine holds ", claim.ToString(), ", older than the boot version ",
+                           boot);
+  }
+  if (claim.version != boot) {
+    if (!head_run) {
+      co_return absl::StrCat("the engine holds ", claim.ToString(),
+                             ", but the store's pointer names no version of that run");
+    }
+    if (claim.version > head->version) {
+      co_return absl::StrCat("the engine holds ", claim.ToString(),
+                             ", ahead of the store's pointer ", head->ToString(),
+                             ": weights that were never published");
+    }
+    auto manifest = co_await RunBlocking(pool_, [&] { return store_.ReadManifest(claim.version); });
+    if (!manifest.ok()) {
+      co_return absl::StrCat("the engine holds ", claim.ToString(),
+                             ", which the store cannot show (", manifest.status().message(), ")");
+    }
+  }
+  if (claim.run_id != run_id_) {
+    run_id_ = claim.run_id;
+    expected_fingerprints_.clear();
+  }
+  if (report.fingerprint.has_value()) {
+    engine_reports_fingerprints_ = true;
+    auto expected = co_await ExpectedFingerprint(claim.version);
+    if (!expected.ok()) {
+      co_return absl::StrCat("the fingerprint of ", claim.ToString(), " cannot be computed (",
+                             expected.status().message(), ")");
+    }
+    if (*expected != *report.fingerprint) {
+      co_return absl::StrCat("the engine labels its weights ", claim.ToString(),
+                             ", but their fingerprint is ", report.fingerprint->ToHex(), ", not ",
+                             expected->ToHex());
+    }
+  }
+  *verified = claim;
+  co_return "";
+}
+
+awaitable<Reconciler::PassResult> Reconciler::Establish() {
+  ++counters_.passes;
+  SetState(SyncState::kFetching, "verifying what the engine holds");
+  absl::StatusOr<EngineReport> report = co_await engine_.Report(options_.report_timeout);
+  if (!report.ok()) {
+    EngineUnreachable(std::string(report.status().message()));
+    waiting_for_engine_ = true;
+    SetError(Annotate(report.status(), "verifying what the engine holds"));
+    co_return PassResult::kError;
+  }
+  waiting_for_engine_ = false;
+  gate_.Unhold();
+  auto head = co_await ReadHead();
+  if (!head.ok()) {
+    SetError(head.status());
+    co_return PassResult::kError;
+  }
+  VersionRef verified;
+  const std::string unverified = co_await Verify(*report, *head, &verified);
+  if (!terminal_.ok() || stopping_) co_return PassResult::kTerminal;
+  if (unverified.empty()) {
+    // The label as the engine gave it: responses carry it.
+    VersionRef label = *report->held;
+    if (label.run_id.empty()) label.run_id = verified.run_id;
+    gate_.Trust(verified, label);
+    baseline_ = Baseline{report->instance, report->fingerprint};
+    weights_are_boot_ = verified.version == options_.boot_version;
+    ++counters_.verified;
+    spdlog::info("verified the engine's weights: {}{}", verified.ToString(),
+                 report->fingerprint.has_value() ? " (label and fingerprint)" : " (label)");
+    co_return PassResult::kMore;
+  }
+  spdlog::warn("cannot vouch for the engine's weights ({}): loading a complete version",
+               unverified);
+  // The pointer's version, staged from its anchor; else the boot
+  // checkpoint of the run the pointer names (or of the boot run).
+  const std::optional<VersionRef> pointer = *head;
+  if (pointer.has_value() && pointer->version != options_.boot_version) {
+    if (pointer->run_id != run_id_) {
+      run_id_ = pointer->run_id;
+      expected_fingerprints_.clear();
+    }
+    co_return co_await LoadVersion(*pointer);
+  }
+  const std::string run = pointer.has_value() ? pointer->run_id : run_id_;
+  absl::Status reset = co_await SwitchRun(run, /*force_reset=*/true);
+  if (!terminal_.ok()) co_return PassResult::kTerminal;
+  if (!reset.ok()) {
+    SetError(reset);
+    co_return PassResult::kError;
+  }
+  ++counters_.established;
+  co_return PassResult::kMore;
+}
+
+awaitable<Reconciler::PassResult> Reconciler::LoadVersion(const VersionRef& target) {
+  SetState(SyncState::kFetching, CatchingUp());
+  auto plan = co_await MakePlan(target, options_.boot_version, /*allow_empty=*/false);
+  if (!plan.ok()) {
+    SetError(plan.status());
+    co_return PassResult::kError;
+  }
+  SetState(SyncState::kStaging, CatchingUp());
+  absl::Status staged = co_await engine_.Stage(plan->stage);
+  if (!staged.ok()) {
+    SetError(Annotate(staged, absl::StrCat("staging ", target.ToString())));
+    co_return PassResult::kError;
+  }
+  ++counters_.stages;
+  absl::Status committed = co_await Commit(target);
+  if (!terminal_.ok()) co_return PassResult::kTerminal;
+  if (!committed.ok()) {
+    SetError(committed);
+    co_return PassResult::kError;
+  }
+  ++counters_.commits;
+  ++counters_.established;
+  spdlog::info("established the engine's weights by loading {}", target.ToString());
+  co_return PassResult::kMore;
 }
 
 // One pass ---------------------------------------------------------------------
@@ -196,12 +508,13 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
   });
 }
 
-awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRef& target) {
-  const int64_t from = applied().version;
+awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRef& target,
+                                                                 int64_t from, bool allow_empty) {
   const int64_t boot = options_.boot_version;
-  co_return co_await RunBlocking(pool_, [&, this]() -> absl::StatusOr<Plan> {
+  const bool fingerprints = engine_reports_fingerprints_;
+  auto plan = co_await RunBlocking(pool_, [&, this]() -> absl::StatusOr<Plan> {
     Plan plan;
-    plan.empty = true;
+    plan.empty = allow_empty;
     for (int64_t v = target.version; v > from; --v) {
       auto manifest = store_.ReadManifest(v);
       if (!manifest.ok()) {
@@ -217,6 +530,7 @@ awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRe
         plan.empty = false;
         break;
       }
+      if (!allow_empty) break;
     }
     if (plan.empty) return plan;
     auto chain = MaterializeChain(store_, target.version, boot);
@@ -241,6 +555,16 @@ awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRe
     }
     return plan;
   });
+  // What the engine must report after loading the target, computed while
+  // it still serves rather than in the paused commit.
+  if (plan.ok() && !plan->empty && fingerprints && target.run_id == run_id_) {
+    auto expected = co_await ExpectedFingerprint(target.version);
+    if (!expected.ok()) {
+      co_return Annotate(expected.status(),
+                         absl::StrCat("computing the fingerprint of ", target.ToString()));
+    }
+  }
+  co_return plan;
 }
 
 awaitable<Reconciler::PassResult> Reconciler::Pass() {
@@ -254,6 +578,8 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   }
   auto caught_up = [this] {
     SetState(SyncState::kIdle, "");
+    sync_error_.clear();
+    gate_.SetBehindReason("");
     if (!ready_) spdlog::info("caught up with the store at {}: ready", applied().ToString());
     ready_ = true;
     return PassResult::kCaughtUp;
@@ -262,13 +588,14 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   VersionRef pointer = **head;
 
   if (PlanFollow(applied(), pointer) == FollowAction::kRunReset) {
-    absl::Status switched = co_await SwitchRun(pointer.run_id);
+    absl::Status switched = co_await SwitchRun(pointer.run_id, /*force_reset=*/false);
     if (!terminal_.ok()) co_return PassResult::kTerminal;
     if (!switched.ok()) {
       SetError(switched);
       co_return PassResult::kError;
     }
   }
+  if (!gate_.trusted()) co_return PassResult::kMore;
   if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) co_return caught_up();
 
   const int64_t applied_before = applied().version;
@@ -277,11 +604,12 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   metrics["applied_before_version"] = static_cast<double>(applied_before);
 
   SetState(SyncState::kFetching, CatchingUp());
-  auto plan = co_await MakePlan(pointer);
+  auto plan = co_await MakePlan(pointer, applied_before, /*allow_empty=*/true);
   if (!plan.ok()) {
     SetError(plan.status());
     co_return PassResult::kError;
   }
+  if (!gate_.trusted()) co_return PassResult::kMore;
   if (plan->empty) {
     absl::Status moved = co_await MoveWithoutEngine(pointer);
     if (!moved.ok()) {
@@ -322,7 +650,7 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
              (*newer)->version > target.version) {
     const VersionRef head_now = **newer;
     SetState(SyncState::kFetching, CatchingUp());
-    auto newer_plan = co_await MakePlan(head_now);
+    auto newer_plan = co_await MakePlan(head_now, applied_before, /*allow_empty=*/true);
     if (!newer_plan.ok()) {
       SetError(newer_plan.status());
       co_return PassResult::kError;
@@ -341,6 +669,9 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   const double stage_s = SecondsSince(stage_start);
   counters_.stage_seconds_sum += stage_s;
   counters_.last_stage_seconds = stage_s;
+  // Trust may have been withdrawn while staging: the weights are then
+  // established from scratch, not from what the engine was thought to hold.
+  if (!gate_.trusted()) co_return PassResult::kMore;
 
   const auto commit_start = std::chrono::steady_clock::now();
   absl::Status committed = co_await Commit(target);
@@ -368,17 +699,29 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
 
 // Changes under the gate --------------------------------------------------------
 
-awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id) {
+awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool force_reset) {
   const VersionRef boot{run_id, options_.boot_version};
-  SetState(SyncState::kCommitting, absl::StrCat("switching to run ", run_id));
+  const bool switching = gate_.trusted() && gate_.serving().run_id != run_id;
+  SetState(SyncState::kCommitting, switching ? absl::StrCat("switching to run ", run_id)
+                                             : std::string("loading the boot checkpoint"));
   auto window = co_await gate_.Close(DrainScope::kAll);
   if (!window.ok()) co_return window.status();
-  if (!weights_are_boot_) {
+  if (run_id != run_id_) {
+    run_id_ = run_id;
+    expected_fingerprints_.clear();
+  }
+  if (force_reset || !weights_are_boot_) {
     if (absl::Status paused = co_await engine_.Pause(); !paused.ok()) {
       (void)co_await engine_.Resume();
-      co_return Annotate(paused, "pausing the engine for a run switch");
+      co_return Annotate(paused, "pausing the engine to load the boot checkpoint");
     }
+    loading_ = true;
+    ++loads_;
+    window->Expect(boot);
     absl::Status reset = co_await engine_.ResetToBoot(boot);
+    if (reset.ok()) reset = co_await VerifyLoaded(boot);
+    ++loads_;
+    loading_ = false;
     if (!reset.ok()) {
       Fail(Annotate(reset, absl::StrCat("resetting to the boot checkpoint for run ", run_id,
                                         " failed; live engine state is uncertain")));
@@ -391,10 +734,14 @@ awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id) {
       co_return terminal_;
     }
   } else {
-    window->Flip(boot);
+    // The boot weights of every run are the same checkpoint: only the
+    // served version moves; the engine keeps its label.
+    window->Flip(boot, gate_.engine_label());
   }
-  ++counters_.run_switches;
-  spdlog::info("switched to run {} at its boot version {}", run_id, boot.ToString());
+  if (switching) {
+    ++counters_.run_switches;
+    spdlog::info("switched to run {} at its boot version {}", run_id, boot.ToString());
+  }
   co_return absl::OkStatus();
 }
 
@@ -402,7 +749,8 @@ awaitable<absl::Status> Reconciler::MoveWithoutEngine(const VersionRef& target) 
   SetState(SyncState::kCommitting, CatchingUp());
   auto window = co_await gate_.Close(CommitScope());
   if (!window.ok()) co_return window.status();
-  window->Flip(target);
+  if (!gate_.trusted()) co_return absl::OkStatus();
+  window->Flip(target, gate_.engine_label());
   spdlog::info("{} changes no weights: serving it without an engine update", target.ToString());
   co_return absl::OkStatus();
 }
@@ -417,7 +765,13 @@ awaitable<absl::Status> Reconciler::Commit(const VersionRef& target) {
   }
   Engine::CommitOptions commit_options;
   commit_options.flush_cache = options_.flush_cache_on_commit;
+  loading_ = true;
+  ++loads_;
+  window->Expect(target);
   absl::Status committed = co_await engine_.Commit(target, commit_options);
+  if (committed.ok()) committed = co_await VerifyLoaded(target);
+  ++loads_;
+  loading_ = false;
   if (!committed.ok()) {
     // The engine stays paused: the requests it holds must not continue on
     // weights nobody can name. The process ends; clients retry elsewhere.

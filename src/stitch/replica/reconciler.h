@@ -1,7 +1,26 @@
-// The reconciler: converges one engine to the store's pointer, on its own.
+// The reconciler: converges one engine to the store's pointer, on its own,
+// and never lets the sidecar claim a version for weights it has not verified
+// the engine holds.
 //
 // At start it initializes the engine's update destination (a failure is
-// terminal), then runs passes. Each pass:
+// terminal). Then, and again whenever trust in the engine is withdrawn, it
+// establishes what the engine holds before anything versioned is admitted:
+//   - it asks the engine what it holds (Engine::Report): a label naming a
+//     version of the run it follows (the boot version, or a published
+//     version at or below the pointer), and, when the engine reports one, a
+//     weights fingerprint equal to the one the store's checksums give for
+//     that version (WeightsFingerprint): then that version is verified and
+//     served without touching the engine (a sidecar restarted beside a live
+//     engine picks up where it was);
+//   - otherwise (no label, an unknown one, another run, a label ahead of the
+//     pointer, a fingerprint that disagrees) it establishes the weights by
+//     loading a complete version itself: the pointer's version (staged from
+//     its anchor, then committed) or the boot checkpoint (ResetToBoot).
+// Every load (commit, reset) is followed by a report that must name what
+// was loaded (and match its fingerprint, when reported); a mismatch leaves
+// the engine's state unknown, which is terminal.
+//
+// Then it runs passes. Each pass:
 //   1. refreshes the store and reads the pointer (unset: nothing to follow);
 //   2. when the pointer names another run, switches runs: admission closes,
 //      every request drains, the engine resets to the boot checkpoint (only
@@ -14,21 +33,34 @@
 //      pointer once and stages the newer head of the same run too (so that
 //      continuous publishing cannot starve commits and coalescing never
 //      crosses runs; a failed re-read commits what was staged), and commits
-//      through the gate (pause, commit, flip the served version, resume).
+//      through the gate (pause, commit, verify, flip the served version,
+//      resume).
 // A pass that committed is followed at once by another, which confirms the
-// replica is at the pointer: the first such confirmation latches `ready`
-// (/health 200) for good. Wakes (Wake(), every 409 of the gate) coalesce, and
-// a wake during a pass asks for one more pass; a periodic backstop
-// (options.reconcile_interval, 0 disables it) catches missed wakes.
+// replica is at the pointer: that confirmation makes it `ready` (/health
+// 200), and it stays ready until trust in the engine is withdrawn. Wakes
+// (Wake(), every 409 of the gate) coalesce, and a wake during a pass asks
+// for one more pass; a periodic backstop (options.reconcile_interval, 0
+// disables it) catches missed wakes.
+//
+// Watching the engine. CheckEngine() is the watchdog's probe: the engine's
+// health, then its report, compared with what the sidecar loaded (the label,
+// the instance id, the fingerprint). An engine that does not answer puts the
+// gate on hold (no new requests, /health 503) until it answers again as
+// expected; EngineUnreachable() does the same at once when a request could
+// not reach it. An engine that answers with another label, a new instance
+// (it restarted) or another fingerprint has changed behind the sidecar's
+// back: Distrust() withdraws trust (requests in flight are answered as
+// retryable, the distrust listener aborts them in the engine) and the
+// reconciler establishes the weights again, as at start.
 //
 // Errors: a store, materialization or staging error is transient:
 // sync_state ERROR with the reason, retried on the next wake or backstop
 // tick. A failed destination initialization, a failed commit, a failed
-// reset to boot, or an engine that does not resume after a commit is
-// terminal: readiness is lost, the gate refuses every new request, and the
-// terminal listener is told (the sidecar then exits non-zero so that its
-// supervisor replaces the replica). Fail() makes any other error terminal
-// (the watchdog's).
+// reset to boot, an engine that does not resume after a commit, or one that
+// reports other weights than it just loaded is terminal: readiness is lost,
+// the gate refuses every new request, and the terminal listener is told
+// (the sidecar then exits non-zero so that its supervisor replaces the
+// replica). Fail() makes any other error terminal (the watchdog's).
 //
 // Threading: confined to the event loop whose executor it was built with;
 // store and codec calls run on the worker pool.
@@ -51,6 +83,7 @@
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
+#include "stitch/format/weights_checksums.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/replica/admission_gate.h"
 #include "stitch/replica/clock.h"
@@ -66,12 +99,16 @@ struct ReconcilerOptions {
   // The run of the boot checkpoint the engine starts with, and its version.
   std::string run_id;
   int64_t boot_version = 0;
-  // The boot checkpoint (for stage plans).
+  // The boot checkpoint (for stage plans, and the fingerprint of the boot
+  // weights).
   std::filesystem::path base_checkpoint_dir;
   CommitMode commit_mode = CommitMode::kInPlace;
   bool flush_cache_on_commit = false;
   // The backstop period; zero disables it.
   Clock::Duration reconcile_interval = std::chrono::seconds(5);
+  // How long one engine report (establishing, after a load, a probe) may
+  // take (real time).
+  std::chrono::milliseconds report_timeout = std::chrono::seconds(5);
 };
 
 // Cumulative numbers, for /metrics.
@@ -86,13 +123,17 @@ struct ReconcilerCounters {
   uint64_t stages = 0;
   double last_stage_seconds = 0;
   double last_commit_seconds = 0;
+  uint64_t verified = 0;     // engine weights verified without a load
+  uint64_t established = 0;  // engine weights established by loading them
+  uint64_t distrusted = 0;   // times trust in the engine was withdrawn
+  uint64_t unreachable = 0;  // times the engine did not answer (probe or request)
 };
 
 class Reconciler {
  public:
-  // Every reference must outlive the reconciler. `gate` serves the boot
-  // version `<options.run_id>/weight_v<boot_version>` when the reconciler
-  // starts (the caller builds it so).
+  // Every reference must outlive the reconciler. The gate may start
+  // trusted or not: the reconciler establishes what the engine holds
+  // before anything else either way.
   Reconciler(boost::asio::any_io_executor loop, ReconcilerOptions options, Store& store,
              Engine& engine, AdmissionGate& gate, WorkerPool& pool, Clock& clock);
   ~Reconciler();
@@ -103,6 +144,9 @@ class Reconciler {
   void SetTerminalListener(std::function<void(const absl::Status&)> listener) {
     on_terminal_ = std::move(listener);
   }
+  // Called whenever trust in the engine is withdrawn (the sidecar aborts the
+  // requests in flight in the engine).
+  void SetDistrustListener(std::function<void()> listener) { on_distrust_ = std::move(listener); }
 
   // Starts the work described above. Call once.
   void Start();
@@ -118,15 +162,26 @@ class Reconciler {
   // stays).
   void Fail(absl::Status why);
 
-  bool ready() const { return ready_ && terminal_.ok(); }
+  // The watchdog's probe (see above): OK when the engine answered, whatever
+  // it said; Unavailable when it did not. A probe that overlaps a load says
+  // nothing about the weights and is ignored.
+  boost::asio::awaitable<absl::Status> CheckEngine(std::chrono::milliseconds timeout);
+  // Whether probing makes sense now: not terminal, not loading weights.
+  bool may_probe() const { return terminal_.ok() && !loading_; }
+  // A request could not reach the engine: hold new requests until a probe
+  // finds it answering as expected.
+  void EngineUnreachable(std::string_view why);
+  // The engine's weights are not what the sidecar loaded (why): withdraw
+  // trust and establish them again. No-op while already untrusted.
+  void Distrust(std::string why);
+
+  bool ready() const { return ready_ && terminal_.ok() && gate_.trusted() && !gate_.held(); }
   SyncState sync_state() const { return sync_state_; }
-  // Whether the engine is expected to make progress now: ready and not in
-  // the paused commit moment (the watchdog probes only then).
-  bool expects_progress() const { return ready() && sync_state_ != SyncState::kCommitting; }
   const absl::Status& terminal() const { return terminal_; }
   // Why /health is not 200 ("" when it is). /server_info's `reason` is the
   // state's own reason, also once ready (a transient sync error, say).
   std::string reason() const;
+  // The served version; meaningful only while the gate is trusted.
   const VersionRef& applied() const { return gate_.serving(); }
   const ReconcilerCounters& counters() const { return counters_; }
   // The last pass that moved the served version (stage_s, commit_s, ...).
@@ -138,15 +193,42 @@ class Reconciler {
  private:
   enum class PassResult { kCaughtUp, kMore, kError, kTerminal };
   struct Plan;
+  // What the engine reported after the last verification or load.
+  struct Baseline {
+    std::string instance;
+    std::optional<Checksum128> fingerprint;
+  };
 
   boost::asio::awaitable<void> Loop();
   boost::asio::awaitable<void> Backstop();
   boost::asio::awaitable<PassResult> Pass();
+  boost::asio::awaitable<PassResult> Establish();
   boost::asio::awaitable<absl::StatusOr<std::optional<VersionRef>>> ReadHead();
-  boost::asio::awaitable<absl::StatusOr<Plan>> MakePlan(const VersionRef& target);
-  boost::asio::awaitable<absl::Status> SwitchRun(const std::string& run_id);
+  // The chain from `from` (the applied version, or the boot version when
+  // nothing else can be relied on) to `target`; `allow_empty`: when every
+  // version after `from` is an empty delta, say so instead of a chain.
+  boost::asio::awaitable<absl::StatusOr<Plan>> MakePlan(const VersionRef& target, int64_t from,
+                                                        bool allow_empty);
+  boost::asio::awaitable<absl::Status> SwitchRun(const std::string& run_id, bool force_reset);
   boost::asio::awaitable<absl::Status> Commit(const VersionRef& target);
   boost::asio::awaitable<absl::Status> MoveWithoutEngine(const VersionRef& target);
+  // Stages and commits `target` from its anchor (the weights are unknown).
+  boost::asio::awaitable<PassResult> LoadVersion(const VersionRef& target);
+  // Whether the engine's report names `label` (and the expected
+  // fingerprint, when both are known): "" when it does, else why not.
+  std::string Disagreement(const EngineReport& report, const VersionRef& label,
+                           const std::optional<Checksum128>& expected) const;
+  // Reads the engine's report right after loading `label`: OK and the new
+  // baseline, or the error that makes the replica terminal.
+  boost::asio::awaitable<absl::Status> VerifyLoaded(const VersionRef& label);
+  // Why the engine's claim cannot be verified ("" when it is verified).
+  boost::asio::awaitable<std::string> Verify(const EngineReport& report,
+                                             const std::optional<VersionRef>& head,
+                                             VersionRef* verified);
+  // The fingerprint of `version` of the run being followed, from the
+  // store's checksums (cached). Runs on the worker pool.
+  boost::asio::awaitable<absl::StatusOr<Checksum128>> ExpectedFingerprint(int64_t version);
+  absl::StatusOr<TensorChecksums> BootChecksums();
   DrainScope CommitScope() const {
     return options_.commit_mode == CommitMode::kQuiesce ? DrainScope::kAll : DrainScope::kExactPins;
   }
@@ -165,6 +247,7 @@ class Reconciler {
   Clock& clock_;
 
   std::function<void(const absl::Status&)> on_terminal_;
+  std::function<void()> on_distrust_;
   std::unique_ptr<replica_internal::LoopSignal> wake_;
   std::unique_ptr<replica_internal::LoopSignal> ended_;
   bool wake_pending_ = false;
@@ -179,9 +262,23 @@ class Reconciler {
   bool ready_ = false;
   bool destination_ready_ = false;
   std::string destination_error_;
-  bool weights_are_boot_ = true;
+  // The run being followed: the boot run, then the pointer's after a switch.
+  std::string run_id_;
+  bool weights_are_boot_ = false;
+  // While a commit or reset changes the engine's weights; bumped at each
+  // load so that a probe overlapping one is ignored.
+  bool loading_ = false;
+  uint64_t loads_ = 0;
+  Baseline baseline_;
+  bool engine_reports_fingerprints_ = false;
+  // The last attempt to establish the weights found the engine silent.
+  bool waiting_for_engine_ = false;
+  std::map<int64_t, Checksum128> expected_fingerprints_;  // of run_id_
+  std::optional<TensorChecksums> boot_checksums_;         // worker pool only
   SyncState sync_state_ = SyncState::kIdle;
   std::string reason_ = "initializing: preparing the engine's update destination";
+  // The error of the last pass that failed, until a pass catches up.
+  std::string sync_error_;
   absl::Status terminal_;
   ReconcilerCounters counters_;
   std::map<std::string, double> last_pass_;

@@ -9,10 +9,12 @@
 #include <gtest/gtest.h>
 
 #include "stitch/core/errors.h"
+#include "stitch/format/weights_checksums.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/replica/replica_test_util.h"
 #include "stitch/store/mem_store.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/version_dirs.h"
 
 namespace stitch {
 namespace {
@@ -329,7 +331,7 @@ TEST_F(ReconcilerTest, CoalescingNeverCrossesRuns) {
 TEST_F(ReconcilerTest, FailedReReadOfTheHeadStillCommitsTheStagedTarget) {
   Delta(1, 1);
   SetPointer(Ref("r1", 1));
-  store_->FailRefreshNumber(2);  // the re-read after staging
+  store_->FailRefreshNumber(3);  // the re-read after staging (1: verifying, 2: the pass)
   Build(NoBackstop());
   Run([&]() -> awaitable<void> {
     reconciler_->Start();
@@ -363,7 +365,7 @@ TEST_F(ReconcilerTest, RunSwitchResetsAndDrainsRollingRequests) {
     EXPECT_EQ(engine_->IndexOf("reset:r2/weight_v000000"), -1);
     EXPECT_FALSE(late.admitted);
     EXPECT_EQ(reconciler_->sync_state(), SyncState::kCommitting);
-    EXPECT_FALSE(reconciler_->expects_progress());
+    EXPECT_TRUE(reconciler_->may_probe());  // the engine still serves while requests drain
 
     release.Open();
     CO_ASSERT(co_await Until([&] { return SettledAt(5, "r2"); }));
@@ -770,6 +772,289 @@ TEST_F(ReconcilerTest, MissingPointerTargetNamesTheBootVersionFlags) {
     CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
     EXPECT_NE(reconciler_->State().reason.find("--boot-version"), std::string::npos)
         << reconciler_->State().reason;
+  });
+}
+
+// --- Trust in the engine's weights ---------------------------------------------
+
+class ReconcilerTrustTest : public ReconcilerTest {
+ protected:
+  // A boot checkpoint with real tensors (the fingerprint of boot weights is
+  // hashed from it) and FULL versions of distinct weights.
+  void WriteBoot() {
+    testing::TestVersionOptions o;
+    o.seed = 100;
+    o.record_version = false;
+    ASSERT_TRUE(testing::WriteTestVersionAt(tmp_ / "base", 0, o).ok());
+  }
+  void DistinctFull(int64_t v) {
+    testing::TestVersionOptions o;
+    o.seed = static_cast<int>(v) + 1;
+    auto dir = testing::WriteTestVersion(tmp_ / absl::StrCat("distinct-", v), v, o);
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    ASSERT_TRUE(mem_->PublishFiles(v, *dir).ok());
+  }
+  Checksum128 FingerprintOf(const std::filesystem::path& dir) {
+    auto checksums = HashCheckpointTensors(dir);
+    EXPECT_TRUE(checksums.ok()) << checksums.status();
+    return checksums.ok() ? WeightsFingerprint(*checksums) : Checksum128{};
+  }
+  Checksum128 FingerprintOfVersion(int64_t v) {
+    auto dir = mem_->Materialize(v);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    return dir.ok() ? FingerprintOf(*dir) : Checksum128{};
+  }
+  // A ticket admitted now, kept by the test.
+  std::optional<AdmissionGate::Ticket> Admit(VersionConstraint c = {}) {
+    auto t = gate_->TryAdmit(c);
+    if (!t.has_value() || !t->ok()) return std::nullopt;
+    return **std::move(t);
+  }
+};
+
+// A sidecar restarted beside a live engine at v3 picks it up: the label and
+// the fingerprint match what the store says v3 is, so nothing is reloaded.
+TEST_F(ReconcilerTrustTest, SidecarRestartedBesideALiveEngineVerifiesWhatItHolds) {
+  WriteBoot();
+  DistinctFull(3);
+  SetPointer(Ref("r1", 3));
+  engine_->Holds(Ref("r1", 3));
+  engine_->fingerprint_of[3] = FingerprintOfVersion(3);
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000000"});
+    EXPECT_EQ(reconciler_->counters().verified, 1u);
+    EXPECT_EQ(reconciler_->counters().established, 0u);
+  });
+}
+
+// Until the engine answers, nothing versioned is admitted and the replica
+// says it serves nothing: a sidecar must never stamp its boot version on
+// weights it has not seen.
+TEST_F(ReconcilerTrustTest, NothingIsAdmittedBeforeTheEngineIsVerified) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  engine_->Holds(Ref("r1", 3));
+  engine_->report_results.push_back(absl::UnavailableError("engine: connection refused"));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_FALSE(reconciler_->State().applied.has_value());
+    auto constrained = gate_->TryAdmit(VersionConstraint::AtLeast(0));
+    CO_ASSERT(constrained.has_value() && !constrained->ok());
+    EXPECT_EQ(GetErrorKind(constrained->status()), ErrorKind::kVersionNotReady);
+    auto any = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(any.has_value() && !any->ok());
+    EXPECT_TRUE(absl::IsUnavailable(any->status())) << any->status();
+    EXPECT_NE(any->status().message().find("connection refused"), std::string::npos)
+        << any->status();
+    // The engine answers again: it is verified at what it holds.
+    co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{});
+  });
+}
+
+// A label the store cannot vouch for (ahead of the pointer, another run,
+// none at all, a fingerprint that disagrees) is never adopted: the sidecar
+// loads a complete version itself.
+TEST_F(ReconcilerTrustTest, AClaimTheStoreCannotVouchForIsReplacedByLoadingAVersion) {
+  WriteBoot();
+  DistinctFull(2);
+  DistinctFull(3);
+  SetPointer(Ref("r1", 3));
+  // Labelled v3, but holding v2's weights (someone loaded v2 and named it).
+  engine_->Holds(Ref("r1", 3));
+  engine_->report_results.push_back([&] {
+    EngineReport r;
+    r.label = "r1/weight_v000003";
+    r.held = Ref("r1", 3);
+    r.instance = "scripted-1";
+    r.fingerprint = FingerprintOfVersion(2);
+    return r;
+  }());
+  engine_->fingerprint_of[3] = FingerprintOfVersion(3);
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    EXPECT_EQ(engine_->staged, std::vector<int64_t>{3});
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{3});
+    EXPECT_EQ(reconciler_->counters().established, 1u);
+  });
+}
+
+TEST_F(ReconcilerTrustTest, AnEngineWithoutAVersionLabelIsResetToItsBootCheckpoint) {
+  engine_->Holds(std::nullopt);  // "default": SGLang started without --weight-version
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(0); }));
+    EXPECT_EQ(engine_->Count("reset:r1/weight_v000000"), 1u);
+  });
+}
+
+TEST_F(ReconcilerTrustTest, AnEngineAheadOfThePointerIsNotBelieved) {
+  Full(2);
+  Full(5);
+  SetPointer(Ref("r1", 2));
+  engine_->Holds(Ref("r1", 5));  // published, but the pointer never named it
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{2});
+  });
+}
+
+// The engine restarts on its boot checkpoint under a live sidecar at v3:
+// the next probe sees a new instance (and the boot label), trust is
+// withdrawn at once (requests in flight are no longer vouched for and are
+// aborted, new ones refused), and the replica converges again.
+TEST_F(ReconcilerTrustTest, AnEngineRestartIsNoticedByTheNextProbeAndConvergesAgain) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop());
+  int distrusts = 0;
+  reconciler_->SetDistrustListener([&] { ++distrusts; });
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    std::optional<AdmissionGate::Ticket> in_flight = Admit(VersionConstraint::Exact(3));
+    CO_ASSERT(in_flight.has_value() && in_flight->trusted());
+
+    engine_->holds = Ref("r1", 0);
+    engine_->instance = "scripted-2";
+    engine_->HoldNext(ScriptedEngine::kStage);  // the catch-up waits, for the checks below
+    const absl::Status probe = co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    EXPECT_TRUE(probe.ok()) << probe;
+    EXPECT_EQ(distrusts, 1);
+    EXPECT_FALSE(in_flight->trusted());
+    EXPECT_FALSE(reconciler_->ready());
+    auto refused = gate_->TryAdmit(VersionConstraint::Exact(3));
+    CO_ASSERT(refused.has_value() && !refused->ok());
+    EXPECT_NE(refused->status().message().find("restarted"), std::string::npos)
+        << refused->status();
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kStage); }));
+    // Verified at the boot version it restarted on, now catching up.
+    EXPECT_EQ(gate_->known_serving(), Ref("r1", 0));
+    engine_->Release(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    EXPECT_EQ(engine_->committed, (std::vector<int64_t>{3, 3}));
+    EXPECT_FALSE(in_flight->trusted());  // it stays unvouched
+    EXPECT_EQ(reconciler_->counters().distrusted, 1u);
+  });
+}
+
+TEST_F(ReconcilerTrustTest, WeightsChangedThroughTheEnginesOwnRouteAreNoticed) {
+  Full(1);
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    engine_->holds = Ref("r1", 1);  // someone called /update_weights_from_disk
+    co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    EXPECT_FALSE(gate_->trusted());
+    EXPECT_NE(gate_->distrust_reason().find("r1/weight_v000001"), std::string::npos)
+        << gate_->distrust_reason();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+  });
+}
+
+TEST_F(ReconcilerTrustTest, AChangedFingerprintIsNoticedEvenUnderTheSameLabel) {
+  WriteBoot();
+  DistinctFull(3);
+  SetPointer(Ref("r1", 3));
+  engine_->fingerprint_of[0] = FingerprintOf(tmp_ / "base");
+  engine_->fingerprint_of[3] = FingerprintOfVersion(3);
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    engine_->fingerprint_of[3] = Checksum128{7, 7};
+    co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    EXPECT_FALSE(gate_->trusted());
+    EXPECT_NE(gate_->distrust_reason().find("fingerprint"), std::string::npos)
+        << gate_->distrust_reason();
+  });
+}
+
+// A silent engine holds new requests (and /health) at once, without
+// withdrawing trust from what is in flight; it answering as expected ends
+// the hold.
+TEST_F(ReconcilerTrustTest, ASilentEngineHoldsNewRequestsUntilItAnswersAsExpected) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    std::optional<AdmissionGate::Ticket> in_flight = Admit();
+    CO_ASSERT(in_flight.has_value());
+    engine_->health_results.push_back(absl::UnavailableError("engine: timed out"));
+    const absl::Status probe = co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    EXPECT_TRUE(absl::IsUnavailable(probe)) << probe;
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_NE(reconciler_->reason().find("did not answer"), std::string::npos);
+    EXPECT_TRUE(in_flight->trusted());
+    auto refused = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(refused.has_value() && !refused->ok());
+    EXPECT_NE(refused->status().message().find("timed out"), std::string::npos);
+    co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    EXPECT_TRUE(reconciler_->ready());
+    EXPECT_TRUE(in_flight->trusted());
+    EXPECT_EQ(reconciler_->counters().unreachable, 1u);
+  });
+}
+
+TEST_F(ReconcilerTrustTest, EmptyDeltasMoveTheServedVersionButNotTheEnginesLabel) {
+  Full(1);
+  SetPointer(Ref("r1", 1));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    Delta(2, 0);
+    SetPointer(Ref("r1", 2));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(reconciler_->counters().skipped, 1u);
+    EXPECT_EQ(engine_->holds, Ref("r1", 1));
+    co_await reconciler_->CheckEngine(std::chrono::seconds(1));
+    EXPECT_TRUE(gate_->trusted());
+    std::optional<AdmissionGate::Ticket> t = Admit();
+    CO_ASSERT(t.has_value());
+    EXPECT_TRUE(gate_->CheckEngineLabel(*t, "1").ok());
+    EXPECT_FALSE(gate_->CheckEngineLabel(*t, "2").ok());
+  });
+}
+
+// An engine that reports other weights than the ones it just loaded leaves
+// its state unknown: terminal.
+TEST_F(ReconcilerTrustTest, AnEngineReportingOtherWeightsAfterACommitIsTerminal) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  Build(NoBackstop());
+  engine_->on_stage = [&](const StagePlan&) {
+    EngineReport r;
+    r.label = "r1/weight_v000002";
+    r.held = Ref("r1", 2);
+    engine_->report_results.push_back(r);
+  };
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return !reconciler_->terminal().ok(); }));
+    EXPECT_NE(reconciler_->terminal().message().find("after loading r1/weight_v000003"),
+              std::string::npos)
+        << reconciler_->terminal();
+    EXPECT_EQ(terminal_reports_.size(), 1u);
+    EXPECT_EQ(engine_->Count("resume"), 0u);  // its requests must not continue
   });
 }
 

@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,11 +93,17 @@ class LoopLatch {
 
 // An engine whose every answer the test scripts. Records calls as
 // "init:<identity>", "stage:<version>", "pause", "commit:<version>",
-// "resume", "flush", "reset:<identity>". A method can be held (it waits
-// until released, like a slow engine), then runs its synchronous callback,
-// then returns the next scripted status of its queue (OK when the queue is
-// empty). Everything it awaits lives in the engine, so suspended calls never
-// outlive what they reference. Loop thread only.
+// "resume", "flush", "reset:<identity>" (reports are only counted). A method can be held (it
+// waits until released, like a slow engine), then runs its synchronous
+// callback, then returns the next scripted status of its queue (OK when the
+// queue is empty). Everything it awaits lives in the engine, so suspended
+// calls never outlive what they reference. Loop thread only.
+//
+// Like a real engine it knows what it holds (`holds`): the boot version the
+// first InitializeDestination names unless the test set it, then every
+// successful commit's target and reset's boot. Report() says so (label
+// `holds`'s identity, instance `instance`, fingerprint `fingerprint`) unless
+// a scripted report is queued.
 class ScriptedEngine final : public Engine {
  public:
   enum Op { kInit, kStage, kCommit, kResume, kReset, kOps };
@@ -109,6 +116,10 @@ class ScriptedEngine final : public Engine {
 
   awaitable<absl::Status> InitializeDestination(const VersionRef& boot) override {
     calls.push_back(absl::StrCat("init:", boot.ToString()));
+    if (!holds_set_) {
+      holds = boot;
+      holds_set_ = true;
+    }
     co_await holds_[kInit]->Pass();
     co_return Next(init_results);
   }
@@ -127,7 +138,10 @@ class ScriptedEngine final : public Engine {
     flushed_on_commit.push_back(options.flush_cache);
     co_await holds_[kCommit]->Pass();
     absl::Status s = Next(commit_results);
-    if (s.ok()) committed.push_back(target.version);
+    if (s.ok()) {
+      committed.push_back(target.version);
+      holds = target;
+    }
     co_return s;
   }
   awaitable<absl::Status> Pause() override {
@@ -147,11 +161,34 @@ class ScriptedEngine final : public Engine {
   awaitable<absl::Status> ResetToBoot(const VersionRef& boot) override {
     calls.push_back(absl::StrCat("reset:", boot.ToString()));
     co_await holds_[kReset]->Pass();
-    co_return Next(reset_results);
+    absl::Status s = Next(reset_results);
+    if (s.ok()) holds = boot;
+    co_return s;
   }
   awaitable<absl::Status> Health(std::chrono::milliseconds) override {
     ++health_calls;
     co_return Next(health_results);
+  }
+  awaitable<absl::StatusOr<EngineReport>> Report(std::chrono::milliseconds) override {
+    ++report_calls;
+    if (!report_results.empty()) {
+      absl::StatusOr<EngineReport> r = std::move(report_results.front());
+      report_results.pop_front();
+      co_return r;
+    }
+    EngineReport r;
+    if (holds.has_value()) {
+      r.label = holds->ToString();
+      r.held = holds;
+    }
+    r.instance = instance;
+    r.fingerprint = fingerprint;
+    if (holds.has_value()) {
+      if (auto it = fingerprint_of.find(holds->version); it != fingerprint_of.end()) {
+        r.fingerprint = it->second;
+      }
+    }
+    co_return r;
   }
   awaitable<void> Abort(std::vector<std::string> rids) override {
     for (std::string& rid : rids) aborted.push_back(std::move(rid));
@@ -197,6 +234,20 @@ class ScriptedEngine final : public Engine {
   std::vector<bool> flushed_on_commit;
   std::vector<std::string> aborted;
   int health_calls = 0;
+  int report_calls = 0;
+  // What the engine holds and says about itself (see above).
+  std::optional<VersionRef> holds;
+  std::string instance = "scripted-1";
+  std::optional<Checksum128> fingerprint;
+  // The fingerprint reported while holding a version, when listed here
+  // (else `fingerprint`).
+  std::map<int64_t, Checksum128> fingerprint_of;
+  // Set `holds` before the reconciler starts (InitializeDestination keeps it).
+  void Holds(std::optional<VersionRef> v) {
+    holds = std::move(v);
+    holds_set_ = true;
+  }
+  std::deque<absl::StatusOr<EngineReport>> report_results;
 
   std::deque<absl::Status> init_results, stage_results, commit_results, pause_results,
       resume_results, reset_results, health_results;
@@ -225,6 +276,7 @@ class ScriptedEngine final : public Engine {
   }
   std::unique_ptr<Hold> holds_[kOps];
   int64_t hold_stage_version_ = -1;
+  bool holds_set_ = false;
 };
 
 // A Store that forwards to another, with a host's view of the pointer (as

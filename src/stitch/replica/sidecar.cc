@@ -117,6 +117,8 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
       std::min<std::chrono::milliseconds>(
           std::chrono::duration_cast<std::chrono::milliseconds>(*watchdog),
           std::chrono::seconds(5)));
+  config.reconciler.report_timeout =
+      std::max<std::chrono::milliseconds>(config.watchdog.probe_timeout, std::chrono::seconds(5));
   config.server.host = flags.host;
   config.server.port = static_cast<uint16_t>(flags.port);
   return config;
@@ -130,8 +132,9 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   std::unique_ptr<Sidecar> sidecar(new Sidecar());
   sidecar->on_terminal_ = std::move(settings.on_terminal);
   Sidecar* self = sidecar.get();
-  sidecar->gate_ = std::make_unique<AdmissionGate>(
-      ports.loop, VersionRef{settings.reconciler.run_id, settings.reconciler.boot_version});
+  // Nothing versioned is served until the reconciler verified (or loaded)
+  // what the engine holds.
+  sidecar->gate_ = std::make_unique<AdmissionGate>(ports.loop);
   sidecar->reconciler_ =
       std::make_unique<Reconciler>(ports.loop, settings.reconciler, *ports.store, *ports.engine,
                                    *sidecar->gate_, *ports.pool, *ports.clock);
@@ -139,12 +142,20 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
     if (self->on_terminal_) self->on_terminal_(why);
   });
   Reconciler* reconciler = sidecar->reconciler_.get();
+  const std::chrono::milliseconds probe_timeout = settings.watchdog.probe_timeout;
   sidecar->watchdog_ = std::make_unique<Watchdog>(
-      ports.loop, settings.watchdog, *ports.engine, *ports.clock,
-      [reconciler] { return reconciler->expects_progress(); },
+      ports.loop, settings.watchdog, *ports.clock, [reconciler] { return reconciler->may_probe(); },
+      [reconciler, probe_timeout] { return reconciler->CheckEngine(probe_timeout); },
       [reconciler](absl::Status why) { reconciler->Fail(std::move(why)); });
   sidecar->proxy_ =
       std::make_unique<VersionedProxy>(ports.loop, settings.proxy, *ports.engine, *sidecar->gate_);
+  sidecar->reconciler_->SetDistrustListener([self] { self->proxy_->AbortInFlight(); });
+  sidecar->proxy_->SetUnreachableListener([self](std::string_view why) {
+    self->reconciler_->EngineUnreachable(why);
+    self->watchdog_->ProbeNow();
+  });
+  sidecar->proxy_->SetMislabelListener(
+      [self](std::string why) { self->reconciler_->Distrust(std::move(why)); });
 
   HttpRouter router;
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
@@ -170,13 +181,14 @@ awaitable<void> Sidecar::Shutdown() {
 
 SidecarMetrics Sidecar::Metrics() const {
   SidecarMetrics m;
-  m.applied = gate_->serving();
+  m.applied = gate_->known_serving();
   m.ready = reconciler_->ready();
   m.terminal = !reconciler_->terminal().ok();
   m.sync_state = reconciler_->sync_state();
   m.admitted = gate_->admitted_total();
   m.rejected_not_ready = gate_->rejected_not_ready_total();
   m.rejected_terminal = gate_->rejected_terminal_total();
+  m.rejected_unverified = gate_->rejected_unverified_total();
   m.in_flight = gate_->active();
   m.proxy = proxy_->counters();
   m.reconciler = reconciler_->counters();
@@ -188,7 +200,11 @@ SidecarMetrics Sidecar::Metrics() const {
 awaitable<void> Sidecar::Health(HttpExchange& exchange) {
   json::object body;
   body["ready"] = reconciler_->ready();
-  if (!reconciler_->ready()) body["reason"] = reconciler_->reason();
+  if (!reconciler_->ready()) {
+    std::string reason = reconciler_->reason();
+    if (reason.empty()) reason = "catching up with the store's pointer";
+    body["reason"] = reason;
+  }
   HttpResponse response = JsonResponse(reconciler_->ready() ? 200 : 503, json::serialize(body));
   (void)co_await exchange.Respond(std::move(response));
 }

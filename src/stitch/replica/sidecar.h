@@ -1,7 +1,9 @@
 // The replica sidecar: one HTTP server beside one inference engine that
-// converges the engine to the store's pointer (Reconciler), notices a dead
-// engine (Watchdog), and serves the versioned rollout API (VersionedProxy)
-// through one admission gate. DESIGN.md, "Replica sidecar HTTP contract".
+// converges the engine to the store's pointer (Reconciler), keeps checking
+// that the engine answers and holds the weights it loaded (Watchdog), and
+// serves the versioned rollout API (VersionedProxy) through one admission
+// gate that serves nothing until the engine's weights are verified.
+// docs/sidecar.md has the HTTP contract.
 //
 // Routes it serves itself (never held by admission):
 //   GET  /health       200 {"ready": true} once caught up; else 503
@@ -51,8 +53,8 @@ struct SidecarFlags {
   int64_t boot_version = 0;
   bool flush_cache_on_commit = false;
   double reconcile_interval_s = 5;
-  double watchdog_interval_s = 5;
-  int64_t watchdog_threshold = 3;
+  double watchdog_interval_s = 1;
+  int64_t watchdog_threshold = 15;
   std::string host = "127.0.0.1";
   int64_t port = 0;
 };

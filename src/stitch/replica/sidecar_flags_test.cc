@@ -34,8 +34,8 @@ TEST(SidecarFlagsTest, ConsistentFlagsAreAccepted) {
   EXPECT_EQ(config->update_mode, UpdateDestination::kDisk);
   EXPECT_EQ(config->reconciler.commit_mode, CommitMode::kInPlace);
   EXPECT_EQ(config->reconciler.reconcile_interval, std::chrono::seconds(5));
-  EXPECT_EQ(config->watchdog.interval, std::chrono::seconds(5));
-  EXPECT_EQ(config->watchdog.threshold, 3);
+  EXPECT_EQ(config->watchdog.interval, std::chrono::seconds(1));
+  EXPECT_EQ(config->watchdog.threshold, 15);
   EXPECT_EQ(config->engine_http.origin.port, 30000);
 
   SidecarFlags cpu = Good();

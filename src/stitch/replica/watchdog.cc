@@ -8,6 +8,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
@@ -23,24 +24,23 @@ struct Watchdog::Task {
   bool running = false;
 };
 
-Watchdog::Watchdog(boost::asio::any_io_executor loop, WatchdogOptions options, Engine& engine,
-                   Clock& clock, std::function<bool()> expects_progress,
+Watchdog::Watchdog(boost::asio::any_io_executor loop, WatchdogOptions options, Clock& clock,
+                   std::function<bool()> may_probe, Probe probe,
                    std::function<void(absl::Status)> on_trip)
     : loop_(std::move(loop)),
       options_(options),
-      engine_(engine),
       clock_(clock),
-      expects_progress_(std::move(expects_progress)),
+      may_probe_(std::move(may_probe)),
+      probe_(std::move(probe)),
       on_trip_(std::move(on_trip)),
       task_(std::make_unique<Task>()),
-      ended_(std::make_unique<LoopSignal>(loop_)) {}
+      ended_(std::make_unique<LoopSignal>(loop_)),
+      now_(std::make_unique<LoopSignal>(loop_)) {}
 
 Watchdog::~Watchdog() = default;
 
 void Watchdog::Start() {
-  if (task_->running || options_.interval <= Clock::Duration::zero() || options_.threshold <= 0) {
-    return;
-  }
+  if (task_->running || options_.threshold <= 0) return;
   task_->running = true;
   boost::asio::co_spawn(
       loop_, Loop(),
@@ -60,16 +60,35 @@ awaitable<void> Watchdog::Stop() {
   while (task_->running) co_await ended_->Wait();
 }
 
+void Watchdog::ProbeNow() {
+  probe_now_ = true;
+  now_->NotifyAll();
+}
+
+awaitable<void> Watchdog::WaitForTurn() {
+  using namespace boost::asio::experimental::awaitable_operators;
+  if (probe_now_) co_return;
+  if (options_.interval <= Clock::Duration::zero()) {
+    while (!probe_now_ && !stopping_) {
+      const bool notified = co_await now_->Wait();
+      if (!notified) co_return;
+    }
+    co_return;
+  }
+  (void)co_await (clock_.SleepFor(options_.interval) || now_->Wait());
+}
+
 awaitable<void> Watchdog::Loop() {
   while (!stopping_) {
-    co_await clock_.SleepFor(options_.interval);
+    co_await WaitForTurn();
     if (stopping_) break;
-    if (!expects_progress_()) {
+    probe_now_ = false;
+    if (!may_probe_()) {
       consecutive_ = 0;
       continue;
     }
     ++probes_;
-    absl::Status health = co_await engine_.Health(options_.probe_timeout);
+    absl::Status health = co_await probe_();
     if (stopping_) break;
     if (health.ok()) {
       consecutive_ = 0;
@@ -77,7 +96,7 @@ awaitable<void> Watchdog::Loop() {
     }
     ++failures_total_;
     ++consecutive_;
-    spdlog::warn("engine health check failed ({} of {}): {}", consecutive_, options_.threshold,
+    spdlog::warn("engine check failed ({} of {}): {}", consecutive_, options_.threshold,
                  std::string(health.message()));
     if (consecutive_ >= options_.threshold) {
       tripped_ = true;

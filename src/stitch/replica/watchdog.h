@@ -1,10 +1,11 @@
-// The watchdog: notices an engine that stopped working while nothing else
-// would. Every `interval` it probes the engine's health, but only while the
-// replica is expected to make progress (ready and not in the paused commit
-// moment: a paused or still-loading engine is not a dead one). `threshold`
-// consecutive failed probes trip it: the replica turns terminal (the sidecar
-// then exits non-zero so that its supervisor replaces it). A skipped probe
-// resets the count.
+// The watchdog: keeps checking the engine while nothing else would. Every
+// `interval`, and at once when ProbeNow() asks (a request could not reach
+// the engine), it runs the probe it was given (the reconciler's engine check:
+// alive, and holding the weights the sidecar loaded), but only while probing
+// makes sense (not in the paused commit moment, when an engine is busy
+// loading and its label is changing). `threshold` consecutive failed probes
+// trip it: the replica turns terminal (the sidecar then exits non-zero so
+// that its supervisor replaces it). A skipped probe resets the count.
 //
 // Threading: confined to the event loop whose executor it was built with.
 #pragma once
@@ -18,7 +19,6 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "absl/status/status.h"
-#include "stitch/engine/engine.h"
 #include "stitch/replica/clock.h"
 
 namespace stitch {
@@ -28,18 +28,22 @@ class LoopSignal;
 }
 
 struct WatchdogOptions {
-  Clock::Duration interval = std::chrono::seconds(5);
-  int threshold = 3;
+  // Zero disables the periodic probes (ProbeNow() still probes).
+  Clock::Duration interval = std::chrono::seconds(1);
+  int threshold = 15;
   // How long one probe may take (real time: the engine's HTTP timeout).
-  std::chrono::milliseconds probe_timeout = std::chrono::seconds(5);
+  std::chrono::milliseconds probe_timeout = std::chrono::seconds(1);
 };
 
 class Watchdog {
  public:
-  // `expects_progress` says whether to probe now; `on_trip` is called once,
-  // with the reason, when the watchdog trips. References must outlive it.
-  Watchdog(boost::asio::any_io_executor loop, WatchdogOptions options, Engine& engine, Clock& clock,
-           std::function<bool()> expects_progress, std::function<void(absl::Status)> on_trip);
+  // The probe: OK when the engine answered as it should.
+  using Probe = std::function<boost::asio::awaitable<absl::Status>()>;
+
+  // `may_probe` says whether to probe now; `on_trip` is called once, with
+  // the reason, when the watchdog trips. References must outlive it.
+  Watchdog(boost::asio::any_io_executor loop, WatchdogOptions options, Clock& clock,
+           std::function<bool()> may_probe, Probe probe, std::function<void(absl::Status)> on_trip);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -48,6 +52,9 @@ class Watchdog {
   void Start();
   // Cancels the loop and returns once it has ended.
   boost::asio::awaitable<void> Stop();
+  // Probes as soon as possible (coalesced with a pending request), without
+  // waiting for the interval.
+  void ProbeNow();
 
   uint64_t probes() const { return probes_; }
   uint64_t failures() const { return failures_total_; }
@@ -56,17 +63,20 @@ class Watchdog {
 
  private:
   boost::asio::awaitable<void> Loop();
+  boost::asio::awaitable<void> WaitForTurn();
 
   const boost::asio::any_io_executor loop_;
   const WatchdogOptions options_;
-  Engine& engine_;
   Clock& clock_;
-  std::function<bool()> expects_progress_;
+  std::function<bool()> may_probe_;
+  Probe probe_;
   std::function<void(absl::Status)> on_trip_;
 
   struct Task;
   std::unique_ptr<Task> task_;
   std::unique_ptr<replica_internal::LoopSignal> ended_;
+  std::unique_ptr<replica_internal::LoopSignal> now_;
+  bool probe_now_ = false;
   bool stopping_ = false;
   uint64_t probes_ = 0;
   uint64_t failures_total_ = 0;

@@ -32,8 +32,12 @@ class WatchdogTest : public ::testing::Test {
     WatchdogOptions options;
     options.interval = std::chrono::seconds(5);
     options.threshold = 3;
-    watchdog_ = std::make_unique<Watchdog>(
-        loop_->executor(), options, *engine_, *clock_, [this] { return expects_progress_; },
+    watchdog_ = MakeWatchdog(options);
+  }
+  std::unique_ptr<Watchdog> MakeWatchdog(WatchdogOptions options) {
+    return std::make_unique<Watchdog>(
+        loop_->executor(), options, *clock_, [this] { return expects_progress_; },
+        [this]() { return engine_->Health(std::chrono::seconds(1)); },
         [this](absl::Status why) { trips_.push_back(std::move(why)); });
   }
   ~WatchdogTest() override {
@@ -108,6 +112,48 @@ TEST_F(WatchdogTest, TripsAfterNConsecutiveFailures) {
     EXPECT_NE(trips_[0].message().find("3 health checks in a row"), std::string::npos) << trips_[0];
     co_await Settle();
     EXPECT_EQ(clock_->sleepers(), 0u);  // it stopped probing
+  });
+}
+
+TEST_F(WatchdogTest, ProbeNowDoesNotWaitForTheInterval) {
+  Run([&]() -> awaitable<void> {
+    expects_progress_ = true;
+    watchdog_->Start();
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    EXPECT_EQ(engine_->health_calls, 0);
+    watchdog_->ProbeNow();
+    watchdog_->ProbeNow();  // coalesced
+    CO_ASSERT(co_await Until([&] { return engine_->health_calls == 1; }));
+    co_await Settle();
+    EXPECT_EQ(engine_->health_calls, 1);
+    // The interval starts over: nothing more without time passing.
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    EXPECT_EQ(engine_->health_calls, 1);
+  });
+}
+
+TEST_F(WatchdogTest, WithoutAnIntervalOnlyProbeNowProbes) {
+  Run([&]() -> awaitable<void> {
+    co_await watchdog_->Stop();
+    WatchdogOptions options;
+    options.interval = Clock::Duration::zero();
+    options.threshold = 2;
+    watchdog_ = MakeWatchdog(options);
+    expects_progress_ = true;
+    watchdog_->Start();
+    co_await Settle();
+    clock_->Advance(std::chrono::hours(1));
+    co_await Settle();
+    EXPECT_EQ(engine_->health_calls, 0);
+    EXPECT_EQ(clock_->sleepers(), 0u);
+    engine_->health_results.push_back(absl::UnavailableError("down"));
+    engine_->health_results.push_back(absl::UnavailableError("down"));
+    watchdog_->ProbeNow();
+    CO_ASSERT(co_await Until([&] { return engine_->health_calls == 1; }));
+    EXPECT_TRUE(trips_.empty());
+    watchdog_->ProbeNow();
+    CO_ASSERT(co_await Until([&] { return !trips_.empty(); }));
+    EXPECT_EQ(engine_->health_calls, 2);
   });
 }
 
