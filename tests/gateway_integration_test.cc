@@ -98,6 +98,7 @@ Reply Post(const std::string& url, const std::string& constraint, const std::str
 // One replica: an engine and its sidecar, following its own store.
 struct Replica {
   std::string store;
+  std::string engine_url;
   std::unique_ptr<ServerProcess> engine;
   std::unique_ptr<ServerProcess> sidecar;
   std::string url;
@@ -138,6 +139,7 @@ class GatewayIntegrationTest : public ::testing::Test {
         testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"});
     auto engine_url = r->engine->WaitForUrl(kStartTimeout);
     EXPECT_TRUE(engine_url.has_value()) << r->engine->err();
+    r->engine_url = engine_url.value_or("");
     r->sidecar = std::make_unique<ServerProcess>(
         std::vector<std::string>{testing::StitchBinary(),
                                  "sidecar",
@@ -346,6 +348,53 @@ TEST_F(GatewayIntegrationTest, FleetToolsReportWaitAndSmoke) {
   ProcessResult passing = Stitch({"smoke", "--gateway", gateway_url_, "--version", "1"});
   ExpectOk(passing, "smoke");
   EXPECT_THAT(passing.out, HasSubstr("ok    " + a.url));
+}
+
+// Engines abort every request whose id starts with the one given: through
+// the gateway too, a client whose rid is a prefix of another's must not cut
+// the other's generation when it leaves.
+TEST_F(GatewayIntegrationTest, AClientThatLeavesAbortsOnlyItsOwnGeneration) {
+  Replica& r = StartReplica(0, 0);
+  WritePool({&r});
+  StartGateway();
+  ASSERT_TRUE(Eventually([&] { return GatewayReady() == 1; })) << gateway_->err();
+  auto engine = [&](const std::string& method, const std::string& path, std::string body = {}) {
+    return HttpFetch(method, r.engine_url + path, std::move(body));
+  };
+  auto queued = [&] {
+    auto info = engine("GET", "/server_info");
+    return info.ok() ? Parse(info->body)["num_queued_requests"].as_int64() : -1;
+  };
+  // Requests wait in the engine's queue while it is paused.
+  ASSERT_EQ(engine("POST", "/pause_generation", R"({"mode":"in_place"})")->status, 200);
+  const std::string body =
+      R"(,"text":"The policy","sampling_params":{"max_new_tokens":12,"temperature":0,"ignore_eos":true}})";
+  auto kept = std::async(std::launch::async, [&] {
+    return HttpFetch("POST", gateway_url_ + "/generate", R"({"rid":"job-12")" + body,
+                     FetchOptions{.timeout = 60s});
+  });
+  ASSERT_TRUE(Eventually([&] { return queued() == 1; }));
+  auto gateway = ParseHttpUrl(gateway_url_);
+  ASSERT_TRUE(gateway.ok());
+  {
+    testing::RawSocket leaving(gateway->origin.port);
+    ASSERT_TRUE(leaving.connected());
+    const std::string request = R"({"rid":"job-1")" + body;
+    leaving.Send(
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(request.size()) + "\r\n\r\n" + request);
+    ASSERT_TRUE(Eventually([&] { return queued() == 2; }));
+  }
+  ASSERT_TRUE(Eventually([&] { return queued() == 1; }));
+  ASSERT_EQ(engine("POST", "/continue_generation", "{}")->status, 200);
+  auto answer = kept.get();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->status, 200) << answer->body;
+  json::object o = Parse(answer->body);
+  EXPECT_EQ(o["meta_info"].at("finish_reason").at("type").as_string(), "length") << answer->body;
+  EXPECT_EQ(o["meta_info"].at("id").as_string(), "job-12");
+  EXPECT_EQ(o["output_ids"].as_array().size(), 12u);
 }
 
 }  // namespace

@@ -4,12 +4,17 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -17,7 +22,10 @@
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
+#include <future>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/net/client.h"
@@ -35,6 +43,7 @@ namespace fs = std::filesystem;
 namespace json = boost::json;
 using ::stitch::testing::Eventually;
 using ::stitch::testing::ProcessResult;
+using ::stitch::testing::RawSocket;
 using ::stitch::testing::ServerProcess;
 using ::stitch::testing::TempDir;
 using ::testing::HasSubstr;
@@ -54,6 +63,7 @@ struct FleetOptions {
   std::string update_mode = "disk";
   std::vector<std::string> engine_flags;   // fault injection
   std::vector<std::string> sidecar_flags;  // extra sidecar flags
+  std::string reconcile_interval = "0.2";
   bool claim = true;
 };
 
@@ -87,15 +97,26 @@ class SidecarIntegrationTest : public ::testing::Test {
       ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
                "claim");
     }
+    StartEngine(options, "0");
+    StartSidecar(options);
+  }
+  // Starts the engine on the base checkpoint, listening on `port`.
+  void StartEngine(const FleetOptions& options, const std::string& port) {
     std::vector<std::string> engine = {
-        testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"};
+        testing::StitchBinary(), "engine", "--model", base_, "--port", port, "--run-id", "r1"};
     engine.insert(engine.end(), options.engine_flags.begin(), options.engine_flags.end());
     engine_ = std::make_unique<ServerProcess>(engine);
     ASSERT_TRUE(engine_->started());
     auto engine_url = engine_->WaitForUrl(kStartTimeout);
     ASSERT_TRUE(engine_url.has_value()) << "engine did not start:\n" << engine_->err();
     engine_url_ = *engine_url;
-    StartSidecar(options);
+  }
+  // The engine's own answer to `method path`.
+  absl::StatusOr<HttpResponse> EngineCall(const std::string& method, const std::string& path,
+                                          std::string body = {}) {
+    FetchOptions options;
+    options.timeout = std::chrono::seconds(30);
+    return HttpFetch(method, engine_url_ + path, std::move(body), options);
   }
   void StartSidecar(const FleetOptions& options) {
     std::vector<std::string> args = {testing::StitchBinary(),
@@ -113,7 +134,7 @@ class SidecarIntegrationTest : public ::testing::Test {
                                      "--update-mode",
                                      options.update_mode,
                                      "--reconcile-interval",
-                                     "0.2",
+                                     options.reconcile_interval,
                                      "--watchdog-interval",
                                      "0.5",
                                      "--port",
@@ -185,7 +206,7 @@ class SidecarIntegrationTest : public ::testing::Test {
   };
   Generation Generate(const std::string& url, const std::string& constraint) {
     std::string body =
-        R"({"text":"The policy","sampling_params":{"max_new_tokens":8,"temperature":0})";
+        R"({"text":"The policy","sampling_params":{"max_new_tokens":8,"temperature":0,"ignore_eos":true})";
     if (!constraint.empty()) body += R"(,"weight_version":)" + constraint;
     body += "}";
     FetchOptions options;
@@ -274,6 +295,28 @@ class SidecarIntegrationTest : public ::testing::Test {
   std::string url_;
   std::unique_ptr<ServerProcess> engine_;
   std::unique_ptr<ServerProcess> sidecar_;
+};
+
+// Every answer a rollout client got during a fault test, judged against
+// the weights that really produced it.
+struct RolloutTally {
+  int requests = 0;
+  int answered = 0;     // 200
+  int retryable = 0;    // 409, 503
+  int unreachable = 0;  // no answer (the sidecar was down)
+  int failed = 0;       // any other status
+  int crossed = 0;      // 200 whose start and end differ (not judged)
+  int mislabelled = 0;  // 200 whose output is not what its version's weights give
+  int violations = 0;   // 200 whose stamps do not satisfy the constraint
+  std::vector<std::string> examples;
+
+  std::string Summary() const {
+    return absl::StrCat(requests, " requests: ", answered, " answered, ", retryable,
+                        " retryable (409/503), ", unreachable, " unanswered, ", failed,
+                        " failed otherwise; ", crossed, " crossed a commit; ", violations,
+                        " constraint violations, ", mislabelled,
+                        " labelled with other weights than produced them");
+  }
 };
 
 TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheEngineOnDisk) {
@@ -396,6 +439,292 @@ TEST_F(SidecarIntegrationTest, MetricsAnswerBeforeTheFirstPointerExists) {
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 0"));
   EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_engine_verified 1"));
+}
+
+// The promise behind every version label, under the faults that broke it:
+// an engine killed and restarted on its boot checkpoint under a live
+// sidecar, a sidecar killed and restarted beside a live engine, and the
+// engine's weights swapped through its own route. Each version has distinct
+// weights, so a greedy output tells which weights produced it; a rollout
+// client keeps sending constrained requests while versions are published.
+TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads) {
+  constexpr int kVersions = 5;
+  std::vector<std::string> checkpoints = {base_};
+  for (int v = 1; v <= kVersions; ++v) {
+    checkpoints.push_back((tmp_ / absl::StrCat("ckpt", v)).string());
+    InitModel(checkpoints.back(), v + 1);
+  }
+  std::map<int64_t, std::string> oracle;
+  for (int v = 0; v <= kVersions; ++v) oracle[v] = ReferenceOutput(checkpoints[v]);
+  for (int v = 1; v <= kVersions; ++v) {
+    ASSERT_NE(oracle[v], oracle[v - 1]) << "versions " << v - 1 << " and " << v << " look alike";
+  }
+  auto publish = [&](int64_t v) {
+    if (v % 3 == 1) {
+      PublishFull(v, checkpoints[v]);
+    } else {
+      PublishDelta(v, checkpoints[v - 1], checkpoints[v]);
+    }
+  };
+
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
+  std::mutex mu;
+  std::condition_variable idle;
+  std::string url = url_;
+  std::atomic<int64_t> latest{0};
+  std::atomic<bool> stop{false};
+  RolloutTally tally;
+  std::thread client([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      const int64_t known = latest.load();
+      std::string constraint;
+      int64_t min = 0;
+      std::optional<int64_t> exact;
+      switch (i % 3) {
+        case 0:
+          break;
+        case 1:
+          min = std::max<int64_t>(0, known - 1);
+          constraint = absl::StrCat(R"({"min_version":)", min, "}");
+          break;
+        default:
+          exact = known;
+          constraint = absl::StrCat(R"({"exact_version":)", known, "}");
+          break;
+      }
+      std::string target;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        target = url;
+      }
+      Generation g = Generate(target, constraint);
+      std::unique_lock<std::mutex> lock(mu);
+      ++tally.requests;
+      if (g.status == 409 || g.status == 503) {
+        ++tally.retryable;
+        continue;
+      }
+      if (g.status == 0) {
+        ++tally.unreachable;
+        // Nobody listens there (the sidecar is being restarted): wait for
+        // its new address rather than spin.
+        idle.wait_for(lock, std::chrono::milliseconds(20),
+                      [&] { return stop.load() || url != target; });
+        continue;
+      }
+      if (g.status != 200) {
+        ++tally.failed;
+        tally.examples.push_back(absl::StrCat("HTTP ", g.status, ": ", g.body));
+        continue;
+      }
+      ++tally.answered;
+      if (g.start < min || (exact.has_value() && (g.start != *exact || g.end != *exact))) {
+        ++tally.violations;
+        tally.examples.push_back(absl::StrCat(constraint, " got ", g.body));
+      }
+      if (g.start != g.end) {
+        ++tally.crossed;
+      } else if (!oracle.contains(g.start) || oracle.at(g.start) != g.output) {
+        ++tally.mislabelled;
+        tally.examples.push_back(absl::StrCat("labelled v", g.start, ": ", g.body));
+      }
+    }
+  });
+  auto answered = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return tally.answered;
+  };
+  auto advance = [&](int64_t v) {
+    publish(v);
+    latest.store(v);
+    EXPECT_TRUE(ServesVersion(v)) << sidecar_->err();
+  };
+
+  advance(1);
+  advance(2);
+
+  // 1. The engine is killed and restarted on its boot checkpoint, on the
+  // same port, under the live sidecar.
+  const std::string port = engine_url_.substr(engine_url_.rfind(':') + 1);
+  engine_->Signal(SIGKILL);
+  ASSERT_TRUE(engine_->WaitForExit(std::chrono::seconds(30)).has_value());
+  StartEngine(FleetOptions{}, port);
+  advance(3);
+  // The sidecar lived through it (whether a probe saw the new instance first
+  // or the commit of v3 replaced the weights first).
+  EXPECT_FALSE(sidecar_->WaitForExit(std::chrono::milliseconds(1)).has_value())
+      << "the sidecar ended:\n"
+      << sidecar_->err();
+
+  // 2. The sidecar is killed and restarted beside the live engine: it
+  // verifies what the engine holds and serves it without reloading.
+  auto swaps = [&] {
+    auto info = EngineCall("GET", "/server_info");
+    return info.ok() ? Parse(info->body).at("weight_swaps").as_int64() : -1;
+  };
+  const int64_t swaps_before = swaps();
+  sidecar_->Signal(SIGKILL);
+  ASSERT_TRUE(sidecar_->WaitForExit(std::chrono::seconds(30)).has_value());
+  StartSidecar(FleetOptions{});
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    url = url_;
+  }
+  idle.notify_all();
+  ASSERT_TRUE(ServesVersion(3)) << sidecar_->err();
+  EXPECT_EQ(swaps(), swaps_before);
+  EXPECT_THAT(sidecar_->err(), HasSubstr("verified the engine's weights: r1/weight_v000003"));
+  advance(4);
+
+  // 3. Someone loads v1's checkpoint through the engine's own route.
+  auto rollback = EngineCall("POST", "/update_weights_from_disk",
+                             absl::StrCat(R"({"model_path":")", checkpoints[1],
+                                          R"(","weight_version":"r1/weight_v000001"})"));
+  ASSERT_TRUE(rollback.ok()) << rollback.status();
+  ASSERT_EQ(rollback->status, 200) << rollback->body;
+  // Another load under the label being served is refused by the engine.
+  auto relabel = EngineCall("POST", "/update_weights_from_disk",
+                            absl::StrCat(R"({"model_path":")", checkpoints[2],
+                                         R"(","weight_version":"r1/weight_v000001"})"));
+  ASSERT_TRUE(relabel.ok()) << relabel.status();
+  EXPECT_EQ(relabel->status, 400) << relabel->body;
+  advance(5);
+  EXPECT_THAT(sidecar_->err(), HasSubstr("no longer vouches"));
+
+  const int before_end = answered();
+  ASSERT_TRUE(Eventually([&] { return answered() >= before_end + 5; }, kConverge));
+  stop.store(true);
+  client.join();
+  std::printf("fault test: %s\n", tally.Summary().c_str());
+  EXPECT_EQ(tally.mislabelled, 0) << tally.Summary() << "\n" << absl::StrJoin(tally.examples, "\n");
+  EXPECT_EQ(tally.violations, 0) << tally.Summary() << "\n" << absl::StrJoin(tally.examples, "\n");
+  EXPECT_EQ(tally.failed, 0) << tally.Summary() << "\n" << absl::StrJoin(tally.examples, "\n");
+  EXPECT_GT(tally.answered, 20) << tally.Summary();
+}
+
+// Engines abort every request whose id starts with the one given: a client
+// whose rid is a prefix of another's must not cut the other's generation
+// when it leaves.
+TEST_F(SidecarIntegrationTest, AClientThatLeavesAbortsOnlyItsOwnGeneration) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0));
+  // Requests wait in the engine's queue while it is paused, so both are in
+  // flight when the first client leaves.
+  ASSERT_EQ(EngineCall("POST", "/pause_generation", R"({"mode":"in_place"})")->status, 200);
+  const std::string body =
+      R"(,"text":"The policy","sampling_params":{"max_new_tokens":12,"temperature":0,"ignore_eos":true}})";
+  auto queued = [&] {
+    auto info = EngineCall("GET", "/server_info");
+    return info.ok() ? Parse(info->body).at("num_queued_requests").as_int64() : -1;
+  };
+  auto url = ParseHttpUrl(url_);
+  ASSERT_TRUE(url.ok());
+  auto kept = std::async(std::launch::async, [&] {
+    return HttpFetch("POST", url_ + "/generate", R"({"rid":"job-12")" + body,
+                     FetchOptions{.timeout = std::chrono::seconds(60)});
+  });
+  ASSERT_TRUE(Eventually([&] { return queued() == 1; }, kConverge));
+  {
+    RawSocket leaving(url->origin.port);
+    ASSERT_TRUE(leaving.connected());
+    const std::string request = R"({"rid":"job-1")" + body;
+    leaving.Send(
+        absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: ",
+                     request.size(), "\r\n\r\n", request));
+    ASSERT_TRUE(Eventually([&] { return queued() == 2; }, kConverge));
+  }
+  ASSERT_TRUE(Eventually([&] { return queued() == 1; }, kConverge));
+  ASSERT_EQ(EngineCall("POST", "/continue_generation", "{}")->status, 200);
+  auto answer = kept.get();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->status, 200) << answer->body;
+  json::object o = Parse(answer->body);
+  EXPECT_EQ(o.at("meta_info").at("finish_reason").at("type").as_string(), "length") << answer->body;
+  EXPECT_EQ(o.at("meta_info").at("id").as_string(), "job-12");
+  EXPECT_EQ(o.at("output_ids").as_array().size(), 12u);
+}
+
+// An engine that dies takes its replica out of rotation at the first failed
+// check, long before the watchdog would end the replica; a frozen one too,
+// and it rejoins when it answers again, without reloading anything.
+TEST_F(SidecarIntegrationTest, ASilentEngineLeavesRotationAtOnceAndRejoinsWhenItAnswers) {
+  FleetOptions options;
+  options.sidecar_flags = {"--watchdog-threshold", "1000"};
+  StartFleet(options);
+  ASSERT_TRUE(ServesVersion(0));
+  auto health = [&] {
+    auto r = Call("GET", "/health");
+    return r.ok() ? r->status : 0;
+  };
+  auto failures = [&] {
+    auto m = Call("GET", "/metrics");
+    if (!m.ok()) return -1;
+    const std::string name = "\nstitch_sidecar_watchdog_failures_total ";
+    const size_t at = m->body.find(name);
+    return at == std::string::npos ? -1 : std::stoi(m->body.substr(at + name.size()));
+  };
+  engine_->Signal(SIGSTOP);
+  ASSERT_TRUE(Eventually([&] { return health() == 503; }, kConverge));
+  EXPECT_LE(failures(), 3);  // the first failed checks, not a threshold
+  auto refused = Call("POST", "/generate", R"({"text":"x","weight_version":{"min_version":0}})");
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 409) << refused->body;
+  EXPECT_THAT(refused->body, HasSubstr("did not answer"));
+  engine_->Signal(SIGCONT);
+  ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
+  EXPECT_EQ(Generate(url_, R"({"exact_version":0})").status, 200);
+  EXPECT_THAT(sidecar_->err(), ::testing::Not(HasSubstr("no longer vouches")));
+
+  engine_->Signal(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return health() == 503; }, kConverge));
+  EXPECT_LE(failures(), 6);
+  EXPECT_FALSE(sidecar_->WaitForExit(std::chrono::milliseconds(1)).has_value());
+  auto info = ServerInfo();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_FALSE(info->ready);
+  EXPECT_THAT(info->reason, HasSubstr("did not answer"));
+}
+
+// A replica that cannot apply the pointer's version says why: in
+// /server_info, in the 409s it answers, and in `stitch status`.
+TEST_F(SidecarIntegrationTest, AReplicaThatCannotApplyAVersionSaysWhyEverywhere) {
+  InitModel((tmp_ / "ckpt1").string(), 2);
+  FleetOptions options;
+  options.reconcile_interval = "0";  // passes only when woken
+  StartFleet(options);
+  ASSERT_TRUE(ServesVersion(0));
+  // v1 is published, then its bytes are damaged in the store before the
+  // replica applies it.
+  const std::string dir = (tmp_ / "out" / VersionDirName(1)).string();
+  ExpectOk(Stitch({"delta", "full", "--checkpoint", (tmp_ / "ckpt1").string(), "--out", dir,
+                   "--version", "1", "--run-id", "r1"}),
+           "delta full");
+  ExpectOk(Stitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish");
+  for (const auto& entry :
+       fs::directory_iterator(fs::path(store_) / "updates" / VersionDirName(1))) {
+    if (entry.path().extension() == ".safetensors") fs::remove(entry.path());
+  }
+  ASSERT_EQ(Call("POST", "/wake")->status, 200);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = ServerInfo();
+        return s.has_value() && !s->sync_error.empty();
+      },
+      kConverge));
+  auto info = ServerInfo();
+  EXPECT_THAT(info->sync_error, HasSubstr("weight_v000001"));
+  auto conflict = Call("POST", "/generate", R"({"text":"x","weight_version":{"min_version":1}})");
+  ASSERT_TRUE(conflict.ok());
+  EXPECT_EQ(conflict->status, 409);
+  const std::string message(Parse(conflict->body).at("message").as_string());
+  EXPECT_THAT(message, HasSubstr("cannot catch up"));
+  EXPECT_THAT(message, HasSubstr("weight_v000001"));
+  ProcessResult status = Stitch({"status", "--pool", "static:" + url_, "--store", store_});
+  ExpectOk(status, "status");
+  EXPECT_THAT(status.out, HasSubstr("cannot sync: "));
+  EXPECT_THAT(status.out, HasSubstr("weight_v000001"));
 }
 
 TEST_F(SidecarIntegrationTest, InconsistentFlagsAreRefusedWithOneLine) {

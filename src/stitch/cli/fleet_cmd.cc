@@ -175,6 +175,17 @@ struct StatusFlags {
   bool json = false;
 };
 
+// What `status` says about a replica in its NOTE column: why it cannot be
+// reached, why it is terminal, why it cannot apply the pointer's version, or
+// why it is not ready; nothing for a ready replica with nothing wrong.
+std::string ReplicaNote(const ReplicaStatus& r) {
+  if (!r.reachable) return r.last_error;
+  if (!r.state.terminal_error.empty()) return absl::StrCat("terminal: ", r.state.terminal_error);
+  if (!r.state.sync_error.empty()) return absl::StrCat("cannot sync: ", r.state.sync_error);
+  if (!r.state.ready) return r.state.reason;
+  return "";
+}
+
 int RunStatus(const StatusFlags& flags) {
   if (flags.gateway.empty() == flags.pool.empty()) {
     ReportFailure(absl::InvalidArgumentError("status: give exactly one of --gateway or --pool"));
@@ -209,7 +220,7 @@ int RunStatus(const StatusFlags& flags) {
     std::printf("%-32s %-5s %-26s %-10s %9lld %10s %10s  %s\n", r.url.c_str(),
                 r.state.ready ? "yes" : "no", applied.c_str(), sync.c_str(),
                 static_cast<long long>(r.in_flight), Seconds(r.state.metrics, "stage_s").c_str(),
-                Seconds(r.state.metrics, "commit_s").c_str(), r.last_error.c_str());
+                Seconds(r.state.metrics, "commit_s").c_str(), ReplicaNote(r).c_str());
   }
   std::printf("%d of %zu replicas ready", state->ready_count(), state->replicas.size());
   if (pointer.has_value()) std::printf("; store pointer %s", pointer->c_str());
