@@ -1,5 +1,5 @@
 // Writing versions: DELTA versions from a base and a target checkpoint, and
-// FULL versions (anchors). See DESIGN.md, "Delta format".
+// FULL versions (anchors). See docs/design.md, "Delta format".
 //
 // A DELTA directory holds the index and payload files. Each payload entry is
 // named after a changed target tensor and holds, as U8 [n], the zstd frame

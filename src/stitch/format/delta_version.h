@@ -1,4 +1,4 @@
-// A DELTA version directory opened for reading (DESIGN.md, "Delta format"):
+// A DELTA version directory opened for reading (docs/design.md, "Delta format"):
 // the index with its delta metadata, every payload file's header, and for
 // each changed tensor where its zstd frame lies and the checksum of the
 // target tensor. Opening checks everything that can be checked without the

@@ -1,5 +1,5 @@
 // The gateway: one front door for a rollout pool that routes by policy
-// version (DESIGN.md, "Gateway").
+// version (docs/design.md, "Gateway").
 //
 // It discovers replicas through a Pool, polls each one's /server_info, and
 // also learns a replica's applied version from the 409 bodies and version

@@ -3,7 +3,7 @@
 //
 // Wakes only cut latency: every replica reconciles against the store's
 // pointer on its own schedule, so a lost wake delays convergence but never
-// breaks it (DESIGN.md invariant 4). Wake therefore never fails; it logs
+// breaks it (docs/design.md, promise 5). Wake therefore never fails; it logs
 // what went wrong and reports how many replicas answered.
 //
 // Thread-safety: implementations are safe to call from several threads.

@@ -1,5 +1,5 @@
 // `stitch engine`: the reference inference engine's HTTP server. It speaks
-// SGLang's HTTP API with the staged-update extension (DESIGN.md, "Engine
+// SGLang's HTTP API with the staged-update extension (docs/design.md, "Engine
 // protocol"); docs/engine.md documents every route.
 //
 // Threads: one event loop runs every connection and handler (net/server.h);

@@ -1,4 +1,4 @@
-// Staged weight updates for the reference engine (DESIGN.md, "Engine
+// Staged weight updates for the reference engine (docs/design.md, "Engine
 // protocol"): preparing a target version while the engine keeps serving, so
 // that committing it later is short.
 //

@@ -1,5 +1,5 @@
 // The versioned proxy: how rollout requests reach the engine through the
-// sidecar (DESIGN.md, "Replica sidecar HTTP contract").
+// sidecar (docs/sidecar.md).
 //
 // Versioned routes (POST /generate, /v1/completions, /v1/chat/completions):
 //   - the body's `weight_version` ({"min_version"} / {"exact_version"}) is
