@@ -83,7 +83,7 @@ awaitable<void> InstantStream(HttpExchange& ex) {
   for (int i = 0; i < stream_events; ++i) {
     std::string event = absl::StrCat(
         R"(data: {"text":"ok","output_ids":[1],"meta_info":{"id":"x","completion_tokens":)", i + 1,
-        "}}\n\n");
+        R"(,"weight_version":"bench/weight_v000000"}})", "\n\n");
     const absl::Status written = co_await ex.WriteChunk(std::move(event));
     if (!written.ok()) co_return;
   }
@@ -102,11 +102,15 @@ awaitable<void> InstantEngine(HttpExchange& ex) {
     co_await InstantStream(ex);
     co_return;
   }
+  // Labelled like an SGLang engine whose boot weights the sidecar verifies.
   HttpResponse response =
       path == "/generate"
           ? JsonResponse(200,
                          R"({"text":"ok","output_ids":[1],"meta_info":{"id":"x","finish_reason":)"
-                         R"({"type":"length"},"prompt_tokens":5,"completion_tokens":1}})")
+                         R"({"type":"length"},"prompt_tokens":5,"completion_tokens":1,)"
+                         R"("weight_version":"bench/weight_v000000"}})")
+      : path == "/model_info"
+          ? JsonResponse(200, R"({"model_path":"instant","weight_version":"bench/weight_v000000"})")
           : JsonResponse(200, R"({"success":true,"message":"ok"})");
   (void)co_await ex.Respond(std::move(response));
 }
