@@ -54,7 +54,6 @@ struct FleetOptions {
   std::string update_mode = "disk";
   std::vector<std::string> engine_flags;   // fault injection
   std::vector<std::string> sidecar_flags;  // extra sidecar flags
-  bool claim = true;
 };
 
 class SidecarIntegrationTest : public ::testing::Test {
@@ -83,10 +82,8 @@ class SidecarIntegrationTest : public ::testing::Test {
 
   // Starts the engine on the base checkpoint and a sidecar in front of it.
   void StartFleet(const FleetOptions& options = {}) {
-    if (options.claim) {
-      ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
-               "claim");
-    }
+    ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
+             "claim");
     std::vector<std::string> engine = {
         testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"};
     engine.insert(engine.end(), options.engine_flags.begin(), options.engine_flags.end());
@@ -380,19 +377,34 @@ TEST_F(SidecarIntegrationTest, CommitFailureEndsTheSidecarNonZero) {
   EXPECT_THAT(sidecar_->err(), HasSubstr("weight commit of r1/weight_v000001 failed"));
 }
 
-TEST_F(SidecarIntegrationTest, MetricsAnswerBeforeTheFirstPointerExists) {
-  FleetOptions options;
-  options.claim = false;
-  StartFleet(options);
+TEST_F(SidecarIntegrationTest, MetricsAnswerAtTheBootVersion) {
+  StartFleet();
   auto metrics = Call("GET", "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_EQ(metrics->status, 200);
-  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 0"));
   EXPECT_THAT(metrics->body, HasSubstr("# TYPE stitch_sidecar_requests_in_flight gauge"));
-  // With no pointer there is nothing to catch up with: ready at the boot
-  // version, and it serves.
   ASSERT_TRUE(ServesVersion(0));
+  metrics = Call("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 0"));
   EXPECT_EQ(Generate(url_, R"({"exact_version":0})").status, 200);
+}
+
+TEST_F(SidecarIntegrationTest, AStoreNobodyClaimedIsRefusedAtStart) {
+  // A mistyped --store: following it would label whatever the engine holds
+  // as the boot version. The sidecar exits before it listens, and creates
+  // nothing.
+  const std::string typo = (tmp_ / "stor").string();
+  ProcessResult r =
+      Stitch({"sidecar", "--store", typo, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
+              "--base-checkpoint", base_, "--update-mode", "cpu", "--boot-version", "5"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, ::testing::StartsWith("stitch: sidecar: --store: store file://" + typo +
+                                           " does not exist"));
+  EXPECT_THAT(r.err, HasSubstr("`stitch claim`"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_THAT(r.out, ::testing::IsEmpty());
+  EXPECT_FALSE(std::filesystem::exists(typo));
 }
 
 TEST_F(SidecarIntegrationTest, InconsistentFlagsAreRefusedWithOneLine) {

@@ -53,7 +53,9 @@ def _check_run(store: Store, run_id: Optional[str]) -> None:
 def open_store(uri: str, run_id: str, cache_dir: Optional[str] = None) -> Store:
     """Opens the store at ``uri`` (a path, ``file:///abs/path`` or
     ``s3://bucket/prefix[?endpoint=URL&region=R]``) scoped to ``run_id``.
-    ``cache_dir`` is where remote stores materialize versions."""
+    ``cache_dir`` is where remote stores materialize versions. Opening creates
+    nothing: a store that does not exist yet is created by :func:`claim_run`,
+    and publishing into it before that is refused."""
     return _stitch.open_store(str(uri), run_id, None if cache_dir is None else str(cache_dir))
 
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -116,26 +117,30 @@ absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std
   if (!run_id.empty()) {
     if (absl::Status s = ValidateRunId(run_id); !s.ok()) return Annotate(s, store->where());
   }
-  // A read-only view creates nothing: a missing root reads as an unset
-  // pointer and no versions.
-  if (store->run_id_.empty()) return store;
-  fs::path updates = abs / kUpdatesDir;
-  bool created = fs::create_directories(updates, ec);
-  if (ec || !fs::is_directory(updates)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(store->where(), ": cannot create ", updates.string(), ": ",
-                     ec ? ec.message() : "not a directory", "; check the path and permissions"));
-  }
-  if (created) {
-    // Make the new directories' entries durable before anything relies on them.
-    if (absl::Status s = FsyncPath(abs); !s.ok()) return Annotate(s, store->where());
-    if (abs.has_parent_path()) {
-      if (absl::Status s = FsyncPath(abs.parent_path()); !s.ok()) {
-        return Annotate(s, store->where());
-      }
-    }
-  }
   return store;
+}
+
+absl::Status FsStore::CreateRoot() {
+  const fs::path updates = root_ / kUpdatesDir;
+  // The deepest directory that exists already: every directory below it is
+  // new, and its entry must reach the disk before a pointer relies on it.
+  std::error_code ec;
+  fs::path existing = updates;
+  while (existing.has_relative_path() && !fs::exists(existing, ec)) {
+    existing = existing.parent_path();
+  }
+  fs::create_directories(updates, ec);
+  if (ec || !fs::is_directory(updates, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(where_, ": cannot create ", updates.string(),
+                                                      ": ", ec ? ec.message() : "not a directory",
+                                                      "; check the path and permissions"));
+  }
+  if (existing == updates) return absl::OkStatus();
+  for (fs::path dir = updates;; dir = dir.parent_path()) {
+    if (absl::Status s = FsyncPath(dir); !s.ok()) return Annotate(s, where_);
+    if (dir == existing || !dir.has_relative_path()) break;
+  }
+  return absl::OkStatus();
 }
 
 fs::path FsStore::VersionDir(int64_t version) const {
@@ -155,6 +160,16 @@ absl::StatusOr<std::optional<VersionRef>> FsStore::ReadPointer() {
 
 absl::Status FsStore::AdvancePointer(const std::optional<VersionRef>& expected,
                                      const VersionRef& proposed) {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) {
+    // No store yet: the pointer is unset. Only a move from unset (a claim)
+    // may go on, and it creates the store.
+    if (absl::Status s = CheckCompareAndSwap(where_, run_id_, expected, std::nullopt, proposed);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CreateRoot(); !s.ok()) return s;
+  }
   auto lock = LockExclusive(root_ / kLockFile);
   if (!lock.ok()) return Annotate(lock.status(), where_);
   auto actual = ReadPointer();
@@ -172,6 +187,7 @@ absl::Status FsStore::PublishFiles(int64_t version, const fs::path& dir) {
   }
   auto contents = ReadVersionDir(dir, version);
   if (!contents.ok()) return Annotate(contents.status(), where_);
+  if (absl::Status s = RequireUpdatesDir(); !s.ok()) return s;
   fs::path final_dir = VersionDir(version);
   std::error_code ec;
   if (fs::equivalent(dir, final_dir, ec)) return Adopt(*contents, final_dir);
@@ -181,6 +197,24 @@ absl::Status FsStore::PublishFiles(int64_t version, const fs::path& dir) {
     return Annotate(FsyncTree(final_dir), where_);
   }
   return CopyIn(*contents, final_dir);
+}
+
+absl::Status FsStore::RequireUpdatesDir() {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where_, ": the store does not exist (", root_.string(),
+                     " is not a directory); check the path, or create the store by claiming a run "
+                     "(`stitch claim`)"));
+  }
+  const fs::path updates = root_ / kUpdatesDir;
+  if (fs::is_directory(updates, ec)) return absl::OkStatus();
+  // A store claimed before `updates/` was made at claim time, or one whose
+  // `updates/` was removed: only that directory is missing.
+  if (::mkdir(updates.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Annotate(ErrnoStatus(errno, "create", updates), where_);
+  }
+  return Annotate(FsyncPath(root_), where_);
 }
 
 absl::Status FsStore::Adopt(const VersionDirContents& contents, const fs::path& final_dir) {

@@ -9,10 +9,13 @@
 //
 // Durability: PublishFiles stages the files in a temporary sibling directory,
 // fsyncs every file and directory, then renames it into place and fsyncs
-// updates/. AdvancePointer replaces `latest` atomically (temp file, fsync,
-// rename, fsync root) while holding an exclusive flock on `.latest.lock` over
-// the read-compare-write, so two processes (or threads) racing from the same
-// predecessor never both win.
+// updates/.
+//
+// AdvancePointer replaces `latest` atomically (temp file, fsync, rename,
+// fsync root) while holding an exclusive flock on `.latest.lock` over the
+// read-compare-write, so two processes (or threads) racing from the same
+// predecessor never both win. The first one, from an unset pointer, creates
+// the root and `updates/`: opening creates nothing (store.h, "Existence").
 //
 // Error messages start with "store file:///<root>".
 //
@@ -33,10 +36,10 @@ namespace stitch {
 class FsStore final : public Store {
  public:
   // Opens the store rooted at `root` (made absolute against the current
-  // directory) for `run_id`, creating `root` and `root/updates` if missing.
-  // `run_id` must pass ValidateRunId, or be empty for a read-only view that
-  // creates nothing (a missing root reads as an unset pointer) and refuses
-  // PublishFiles and AdvancePointer.
+  // directory) for `run_id`. Creates nothing: a missing root reads as an
+  // unset pointer, and the first AdvancePointer (a claim) creates `root` and
+  // `root/updates`. `run_id` must pass ValidateRunId, or be empty for a
+  // read-only view that refuses PublishFiles and AdvancePointer.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FsStore>> Open(
       const std::filesystem::path& root, std::string run_id);
 
@@ -50,6 +53,9 @@ class FsStore final : public Store {
   [[nodiscard]] absl::Status Refresh() override;
 
   [[nodiscard]] absl::StatusOr<std::optional<VersionRef>> ReadPointer() override;
+
+  // From an unset pointer, creates the store first (`root` and
+  // `root/updates`, fsync'ed): the claim that makes it exist.
   [[nodiscard]] absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                                             const VersionRef& proposed) override;
 
@@ -58,7 +64,8 @@ class FsStore final : public Store {
   // it already is that directory (fsyncing it, and writing metadata.version
   // into its index when missing). An existing version with identical files
   // (same names, same bytes) is a successful retry; any difference is an
-  // AlreadyExists error: versions are immutable.
+  // AlreadyExists error: versions are immutable. FailedPrecondition when the
+  // root does not exist (PublishFiles never creates a store).
   [[nodiscard]] absl::Status PublishFiles(int64_t version,
                                           const std::filesystem::path& dir) override;
 
@@ -73,6 +80,11 @@ class FsStore final : public Store {
 
   // "store file:///<root>", the prefix of every message.
   const std::string& where() const { return where_; }
+  // Creates `root` and `root/updates` (and missing parents), durably.
+  [[nodiscard]] absl::Status CreateRoot();
+  // OK when the root exists; creates `updates/` in it when missing.
+  // FailedPrecondition for a missing root: publishing never creates a store.
+  [[nodiscard]] absl::Status RequireUpdatesDir();
   [[nodiscard]] absl::Status CopyIn(const VersionDirContents& contents,
                                     const std::filesystem::path& final_dir);
   [[nodiscard]] absl::Status Adopt(const VersionDirContents& contents,

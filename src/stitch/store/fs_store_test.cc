@@ -37,15 +37,59 @@ class FsStoreTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }
+  // Claims run-a at version 0, which creates the store.
+  void Claim() { ASSERT_TRUE(store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 0}).ok()); }
+  // The root alone, for tests that write the pointer file behind the store.
+  void MakeRoot() { fs::create_directories(root_); }
+
   TempDir tmp_;
   fs::path root_ = tmp_ / "runs" / "a";
   std::unique_ptr<FsStore> store_;
 };
 
-TEST_F(FsStoreTest, OpenCreatesTheRootAndItsUpdatesDirectory) {
-  EXPECT_TRUE(fs::is_directory(root_ / "updates"));
+TEST_F(FsStoreTest, OpeningCreatesNothingAndTheFirstPointerCreatesTheStore) {
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
   EXPECT_EQ(store_->root(), root_);
   EXPECT_EQ(store_->uri(), "file://" + root_.string());
+  EXPECT_EQ(*store_->ReadPointer(), std::nullopt);
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+  Claim();
+  EXPECT_TRUE(fs::is_directory(root_ / "updates"));
+  EXPECT_EQ(*ReadFileToString(root_ / "latest"), "run-a/weight_v000000");
+}
+
+TEST_F(FsStoreTest, OnlyAMoveFromUnsetCreatesAMissingStore) {
+  // A compare-and-swap from a pointer the missing store never had is a
+  // conflict, and leaves no directory behind.
+  absl::Status s = store_->AdvancePointer(VersionRef{"run-a", 0}, VersionRef{"run-a", 1});
+  EXPECT_EQ(GetErrorKind(s), ErrorKind::kPointerConflict) << s;
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+  // So does a view, which never writes.
+  auto view = FsStore::Open(root_, "");
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument((*view)->AdvancePointer(std::nullopt, {"run-a", 0})));
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+}
+
+TEST_F(FsStoreTest, PublishingIntoAMissingStoreCreatesNothing) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  absl::Status s = store_->PublishFiles(1, *src);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the store does not exist"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("`stitch claim`"));
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+}
+
+TEST_F(FsStoreTest, AStoreWithoutUpdatesGetsItWhenPublishing) {
+  // Claimed, then its updates/ removed (or claimed by a stitch that made it
+  // only when publishing).
+  Claim();
+  fs::remove(root_ / "updates");
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  EXPECT_TRUE(store_->ReadManifest(1).ok());
 }
 
 TEST_F(FsStoreTest, RelativeRootIsMadeAbsolute) {
@@ -55,7 +99,7 @@ TEST_F(FsStoreTest, RelativeRootIsMadeAbsolute) {
   fs::current_path(saved);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->root(), tmp_ / "rel" / "store");
-  EXPECT_TRUE(fs::is_directory(tmp_ / "rel" / "store" / "updates"));
+  EXPECT_FALSE(fs::exists(tmp_ / "rel"));
 }
 
 TEST_F(FsStoreTest, UriPercentEncodesWhatAPathMayHold) {
@@ -88,6 +132,7 @@ TEST_F(FsStoreTest, PointerIsAFileHoldingTheIdentity) {
 }
 
 TEST_F(FsStoreTest, LegacyAndBarePointersAreRead) {
+  MakeRoot();
   ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "7\n").ok());
   EXPECT_EQ(*store_->ReadPointer(), (VersionRef{"", 7}));
   ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_v000008").ok());
@@ -95,6 +140,7 @@ TEST_F(FsStoreTest, LegacyAndBarePointersAreRead) {
 }
 
 TEST_F(FsStoreTest, GarbagePointerMessageNamesStoreAndText) {
+  MakeRoot();
   ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_vx").ok());
   auto p = store_->ReadPointer();
   ASSERT_FALSE(p.ok());
@@ -105,6 +151,7 @@ TEST_F(FsStoreTest, GarbagePointerMessageNamesStoreAndText) {
 }
 
 TEST_F(FsStoreTest, PublishCopiesOnlyTheIndexAndPayloadIntoItsVersionDirectory) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(WriteFileAtomically(*src / "notes.txt", "scratch").ok());
@@ -119,6 +166,7 @@ TEST_F(FsStoreTest, PublishCopiesOnlyTheIndexAndPayloadIntoItsVersionDirectory) 
 }
 
 TEST_F(FsStoreTest, MissingShardLeavesNothingUnderUpdates) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   fs::remove(*src / "model-00001-of-00002.safetensors");
@@ -127,6 +175,7 @@ TEST_F(FsStoreTest, MissingShardLeavesNothingUnderUpdates) {
 }
 
 TEST_F(FsStoreTest, AdoptsADirectoryAlreadyAtItsFinalPath) {
+  Claim();
   auto dir = WriteTestVersion(root_ / "updates", 2, {.record_version = false});
   ASSERT_TRUE(dir.ok());
   std::string shard = *ReadFileToString(*dir / "model-00001-of-00002.safetensors");
@@ -142,6 +191,7 @@ TEST_F(FsStoreTest, AdoptsADirectoryAlreadyAtItsFinalPath) {
 }
 
 TEST_F(FsStoreTest, LeftoverStagingDirectoriesAreNeverVersions) {
+  Claim();
   // A publisher that crashed mid-copy leaves a dot-named staging directory.
   auto crashed =
       testing::WriteTestVersionAt(root_ / "updates" / ".weight_v000003.tmp-1-00000000deadbeef", 3);
@@ -154,6 +204,7 @@ TEST_F(FsStoreTest, LeftoverStagingDirectoriesAreNeverVersions) {
 }
 
 TEST_F(FsStoreTest, ChangedByteInAPublishedShardIsRefused) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
@@ -169,6 +220,7 @@ TEST_F(FsStoreTest, ChangedByteInAPublishedShardIsRefused) {
 }
 
 TEST_F(FsStoreTest, ExtraFileInAPublishedVersionMakesItDifferent) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
@@ -179,6 +231,7 @@ TEST_F(FsStoreTest, ExtraFileInAPublishedVersionMakesItDifferent) {
 }
 
 TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {
+  Claim();
   ASSERT_TRUE(fs::create_directories(root_ / "updates" / "weight_v000004"));
   ASSERT_TRUE(
       WriteFileAtomically(root_ / "updates/weight_v000004/model.safetensors.index.json", "[1]")
@@ -189,6 +242,7 @@ TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {
 }
 
 TEST_F(FsStoreTest, StoredIndexOfAnotherVersionIsDataLoss) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 5);
   ASSERT_TRUE(src.ok());
   fs::rename(*src, root_ / "updates" / "weight_v000006");
@@ -196,6 +250,7 @@ TEST_F(FsStoreTest, StoredIndexOfAnotherVersionIsDataLoss) {
 }
 
 TEST_F(FsStoreTest, MaterializeNoticesAMissingPayloadFile) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
