@@ -172,7 +172,9 @@ int RunVerify(const VerifyArgs& a) {
   if (r->kind == VersionKind::kFull) {
     std::cout << "OK: " << a.dir << " is a complete checkpoint " << version << ": "
               << Count(r->tensors, "tensor") << " in " << Count(r->files, "file") << ", "
-              << HumanBytes(r->bytes) << "\n";
+              << HumanBytes(r->bytes)
+              << (r->checksums_verified ? "; every tensor matches its recorded checksum\n"
+                                        : "; it records no checksums to check\n");
     return 0;
   }
   std::cout << "OK: " << a.dir << " is DELTA " << version << " (applies to version "

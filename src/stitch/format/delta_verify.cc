@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-absl::StatusOr<VerifyReport> VerifyCheckpoint(const fs::path& dir) {
+absl::StatusOr<VerifyReport> VerifyCheckpoint(const fs::path& dir, const VerifyOptions& options) {
   absl::StatusOr<CheckpointReader> r = CheckpointReader::Open(dir);
   if (!r.ok()) return r.status();
   VerifyReport report;
@@ -23,6 +23,25 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const fs::path& dir) {
   report.tensors = r->tensors().size();
   report.bytes = r->total_bytes();
   for (const CheckpointFile& f : r->files()) report.payload_bytes += f.size;
+  if (!r->records_checksums()) return report;
+  std::vector<uint64_t> sizes;
+  for (const CheckpointTensor& t : r->tensors()) sizes.push_back(t.nbytes);
+  const std::vector<size_t> order = LargestFirst(sizes);
+  ProgressMeter meter(report.bytes, options.progress);
+  std::atomic<bool> cancel{false};
+  absl::Status st = ParallelFor(
+      order.size(), options.threads > 0 ? options.threads : DefaultThreads(),
+      [&](size_t i, int) -> absl::Status {
+        if (cancel.load(std::memory_order_relaxed)) return absl::CancelledError();
+        const CheckpointTensor& t = r->tensors()[order[i]];
+        absl::Status s = VerifyRecordedChecksum(*r, t);
+        meter.Add(t.nbytes);
+        return s;
+      },
+      &cancel);
+  if (!st.ok()) return st;
+  meter.Finish();
+  report.checksums_verified = true;
   return report;
 }
 
@@ -39,7 +58,7 @@ absl::StatusOr<VerifyReport> VerifyVersion(const fs::path& dir,
           dir.string(),
           " is a FULL version (a complete checkpoint); it has no base to verify against"));
     }
-    return VerifyCheckpoint(dir);
+    return VerifyCheckpoint(dir, options);
   }
   absl::StatusOr<DeltaVersion> delta = DeltaVersion::Open(dir);
   if (!delta.ok()) return delta.status();

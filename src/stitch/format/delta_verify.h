@@ -25,12 +25,16 @@ struct VerifyReport {
   size_t tensors = 0;          // FULL: all tensors; DELTA: the changed ones
   uint64_t bytes = 0;          // FULL: tensor bytes; DELTA: decoded bytes of the changed tensors
   uint64_t payload_bytes = 0;  // size of the payload files
-  bool checksums_verified = false;  // DELTA checked against its base
+  // DELTA: checked against its base. FULL: the checksums it records were
+  // checked (false when it records none).
+  bool checksums_verified = false;
 };
 
 // Checks the version in `dir`.
 //   FULL (or any checkpoint): the index, every payload file's presence and
-//   header, and that the weight_map agrees with the files.
+//   header, and that the weight_map agrees with the files; when it records
+//   checksums (checkpoint_reader.h), every tensor's bytes against its
+//   checksum (DataLoss of kind kChecksumMismatch otherwise).
 //   DELTA: everything DeltaVersion::Open checks, then decodes every frame in
 //   full: it must be intact, decode to its recorded content size, and have
 //   nothing after it. With `base_dir` (the complete checkpoint of the

@@ -3,7 +3,10 @@
 // Stitch's metadata keys: `version` (the version number as a string, zero
 // padded to six digits), and for DELTA versions `delta_encoding: "xor"`,
 // `compression_format: "zstd"`, `checksum_format: "xxh3-128"` and
-// `base_version`. Other metadata keys are preserved.
+// `base_version`. A FULL version Stitch writes records `checksum_format:
+// "xxh3-128"` too: its payload files' `__metadata__` then hold every
+// tensor's checksum (checksum.h, ReadRecordedChecksums). Other metadata keys
+// are preserved.
 #pragma once
 
 #include <filesystem>
