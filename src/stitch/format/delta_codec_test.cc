@@ -276,6 +276,7 @@ TEST_F(DeltaCodecTest, EncodingFromMemoryEqualsEncodingFromDirectoriesAndIsDeter
     target.push_back(TensorView{name, t.dtype, t.shape, t.bytes});
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   o.threads = 3;
   absl::StatusOr<EncodeResult> r = EncodeDelta(base, target, dir_ / "mem2", o);
@@ -294,6 +295,7 @@ TEST_F(DeltaCodecTest, AdvancingTheBaseWritesTheSameDeltaAndLeavesTheTargetInThe
   TestCheckpoint snapshot = versions_[1];  // the caller's own copy of version 1
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   o.threads = 3;
   absl::StatusOr<EncodeResult> r =
@@ -308,6 +310,7 @@ TEST_F(DeltaCodecTest, AdvancingRefusesBadInputBeforeTouchingTheBase) {
   TestCheckpoint snapshot = versions_[1];
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   // A base tensor that is a target's own memory.
   std::vector<TensorView> base = ViewsOf(snapshot), target = ViewsOf(versions_[2]);
@@ -338,6 +341,7 @@ TEST_F(DeltaCodecTest, AWriteFailureWhileAdvancingSaysTheBaseWasAdvanced) {
   TestCheckpoint snapshot = versions_[1];
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   // Files of this process may not grow past 1 KiB (the frames are larger):
   // the first write of a frame fails with EFBIG instead of a signal.
@@ -397,6 +401,7 @@ TEST_F(DeltaCodecTest, LongChainsOfOneTensorFoldCorrectly) {
     WriteCheckpoint(dir_ / absl::StrCat("c", v), chain.back());
     EncodeOptions o;
     o.version = static_cast<int64_t>(v);
+    o.base_version = o.version - 1;  // c1, c2, ... record no version
     deltas.push_back(dir_ / absl::StrCat("d", v));
     ASSERT_TRUE(
         EncodeDelta(dir_ / absl::StrCat("c", v - 1), dir_ / absl::StrCat("c", v), deltas.back(), o)

@@ -234,7 +234,14 @@ absl::StatusOr<int64_t> ResolveBaseVersion(const EncodeOptions& options,
   if (options.version == 0) {
     return absl::InvalidArgumentError("version 0 cannot be a DELTA: it has no previous version");
   }
-  int64_t base = options.base_version.value_or(base_dir_version.value_or(options.version - 1));
+  // Never assumed: a delta encoded against a base of another version than
+  // it says is refused by every replica, so the version must be known.
+  if (!options.base_version && !base_dir_version) {
+    return absl::InvalidArgumentError(
+        "the base's version is unknown: the base records none, so say which version it holds "
+        "(EncodeOptions.base_version)");
+  }
+  const int64_t base = options.base_version ? *options.base_version : *base_dir_version;
   if (options.base_version && base_dir_version && *options.base_version != *base_dir_version) {
     return absl::InvalidArgumentError(absl::StrCat("base version ", *options.base_version,
                                                    " was asked for, but the base checkpoint "
@@ -489,6 +496,12 @@ absl::StatusOr<EncodeResult> EncodeDelta(const fs::path& base_dir, const fs::pat
         absl::StrCat("encode needs complete checkpoints, but ",
                      (base->index().is_delta() ? base_dir : target_dir).string(),
                      " is a DELTA version; materialize it first (stitch delta apply)"));
+  }
+  if (!options.base_version && !base->version()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the base checkpoint ", base_dir.string(),
+        " records no version (its index has no metadata.version); ",
+        "say which version it holds (--base-version): a delta never assumes its base"));
   }
   std::vector<TensorInput> b = InputsFromReader(*base), t = InputsFromReader(*target);
   return EncodeImpl(b, t, out_dir, options, base->version());

@@ -39,8 +39,10 @@ inline constexpr uint64_t kDefaultMaxShardBytes = uint64_t{2} << 30;
 struct EncodeOptions {
   int64_t version = 0;  // the version the delta produces
   // The version it applies to. Default: the base directory's metadata.version
-  // when it records one, else version - 1. It must equal version - 1: a delta
-  // always applies to the version just before it.
+  // when it records one; required for a base that records none (a boot
+  // checkpoint, tensors in memory): the encoder never assumes it
+  // (InvalidArgument). When both are known they must agree, and it must be
+  // version - 1: a delta always applies to the version just before it.
   std::optional<int64_t> base_version;
   // zstd level: up to kZeroRunMaxLevel the codec's zero-run parser
   // (delta_kernel.h), above it zstd's match finders.

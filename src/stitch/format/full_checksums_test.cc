@@ -1,7 +1,7 @@
 // FULL versions carry per-tensor checksums (issue 16): what the writers
 // record, the one function that reads them back, and every reader that
 // checks them (verify, materialize from a FULL anchor, the in-memory
-// image).
+// image). Also: the encoder never assumes its base's version.
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -188,6 +188,31 @@ TEST_F(FullChecksumsTest, AFullVersionOfACorruptFullVersionIsRefused) {
   absl::Status s = WriteFullVersion(Full(), dir_ / "copy", fo).status();
   EXPECT_EQ(GetErrorKind(s), ErrorKind::kChecksumMismatch) << s;
   EXPECT_FALSE(fs::exists(dir_ / "copy"));
+}
+
+TEST_F(FullChecksumsTest, TheEncoderNeverAssumesItsBasesVersion) {
+  WriteCheckpoint(dir_ / "boot", v0_);  // records no version
+  EncodeOptions o;
+  o.version = 4;
+  absl::Status s = EncodeDelta(dir_ / "boot", dir_ / "ckpt1", dir_ / "d4", o).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("records no version"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("--base-version"), absl::string_view::npos) << s;
+  EXPECT_FALSE(fs::exists(dir_ / "d4"));
+  o.base_version = 3;
+  EXPECT_TRUE(EncodeDelta(dir_ / "boot", dir_ / "ckpt1", dir_ / "d4", o).ok());
+
+  // In memory: the caller must say.
+  std::vector<TensorView> base, target;
+  for (const auto& [name, t] : v0_) base.push_back(TensorView{name, t.dtype, t.shape, t.bytes});
+  for (const auto& [name, t] : v1_) target.push_back(TensorView{name, t.dtype, t.shape, t.bytes});
+  EncodeOptions m;
+  m.version = 1;
+  s = EncodeDelta(base, target, dir_ / "m1", m).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("base's version is unknown"), absl::string_view::npos) << s;
+  m.base_version = 0;
+  EXPECT_TRUE(EncodeDelta(base, target, dir_ / "m1", m).ok());
 }
 
 }  // namespace
