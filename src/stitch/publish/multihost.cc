@@ -19,6 +19,7 @@
 #include "stitch/publish/wake.h"
 #include "stitch/store/s3_sha256.h"
 #include "stitch/store/s3_store.h"
+#include "stitch/store/version_dir.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -155,6 +156,7 @@ absl::StatusOr<std::vector<FileReceipt>> CommitSharedFiles(const fs::path& dir,
   std::set<fs::path> dirs{dir};
   for (const std::string& name : files) {
     if (absl::Status s = ValidatePayloadFileName(name); !s.ok()) return s;
+    if (absl::Status s = CheckPlainFile(dir, name); !s.ok()) return s;
     fs::path path = dir / name;
     auto digest = HashFile(path);
     if (!digest.ok()) return digest.status();

@@ -1,5 +1,7 @@
 // The Store contract, run against every adapter (filesystem and in-memory):
 // what one adapter promises, the other must too.
+#include <sys/stat.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -255,7 +257,34 @@ TEST_P(StoreContractTest, MissingShardIsRefusedAndNothingIsPublished) {
   EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(1).status()));
 }
 
+TEST_P(StoreContractTest, LinksAndSpecialFilesAreRefusedAndNothingIsPublished) {
+  Claim();
+  fs::path src = Version(1);
+  const std::string shard = "model-00001-of-00002.safetensors";
+  fs::remove(src / shard);
+  fs::create_symlink("/etc/passwd", src / shard);
+  absl::Status s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"" + shard + "\" is a symbolic link"));
+
+  fs::remove(src / shard);
+  ASSERT_EQ(::mkfifo((src / shard).c_str(), 0644), 0);
+  s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is a FIFO"));
+
+  // The index is copied too: it may not be a link either.
+  fs::path other = Version(2);
+  fs::rename(other / "model.safetensors.index.json", tmp_ / "index.json");
+  fs::create_symlink(tmp_ / "index.json", other / "model.safetensors.index.json");
+  s = store_->PublishFiles(2, other);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(1).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(2).status()));
+}
+
 TEST_P(StoreContractTest, IndexVersionMustMatch) {
+  Claim();
   fs::path src = Version(1);
   absl::Status s = store_->PublishFiles(2, src);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
