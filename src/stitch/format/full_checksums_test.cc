@@ -1,7 +1,8 @@
 // FULL versions carry per-tensor checksums (issue 16): what the writers
 // record, the one function that reads them back, and every reader that
 // checks them (verify, materialize from a FULL anchor, the in-memory
-// image). Also: the encoder never assumes its base's version.
+// image). Also: the encoder never assumes its base's version, and the index is
+// bounded.
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,27 @@ TEST_F(FullChecksumsTest, TheEncoderNeverAssumesItsBasesVersion) {
   EXPECT_NE(s.message().find("base's version is unknown"), absl::string_view::npos) << s;
   m.base_version = 0;
   EXPECT_TRUE(EncodeDelta(base, target, dir_ / "m1", m).ok());
+}
+
+TEST(IndexBoundTest, MixtureOfExpertsSizedIndexesAreReadAndHugeOnesRefused) {
+  auto index_of = [](int64_t tensors) {
+    std::string json = R"({"metadata":{"version":"000001"},"weight_map":{)";
+    for (int64_t i = 0; i < tensors; ++i) {
+      absl::StrAppend(&json, i == 0 ? "" : ",", "\"model.layers.", i / 1000, ".mlp.experts.",
+                      i % 1000, ".down_proj.weight\":\"model-", i % 163, ".safetensors\"");
+    }
+    return json + "}}";
+  };
+  // Kimi K2 sized: about 140,000 tensors.
+  auto moe = CheckpointIndex::Parse(index_of(140'000));
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->weight_map.size(), 140'000u);
+  auto huge = CheckpointIndex::Parse(index_of(int64_t{kMaxIndexTensors} + 1));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(huge.status()));
+  EXPECT_NE(huge.status().message().find("weight_map lists 1000001 tensors, above the limit"),
+            absl::string_view::npos)
+      << huge.status();
 }
 
 }  // namespace
