@@ -141,6 +141,7 @@ TEST_F(CliTest, AMissingShardFailsAndNothingIsHalfWritten) {
 
 TEST_F(CliTest, RewindsAreRefused) {
   ASSERT_EQ(Claim().exit_code, 0);
+  ASSERT_EQ(Publish(Version(1)).exit_code, 0);
   ASSERT_EQ(Publish(Version(2)).exit_code, 0);
   ProcessResult older = Publish(Version(1));
   EXPECT_EQ(older.exit_code, 1);

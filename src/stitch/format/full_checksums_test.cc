@@ -1,8 +1,8 @@
 // FULL versions carry per-tensor checksums (issue 16): what the writers
 // record, the one function that reads them back, and every reader that
 // checks them (verify, materialize from a FULL anchor, the in-memory
-// image). Also: the encoder never assumes its base's version, and the index is
-// bounded.
+// image). Also: the encoder never assumes its base's version, the index is
+// bounded, and a payload file can be checked on its own.
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +189,23 @@ TEST_F(FullChecksumsTest, AFullVersionOfACorruptFullVersionIsRefused) {
   absl::Status s = WriteFullVersion(Full(), dir_ / "copy", fo).status();
   EXPECT_EQ(GetErrorKind(s), ErrorKind::kChecksumMismatch) << s;
   EXPECT_FALSE(fs::exists(dir_ / "copy"));
+}
+
+TEST_F(FullChecksumsTest, APayloadFileIsCheckedOnItsOwn) {
+  const std::string shard = "model-00001-of-00002.safetensors";
+  PayloadFileKind full{VersionKind::kFull, 0, true};
+  auto names = VerifyPayloadFile(Full(), shard, full, {});
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(*names, (std::vector<std::string>{"embed", "norm"}));
+  PayloadFileKind delta{VersionKind::kDelta, 1, false};
+  names = VerifyPayloadFile(Delta(), "delta-00001-of-00001.safetensors", delta, {});
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(*names, (std::vector<std::string>{"norm"}));
+  // A FULL file read as a DELTA's is refused (entries are not frames).
+  EXPECT_FALSE(VerifyPayloadFile(Full(), shard, delta, {}).ok());
+  FlipTensorByte(Full(), "norm", 0);
+  EXPECT_EQ(GetErrorKind(VerifyPayloadFile(Full(), shard, full, {}).status()),
+            ErrorKind::kChecksumMismatch);
 }
 
 TEST_F(FullChecksumsTest, TheEncoderNeverAssumesItsBasesVersion) {
