@@ -2,6 +2,10 @@
 // staging directories, and how it reads what other writers left behind.
 #include "stitch/store/fs_store.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <set>
 
 #include <gmock/gmock.h>
@@ -201,6 +205,90 @@ TEST_F(FsStoreTest, LeftoverStagingDirectoriesAreNeverVersions) {
   ASSERT_TRUE(src.ok());
   EXPECT_TRUE(store_->PublishFiles(3, *src).ok());
   EXPECT_TRUE(store_->ReadManifest(3).ok());
+  // It had no lock (an older stitch's): the publish cleared it.
+  EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000003"}));
+}
+
+// Forks a process that publishes `src` as `version` into the store at
+// `root` and stops just before its staging directory is renamed into place,
+// holding everything a live publisher holds. Returns its pid once it got
+// there; it runs until killed.
+pid_t StartStuckPublisher(const fs::path& root, const fs::path& src, int64_t version) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    auto store = FsStore::Open(root, "run-a");
+    if (!store.ok()) std::_Exit(1);
+    (*store)->SetBeforeRenameForTesting([fd = ready[1]] {
+      char c = 'r';
+      if (::write(fd, &c, 1) != 1) std::_Exit(1);
+      for (;;) ::pause();
+    });
+    (void)(*store)->PublishFiles(version, src);
+    std::_Exit(1);
+  }
+  ::close(ready[1]);
+  char c;
+  const bool reached = pid > 0 && ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+  return reached ? pid : -1;
+}
+
+std::set<std::string> StagingEntries(const fs::path& updates) {
+  std::set<std::string> out;
+  for (const std::string& name : Entries(updates)) {
+    if (name.starts_with(".")) out.insert(name);
+  }
+  return out;
+}
+
+TEST_F(FsStoreTest, AKilledPublishersStagingIsRemovedAndALiveOnesIsKept) {
+  Claim();
+  auto big = WriteTestVersion(tmp_ / "src", 5, {.elements = 1 << 14});
+  ASSERT_TRUE(big.ok());
+  pid_t publisher = StartStuckPublisher(root_, *big, 5);
+  ASSERT_GT(publisher, 0);
+  // Alive, mid-publish: its staging directory and lock are there, and no
+  // cleaner touches them, however often it runs.
+  std::set<std::string> staging = StagingEntries(root_ / "updates");
+  ASSERT_EQ(staging.size(), 2u) << ::testing::PrintToString(staging);
+  auto other = FsStore::Open(root_, "run-a");
+  ASSERT_TRUE(other.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*(*other)->RemoveAbandonedStaging(), 0);
+  auto src = WriteTestVersion(tmp_ / "src2", 6);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE((*other)->PublishFiles(6, *src).ok());  // a publish cleans too
+  EXPECT_EQ(StagingEntries(root_ / "updates"), staging);
+
+  // Killed: nobody holds the lock any more, so the next cleaner removes both.
+  ASSERT_EQ(::kill(publisher, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(publisher, &status, 0), publisher);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(*(*other)->RemoveAbandonedStaging(), 1);
+  EXPECT_THAT(StagingEntries(root_ / "updates"), ::testing::IsEmpty());
+  // The version the killed publisher never finished publishes normally.
+  ASSERT_TRUE(store_->PublishFiles(5, *big).ok());
+  EXPECT_EQ(Entries(root_ / "updates"),
+            (std::set<std::string>{"weight_v000005", "weight_v000006"}));
+}
+
+TEST_F(FsStoreTest, APublishThatFailsLeavesNoStagingBehind) {
+  Claim();
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  store_->SetBeforeRenameForTesting([&] {
+    // Someone else published other bytes under the same version meanwhile.
+    auto other = WriteTestVersion(tmp_ / "other", 1, {.seed = 7});
+    ASSERT_TRUE(other.ok());
+    auto second = FsStore::Open(root_, "run-a");
+    ASSERT_TRUE(second.ok());
+    ASSERT_TRUE((*second)->PublishFiles(1, *other).ok());
+  });
+  EXPECT_TRUE(absl::IsAlreadyExists(store_->PublishFiles(1, *src)));
+  EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000001"}));
 }
 
 TEST_F(FsStoreTest, ChangedByteInAPublishedShardIsRefused) {
