@@ -429,6 +429,7 @@ int Main(int argc, char** argv) {
       fs::remove_all(delta);
       EncodeOptions o;
       o.version = 1;
+      o.base_version = 0;
       o.threads = threads;
       const Stopwatch watch;
       absl::StatusOr<EncodeResult> r = EncodeDelta(base_views, target_views, delta, o);

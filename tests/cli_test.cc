@@ -106,12 +106,13 @@ TEST_F(CliTest, AFileUriAndARunChange) {
   EXPECT_EQ(Pointer().out, "run-b/weight_v000004\n");
 }
 
-TEST_F(CliTest, PointerOfAnEmptyStoreExitsOneAndCreatesNothing) {
+TEST_F(CliTest, PointerOfAMissingStoreExitsOneAndCreatesNothing) {
   ProcessResult pointer = Pointer();
   EXPECT_EQ(pointer.exit_code, 1);
   EXPECT_THAT(pointer.out, IsEmpty());
   EXPECT_THAT(pointer.err, IsOneFailureLine());
-  EXPECT_THAT(pointer.err, StartsWith("stitch: store " + Uri() + ": the pointer is unset"));
+  EXPECT_THAT(pointer.err, StartsWith("stitch: store " + Uri() + " does not exist"));
+  EXPECT_THAT(pointer.err, HasSubstr("`stitch claim`"));
   EXPECT_FALSE(fs::exists(root_));
 }
 
@@ -122,7 +123,7 @@ TEST_F(CliTest, PublishingAnUnclaimedRunFails) {
   EXPECT_THAT(publish.err, HasSubstr("run run-a is not claimed"));
   EXPECT_THAT(publish.err, HasSubstr("stitch claim"));
   EXPECT_THAT(publish.out, IsEmpty());
-  EXPECT_THAT(Updates(), IsEmpty());
+  EXPECT_FALSE(fs::exists(root_));  // publishing never creates a store
 }
 
 TEST_F(CliTest, AMissingShardFailsAndNothingIsHalfWritten) {
@@ -140,6 +141,7 @@ TEST_F(CliTest, AMissingShardFailsAndNothingIsHalfWritten) {
 
 TEST_F(CliTest, RewindsAreRefused) {
   ASSERT_EQ(Claim().exit_code, 0);
+  ASSERT_EQ(Publish(Version(1)).exit_code, 0);
   ASSERT_EQ(Publish(Version(2)).exit_code, 0);
   ProcessResult older = Publish(Version(1));
   EXPECT_EQ(older.exit_code, 1);

@@ -61,7 +61,8 @@ TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
   const std::string cache = (tmp() / "cache").string();
   ProcessResult unset = Stitch({"pointer", "--store", store});
   EXPECT_EQ(unset.exit_code, 1);
-  EXPECT_TRUE(absl::StrContains(unset.err, "the pointer is unset")) << unset.err;
+  EXPECT_TRUE(absl::StrContains(unset.err, "does not exist")) << unset.err;
+  EXPECT_TRUE(absl::StrContains(unset.err, "`stitch claim`")) << unset.err;
 
   ProcessResult claim =
       Stitch({"claim", "--store", store, "--run-id", "run-a", "--cache-dir", cache});

@@ -64,7 +64,6 @@ struct FleetOptions {
   std::vector<std::string> engine_flags;   // fault injection
   std::vector<std::string> sidecar_flags;  // extra sidecar flags
   std::string reconcile_interval = "0.2";
-  bool claim = true;
 };
 
 class SidecarIntegrationTest : public ::testing::Test {
@@ -93,10 +92,8 @@ class SidecarIntegrationTest : public ::testing::Test {
 
   // Starts the engine on the base checkpoint and a sidecar in front of it.
   void StartFleet(const FleetOptions& options = {}) {
-    if (options.claim) {
-      ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
-               "claim");
-    }
+    ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
+             "claim");
     StartEngine(options, "0");
     StartSidecar(options);
   }
@@ -423,16 +420,14 @@ TEST_F(SidecarIntegrationTest, CommitFailureEndsTheSidecarNonZero) {
   EXPECT_THAT(sidecar_->err(), HasSubstr("weight commit of r1/weight_v000001 failed"));
 }
 
-TEST_F(SidecarIntegrationTest, MetricsAnswerBeforeTheFirstPointerExists) {
-  FleetOptions options;
-  options.claim = false;
-  StartFleet(options);
+TEST_F(SidecarIntegrationTest, MetricsAnswerAtTheBootVersion) {
+  StartFleet();
   auto metrics = Call("GET", "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_EQ(metrics->status, 200);
   EXPECT_THAT(metrics->body, HasSubstr("# TYPE stitch_sidecar_requests_in_flight gauge"));
-  // With no pointer there is nothing to catch up with: once the engine's
-  // boot weights are verified, ready at the boot version, and it serves.
+  // Once the engine's boot weights are verified, ready at the boot version,
+  // and it serves.
   ASSERT_TRUE(ServesVersion(0));
   EXPECT_EQ(Generate(url_, R"({"exact_version":0})").status, 200);
   metrics = Call("GET", "/metrics");
@@ -725,6 +720,23 @@ TEST_F(SidecarIntegrationTest, AReplicaThatCannotApplyAVersionSaysWhyEverywhere)
   ExpectOk(status, "status");
   EXPECT_THAT(status.out, HasSubstr("cannot sync: "));
   EXPECT_THAT(status.out, HasSubstr("weight_v000001"));
+}
+
+TEST_F(SidecarIntegrationTest, AStoreNobodyClaimedIsRefusedAtStart) {
+  // A mistyped --store: following it would label whatever the engine holds
+  // as the boot version. The sidecar exits before it listens, and creates
+  // nothing.
+  const std::string typo = (tmp_ / "stor").string();
+  ProcessResult r =
+      Stitch({"sidecar", "--store", typo, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
+              "--base-checkpoint", base_, "--update-mode", "cpu", "--boot-version", "5"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, ::testing::StartsWith("stitch: sidecar: --store: store file://" + typo +
+                                           " does not exist"));
+  EXPECT_THAT(r.err, HasSubstr("`stitch claim`"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_THAT(r.out, ::testing::IsEmpty());
+  EXPECT_FALSE(std::filesystem::exists(typo));
 }
 
 TEST_F(SidecarIntegrationTest, InconsistentFlagsAreRefusedWithOneLine) {

@@ -430,11 +430,15 @@ NB_MODULE(_stitch, m) {
 
   m.def(
       "publish_version",
-      [](Store& store, const std::string& dir, std::optional<std::string> pool_spec) {
+      [](Store& store, const std::string& dir, std::optional<std::string> pool_spec,
+         std::optional<std::string> base_dir) {
         std::unique_ptr<Pool> pool = MaybePool(pool_spec);
-        return CheckReleased("StoreError", [&] { return PublishVersion(store, dir, pool.get()); });
+        PublishOptions options;
+        if (base_dir) options.base_checkpoint = *base_dir;
+        return CheckReleased("StoreError",
+                             [&] { return PublishVersion(store, dir, pool.get(), options); });
       },
-      "store"_a, "version_dir"_a, "pool"_a = nb::none());
+      "store"_a, "version_dir"_a, "pool"_a = nb::none(), "base_dir"_a = nb::none());
 
   nb::class_<TrainerComms, PyTrainerComms>(m, "TrainerComms")
       .def(nb::init<>())

@@ -70,6 +70,39 @@ def test_claim_publish_and_read_pointer(tmp_path):
     assert os.path.isdir(store.materialize(1))
 
 
+def test_only_claim_run_creates_a_missing_store(tmp_path):
+    root = tmp_path / "store"
+    store = stitch.open_store(str(root), "run-1")
+    assert not root.exists()  # opening creates nothing
+    v1 = make_version(tmp_path / "work", 1, "run-1")
+    with pytest.raises(stitch.StoreError) as info:
+        stitch.publish_version(store, v1, "run-1")
+    assert "claim it first" in str(info.value) and "stitch.claim_run" in str(info.value)
+    assert not root.exists()
+    assert stitch.claim_run(store, "run-1", boot_version=0).moved
+    assert (root / "latest").is_file()
+    assert stitch.publish_version(store, v1, "run-1") == stitch.VersionRef("run-1", 1)
+
+
+def test_publish_verifies_before_the_pointer_moves(tmp_path):
+    store = stitch.open_store(str(tmp_path / "store"), "run-1")
+    stitch.claim_run(store, "run-1", boot_version=0)
+    # A gap: replicas would never meet version 1.
+    with pytest.raises(stitch.StoreError, match="next version must be weight_v000001"):
+        stitch.publish_version(store, make_version(tmp_path / "a", 2, "run-1"), "run-1")
+    # A FULL version whose bytes no longer match their recorded checksums.
+    v1 = make_version(tmp_path / "b", 1, "run-1")
+    shard = next(p for p in os.listdir(v1) if p.endswith(".safetensors"))
+    with open(os.path.join(v1, shard), "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(stitch.ChecksumMismatch):
+        stitch.publish_version(store, v1, "run-1")
+    assert store.read_pointer() == stitch.VersionRef("run-1", 0)
+
+
 def test_publishing_an_older_version_is_a_rewind(tmp_path):
     store = stitch.open_store(str(tmp_path / "store"), "run-1")
     stitch.claim_run(store, "run-1", boot_version=0)

@@ -68,20 +68,24 @@ def test_claim_publish_and_conflict_on_s3(s3, tmp_path, monkeypatch):
 def split_by_host(full_dir, root):
     """Rewrites the one-shard version `full_dir` as two shards, tensor a on
     host 0 and tensor b on host 1, each host holding the index and only its
-    own shard, the way node-local disks of a trainer look."""
+    own shard, the way node-local disks of a trainer look. Each shard keeps
+    its tensor's recorded checksum."""
+    from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
     with open(os.path.join(full_dir, "model.safetensors.index.json")) as f:
         index = json.load(f)
     (shard,) = set(index["weight_map"].values())
     tensors = load_file(os.path.join(full_dir, shard))
+    with safe_open(os.path.join(full_dir, shard), "np") as f:
+        checksums = f.metadata()
     files = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
     index["weight_map"] = files
     hosts = []
     for name in ("a", "b"):
         d = root / f"host-{name}" / os.path.basename(full_dir)
         d.mkdir(parents=True)
-        save_file({name: tensors[name]}, str(d / files[name]))
+        save_file({name: tensors[name]}, str(d / files[name]), metadata={name: checksums[name]})
         (d / "model.safetensors.index.json").write_text(json.dumps(index))
         hosts.append((d, files[name]))
     return hosts

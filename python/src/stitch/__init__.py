@@ -53,7 +53,9 @@ def _check_run(store: Store, run_id: Optional[str]) -> None:
 def open_store(uri: str, run_id: str, cache_dir: Optional[str] = None) -> Store:
     """Opens the store at ``uri`` (a path, ``file:///abs/path`` or
     ``s3://bucket/prefix[?endpoint=URL&region=R]``) scoped to ``run_id``.
-    ``cache_dir`` is where remote stores materialize versions."""
+    ``cache_dir`` is where remote stores materialize versions. Opening creates
+    nothing: a store that does not exist yet is created by :func:`claim_run`,
+    and publishing into it before that is refused."""
     return _stitch.open_store(str(uri), run_id, None if cache_dir is None else str(cache_dir))
 
 
@@ -82,12 +84,16 @@ def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
 
 
 def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None,
-                    pool: Optional[str] = None) -> VersionRef:
-    """Publishes the version directory ``version_dir`` (named weight_vNNNNNN,
-    FULL or DELTA), moves the pointer to it and wakes ``pool``'s replicas. Raises PointerRewind,
-    PointerConflict, ChecksumMismatch or StoreError."""
+                    pool: Optional[str] = None, base_dir: Optional[str] = None) -> VersionRef:
+    """Verifies the version directory ``version_dir`` (named weight_vNNNNNN,
+    FULL or DELTA, the pointer's version + 1), publishes it, moves the pointer
+    to it and wakes ``pool``'s replicas. The run must be claimed first
+    (:func:`claim_run`). ``base_dir``, the complete checkpoint of the
+    pointer's version, makes a DELTA's checksums verified too. Raises
+    PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
     _check_run(store, run_id)
-    return _stitch.publish_version(store, str(version_dir), _check_pool(pool))
+    return _stitch.publish_version(store, str(version_dir), _check_pool(pool),
+                                   None if base_dir is None else str(base_dir))
 
 
 def constrain_request(payload: Mapping[str, Any], headers: Optional[MutableMapping[str, str]] = None,

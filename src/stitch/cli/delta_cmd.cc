@@ -111,7 +111,9 @@ int RunEncode(const EncodeArgs& a) {
                                                    : 100.0 * static_cast<double>(r->payload_bytes) /
                                                          static_cast<double>(r->checkpoint_bytes);
   std::cout << "wrote DELTA " << VersionText(a.run_id, r->version) << " (applies to version "
-            << r->base_version << ") to " << a.out << ": ";
+            << r->base_version
+            << (a.base_version ? ", as --base-version says" : ", as the base's index records")
+            << ") to " << a.out << ": ";
   if (r->changed_tensors == 0) {
     std::cout << "no tensor changed (an empty delta)\n";
   } else {
@@ -172,7 +174,9 @@ int RunVerify(const VerifyArgs& a) {
   if (r->kind == VersionKind::kFull) {
     std::cout << "OK: " << a.dir << " is a complete checkpoint " << version << ": "
               << Count(r->tensors, "tensor") << " in " << Count(r->files, "file") << ", "
-              << HumanBytes(r->bytes) << "\n";
+              << HumanBytes(r->bytes)
+              << (r->checksums_verified ? "; every tensor matches its recorded checksum\n"
+                                        : "; it records no checksums to check\n");
     return 0;
   }
   std::cout << "OK: " << a.dir << " is DELTA " << version << " (applies to version "
@@ -223,7 +227,8 @@ void AddDeltaCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   encode
       ->add_option("--base-version", enc.base_version,
-                   "The base's version (default: the base's metadata.version, else version - 1)")
+                   "The base's version: required when the base's index records none (a boot "
+                   "checkpoint); else it must match the recorded one")
       ->check(CLI::NonNegativeNumber);
   encode
       ->add_option("--level", enc.level,

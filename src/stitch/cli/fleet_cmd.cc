@@ -200,9 +200,9 @@ int RunStatus(const StatusFlags& flags) {
     const auto cache = std::filesystem::temp_directory_path() / "stitch-status-cache";
     auto store = OpenStore(flags.store, StoreOptions{{}, cache});
     if (!store.ok()) return ReportFailure(Annotate(store.status(), "status: --store"));
-    auto p = (*store)->ReadPointer();
+    auto p = ReadClaimedPointer(**store);
     if (!p.ok()) return ReportFailure(Annotate(p.status(), "status: --store"));
-    pointer = p->has_value() ? (*p)->ToString() : "(unset)";
+    pointer = p->ToString();
   }
 
   if (flags.json) {

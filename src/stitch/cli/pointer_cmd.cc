@@ -2,8 +2,6 @@
 #include <iostream>
 #include <string>
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/store/store.h"
@@ -15,14 +13,9 @@ int RunPointer(const std::string& store_uri, const std::string& cache_dir) {
   // No run id: reading the pointer is not scoped to a run.
   auto store = OpenStore(store_uri, StoreOptions{{}, cache_dir});
   if (!store.ok()) return ReportFailure(store.status());
-  auto pointer = (*store)->ReadPointer();
+  auto pointer = ReadClaimedPointer(**store);
   if (!pointer.ok()) return ReportFailure(pointer.status());
-  if (!*pointer) {
-    return ReportFailure(absl::NotFoundError(
-        absl::StrCat("store ", (*store)->uri(),
-                     ": the pointer is unset (nothing claimed yet); run `stitch claim` first")));
-  }
-  std::cout << (*pointer)->ToString() << "\n";
+  std::cout << pointer->ToString() << "\n";
   return 0;
 }
 
@@ -32,7 +25,8 @@ void AddPointerCommand(CLI::App& app, int* exit_code) {
   static std::string store_uri;
   static std::string cache_dir;
   CLI::App* cmd = app.add_subcommand(
-      "pointer", "Print the version the store's pointer names (exit 1 if unset)");
+      "pointer",
+      "Print the version the store's pointer names (exit 1 if the store does not exist)");
   cmd->add_option("--store", store_uri,
                   "Store URI: a path, file:///abs/path, mem://NAME or "
                   "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")

@@ -94,6 +94,14 @@ int RunSidecar(const SidecarFlags& flags) {
   if (!cache.ok()) return ReportFailure(cache.status());
   auto store = OpenStore(config->store_uri, StoreOptions{config->reconciler.run_id, *cache});
   if (!store.ok()) return ReportFailure(Annotate(store.status(), "sidecar: --store"));
+  // A store that was never claimed is a mistyped --store far more often than
+  // a trainer that has not started: following it would label whatever the
+  // engine holds as the boot version. Errors reading the pointer are left to
+  // the reconciler, which retries them.
+  if (auto claimed = ReadClaimedPointer(**store);
+      !claimed.ok() && absl::IsFailedPrecondition(claimed.status())) {
+    return ReportFailure(Annotate(claimed.status(), "sidecar: --store"));
+  }
 
   WorkerPool pool(2);
   auto loop = std::make_unique<EventLoop>();

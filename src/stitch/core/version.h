@@ -15,9 +15,14 @@
 
 namespace stitch {
 
-// Largest version number accepted anywhere (2^53 - 1, exact in every JSON
-// implementation, including JavaScript's and Python's float fallback).
-inline constexpr int64_t kMaxVersion = (int64_t{1} << 53) - 1;
+// Largest version number accepted anywhere: 10^12 - 1. Versions of a run are
+// consecutive (each publish is the pointer's version + 1), so a run that
+// publishes every second would need 30,000 years to reach it: no real run
+// ends at the bound, while a version near it can only be a mistake, which is
+// refused. It stays far below 2^53 so that the next version, `latest - lag`
+// and other sums of versions a client computes remain exact in every JSON
+// implementation (JavaScript's and Python's float fallback included).
+inline constexpr int64_t kMaxVersion = 999'999'999'999;
 
 // Longest run id accepted.
 inline constexpr size_t kMaxRunIdLength = 128;

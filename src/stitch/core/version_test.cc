@@ -61,12 +61,16 @@ TEST(VersionRef, RejectionSaysWhatIsWrong) {
 }
 
 TEST(VersionRef, VersionsAboveTheMaximumAreOutOfRange) {
-  auto ref = VersionRef::Parse("weight_v9007199254740992");  // 2^53
-  ASSERT_FALSE(ref.ok());
-  EXPECT_EQ(ref.status().code(), absl::StatusCode::kOutOfRange);
-  auto max = VersionRef::Parse("weight_v9007199254740991");
+  for (std::string_view text : {"weight_v1000000000000", "weight_v9007199254740991",
+                                "run-a/weight_v9007199254740991", "9007199254740992"}) {
+    auto ref = VersionRef::Parse(text);
+    ASSERT_FALSE(ref.ok()) << text;
+    EXPECT_EQ(ref.status().code(), absl::StatusCode::kOutOfRange) << text;
+  }
+  auto max = VersionRef::Parse("weight_v999999999999");
   ASSERT_TRUE(max.ok()) << max.status();
   EXPECT_EQ(max->version, kMaxVersion);
+  EXPECT_EQ(kMaxVersion, 999'999'999'999);
 }
 
 TEST(RunId, ValidationRules) {

@@ -61,6 +61,9 @@ absl::StatusOr<CheckpointImage> CheckpointImage::Load(const fs::path& dir,
       absl::StatusOr<std::span<const std::byte>> r = src.Read(off, piece);
       if (!r.ok()) return r.status();
     }
+    // A FULL version that records checksums is checked as it is loaded: a
+    // flipped byte must never reach the served weights.
+    if (t.checksum) return CompareRecordedChecksum(t, f, Xxh3Checksum(dst));
     return absl::OkStatus();
   });
   if (!st.ok()) return st;

@@ -59,7 +59,9 @@ class CheckpointImage {
   CheckpointImage(CheckpointImage&&) noexcept = default;
   CheckpointImage& operator=(CheckpointImage&&) noexcept = default;
 
-  // Reads the checkpoint in `dir` (its index and payload files, validated).
+  // Reads the checkpoint in `dir` (its index and payload files, validated;
+  // every tensor checked against its recorded checksum when the checkpoint
+  // records them, DataLoss of kind kChecksumMismatch otherwise).
   // The version it holds is the index's metadata.version, else `version`;
   // the run is the index's metadata.run_id, else `run_id`. InvalidArgument
   // when neither says which version it is.

@@ -129,6 +129,7 @@ TEST_F(CheckpointImageTest, EncodesFromItsOwnViews) {
   ASSERT_TRUE(b.ok());
   EncodeOptions o;
   o.version = 1;  // v0 -> v3 in one delta, published as version 1 of a new lineage
+  o.base_version = 0;
   std::vector<TensorView> av = a.Views(), bv = b->Views();
   ASSERT_TRUE(EncodeDelta(av, bv, dir_ / "jump", o).ok());
   ASSERT_TRUE(a.ApplyDeltas(std::vector<fs::path>{dir_ / "jump"}, {}).ok());

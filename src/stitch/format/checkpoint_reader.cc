@@ -80,6 +80,22 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const fs::path& dir) {
   absl::StatusOr<std::optional<int64_t>> version = r.index_.version();
   if (!version.ok()) return Annotate(version.status(), (dir / kIndexFileName).string());
   r.version_ = *version;
+  if (!r.index_.is_delta()) {
+    const std::string key = "checksum_format";
+    if (r.index_.other_metadata.contains(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          (dir / kIndexFileName).string(), ": metadata.checksum_format is not a string (",
+          r.index_.other_metadata.at(key), "); expected \"", AbslView(kChecksumFormat), "\""));
+    }
+    if (auto it = r.index_.metadata.find(key); it != r.index_.metadata.end()) {
+      if (it->second != kChecksumFormat) {
+        return absl::InvalidArgumentError(
+            absl::StrCat((dir / kIndexFileName).string(), ": unsupported checksum_format \"",
+                         it->second, "\": Stitch reads only \"", AbslView(kChecksumFormat), "\""));
+      }
+      r.records_checksums_ = true;
+    }
+  }
 
   // Distinct files in name order; tensors grouped by the file the index
   // says holds them.
@@ -106,8 +122,26 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const fs::path& dir) {
                          "\" to this file, but the file does not hold it"));
       }
       const TensorInfo& t = *it->second;
+      std::optional<Checksum128> checksum;
+      if (r.records_checksums_) {
+        auto recorded = f->header.metadata.find(t.name);
+        if (recorded == f->header.metadata.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path.string(), ": tensor \"", tensor,
+                           "\": the file's __metadata__ has no xxh3-128 checksum for it, but the "
+                           "index records checksum_format \"",
+                           AbslView(kChecksumFormat), "\""));
+        }
+        absl::StatusOr<Checksum128> parsed = Checksum128::FromHex(recorded->second);
+        if (!parsed.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path.string(), ": tensor \"", tensor,
+                           "\": recorded checksum: ", parsed.status().message()));
+        }
+        checksum = *parsed;
+      }
       r.tensors_.push_back(CheckpointTensor{t.name, t.dtype, t.shape, file_index,
-                                            f->header.data_start + t.begin, t.nbytes()});
+                                            f->header.data_start + t.begin, t.nbytes(), checksum});
       r.total_bytes_ += t.nbytes();
       present.erase(it);
     }
@@ -124,6 +158,49 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const fs::path& dir) {
   std::sort(r.tensors_.begin(), r.tensors_.end(),
             [](const CheckpointTensor& a, const CheckpointTensor& b) { return a.name < b.name; });
   return r;
+}
+
+absl::Status CompareRecordedChecksum(const CheckpointTensor& t, const CheckpointFile& file,
+                                     const Checksum128& actual) {
+  if (!t.checksum || *t.checksum == actual) return absl::OkStatus();
+  return WithKind(absl::DataLossError(absl::StrCat(
+                      file.path.string(), ": tensor \"", t.name, "\" hashes to ", actual.ToHex(),
+                      " but the file records xxh3-128 ", t.checksum->ToHex(),
+                      "; its bytes changed after the version was written: write it again")),
+                  ErrorKind::kChecksumMismatch);
+}
+
+absl::StatusOr<Checksum128> HashFileRange(const CheckpointFile& f, uint64_t offset,
+                                          uint64_t nbytes) {
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> buf(static_cast<size_t>(std::min(kPiece, nbytes)));
+  Xxh3Hasher hasher;
+  for (uint64_t done = 0; done < nbytes;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), nbytes - done));
+    ssize_t n = ::pread(f.fd.get(), buf.data(), want, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "read", f.path);
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("read ", f.path.string(), ": the file ends at byte ",
+                                              offset + done, ", before its header says"));
+    }
+    hasher.Update(std::span(buf.data(), static_cast<size_t>(n)));
+    done += static_cast<uint64_t>(n);
+  }
+  return hasher.Digest();
+}
+
+absl::StatusOr<Checksum128> HashTensor(const CheckpointReader& reader, const CheckpointTensor& t) {
+  return HashFileRange(reader.files()[t.file], t.offset, t.nbytes);
+}
+
+absl::Status VerifyRecordedChecksum(const CheckpointReader& reader, const CheckpointTensor& t) {
+  if (!t.checksum) return absl::OkStatus();
+  absl::StatusOr<Checksum128> actual = HashTensor(reader, t);
+  if (!actual.ok()) return actual.status();
+  return CompareRecordedChecksum(t, reader.files()[t.file], *actual);
 }
 
 const CheckpointTensor* CheckpointReader::Find(std::string_view name) const {

@@ -194,10 +194,10 @@ absl::Status Swap(const fs::path& gen, const fs::path& out_dir, bool out_exists)
 }
 
 struct Task {
-  enum class Kind { kFold, kCopyRange, kCopyFile };
+  enum class Kind { kFold, kCopyRange, kCopyFile, kVerify };
   Kind kind = Kind::kFold;
   uint64_t size = 0;
-  const CheckpointTensor* tensor = nullptr;  // kFold, kCopyRange
+  const CheckpointTensor* tensor = nullptr;  // kFold, kCopyRange, kVerify
   const TensorChange* change = nullptr;      // kFold
   size_t out_file = 0;                       // kFold, kCopyRange
   fs::path from, to;                         // kCopyFile
@@ -395,6 +395,17 @@ absl::StatusOr<MaterializeResult> MaterializeCheckpoint(const fs::path& anchor_d
           Task{Task::Kind::kCopyRange, t.nbytes, &t, nullptr, out_file_of[t.file], {}, {}});
     }
   }
+  // From a FULL anchor that records checksums, every tensor the deltas
+  // leave unchanged is checked against its checksum (a changed one is
+  // covered by its target checksum). What the destination already held was
+  // written and checked by this codec.
+  if (!held_reader && base.records_checksums()) {
+    for (const CheckpointTensor& t : base.tensors()) {
+      if (!plan.contains(t.name)) {
+        tasks.push_back(Task{Task::Kind::kVerify, t.nbytes, &t, nullptr, 0, {}, {}});
+      }
+    }
+  }
   std::vector<uint64_t> sizes;
   for (const Task& t : tasks) {
     sizes.push_back(t.size);
@@ -409,6 +420,11 @@ absl::StatusOr<MaterializeResult> MaterializeCheckpoint(const fs::path& anchor_d
       order.size(), threads,
       [&](size_t i, int worker) -> absl::Status {
         const Task& task = tasks[order[i]];
+        if (task.kind == Task::Kind::kVerify) {
+          absl::Status s = VerifyRecordedChecksum(base, *task.tensor);
+          meter.Add(task.size);
+          return s;
+        }
         if (task.kind == Task::Kind::kCopyFile) {
           absl::Status s = CopyFileDurably(task.from, task.to);
           meter.Add(task.size);

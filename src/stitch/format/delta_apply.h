@@ -8,7 +8,9 @@
 // every changed tensor exists with the size its frames decode to. Then, for
 // each changed tensor, the base is read once, every delta of the chain is
 // folded into it in one streaming pass, the target checksum is verified, and
-// the result is written once.
+// the result is written once. Starting from an anchor that records checksums
+// (a FULL version Stitch wrote, checkpoint_reader.h), every tensor the chain
+// leaves unchanged is checked against its checksum as well.
 //
 // The destination directory `out_dir`:
 //   - holds a marker file, kHeldVersionFileName, with the version identity
@@ -89,7 +91,8 @@ struct MaterializeResult {
 //   FailedPrecondition a version of another run; `out_dir` exists and is
 //                      neither empty nor a materialized checkpoint
 //   DataLoss           a corrupt or truncated frame; kind kChecksumMismatch
-//                      when a result does not match its recorded checksum
+//                      when a result, or an anchor tensor, does not match its
+//                      recorded checksum
 [[nodiscard]] absl::StatusOr<MaterializeResult> MaterializeCheckpoint(
     const std::filesystem::path& anchor_dir, std::span<const std::filesystem::path> delta_dirs,
     const std::filesystem::path& out_dir, const ApplyOptions& options);

@@ -151,6 +151,40 @@ TEST_F(DeltaCodecTest, FoldingDeltaChecksumsGivesTheTargetsFingerprint) {
   EXPECT_NE(WeightsFingerprint(*short_chain), WeightsFingerprint(*target));
 }
 
+// An anchor's checksums: a FULL version's recorded ones (read from its
+// headers, without a pass over the weights), a checkpoint's hashed bytes
+// when it records none.
+TEST_F(DeltaCodecTest, AnchorChecksumsAreTheRecordedOnesElseTheHashedBytes) {
+  FullVersionOptions fo;
+  fo.version = 2;
+  fo.run_id = "run-a";
+  ASSERT_TRUE(WriteFullVersion(Ckpt(2), dir_ / "full2", fo).ok());
+  absl::StatusOr<TensorChecksums> hashed = HashCheckpointTensors(Ckpt(2));
+  ASSERT_TRUE(hashed.ok()) << hashed.status();
+  absl::StatusOr<TensorChecksums> recorded = AnchorChecksums(dir_ / "full2");
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(*recorded, *hashed);
+  absl::StatusOr<TensorChecksums> plain = AnchorChecksums(Ckpt(2));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(*plain, *hashed);
+  // Bytes changed under the recorded checksums: the record is what it
+  // reads (the checks against the bytes belong to verification).
+  for (const auto& entry : fs::directory_iterator(dir_ / "full2")) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(last ^ 1));  // the last byte of the last tensor's data
+  }
+  absl::StatusOr<TensorChecksums> unread = AnchorChecksums(dir_ / "full2");
+  ASSERT_TRUE(unread.ok()) << unread.status();
+  EXPECT_EQ(*unread, *hashed);
+  absl::StatusOr<TensorChecksums> rehashed = HashCheckpointTensors(dir_ / "full2");
+  ASSERT_TRUE(rehashed.ok());
+  EXPECT_NE(*rehashed, *hashed);
+}
+
 TEST_F(DeltaCodecTest, FoldingADeltaOfAnotherModelIsRefusedAndChangesNothing) {
   TensorChecksums other{{"embed.weight", Checksum128{1, 2}}};
   const TensorChecksums before = other;
@@ -311,6 +345,7 @@ TEST_F(DeltaCodecTest, EncodingFromMemoryEqualsEncodingFromDirectoriesAndIsDeter
     target.push_back(TensorView{name, t.dtype, t.shape, t.bytes});
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   o.threads = 3;
   absl::StatusOr<EncodeResult> r = EncodeDelta(base, target, dir_ / "mem2", o);
@@ -329,6 +364,7 @@ TEST_F(DeltaCodecTest, AdvancingTheBaseWritesTheSameDeltaAndLeavesTheTargetInThe
   TestCheckpoint snapshot = versions_[1];  // the caller's own copy of version 1
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   o.threads = 3;
   absl::StatusOr<EncodeResult> r =
@@ -343,6 +379,7 @@ TEST_F(DeltaCodecTest, AdvancingRefusesBadInputBeforeTouchingTheBase) {
   TestCheckpoint snapshot = versions_[1];
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   // A base tensor that is a target's own memory.
   std::vector<TensorView> base = ViewsOf(snapshot), target = ViewsOf(versions_[2]);
@@ -373,6 +410,7 @@ TEST_F(DeltaCodecTest, AWriteFailureWhileAdvancingSaysTheBaseWasAdvanced) {
   TestCheckpoint snapshot = versions_[1];
   EncodeOptions o;
   o.version = 2;
+  o.base_version = 1;
   o.run_id = "run-a";
   // Files of this process may not grow past 1 KiB (the frames are larger):
   // the first write of a frame fails with EFBIG instead of a signal.
@@ -432,6 +470,7 @@ TEST_F(DeltaCodecTest, LongChainsOfOneTensorFoldCorrectly) {
     WriteCheckpoint(dir_ / absl::StrCat("c", v), chain.back());
     EncodeOptions o;
     o.version = static_cast<int64_t>(v);
+    o.base_version = o.version - 1;  // c1, c2, ... record no version
     deltas.push_back(dir_ / absl::StrCat("d", v));
     ASSERT_TRUE(
         EncodeDelta(dir_ / absl::StrCat("c", v - 1), dir_ / absl::StrCat("c", v), deltas.back(), o)

@@ -234,7 +234,14 @@ absl::StatusOr<int64_t> ResolveBaseVersion(const EncodeOptions& options,
   if (options.version == 0) {
     return absl::InvalidArgumentError("version 0 cannot be a DELTA: it has no previous version");
   }
-  int64_t base = options.base_version.value_or(base_dir_version.value_or(options.version - 1));
+  // Never assumed: a delta encoded against a base of another version than
+  // it says is refused by every replica, so the version must be known.
+  if (!options.base_version && !base_dir_version) {
+    return absl::InvalidArgumentError(
+        "the base's version is unknown: the base records none, so say which version it holds "
+        "(EncodeOptions.base_version)");
+  }
+  const int64_t base = options.base_version ? *options.base_version : *base_dir_version;
   if (options.base_version && base_dir_version && *options.base_version != *base_dir_version) {
     return absl::InvalidArgumentError(absl::StrCat("base version ", *options.base_version,
                                                    " was asked for, but the base checkpoint "
@@ -423,6 +430,7 @@ CheckpointIndex FullIndex(CheckpointIndex source, const FullVersionOptions& opti
     source.other_metadata.erase(std::string(key));
   }
   source.metadata["version"] = VersionMetadataString(options.version);
+  source.metadata["checksum_format"] = std::string(kChecksumFormat);
   if (!options.run_id.empty()) source.metadata[std::string(kRunIdMetadataKey)] = options.run_id;
   return source;
 }
@@ -489,6 +497,12 @@ absl::StatusOr<EncodeResult> EncodeDelta(const fs::path& base_dir, const fs::pat
                      (base->index().is_delta() ? base_dir : target_dir).string(),
                      " is a DELTA version; materialize it first (stitch delta apply)"));
   }
+  if (!options.base_version && !base->version()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the base checkpoint ", base_dir.string(),
+        " records no version (its index has no metadata.version); ",
+        "say which version it holds (--base-version): a delta never assumes its base"));
+  }
   std::vector<TensorInput> b = InputsFromReader(*base), t = InputsFromReader(*target);
   return EncodeImpl(b, t, out_dir, options, base->version());
 }
@@ -552,6 +566,28 @@ absl::StatusOr<FullVersionResult> WriteFullVersion(const fs::path& checkpoint_di
   result.version = options.version;
   result.tensors = src->tensors().size();
   result.checkpoint_bytes = src->total_bytes();
+  // Every tensor's checksum goes into its file's header, so the bytes are
+  // hashed before any file is written; a source that records checksums
+  // already is checked against them on the way.
+  const std::vector<CheckpointTensor>& tensors = src->tensors();
+  std::vector<Checksum128> sums(tensors.size());
+  std::vector<uint64_t> sizes;
+  for (const CheckpointTensor& t : tensors) sizes.push_back(t.nbytes);
+  const std::vector<size_t> order = LargestFirst(sizes);
+  std::atomic<bool> cancel{false};
+  absl::Status hashed = ParallelFor(
+      order.size(), DefaultThreads(),
+      [&](size_t i, int) -> absl::Status {
+        if (cancel.load(std::memory_order_relaxed)) return absl::CancelledError();
+        const CheckpointTensor& t = tensors[order[i]];
+        absl::StatusOr<Checksum128> sum = HashTensor(*src, t);
+        if (!sum.ok()) return sum.status();
+        sums[order[i]] = *sum;
+        return CompareRecordedChecksum(t, src->files()[t.file], *sum);
+      },
+      &cancel);
+  if (!hashed.ok()) return hashed;
+  std::vector<std::byte> buf(1 << 20);
   for (const CheckpointFile& f : src->files()) {
     const fs::path dst = *tmp / f.name;
     std::error_code ec;
@@ -559,7 +595,25 @@ absl::StatusOr<FullVersionResult> WriteFullVersion(const fs::path& checkpoint_di
     if (ec)
       return absl::InternalError(
           absl::StrCat("create ", dst.parent_path().string(), ": ", ec.message()));
-    if (absl::Status s = CopyFileDurably(f.path, dst); !s.ok()) return s;
+    // The same tensors in the same order, so the data section is copied as
+    // it is; only the header gains the checksums.
+    SafetensorsWriter w;
+    for (const auto& [key, value] : f.header.metadata) w.SetMetadata(key, value);
+    for (const TensorInfo& t : f.header.tensors) {
+      if (absl::Status s = w.Add(t.name, t.dtype, t.shape, t.nbytes()); !s.ok()) {
+        return Annotate(s, f.path.string());
+      }
+      const CheckpointTensor* read = src->Find(t.name);
+      w.SetMetadata(t.name, sums[static_cast<size_t>(read - tensors.data())].ToHex());
+    }
+    absl::StatusOr<std::unique_ptr<SafetensorsWriter::Output>> out = w.Begin(dst);
+    if (!out.ok()) return out.status();
+    if (absl::Status s = CopyRange(f.fd.get(), f.header.data_start, f.size - f.header.data_start,
+                                   f.path, **out, buf);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = (*out)->Finish(); !s.ok()) return s;
     result.files.push_back(f.name);
   }
   if (absl::Status s = WriteIndex(*tmp, FullIndex(src->index(), options)); !s.ok()) return s;
@@ -596,16 +650,24 @@ absl::StatusOr<FullVersionResult> WriteFullVersion(std::span<const TensorView> t
     sizes.push_back(t.data.size());
     result.checkpoint_bytes += t.data.size();
   }
+  std::vector<Checksum128> sums(tensors.size());
+  absl::Status hashed = ParallelFor(tensors.size(), DefaultThreads(), [&](size_t i, int) {
+    sums[i] = Xxh3Checksum(tensors[i].data);
+    return absl::OkStatus();
+  });
+  if (!hashed.ok()) return hashed;
   CheckpointIndex index;
   const std::vector<std::vector<size_t>> shards = Shard(sizes, options.max_shard_bytes);
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string name = ShardName(s, shards.size(), "model");
     std::vector<TensorView> part;
+    std::map<std::string, std::string> checksums;
     for (size_t i : shards[s]) {
       part.push_back(tensors[i]);
       index.weight_map[tensors[i].name] = name;
+      checksums[tensors[i].name] = sums[i].ToHex();
     }
-    if (absl::Status ws = WriteSafetensors(*tmp / name, part); !ws.ok()) return ws;
+    if (absl::Status ws = WriteSafetensors(*tmp / name, part, checksums); !ws.ok()) return ws;
     result.files.push_back(name);
   }
   if (absl::Status s = WriteIndex(*tmp, FullIndex(std::move(index), options)); !s.ok()) return s;

@@ -39,8 +39,10 @@ inline constexpr uint64_t kDefaultMaxShardBytes = uint64_t{2} << 30;
 struct EncodeOptions {
   int64_t version = 0;  // the version the delta produces
   // The version it applies to. Default: the base directory's metadata.version
-  // when it records one, else version - 1. It must equal version - 1: a delta
-  // always applies to the version just before it.
+  // when it records one; required for a base that records none (a boot
+  // checkpoint, tensors in memory): the encoder never assumes it
+  // (InvalidArgument). When both are known they must agree, and it must be
+  // version - 1: a delta always applies to the version just before it.
   std::optional<int64_t> base_version;
   // zstd level: up to kZeroRunMaxLevel the codec's zero-run parser
   // (delta_kernel.h), above it zstd's match finders.
@@ -110,12 +112,19 @@ struct FullVersionResult {
 // Writes a FULL version: a copy of the checkpoint in `checkpoint_dir` (its
 // index and payload files, validated first) whose index records
 // metadata.version (and run_id). Delta metadata keys are dropped.
+// Checksums: each payload file's `__metadata__` maps every tensor of that
+// file to the xxh3-128 of its bytes (32 hex, checksum.h; other metadata
+// keys are kept), and the index records `checksum_format: "xxh3-128"`, so
+// every reader can check the bytes (checkpoint_reader.h). A source that
+// records checksums already is checked against them (DataLoss of kind
+// kChecksumMismatch).
 [[nodiscard]] absl::StatusOr<FullVersionResult> WriteFullVersion(
     const std::filesystem::path& checkpoint_dir, const std::filesystem::path& out_dir,
     const FullVersionOptions& options);
 
 // The same from tensors in memory, written as shards
-// "model-00001-of-0000N.safetensors" of at most max_shard_bytes each.
+// "model-00001-of-0000N.safetensors" of at most max_shard_bytes each, with
+// the same checksums.
 [[nodiscard]] absl::StatusOr<FullVersionResult> WriteFullVersion(
     std::span<const TensorView> tensors, const std::filesystem::path& out_dir,
     const FullVersionOptions& options);

@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-absl::StatusOr<VerifyReport> VerifyCheckpoint(const fs::path& dir) {
+absl::StatusOr<VerifyReport> VerifyCheckpoint(const fs::path& dir, const VerifyOptions& options) {
   absl::StatusOr<CheckpointReader> r = CheckpointReader::Open(dir);
   if (!r.ok()) return r.status();
   VerifyReport report;
@@ -23,10 +23,104 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const fs::path& dir) {
   report.tensors = r->tensors().size();
   report.bytes = r->total_bytes();
   for (const CheckpointFile& f : r->files()) report.payload_bytes += f.size;
+  if (!r->records_checksums()) return report;
+  std::vector<uint64_t> sizes;
+  for (const CheckpointTensor& t : r->tensors()) sizes.push_back(t.nbytes);
+  const std::vector<size_t> order = LargestFirst(sizes);
+  ProgressMeter meter(report.bytes, options.progress);
+  std::atomic<bool> cancel{false};
+  absl::Status st = ParallelFor(
+      order.size(), options.threads > 0 ? options.threads : DefaultThreads(),
+      [&](size_t i, int) -> absl::Status {
+        if (cancel.load(std::memory_order_relaxed)) return absl::CancelledError();
+        const CheckpointTensor& t = r->tensors()[order[i]];
+        absl::Status s = VerifyRecordedChecksum(*r, t);
+        meter.Add(t.nbytes);
+        return s;
+      },
+      &cancel);
+  if (!st.ok()) return st;
+  meter.Finish();
+  report.checksums_verified = true;
   return report;
 }
 
+// Decodes the frame of entry `e` whole: it must be intact, decode to its
+// recorded content size, and have nothing after it. Returns its size.
+absl::StatusOr<uint64_t> DecodeWhole(CodecWorkspace& ws, const FrameRef& frame,
+                                     const DeltaEntry& e) {
+  absl::StatusOr<uint64_t> n =
+      DecodedFrameSize(ws, frame, e.tensor, e.content_size.value_or(UINT64_MAX));
+  if (!n.ok()) return n.status();
+  if (e.content_size && *n != *e.content_size) {
+    return absl::DataLossError(absl::StrCat("tensor \"", e.tensor, "\": zstd frame in ",
+                                            frame.label, " decodes to ", *n,
+                                            " bytes, its header says ", *e.content_size));
+  }
+  return *n;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<std::string>> VerifyPayloadFile(const fs::path& dir,
+                                                           const std::string& name,
+                                                           const PayloadFileKind& kind,
+                                                           const VerifyOptions& options) {
+  absl::StatusOr<CheckpointFile> f = OpenSafetensorsForReading(dir / name, name);
+  if (!f.ok()) return f.status();
+  std::vector<std::string> names;
+  for (const TensorInfo& t : f->header.tensors) names.push_back(t.name);
+  const int threads = options.threads > 0 ? options.threads : DefaultThreads();
+  std::atomic<bool> cancel{false};
+  if (kind.kind == VersionKind::kDelta) {
+    std::vector<DeltaEntry> entries;
+    if (absl::Status s = ReadDeltaEntries(*f, 0, nullptr, kind.version,
+                                          absl::StrCat("delta ", dir.string()), entries);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<CodecWorkspace> workspaces(static_cast<size_t>(threads));
+    const std::string label = absl::StrCat(f->path.string(), " (version ", kind.version, ")");
+    absl::Status st = ParallelFor(
+        entries.size(), threads,
+        [&](size_t i, int worker) -> absl::Status {
+          const DeltaEntry& e = entries[i];
+          const FrameRef frame{f->fd.get(), e.offset, e.size, {}, label};
+          return DecodeWhole(workspaces[static_cast<size_t>(worker)], frame, e).status();
+        },
+        &cancel);
+    if (!st.ok()) return st;
+    return names;
+  }
+  if (!kind.records_checksums) return names;
+  absl::Status st = ParallelFor(
+      f->header.tensors.size(), threads,
+      [&](size_t i, int) -> absl::Status {
+        const TensorInfo& t = f->header.tensors[i];
+        auto recorded = f->header.metadata.find(t.name);
+        if (recorded == f->header.metadata.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(f->path.string(), ": tensor \"", t.name,
+                           "\": the file's __metadata__ has no xxh3-128 checksum for it, but the "
+                           "index records checksum_format \"",
+                           AbslView(kChecksumFormat), "\""));
+        }
+        absl::StatusOr<Checksum128> want = Checksum128::FromHex(recorded->second);
+        if (!want.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(f->path.string(), ": tensor \"", t.name,
+                           "\": recorded checksum: ", want.status().message()));
+        }
+        CheckpointTensor ct{t.name,     t.dtype, t.shape, 0, f->header.data_start + t.begin,
+                            t.nbytes(), *want};
+        absl::StatusOr<Checksum128> actual = HashFileRange(*f, ct.offset, ct.nbytes);
+        if (!actual.ok()) return actual.status();
+        return CompareRecordedChecksum(ct, *f, *actual);
+      },
+      &cancel);
+  if (!st.ok()) return st;
+  return names;
+}
 
 absl::StatusOr<VerifyReport> VerifyVersion(const fs::path& dir,
                                            const std::optional<fs::path>& base_dir,
@@ -39,7 +133,7 @@ absl::StatusOr<VerifyReport> VerifyVersion(const fs::path& dir,
           dir.string(),
           " is a FULL version (a complete checkpoint); it has no base to verify against"));
     }
-    return VerifyCheckpoint(dir);
+    return VerifyCheckpoint(dir, options);
   }
   absl::StatusOr<DeltaVersion> delta = DeltaVersion::Open(dir);
   if (!delta.ok()) return delta.status();
@@ -100,14 +194,8 @@ absl::StatusOr<VerifyReport> VerifyVersion(const fs::path& dir,
         CodecWorkspace& ws = workspaces[static_cast<size_t>(worker)];
         const FrameRef frame = delta->Frame(e);
         if (!base) {
-          absl::StatusOr<uint64_t> n =
-              DecodedFrameSize(ws, frame, e.tensor, e.content_size.value_or(UINT64_MAX));
+          absl::StatusOr<uint64_t> n = DecodeWhole(ws, frame, e);
           if (!n.ok()) return n.status();
-          if (e.content_size && *n != *e.content_size) {
-            return absl::DataLossError(absl::StrCat("tensor \"", e.tensor, "\": zstd frame in ",
-                                                    frame.label, " decodes to ", *n,
-                                                    " bytes, its header says ", *e.content_size));
-          }
           decoded[k] = *n;
           meter.Add(sizes[k]);
           return absl::OkStatus();

@@ -10,6 +10,65 @@
 namespace stitch {
 namespace fs = std::filesystem;
 
+absl::Status ReadDeltaEntries(const CheckpointFile& f, size_t file_index,
+                              const std::vector<std::string>* expected, int64_t version,
+                              std::string_view where, std::vector<DeltaEntry>& out) {
+  const fs::path& path = f.path;
+  const std::string label = absl::StrCat(path.string(), " (version ", version, ")");
+  std::map<std::string_view, const TensorInfo*> present;
+  for (const TensorInfo& t : f.header.tensors) present.emplace(t.name, &t);
+  auto bad = [&](std::string_view tensor, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(where), ": ", path.string(),
+                                                   ": tensor \"", AbslView(tensor), "\": ", what));
+  };
+  std::vector<std::string> all;
+  if (expected == nullptr) {
+    for (const TensorInfo& t : f.header.tensors) all.push_back(t.name);
+    expected = &all;
+  }
+  for (const std::string& tensor : *expected) {
+    auto it = present.find(tensor);
+    if (it == present.end()) {
+      return bad(tensor, "listed in the index for this file, but the file does not hold it");
+    }
+    const TensorInfo& t = *it->second;
+    present.erase(it);
+    if (t.dtype != DType::kU8 || t.shape.size() != 1 ||
+        static_cast<uint64_t>(t.shape[0]) != t.nbytes()) {
+      return bad(tensor,
+                 absl::StrCat("is ", AbslView(DTypeName(t.dtype)), " ", ShapeText(t.shape),
+                              "; a delta entry must be U8 of shape [n] holding a zstd frame"));
+    }
+    auto sum = f.header.metadata.find(tensor);
+    if (sum == f.header.metadata.end()) {
+      return bad(tensor, "the file's __metadata__ has no xxh3-128 checksum for it");
+    }
+    absl::StatusOr<Checksum128> checksum = Checksum128::FromHex(sum->second);
+    if (!checksum.ok()) return bad(tensor, checksum.status().message());
+    DeltaEntry e{t.name,     file_index, f.header.data_start + t.begin,
+                 t.nbytes(), *checksum,  std::nullopt};
+    std::byte prefix[kMaxFrameHeaderBytes];
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(e.size, sizeof prefix));
+    if (n > 0 &&
+        ::pread(f.fd.get(), prefix, n, static_cast<off_t>(e.offset)) != static_cast<ssize_t>(n)) {
+      return absl::DataLossError(absl::StrCat(AbslView(where),
+                                              ": cannot read the frame of tensor \"", tensor,
+                                              "\" in ", path.string()));
+    }
+    absl::StatusOr<FrameHeaderInfo> info = ParseFrameHeader(std::span(prefix, n), label);
+    if (!info.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("tensor \"", tensor, "\": ", info.status().message()));
+    }
+    e.content_size = info->content_size;
+    out.push_back(std::move(e));
+  }
+  if (!present.empty()) {
+    return bad(present.begin()->first, "held by the file but not listed in the index for it");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DeltaVersion> DeltaVersion::Open(const fs::path& dir) {
   DeltaVersion d;
   d.dir_ = dir;
@@ -42,53 +101,10 @@ absl::StatusOr<DeltaVersion> DeltaVersion::Open(const fs::path& dir) {
       }
       return Annotate(f.status(), where);
     }
-    const size_t file_index = d.files_.size();
-    const std::string label = absl::StrCat(path.string(), " (version ", d.version_, ")");
-    std::map<std::string_view, const TensorInfo*> present;
-    for (const TensorInfo& t : f->header.tensors) present.emplace(t.name, &t);
-    auto bad = [&](std::string_view tensor, absl::string_view what) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", path.string(), ": tensor \"", AbslView(tensor), "\": ", what));
-    };
-    for (const std::string& tensor : expected) {
-      auto it = present.find(tensor);
-      if (it == present.end()) {
-        return bad(tensor, "listed in the index for this file, but the file does not hold it");
-      }
-      const TensorInfo& t = *it->second;
-      present.erase(it);
-      if (t.dtype != DType::kU8 || t.shape.size() != 1 ||
-          static_cast<uint64_t>(t.shape[0]) != t.nbytes()) {
-        return bad(tensor,
-                   absl::StrCat("is ", AbslView(DTypeName(t.dtype)), " ", ShapeText(t.shape),
-                                "; a delta entry must be U8 of shape [n] holding a zstd frame"));
-      }
-      auto sum = f->header.metadata.find(tensor);
-      if (sum == f->header.metadata.end()) {
-        return bad(tensor, "the file's __metadata__ has no xxh3-128 checksum for it");
-      }
-      absl::StatusOr<Checksum128> checksum = Checksum128::FromHex(sum->second);
-      if (!checksum.ok()) return bad(tensor, checksum.status().message());
-      DeltaEntry e{t.name,     file_index, f->header.data_start + t.begin,
-                   t.nbytes(), *checksum,  std::nullopt};
-      FrameRef ref{f->fd.get(), e.offset, e.size, {}, label};
-      std::byte prefix[kMaxFrameHeaderBytes];
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(e.size, sizeof prefix));
-      if (n > 0 && ::pread(f->fd.get(), prefix, n, static_cast<off_t>(e.offset)) !=
-                       static_cast<ssize_t>(n)) {
-        return absl::DataLossError(absl::StrCat(where, ": cannot read the frame of tensor \"",
-                                                tensor, "\" in ", path.string()));
-      }
-      absl::StatusOr<FrameHeaderInfo> info = ParseFrameHeader(std::span(prefix, n), label);
-      if (!info.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("tensor \"", tensor, "\": ", info.status().message()));
-      }
-      e.content_size = info->content_size;
-      d.entries_.push_back(std::move(e));
-    }
-    if (!present.empty()) {
-      return bad(present.begin()->first, "held by the file but not listed in the index for it");
+    if (absl::Status s =
+            ReadDeltaEntries(*f, d.files_.size(), &expected, d.version_, where, d.entries_);
+        !s.ok()) {
+      return s;
     }
     d.files_.push_back(*std::move(f));
   }

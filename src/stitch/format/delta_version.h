@@ -44,6 +44,17 @@ struct DeltaEntry {
   std::optional<uint64_t> content_size;  // the frame header's, when recorded
 };
 
+// Checks the DELTA entries of one opened payload file `f` as
+// DeltaVersion::Open checks them, and appends them to `out` with file index
+// `file_index`. `expected` lists the tensors the index maps to the file
+// (each must be there, and nothing else), or is null to take every tensor
+// the file holds (a file checked without its index). `version` labels the
+// frames; `where` prefixes the messages.
+[[nodiscard]] absl::Status ReadDeltaEntries(const CheckpointFile& f, size_t file_index,
+                                            const std::vector<std::string>* expected,
+                                            int64_t version, std::string_view where,
+                                            std::vector<DeltaEntry>& out);
+
 // Move-only. Thread-safe for concurrent reads.
 class DeltaVersion {
  public:

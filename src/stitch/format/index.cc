@@ -136,6 +136,10 @@ absl::StatusOr<VersionManifest> CheckpointIndex::ToManifest() const {
 }
 
 absl::StatusOr<CheckpointIndex> CheckpointIndex::Parse(std::string_view text) {
+  if (text.size() > kMaxIndexBytes) {
+    return IndexError(
+        absl::StrCat("is ", text.size(), " bytes, above the limit of ", kMaxIndexBytes, " bytes"));
+  }
   json::monotonic_resource arena;
   absl::StatusOr<json::value> doc = ParseJsonStrict(text, &arena);
   if (!doc.ok()) return IndexError(absl::StrCat("not valid JSON: ", doc.status().message()));
@@ -162,6 +166,12 @@ absl::StatusOr<CheckpointIndex> CheckpointIndex::Parse(std::string_view text) {
   const json::object* wmo = wm->if_object();
   if (wmo == nullptr) {
     return IndexError(absl::StrCat("weight_map is a ", JsonKindName(*wm), ", expected an object"));
+  }
+  if (wmo->size() > kMaxIndexTensors) {
+    return IndexError(absl::StrCat("weight_map lists ", wmo->size(),
+                                   " tensors, above the limit of ", kMaxIndexTensors,
+                                   " (ten times the largest mixture-of-experts checkpoints); the "
+                                   "index is not a real checkpoint's"));
   }
   for (const auto& [tensor, file] : *wmo) {
     if (!file.is_string()) {
@@ -198,6 +208,13 @@ std::string CheckpointIndex::ToJson() const {
 
 absl::StatusOr<CheckpointIndex> ReadIndex(const fs::path& dir) {
   const fs::path index_path = dir / kIndexFileName;
+  std::error_code size_ec;
+  if (const uintmax_t size = fs::file_size(index_path, size_ec);
+      !size_ec && size > kMaxIndexBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": checkpoint index: is ",
+                                                   size, " bytes, above the limit of ",
+                                                   kMaxIndexBytes, " bytes"));
+  }
   absl::StatusOr<std::string> text = ReadFileToString(index_path);
   if (text.ok()) {
     absl::StatusOr<CheckpointIndex> index = CheckpointIndex::Parse(*text);

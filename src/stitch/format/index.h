@@ -3,7 +3,10 @@
 // Stitch's metadata keys: `version` (the version number as a string, zero
 // padded to six digits), and for DELTA versions `delta_encoding: "xor"`,
 // `compression_format: "zstd"`, `checksum_format: "xxh3-128"` and
-// `base_version`. Other metadata keys are preserved.
+// `base_version`. A FULL version Stitch writes records `checksum_format:
+// "xxh3-128"` too: its payload files' `__metadata__` then hold every
+// tensor's checksum (checksum.h, ReadRecordedChecksums). Other metadata keys
+// are preserved.
 #pragma once
 
 #include <filesystem>
@@ -16,6 +19,17 @@
 #include "stitch/core/manifest.h"
 
 namespace stitch {
+
+// Bounds on one version's index, checked wherever an index is read
+// (publishers and replicas alike). The largest open checkpoints are
+// mixture-of-experts models with about 100,000 tensors (DeepSeek-V3 about
+// 92,000; Kimi K2 about 140,000 with its FP8 scales), so ten times that
+// leaves room for models with many more experts. An index beyond it is a
+// generator gone wrong, and every replica would parse and index it again on
+// each reconcile. The byte bound allows a million entries with long names
+// (about 250 bytes each) and keeps a corrupt index from being read whole.
+inline constexpr size_t kMaxIndexTensors = 1'000'000;
+inline constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
 
 struct CheckpointIndex {
   // String-valued metadata. Non-string metadata values (HF's "total_size" is
@@ -38,8 +52,9 @@ struct CheckpointIndex {
   // missing key or the unsupported value.
   [[nodiscard]] absl::StatusOr<VersionManifest> ToManifest() const;
 
-  // Parses and validates: an object with an optional object `metadata` and an
-  // object `weight_map` of string values, each a safe payload file name
+  // Parses and validates: at most kMaxIndexBytes of text, an object with an
+  // optional object `metadata` and an object `weight_map` of at most
+  // kMaxIndexTensors string values, each a safe payload file name
   // (ValidatePayloadFileName). A key repeated inside any object is an error;
   // other top-level keys are ignored.
   [[nodiscard]] static absl::StatusOr<CheckpointIndex> Parse(std::string_view json);
@@ -48,7 +63,8 @@ struct CheckpointIndex {
   std::string ToJson() const;
 };
 
-// Reads `<dir>/model.safetensors.index.json`. When the directory has no index
+// Reads `<dir>/model.safetensors.index.json` (InvalidArgument, before
+// reading it, when it is larger than kMaxIndexBytes). When the directory has no index
 // but a `model.safetensors`, returns a synthesized index mapping its tensors
 // to it (single-file checkpoints), with no metadata. NotFound, naming `dir`,
 // when it has neither; errors in the files name the file.

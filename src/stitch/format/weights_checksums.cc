@@ -42,6 +42,13 @@ absl::StatusOr<TensorChecksums> HashCheckpointTensors(const std::filesystem::pat
   return out;
 }
 
+absl::StatusOr<TensorChecksums> AnchorChecksums(const std::filesystem::path& dir) {
+  absl::StatusOr<std::optional<TensorChecksums>> recorded = ReadRecordedChecksums(dir);
+  if (!recorded.ok()) return recorded.status();
+  if (recorded->has_value()) return **std::move(recorded);
+  return HashCheckpointTensors(dir);
+}
+
 absl::Status FoldDeltaChecksums(const std::filesystem::path& dir, TensorChecksums& checksums) {
   absl::StatusOr<DeltaVersion> delta = DeltaVersion::Open(dir);
   if (!delta.ok()) return delta.status();

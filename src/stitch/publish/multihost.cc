@@ -13,12 +13,16 @@
 #include "absl/strings/str_format.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
+#include "stitch/format/checksum.h"
+#include "stitch/format/delta_verify.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/publish/publish.h"
 #include "stitch/publish/receipts.h"
 #include "stitch/publish/wake.h"
 #include "stitch/store/s3_sha256.h"
 #include "stitch/store/s3_store.h"
+#include "stitch/store/version_dir.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -147,14 +151,56 @@ absl::StatusOr<std::vector<std::string>> DiscoverHostFiles(const fs::path& dir) 
   return std::vector<std::string>(out.begin(), out.end());
 }
 
+// What rank 0 tells every rank at the first step: how to check payload
+// files, from the index only rank 0 may hold.
+std::string EncodeKind(const PayloadFileKind& kind) {
+  return json::serialize(json::object{{"delta", kind.kind == VersionKind::kDelta},
+                                      {"version", kind.version},
+                                      {"checksums", kind.records_checksums}});
+}
+
+absl::StatusOr<PayloadFileKind> DecodeKind(std::string_view where, std::string_view text) {
+  json::error_code ec;
+  json::value v = json::parse(json::string_view(text.data(), text.size()), ec);
+  const json::object* o = ec ? nullptr : v.if_object();
+  const json::value* delta = o ? o->if_contains("delta") : nullptr;
+  const json::value* version = o ? o->if_contains("version") : nullptr;
+  const json::value* checksums = o ? o->if_contains("checksums") : nullptr;
+  if (delta == nullptr || !delta->is_bool() || version == nullptr || !version->is_int64() ||
+      checksums == nullptr || !checksums->is_bool()) {
+    return absl::InternalError(
+        absl::StrCat(AbslView(where),
+                     ": rank 0 sent a malformed version kind; are all ranks running the same "
+                     "stitch?"));
+  }
+  return PayloadFileKind{delta->as_bool() ? VersionKind::kDelta : VersionKind::kFull,
+                         version->as_int64(), checksums->as_bool()};
+}
+
+// Checks one of a host's payload files on its own (its structure, a DELTA's
+// frames, a FULL version's checksums) and returns the tensors it holds,
+// sorted, for rank 0 to hold against the index.
+absl::StatusOr<std::vector<std::string>> CheckHostFile(const fs::path& dir, const std::string& name,
+                                                       const PayloadFileKind& kind) {
+  if (absl::Status s = ValidatePayloadFileName(name); !s.ok()) return s;
+  if (absl::Status s = CheckPlainFile(dir, name); !s.ok()) return s;
+  auto tensors = VerifyPayloadFile(dir, name, kind, VerifyOptions{});
+  if (!tensors.ok()) return Annotate(tensors.status(), "publish");
+  std::sort(tensors->begin(), tensors->end());
+  return tensors;
+}
+
 // A mounted store: the leader's files are already in the shared directory;
-// committing them means making them durable and saying what they hold.
+// committing them means checking them, making them durable and saying what
+// they hold.
 absl::StatusOr<std::vector<FileReceipt>> CommitSharedFiles(const fs::path& dir,
-                                                           const std::vector<std::string>& files) {
+                                                           const std::vector<std::string>& files,
+                                                           const PayloadFileKind& kind) {
   std::vector<FileReceipt> out;
   std::set<fs::path> dirs{dir};
   for (const std::string& name : files) {
-    if (absl::Status s = ValidatePayloadFileName(name); !s.ok()) return s;
+    auto tensors = CheckHostFile(dir, name, kind);
+    if (!tensors.ok()) return tensors.status();
     fs::path path = dir / name;
     auto digest = HashFile(path);
     if (!digest.ok()) return digest.status();
@@ -162,7 +208,7 @@ absl::StatusOr<std::vector<FileReceipt>> CommitSharedFiles(const fs::path& dir,
     for (fs::path p = path.parent_path(); p != dir && p.has_relative_path(); p = p.parent_path()) {
       dirs.insert(p);
     }
-    out.push_back(FileReceipt{name, digest->size, digest->sha256});
+    out.push_back(FileReceipt{name, digest->size, digest->sha256, *std::move(tensors)});
   }
   for (const fs::path& d : dirs) {
     if (absl::Status s = FsyncPath(d); !s.ok()) return s;
@@ -204,6 +250,23 @@ absl::StatusOr<std::optional<LoadedIndex>> LoadIndex(const fs::path& dir, int64_
   return std::optional<LoadedIndex>(std::move(out));
 }
 
+// The index rank 0 holds, required: the version's kind and its place after
+// the pointer are checked from it before any byte moves, and again before
+// the pointer does.
+absl::StatusOr<LoadedIndex> RequireIndex(const fs::path& dir, const VersionRef& ref,
+                                         const VersionRef& pointer, std::string_view where) {
+  auto index = LoadIndex(dir, ref.version);
+  if (!index.ok()) return Annotate(index.status(), where);
+  if (!index->has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(AbslView(where), ": version ", ref.DirName(), ": the index (",
+                     AbslView(kIndexFileName), ") is missing from rank 0's ", dir.string(),
+                     "; the rank that publishes must hold it when the publish begins"));
+  }
+  if (absl::Status s = CheckFollows(where, pointer, (**index).manifest); !s.ok()) return s;
+  return **std::move(index);
+}
+
 absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const VersionRef& ref,
                     const std::optional<VersionRef>& expected,
                     const std::vector<StepMessage>& uploads, std::string_view where) {
@@ -224,10 +287,11 @@ absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const Versio
     // Make the other hosts' writes visible before looking at them.
     if (absl::Status s = store.Refresh(); !s.ok()) return s;
   }
-  auto index = LoadIndex(dir, ref.version);
-  if (!index.ok()) return Annotate(index.status(), where);
-  std::optional<VersionManifest> manifest;
-  if (index->has_value()) manifest = (*index)->manifest;
+  auto index = RequireIndex(dir, ref, *expected, where);
+  if (!index.ok()) return index.status();
+  std::optional<VersionManifest> manifest = index->manifest;
+  auto parsed = CheckpointIndex::Parse(index->json);
+  if (!parsed.ok()) return Annotate(parsed.status(), where);
 
   StatFilesFn stat;
   if (s3 != nullptr) {
@@ -254,8 +318,12 @@ absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const Versio
   }
   auto verified = VerifyReceipts(where, ref.version, manifest, receipts, stat);
   if (!verified.ok()) return verified.status();
+  if (absl::Status s = CheckReceiptTensors(where, ref.version, parsed->weight_map, *verified);
+      !s.ok()) {
+    return s;
+  }
 
-  absl::Status published = s3 != nullptr ? s3->PublishIndex(ref.version, (*index)->json)
+  absl::Status published = s3 != nullptr ? s3->PublishIndex(ref.version, index->json)
                                          : store.PublishFiles(ref.version, dir);
   if (!published.ok()) return published;
   return store.AdvancePointer(expected, ref);
@@ -294,24 +362,40 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
   // 1. begin: the expected pointer, and no upload for a doomed version.
   std::optional<VersionRef> expected;
   absl::Status begin = local;
+  std::string kind_payload;
   if (begin.ok() && rank == 0) {
     begin = [&]() -> absl::Status {
       if (absl::Status s = store.Refresh(); !s.ok()) return s;
       auto pointer = store.ReadPointer();
       if (!pointer.ok()) return pointer.status();
       if (!*pointer || (*pointer)->run_id != ref.run_id) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where, ": run ", ref.run_id, " is not claimed (the pointer ",
-            *pointer ? absl::StrCat("names ", (*pointer)->ToString()) : std::string("is unset"),
-            "); run `stitch claim` first"));
+        return NotClaimedError(where, ref.run_id, *pointer);
       }
       expected = *pointer;
-      return CheckPointerMove(where, *pointer, ref).status();
+      if (auto move = CheckPointerMove(where, *pointer, ref); !move.ok()) return move.status();
+      auto index = RequireIndex(version_dir, ref, **pointer, where);
+      if (!index.ok()) return index.status();
+      auto parsed = CheckpointIndex::Parse(index->json);
+      if (!parsed.ok()) return Annotate(parsed.status(), where);
+      PayloadFileKind kind{index->manifest.kind, ref.version, false};
+      if (auto it = parsed->metadata.find("checksum_format"); it != parsed->metadata.end()) {
+        if (it->second != kChecksumFormat) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": ", (version_dir / kIndexFileName).string(),
+                           ": unsupported checksum_format \"", it->second,
+                           "\": Stitch reads only \"", AbslView(kChecksumFormat), "\""));
+        }
+        kind.records_checksums = kind.kind == VersionKind::kFull;
+      }
+      kind_payload = EncodeKind(kind);
+      return absl::OkStatus();
     }();
   }
-  auto step = Exchange(comms, where, begin, "");
+  auto step = Exchange(comms, where, begin, kind_payload);
   if (!step.ok()) return step.status();
   if (absl::Status s = FirstFailure(*step, rank, begin); !s.ok()) return s;
+  auto kind = DecodeKind(where, (*step)[0].payload);
+  if (!kind.ok()) return kind.status();
 
   // 2. upload: each host leader's files, durable, with a receipt.
   absl::Status upload;
@@ -326,10 +410,17 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
       }
       UploadReceipt receipt{ref.version, HostReceiptName(rank), {}};
       if (s3 != nullptr) {
+        std::vector<std::vector<std::string>> tensors;
+        for (const std::string& name : files) {
+          auto checked = CheckHostFile(version_dir, name, *kind);
+          if (!checked.ok()) return checked.status();
+          tensors.push_back(*std::move(checked));
+        }
         auto stored = s3->UploadVersionFiles(ref.version, version_dir, files);
         if (!stored.ok()) return stored.status();
-        for (const StoredFile& f : *stored) {
-          receipt.files.push_back(FileReceipt{f.name, f.size, f.sha256});
+        for (size_t i = 0; i < stored->size(); ++i) {
+          const StoredFile& f = (*stored)[i];
+          receipt.files.push_back(FileReceipt{f.name, f.size, f.sha256, std::move(tensors[i])});
         }
         if (absl::Status s = s3->PutReceipt(ref.version, receipt.host, ReceiptToJson(receipt));
             !s.ok()) {
@@ -337,7 +428,7 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
         }
         payload = receipt.host;
       } else {
-        auto committed = CommitSharedFiles(version_dir, files);
+        auto committed = CommitSharedFiles(version_dir, files, *kind);
         if (!committed.ok()) return Annotate(committed.status(), where);
         receipt.files = *std::move(committed);
         payload = ReceiptToJson(receipt);

@@ -8,20 +8,29 @@
 // gathered values whether to go on, so a failure anywhere never leaves a
 // rank waiting.
 //   1. begin:  rank 0 reads the pointer (the compare-and-swap's expected
-//              value) and refuses an unclaimed run or a rewind, before any
-//              byte moves;
-//   2. upload: each host leader makes its files durable in the store and
-//              produces a receipt (file, size, SHA-256).
+//              value) and its own directory's index, which it must hold by
+//              now, and refuses an unclaimed run or a version that does not
+//              follow the pointer (publish.h CheckFollows: a rewind, a gap,
+//              a DELTA on another base), before any byte moves; it tells
+//              every rank the version's kind;
+//   2. upload: each host leader checks each of its files on its own
+//              (format/delta_verify.h VerifyPayloadFile: structure and
+//              bounds, a DELTA's frames, a FULL version's recorded
+//              checksums; no links or special files), makes them durable in
+//              the store and produces a receipt (file, size, SHA-256, the
+//              tensors the file holds).
 //              An S3 store: the leader uploads them straight to their final
 //              keys (parallel, multipart, verified by HEAD) and writes its
 //              receipt to `updates/weight_vN/.receipts/rank-NNNNNN.json`.
 //              Any other store (a filesystem mounted on every host): the
 //              version directory is shared; the leader fsyncs its files and
 //              sends its receipt through the all-gather;
-//   3. commit: rank 0 merges the receipts and verifies them (VerifyReceipts:
-//              no conflicts, the index present in rank 0's directory, every
-//              weight_map file covered, the store holding what the receipts
-//              say; for a mounted store, as seen after Store::Refresh),
+//   3. commit: rank 0 checks the index again, merges the receipts and
+//              verifies them (VerifyReceipts: no conflicts, every weight_map
+//              file covered, the store holding what the receipts say; for a
+//              mounted store, as seen after Store::Refresh; and
+//              CheckReceiptTensors: each file holds exactly the tensors the
+//              weight_map maps to it),
 //              publishes the index (S3) or the directory (Store::PublishFiles),
 //              then advances the pointer with a compare-and-swap against the
 //              value read in step 1, and wakes `pool`.

@@ -10,7 +10,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/format/delta_encode.h"
 #include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
 #include "stitch/publish/claim.h"
 #include "stitch/store/fs_store.h"
 #include "stitch/store/mem_store.h"
@@ -189,6 +191,84 @@ TEST_F(MultiHostTest, AnUnclaimedRunOrARewindStopsEveryRankBeforeUploading) {
   for (const auto& r : results) {
     EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kPointerRewind) << r.status().message();
   }
+}
+
+TEST_F(MultiHostTest, ACorruptShardIsRefusedByItsHostAndThePointerStays) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  const fs::path shard = *dir / TestShardName(two, 1);
+  fs::resize_file(shard, fs::file_size(shard) - 8);  // truncated
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir,
+                          {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), shard.string())) << r.status().message();
+  }
+  // Rank 0 says which host refused.
+  EXPECT_TRUE(absl::StrContains(results[0].status().message(), "rank 1"));
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
+  EXPECT_FALSE(fs::exists(root_ / "updates" / "weight_v000001"));
+}
+
+TEST_F(MultiHostTest, AFlippedByteInAFullVersionsShardIsRefused) {
+  auto source = testing::WriteTestVersion(tmp_ / "source", 0);
+  ASSERT_TRUE(source.ok());
+  const fs::path dir = tmp_ / "shared" / "weight_v000001";
+  fs::create_directories(dir.parent_path());
+  FullVersionOptions fo;
+  fo.version = 1;
+  ASSERT_TRUE(WriteFullVersion(*source, dir, fo).ok());  // records checksums
+  const fs::path shard = dir / TestShardName({}, 0);
+  std::string bytes = *ReadFileToString(shard);
+  bytes[bytes.size() - 3] ^= 1;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, dir,
+                          {{TestShardName({}, 0)}, {TestShardName({}, 1)}});
+  for (const auto& r : results) {
+    EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kChecksumMismatch) << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
+}
+
+TEST_F(MultiHostTest, AGapOrAMissingIndexStopsEveryRankBeforeUploading) {
+  auto gap = testing::WriteTestVersion(tmp_ / "shared", 3);
+  ASSERT_TRUE(gap.ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *gap, {{}, {}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "the next version must be weight_v000001"))
+        << r.status().message();
+  }
+  auto dir = testing::WriteTestVersion(tmp_ / "other", 1);
+  ASSERT_TRUE(dir.ok());
+  fs::remove(*dir / "model.safetensors.index.json");
+  results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir,
+                     {{TestShardName({}, 0)}, {TestShardName({}, 1)}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "the index")) << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
+  EXPECT_FALSE(fs::exists(root_ / "updates" / "weight_v000001"));
+}
+
+TEST_F(MultiHostTest, AShardHoldingATensorTheIndexMapsElsewhereIsRefused) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  // Rank 0's index says shard 2 holds a tensor that shard 1 holds.
+  auto index = ReadIndex(*dir);
+  ASSERT_TRUE(index.ok());
+  index->weight_map["layers.0.w0"] = TestShardName(two, 1);
+  ASSERT_TRUE(WriteIndex(*dir, *index).ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir,
+                          {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  for (const auto& r : results) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "\"layers.0.w0\"")) << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 0}));
 }
 
 TEST_F(MultiHostTest, ABadDirectoryNameOnAnyRankStopsAll) {

@@ -4,13 +4,44 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
+#include "stitch/format/delta_verify.h"
 #include "stitch/publish/wake.h"
 #include "stitch/store/version_dir.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
 
-absl::StatusOr<VersionRef> PublishVersion(Store& store, const fs::path& dir, Pool* pool) {
+absl::Status NotClaimedError(std::string_view where, std::string_view run_id,
+                             const std::optional<VersionRef>& pointer) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(AbslView(where), ": run ", AbslView(run_id), " is not claimed (the pointer ",
+                   pointer ? absl::StrCat("names ", pointer->ToString()) : std::string("is unset"),
+                   "); claim it first: `stitch claim` (stitch.claim_run from Python)"));
+}
+
+absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
+                          const VersionManifest& manifest) {
+  const VersionRef proposed{pointer.run_id, manifest.version};
+  if (auto move = CheckPointerMove(where, pointer, proposed); !move.ok()) return move.status();
+  if (manifest.version != pointer.version + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(AbslView(where), ": ", VersionDirName(manifest.version),
+                     " would leave a gap: the pointer is at ", pointer.ToString(),
+                     ", so the next version must be ", VersionDirName(pointer.version + 1),
+                     " (replicas apply every version in order)"));
+  }
+  if (manifest.kind == VersionKind::kDelta && manifest.base_version != pointer.version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        AbslView(where), ": DELTA ", VersionDirName(manifest.version), " applies to version ",
+        manifest.base_version ? absl::StrCat(*manifest.base_version) : std::string("<none>"),
+        ", but the pointer is at ", pointer.ToString(), "; encode it against version ",
+        pointer.version));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VersionRef> PublishVersion(Store& store, const fs::path& dir, Pool* pool,
+                                          const PublishOptions& options) {
   const std::string where = absl::StrCat("store ", store.uri());
   if (absl::Status s = ValidateRunId(store.run_id()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", s.message()));
@@ -28,20 +59,26 @@ absl::StatusOr<VersionRef> PublishVersion(Store& store, const fs::path& dir, Poo
   const VersionRef ref{store.run_id(), *number};
 
   // Everything the store will need must be there before anything is written.
-  if (auto contents = ReadVersionDir(version_dir, ref.version); !contents.ok()) {
-    return Annotate(contents.status(), where);
-  }
+  auto contents = ReadVersionDir(version_dir, ref.version);
+  if (!contents.ok()) return Annotate(contents.status(), where);
 
   if (absl::Status s = store.Refresh(); !s.ok()) return s;
   auto pointer = store.ReadPointer();
   if (!pointer.ok()) return pointer.status();
   if (!*pointer || (*pointer)->run_id != ref.run_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, ": run ", ref.run_id, " is not claimed (the pointer ",
-        *pointer ? absl::StrCat("names ", (*pointer)->ToString()) : std::string("is unset"),
-        "); run `stitch claim` first"));
+    return NotClaimedError(where, ref.run_id, *pointer);
   }
-  if (auto move = CheckPointerMove(where, *pointer, ref); !move.ok()) return move.status();
+  if (absl::Status s = CheckFollows(where, **pointer, contents->manifest); !s.ok()) return s;
+
+  // Every replica would refuse a payload that fails here, and go on refusing
+  // the versions after it: nothing that fails may reach the pointer.
+  VerifyOptions verify;
+  verify.threads = options.threads;
+  std::optional<fs::path> base;
+  if (contents->manifest.kind == VersionKind::kDelta) base = options.base_checkpoint;
+  if (auto verified = VerifyVersion(version_dir, base, verify); !verified.ok()) {
+    return Annotate(verified.status(), "publish");
+  }
 
   if (absl::Status s = store.PublishFiles(ref.version, version_dir); !s.ok()) return s;
   if (absl::Status s = store.AdvancePointer(*pointer, ref); !s.ok()) return s;

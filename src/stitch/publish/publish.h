@@ -2,31 +2,69 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
 #include "stitch/pool/pool.h"
 #include "stitch/store/store.h"
 
 namespace stitch {
 
+struct PublishOptions {
+  // The complete checkpoint of the version the pointer names (the one a
+  // DELTA applies to): with it, every changed tensor of a DELTA is decoded
+  // against it and checked against its recorded checksum before anything is
+  // written. Unused for a FULL version, which is checked against its own
+  // recorded checksums.
+  std::optional<std::filesystem::path> base_checkpoint;
+  int threads = 0;  // for the verification; 0: one per core
+};
+
 // Publishes the version directory `dir` as `<store.run_id()>/<dir name>`:
 //   1. the directory's name is its identity, canonical `weight_vNNNNNN`
 //      (InvalidArgument otherwise), and its index and every weight_map file
-//      exist (NotFound otherwise): checked before anything is written;
+//      exist as plain files, no links or special files (NotFound /
+//      InvalidArgument otherwise): checked before anything is written;
 //   2. reads the pointer: it must name this run (FailedPrecondition "run X is
-//      not claimed" otherwise), and the new version must be above it
-//      (kPointerRewind otherwise);
-//   3. makes the files complete and durable in the store (Store::PublishFiles;
+//      not claimed" otherwise), the version must follow it (CheckFollows:
+//      kPointerRewind, or FailedPrecondition for a gap or a DELTA on another
+//      base);
+//   3. verifies the payload (format/delta_verify.h VerifyVersion): every
+//      file's structure and bounds, a DELTA's frames decoded whole to their
+//      recorded sizes (with options.base_checkpoint, its checksums too), a
+//      FULL version's recorded checksums. InvalidArgument or DataLoss (kind
+//      kChecksumMismatch for a checksum) naming the file and tensor;
+//   4. makes the files complete and durable in the store (Store::PublishFiles;
 //      versions are immutable, identical bytes are a retry);
-//   4. moves the pointer with a compare-and-swap against the value read in
-//      step 2: a pointer that changed during the upload is a kPointerConflict
-//      error and the pointer keeps the other writer's value;
-//   5. wakes `pool` (best effort) when it is not null.
+//   5. moves the pointer with a compare-and-swap against the value read in
+//      step 2: a pointer that changed meanwhile is a kPointerConflict error
+//      and the pointer keeps the other writer's value;
+//   6. wakes `pool` (best effort) when it is not null.
 // A failure at any step leaves the pointer where it was. Returns the
 // published identity.
 [[nodiscard]] absl::StatusOr<VersionRef> PublishVersion(Store& store,
                                                         const std::filesystem::path& dir,
-                                                        Pool* pool);
+                                                        Pool* pool,
+                                                        const PublishOptions& options = {});
+
+// Whether the version `manifest` describes may follow `pointer` (the
+// store's pointer, naming the same run): a replica must never meet a gap or
+// a DELTA it cannot apply. Errors, each naming the versions involved, with
+// messages starting with `where`:
+//   kPointerRewind      the version is not above the pointer's;
+//   FailedPrecondition  it is not exactly the pointer's version + 1 (FULL or
+//                       DELTA alike: a gap), or it is a DELTA whose
+//                       base_version is not the pointer's version (encoded
+//                       against the wrong base).
+[[nodiscard]] absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
+                                        const VersionManifest& manifest);
+
+// The FailedPrecondition for publishing `run_id` into a store whose pointer
+// is `pointer` (unset, or naming another run): the run must be claimed first.
+absl::Status NotClaimedError(std::string_view where, std::string_view run_id,
+                             const std::optional<VersionRef>& pointer);
 
 }  // namespace stitch

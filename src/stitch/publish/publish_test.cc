@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "stitch/core/errors.h"
+#include "stitch/format/delta_encode.h"
 #include "stitch/format/fileio.h"
+#include "stitch/format/index.h"
 #include "stitch/publish/claim.h"
 #include "stitch/publish/testing_fakes.h"
 #include "stitch/store/fs_store.h"
@@ -43,7 +45,8 @@ class PublishTest : public ::testing::Test {
   std::optional<VersionRef> Pointer() { return *store_->ReadPointer(); }
   std::set<std::string> Updates() {
     std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(tmp_ / "store" / "updates")) {
+    std::error_code ec;  // a store that was never claimed has no updates/
+    for (const auto& e : fs::directory_iterator(tmp_ / "store" / "updates", ec)) {
       out.insert(e.path().filename().string());
     }
     return out;
@@ -83,7 +86,9 @@ TEST_F(PublishTest, AnUnclaimedRunIsRefusedBeforeAnythingIsWritten) {
   EXPECT_TRUE(absl::IsFailedPrecondition(ref.status()));
   EXPECT_THAT(
       std::string(ref.status().message()),
-      HasSubstr("run run-a is not claimed (the pointer is unset); run `stitch claim` first"));
+      HasSubstr("run run-a is not claimed (the pointer is unset); claim it first: `stitch claim` "
+                "(stitch.claim_run from Python)"));
+  EXPECT_FALSE(fs::exists(tmp_ / "store"));  // publishing never creates a store
   EXPECT_EQ(Pointer(), std::nullopt);
   EXPECT_TRUE(Updates().empty());
   EXPECT_EQ(pool.wakes, 0);
@@ -197,6 +202,80 @@ TEST_F(PublishTest, AGarbagePointerStopsThePublish) {
   ASSERT_FALSE(ref.ok());
   EXPECT_THAT(std::string(ref.status().message()), HasSubstr("weight_vX"));
   EXPECT_TRUE(Updates().empty());
+}
+
+TEST_F(PublishTest, OnlyThePointersNextVersionMayFollowIt) {
+  Claim();
+  ASSERT_TRUE(PublishVersion(*store_, Version(1), nullptr).ok());
+  auto gap = PublishVersion(*store_, Version(3), nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(gap.status())) << gap.status();
+  EXPECT_THAT(std::string(gap.status().message()),
+              HasSubstr("weight_v000003 would leave a gap: the pointer is at run-a/weight_v000001, "
+                        "so the next version must be weight_v000002"));
+  EXPECT_EQ(Pointer(), A(1));
+  EXPECT_EQ(Updates(), (std::set<std::string>{"weight_v000001"}));
+}
+
+TEST_F(PublishTest, ADeltaOnAnotherBaseThanThePointerIsRefused) {
+  Claim();
+  ASSERT_TRUE(PublishVersion(*store_, Version(1), nullptr).ok());
+  fs::path delta = tmp_ / "delta" / "weight_v000002";
+  fs::create_directories(delta.parent_path());
+  EncodeOptions o;
+  o.version = 2;
+  ASSERT_TRUE(EncodeDelta(Version(1, {.seed = 1}), Version(2, {.seed = 2}), delta, o).ok());
+  auto index = ReadIndex(delta);
+  ASSERT_TRUE(index.ok());
+  index->metadata["base_version"] = "000000";
+  ASSERT_TRUE(WriteIndex(delta, *index).ok());
+  auto ref = PublishVersion(*store_, delta, nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ref.status())) << ref.status();
+  EXPECT_THAT(std::string(ref.status().message()),
+              HasSubstr("DELTA weight_v000002 applies to version 0, but the pointer is at "
+                        "run-a/weight_v000001"));
+  EXPECT_EQ(Pointer(), A(1));
+}
+
+TEST_F(PublishTest, APayloadThatFailsVerificationNeverReachesTheStore) {
+  Claim();
+  fs::path full = tmp_ / "full" / "weight_v000001";
+  fs::create_directories(full.parent_path());
+  FullVersionOptions fo;
+  fo.version = 1;
+  ASSERT_TRUE(WriteFullVersion(Version(0), full, fo).ok());
+  const fs::path shard = full / "model-00002-of-00002.safetensors";
+  std::string bytes = *ReadFileToString(shard);
+  bytes[bytes.size() - 1] ^= 1;
+  ASSERT_TRUE(WriteFileAtomically(shard, bytes).ok());
+  InterferingStore watched(*store_);
+  auto ref = PublishVersion(watched, full, nullptr);
+  EXPECT_TRUE(absl::IsDataLoss(ref.status())) << ref.status();
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kChecksumMismatch);
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("publish: " + shard.string()));
+  EXPECT_EQ(watched.publish_files_calls, 0);
+  EXPECT_EQ(Pointer(), A(0));
+  EXPECT_TRUE(Updates().empty());
+}
+
+TEST_F(PublishTest, WithTheBaseCheckpointADeltasChecksumsAreVerified) {
+  Claim();
+  fs::path base = Version(0, {.seed = 1});
+  fs::path delta = tmp_ / "delta" / "weight_v000001";
+  fs::create_directories(delta.parent_path());
+  EncodeOptions o;
+  o.version = 1;
+  ASSERT_TRUE(EncodeDelta(base, Version(1, {.seed = 2}), delta, o).ok());
+  // The delta decodes fine, but was not made from this base.
+  PublishOptions wrong_base;
+  wrong_base.base_checkpoint = testing::WriteTestVersion(tmp_ / "other", 0, {.seed = 3}).value();
+  auto ref = PublishVersion(*store_, delta, nullptr, wrong_base);
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kChecksumMismatch) << ref.status();
+  EXPECT_EQ(Pointer(), A(0));
+  PublishOptions right_base;
+  right_base.base_checkpoint = base;
+  ref = PublishVersion(*store_, delta, nullptr, right_base);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(Pointer(), A(1));
 }
 
 TEST_F(PublishTest, WorksAgainstTheInMemoryStoreToo) {

@@ -1,6 +1,8 @@
 #include "stitch/publish/receipts.h"
 
+#include <algorithm>
 #include <boost/json.hpp>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -35,8 +37,13 @@ bool IsLowerSha256Hex(std::string_view s) {
 std::string ReceiptToJson(const UploadReceipt& receipt) {
   json::array files;
   for (const FileReceipt& f : receipt.files) {
-    files.push_back(json::object{
-        {"file", f.file}, {"size", static_cast<int64_t>(f.size)}, {"sha256", f.sha256}});
+    json::object o{{"file", f.file}, {"size", static_cast<int64_t>(f.size)}, {"sha256", f.sha256}};
+    if (!f.tensors.empty()) {
+      json::array tensors;
+      for (const std::string& t : f.tensors) tensors.emplace_back(t);
+      o["tensors"] = std::move(tensors);
+    }
+    files.push_back(std::move(o));
   }
   return json::serialize(json::object{
       {"version", receipt.version}, {"host", receipt.host}, {"files", std::move(files)}});
@@ -86,9 +93,53 @@ absl::StatusOr<UploadReceipt> ReceiptFromJson(std::string_view text) {
     if (!seen.insert(f.file).second) {
       return bad(absl::StrCat("host ", out.host, " lists ", Quoted(f.file), " twice"));
     }
+    if (const json::value* tensors = e->if_contains("tensors"); tensors != nullptr) {
+      if (!tensors->is_array()) {
+        return bad(absl::StrCat("host ", out.host, ": \"tensors\" of ", Quoted(f.file),
+                                " is not an array"));
+      }
+      for (const json::value& t : tensors->as_array()) {
+        if (!t.is_string()) {
+          return bad(absl::StrCat("host ", out.host, ": \"tensors\" of ", Quoted(f.file),
+                                  " holds a non-string"));
+        }
+        f.tensors.emplace_back(t.as_string());
+      }
+      std::sort(f.tensors.begin(), f.tensors.end());
+    }
     out.files.push_back(std::move(f));
   }
   return out;
+}
+
+absl::Status CheckReceiptTensors(std::string_view where, int64_t version,
+                                 const std::map<std::string, std::string>& weight_map,
+                                 std::span<const FileReceipt> files) {
+  const std::string prefix = absl::StrCat(AbslView(where), ": version ", VersionDirName(version));
+  std::map<std::string_view, std::vector<std::string_view>> by_file;
+  for (const auto& [tensor, file] : weight_map) by_file[file].push_back(tensor);
+  for (const FileReceipt& f : files) {
+    std::vector<std::string_view>& want = by_file[f.file];  // sorted: weight_map is
+    std::vector<std::string_view> have(f.tensors.begin(), f.tensors.end());
+    if (have == want) continue;
+    std::vector<std::string_view> extra, missing;
+    std::set_difference(have.begin(), have.end(), want.begin(), want.end(),
+                        std::back_inserter(extra));
+    std::set_difference(want.begin(), want.end(), have.begin(), have.end(),
+                        std::back_inserter(missing));
+    if (!missing.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          prefix, ": the index maps tensor ", Quoted(missing.front()), " to ", Quoted(f.file),
+          ", but that file does not hold it; fix the index or the shard"));
+    }
+    auto mapped = weight_map.find(std::string(extra.front()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, ": ", Quoted(f.file), " holds tensor ", Quoted(extra.front()), ", which the index ",
+        mapped == weight_map.end() ? std::string("does not list")
+                                   : absl::StrCat("maps to ", Quoted(mapped->second)),
+        "; fix the index or the shard"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<FileReceipt>> VerifyReceipts(

@@ -5,11 +5,14 @@
 // A receipt is JSON:
 //   {"version": 7, "host": "rank-000000",
 //    "files": [{"file": "model-00001-of-00002.safetensors", "size": 123,
-//               "sha256": "<64 hex>"}, ...]}
+//               "sha256": "<64 hex>", "tensors": ["a", "b"]}, ...]}
+// `tensors` lists the tensors the host found in the file when it checked it
+// (the index may be on another host); it is omitted when empty.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,6 +28,8 @@ struct FileReceipt {
   std::string file;  // a payload file name, relative to the version directory
   uint64_t size = 0;
   std::string sha256;  // 64 lowercase hex digits
+  // The tensors the file holds, sorted (empty when the host did not say).
+  std::vector<std::string> tensors;
 
   friend bool operator==(const FileReceipt&, const FileReceipt&) = default;
 };
@@ -61,6 +66,15 @@ using StatFilesFn =
 //     (DataLoss of kind kChecksumMismatch otherwise: it changed after the
 //     upload).
 // Messages start with `where`. Returns the merged receipts, sorted by file.
+// Checks that the tensors each of `files` (as VerifyReceipts returns them)
+// lists are exactly those `weight_map` (the index's: tensor -> file) maps
+// to that file, so that the index agrees with payload files it never saw.
+// FailedPrecondition naming the tensor and the file otherwise. Messages
+// start with `where`.
+[[nodiscard]] absl::Status CheckReceiptTensors(std::string_view where, int64_t version,
+                                               const std::map<std::string, std::string>& weight_map,
+                                               std::span<const FileReceipt> files);
+
 [[nodiscard]] absl::StatusOr<std::vector<FileReceipt>> VerifyReceipts(
     std::string_view where, int64_t version, const std::optional<VersionManifest>& manifest,
     std::span<const UploadReceipt> receipts, const StatFilesFn& stat);

@@ -45,6 +45,40 @@ TEST(ReceiptsTest, JsonRoundTrip) {
   EXPECT_EQ(back->files, r.files);
 }
 
+TEST(ReceiptsTest, TheTensorsAFileHoldsRoundTrip) {
+  UploadReceipt r{7, "rank-000001", {{"a.safetensors", 10, kShaA, {"x", "y"}}}};
+  const std::string json = ReceiptToJson(r);
+  EXPECT_TRUE(absl::StrContains(json, R"("tensors":["x","y"])")) << json;
+  auto back = ReceiptFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->files, r.files);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ReceiptFromJson(
+          R"({"version": 1, "host": "h", "files": [{"file": "x", "size": 1, "sha256": ")" + kShaA +
+          R"(", "tensors": [1]}]})")
+          .status()));
+}
+
+TEST(ReceiptsTest, EachFileMustHoldExactlyTheTensorsTheIndexMapsToIt) {
+  const std::map<std::string, std::string> weight_map = {{"w0", "a"}, {"w1", "a"}, {"w2", "b"}};
+  std::vector<FileReceipt> files = {{"a", 1, kShaA, {"w0", "w1"}}, {"b", 2, kShaB, {"w2"}}};
+  EXPECT_TRUE(CheckReceiptTensors("store x", 7, weight_map, files).ok());
+
+  files[0].tensors = {"w0"};  // the index maps w1 to a file that lacks it
+  absl::Status missing = CheckReceiptTensors("store x", 7, weight_map, files);
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing)) << missing;
+  EXPECT_TRUE(absl::StrContains(
+      missing.message(), R"(the index maps tensor "w1" to "a", but that file does not hold it)"))
+      << missing;
+
+  files[0].tensors = {"w0", "w1", "w2"};  // a holds w2, which the index maps to b
+  absl::Status stray = CheckReceiptTensors("store x", 7, weight_map, files);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stray)) << stray;
+  EXPECT_TRUE(
+      absl::StrContains(stray.message(), R"("a" holds tensor "w2", which the index maps to "b")"))
+      << stray;
+}
+
 TEST(ReceiptsTest, RejectsMalformedReceipts) {
   for (
       const char* bad : {

@@ -178,6 +178,32 @@ TEST_F(StagingTest, ACorruptDeltaIsRejectedAndTheStagedStateStays) {
   EXPECT_TRUE(SameWeights(**disk, *Expected(1)));
 }
 
+TEST_F(StagingTest, AFlippedByteInAFullVersionIsRejectedAndTheStagedStateStays) {
+  WeightStager stager(config_, 1);
+  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kCpu)).ok());
+  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kDisk)).ok());
+  // v3 is a FULL version: its recorded checksums are all that can tell.
+  ASSERT_TRUE(testing::CorruptVersion(updates_ / "weight_v000003").ok());
+  for (StageDestination d : {StageDestination::kCpu, StageDestination::kDisk}) {
+    for (int64_t target : {3, 4}) {
+      absl::StatusOr<StageResult> r = stager.Stage(Request(target, d));
+      ASSERT_FALSE(r.ok()) << StageDestinationName(d) << " v" << target;
+      EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kChecksumMismatch) << r.status();
+      // v3 names the anchor's file; v4 may name the delta whose target
+      // checksum no longer matches.
+      if (target == 3) {
+        EXPECT_THAT(r.status().message(), HasSubstr("weight_v000003"));
+      }
+    }
+  }
+  absl::StatusOr<PreparedWeights> p = stager.TakePrepared(1, "run-a");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(SameWeights(*p->weights, *Expected(1)));
+  absl::StatusOr<std::shared_ptr<const ModelWeights>> disk = LoadCheckpoint(tmp_ / "local");
+  ASSERT_TRUE(disk.ok());
+  EXPECT_TRUE(SameWeights(**disk, *Expected(1)));
+}
+
 TEST_F(StagingTest, RefusesMissingDirectoriesGapsAndOtherRuns) {
   WeightStager stager(config_, 1);
   StageRequest no_base = Request(1, StageDestination::kCpu);

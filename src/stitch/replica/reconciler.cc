@@ -275,7 +275,7 @@ awaitable<absl::Status> Reconciler::VerifyLoaded(const VersionRef& label) {
 
 absl::StatusOr<TensorChecksums> Reconciler::BootChecksums() {
   if (!boot_checksums_.has_value()) {
-    auto hashed = HashCheckpointTensors(options_.base_checkpoint_dir);
+    auto hashed = AnchorChecksums(options_.base_checkpoint_dir);
     if (!hashed.ok()) {
       return Annotate(hashed.status(), "hashing the boot checkpoint for its fingerprint");
     }
@@ -300,7 +300,7 @@ awaitable<absl::StatusOr<Checksum128>> Reconciler::ExpectedFingerprint(int64_t v
     TensorChecksums checksums;
     size_t first = 0;
     if (!chain->empty() && chain->front().manifest.kind == VersionKind::kFull) {
-      auto anchor = HashCheckpointTensors(chain->front().dir);
+      auto anchor = AnchorChecksums(chain->front().dir);
       if (!anchor.ok()) return anchor.status();
       checksums = *std::move(anchor);
       first = 1;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +15,10 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
@@ -27,19 +30,27 @@ namespace {
 
 constexpr std::string_view kPointerFile = "latest";
 constexpr std::string_view kLockFile = ".latest.lock";
+constexpr std::string_view kStagingLockFile = ".staging.lock";
 constexpr std::string_view kUpdatesDir = "updates";
+// A staging directory's name contains this (fileio.h TempSiblingPath), its
+// lock file adds kStagingLockSuffix.
+constexpr absl::string_view kStagingMarker = ".tmp-";
+constexpr absl::string_view kStagingLockSuffix = ".lock";
 
-// Holds an exclusive flock until destroyed. flock locks belong to the open
-// file description, so each call excludes other threads of this process as
-// well as other processes.
-absl::StatusOr<UniqueFd> LockExclusive(const fs::path& path) {
+// Holds a flock (LOCK_EX or LOCK_SH) until destroyed. flock locks belong to
+// the open file description, so each call excludes other threads of this
+// process as well as other processes. Lock files are regular files opened
+// for writing, which NFS's emulation of flock needs.
+absl::StatusOr<UniqueFd> Lock(const fs::path& path, int operation) {
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
   if (!fd) return ErrnoStatus(errno, "open", path);
-  while (::flock(fd.get(), LOCK_EX) != 0) {
+  while (::flock(fd.get(), operation) != 0) {
     if (errno != EINTR) return ErrnoStatus(errno, "lock", path);
   }
   return fd;
 }
+
+absl::StatusOr<UniqueFd> LockExclusive(const fs::path& path) { return Lock(path, LOCK_EX); }
 
 // Every regular file under `dir`, as relative generic paths. Anything that
 // is neither a directory nor a regular file is reported as such, so that it
@@ -116,26 +127,30 @@ absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std
   if (!run_id.empty()) {
     if (absl::Status s = ValidateRunId(run_id); !s.ok()) return Annotate(s, store->where());
   }
-  // A read-only view creates nothing: a missing root reads as an unset
-  // pointer and no versions.
-  if (store->run_id_.empty()) return store;
-  fs::path updates = abs / kUpdatesDir;
-  bool created = fs::create_directories(updates, ec);
-  if (ec || !fs::is_directory(updates)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(store->where(), ": cannot create ", updates.string(), ": ",
-                     ec ? ec.message() : "not a directory", "; check the path and permissions"));
-  }
-  if (created) {
-    // Make the new directories' entries durable before anything relies on them.
-    if (absl::Status s = FsyncPath(abs); !s.ok()) return Annotate(s, store->where());
-    if (abs.has_parent_path()) {
-      if (absl::Status s = FsyncPath(abs.parent_path()); !s.ok()) {
-        return Annotate(s, store->where());
-      }
-    }
-  }
   return store;
+}
+
+absl::Status FsStore::CreateRoot() {
+  const fs::path updates = root_ / kUpdatesDir;
+  // The deepest directory that exists already: every directory below it is
+  // new, and its entry must reach the disk before a pointer relies on it.
+  std::error_code ec;
+  fs::path existing = updates;
+  while (existing.has_relative_path() && !fs::exists(existing, ec)) {
+    existing = existing.parent_path();
+  }
+  fs::create_directories(updates, ec);
+  if (ec || !fs::is_directory(updates, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(where_, ": cannot create ", updates.string(),
+                                                      ": ", ec ? ec.message() : "not a directory",
+                                                      "; check the path and permissions"));
+  }
+  if (existing == updates) return absl::OkStatus();
+  for (fs::path dir = updates;; dir = dir.parent_path()) {
+    if (absl::Status s = FsyncPath(dir); !s.ok()) return Annotate(s, where_);
+    if (dir == existing || !dir.has_relative_path()) break;
+  }
+  return absl::OkStatus();
 }
 
 fs::path FsStore::VersionDir(int64_t version) const {
@@ -155,6 +170,16 @@ absl::StatusOr<std::optional<VersionRef>> FsStore::ReadPointer() {
 
 absl::Status FsStore::AdvancePointer(const std::optional<VersionRef>& expected,
                                      const VersionRef& proposed) {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) {
+    // No store yet: the pointer is unset. Only a move from unset (a claim)
+    // may go on, and it creates the store.
+    if (absl::Status s = CheckCompareAndSwap(where_, run_id_, expected, std::nullopt, proposed);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CreateRoot(); !s.ok()) return s;
+  }
   auto lock = LockExclusive(root_ / kLockFile);
   if (!lock.ok()) return Annotate(lock.status(), where_);
   auto actual = ReadPointer();
@@ -172,6 +197,7 @@ absl::Status FsStore::PublishFiles(int64_t version, const fs::path& dir) {
   }
   auto contents = ReadVersionDir(dir, version);
   if (!contents.ok()) return Annotate(contents.status(), where_);
+  if (absl::Status s = RequireUpdatesDir(); !s.ok()) return s;
   fs::path final_dir = VersionDir(version);
   std::error_code ec;
   if (fs::equivalent(dir, final_dir, ec)) return Adopt(*contents, final_dir);
@@ -181,6 +207,24 @@ absl::Status FsStore::PublishFiles(int64_t version, const fs::path& dir) {
     return Annotate(FsyncTree(final_dir), where_);
   }
   return CopyIn(*contents, final_dir);
+}
+
+absl::Status FsStore::RequireUpdatesDir() {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where_, ": the store does not exist (", root_.string(),
+                     " is not a directory); check the path, or create the store by claiming a run "
+                     "(`stitch claim`)"));
+  }
+  const fs::path updates = root_ / kUpdatesDir;
+  if (fs::is_directory(updates, ec)) return absl::OkStatus();
+  // A store claimed before `updates/` was made at claim time, or one whose
+  // `updates/` was removed: only that directory is missing.
+  if (::mkdir(updates.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Annotate(ErrnoStatus(errno, "create", updates), where_);
+  }
+  return Annotate(FsyncPath(root_), where_);
 }
 
 absl::Status FsStore::Adopt(const VersionDirContents& contents, const fs::path& final_dir) {
@@ -195,13 +239,108 @@ absl::Status FsStore::Adopt(const VersionDirContents& contents, const fs::path& 
   return Annotate(FsyncPath(final_dir.parent_path()), where_);
 }
 
-absl::Status FsStore::CopyIn(const VersionDirContents& contents, const fs::path& final_dir) {
-  fs::path staging = TempSiblingPath(final_dir);
-  std::error_code ec;
-  if (!fs::create_directory(staging, ec)) {
-    return absl::InternalError(absl::StrCat(where_, ": create ", staging.string(), ": ",
-                                            ec ? ec.message() : "already exists"));
+// Staging directories (see the header): a publisher creates
+// `updates/.weight_vN.tmp-<pid>-<random>` and, beside it, the lock file of
+// the same name plus ".lock", which it flocks for as long as the directory
+// exists. Both are created under a shared flock on `<root>/.staging.lock`,
+// and a cleaner scans under an exclusive one, so a cleaner never sees a
+// staging directory whose writer has not locked it yet. A lock the cleaner
+// can take belongs to a dead writer: the directory is abandoned. A staging
+// directory without a lock file comes from a publisher that did not lock
+// (an older stitch) and is abandoned too.
+absl::StatusOr<FsStore::StagingDir> FsStore::CreateStagingDir(const fs::path& final_dir) {
+  auto guard = Lock(root_ / kStagingLockFile, LOCK_SH);
+  if (!guard.ok()) return Annotate(guard.status(), where_);
+  StagingDir out;
+  out.path = TempSiblingPath(final_dir);
+  out.lock_path = fs::path(absl::StrCat(out.path.string(), kStagingLockSuffix));
+  out.lock = UniqueFd(::open(out.lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!out.lock) return Annotate(ErrnoStatus(errno, "create", out.lock_path), where_);
+  // A lock nobody else can hold yet: it cannot block.
+  while (::flock(out.lock.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      absl::Status s = ErrnoStatus(errno, "lock", out.lock_path);
+      ::unlink(out.lock_path.c_str());
+      return Annotate(s, where_);
+    }
   }
+  if (::mkdir(out.path.c_str(), 0755) != 0) {
+    absl::Status s = ErrnoStatus(errno, "create", out.path);
+    ::unlink(out.lock_path.c_str());
+    return Annotate(s, where_);
+  }
+  return out;
+}
+
+FsStore::StagingDir::~StagingDir() {
+  if (lock_path.empty()) return;
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  // The lock file goes last: while it exists and is locked, no cleaner
+  // touches the directory.
+  ::unlink(lock_path.c_str());
+}
+
+absl::StatusOr<int> FsStore::RemoveAbandonedStaging() {
+  const fs::path updates = root_ / kUpdatesDir;
+  std::error_code ec;
+  if (!fs::is_directory(updates, ec)) return 0;
+  struct Abandoned {
+    fs::path dir;
+    fs::path lock_path;  // empty when it had none
+    UniqueFd lock;
+  };
+  std::vector<Abandoned> abandoned;
+  {
+    auto guard = Lock(root_ / kStagingLockFile, LOCK_EX);
+    if (!guard.ok()) return Annotate(guard.status(), where_);
+    std::set<std::string> names;
+    for (fs::directory_iterator it(updates, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (absl::StartsWith(name, ".") && absl::StrContains(name, kStagingMarker)) {
+        names.insert(name);
+      }
+    }
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat(where_, ": list ", updates.string(), ": ", ec.message()));
+    for (const std::string& name : names) {
+      if (absl::EndsWith(name, kStagingLockSuffix)) {
+        const fs::path lock_path = updates / name;
+        UniqueFd fd(::open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+        if (!fd) continue;
+        if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // its writer is alive
+        const std::string dir(absl::StripSuffix(name, kStagingLockSuffix));
+        abandoned.push_back(Abandoned{updates / dir, lock_path, std::move(fd)});
+      } else if (!names.contains(absl::StrCat(name, kStagingLockSuffix))) {
+        abandoned.push_back(Abandoned{updates / name, {}, UniqueFd()});
+      }
+    }
+  }
+  // Each abandoned lock is held from here on, so that a concurrent cleaner
+  // leaves these alone; names are never reused, so no writer wants them.
+  int removed = 0;
+  for (Abandoned& a : abandoned) {
+    std::error_code rm;
+    if (fs::remove_all(a.dir, rm) > 0) ++removed;
+    if (rm) {
+      return absl::InternalError(
+          absl::StrCat(where_, ": remove ", a.dir.string(), ": ", rm.message()));
+    }
+    if (!a.lock_path.empty()) ::unlink(a.lock_path.c_str());
+  }
+  return removed;
+}
+
+absl::Status FsStore::CopyIn(const VersionDirContents& contents, const fs::path& final_dir) {
+  // Publishers killed mid-copy leave their staging directories behind; the
+  // next publish clears them, so that they never accumulate.
+  if (auto cleaned = RemoveAbandonedStaging(); !cleaned.ok()) return cleaned.status();
+  auto created = CreateStagingDir(final_dir);
+  if (!created.ok()) return created.status();
+  const StagingDir& staged = *created;
+  const fs::path& staging = staged.path;
+  std::error_code ec;
   auto stage = [&]() -> absl::Status {
     if (absl::Status s = WriteFileAtomically(staging / kIndexFileName, contents.index_json);
         !s.ok()) {
@@ -217,12 +356,12 @@ absl::Status FsStore::CopyIn(const VersionDirContents& contents, const fs::path&
   };
   absl::Status status = stage();
   if (status.ok()) {
+    if (before_rename_) before_rename_();
     status = RenameDurably(staging, final_dir);
     // Another publisher renamed the same version into place first: that is a
     // retry if its bytes are ours, and a refusal otherwise.
     if (absl::IsAlreadyExists(status)) status = CompareExisting(contents, final_dir);
   }
-  if (fs::exists(staging, ec)) fs::remove_all(staging, ec);
   return Annotate(status, where_);
 }
 

@@ -3,16 +3,28 @@
 //
 //   <root>/latest                      the pointer: a version identity
 //   <root>/.latest.lock                flock'ed around every compare-and-swap
+//   <root>/.staging.lock               flock'ed (shared) while a staging
+//                                      directory is created, (exclusive)
+//                                      while abandoned ones are looked for
 //   <root>/updates/weight_vNNNNNN/     one published version (index + payload)
 //   <root>/updates/.weight_v*.tmp-*    a publisher's staging directory; names
 //                                      starting with '.' are never versions
+//   <root>/updates/.weight_v*.tmp-*.lock
+//                                      flock'ed by that publisher for as long
+//                                      as its staging directory exists
 //
 // Durability: PublishFiles stages the files in a temporary sibling directory,
 // fsyncs every file and directory, then renames it into place and fsyncs
-// updates/. AdvancePointer replaces `latest` atomically (temp file, fsync,
-// rename, fsync root) while holding an exclusive flock on `.latest.lock` over
-// the read-compare-write, so two processes (or threads) racing from the same
-// predecessor never both win.
+// updates/. A publisher killed mid-copy leaves its staging directory behind;
+// every later copying PublishFiles first removes the staging directories
+// whose lock no live publisher holds (RemoveAbandonedStaging), never one
+// that a concurrent publisher is still writing.
+//
+// AdvancePointer replaces `latest` atomically (temp file, fsync, rename,
+// fsync root) while holding an exclusive flock on `.latest.lock` over the
+// read-compare-write, so two processes (or threads) racing from the same
+// predecessor never both win. The first one, from an unset pointer, creates
+// the root and `updates/`: opening creates nothing (store.h, "Existence").
 //
 // Error messages start with "store file:///<root>".
 //
@@ -20,11 +32,14 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "stitch/format/fileio.h"
 #include "stitch/store/store.h"
 #include "stitch/store/version_dir.h"
 
@@ -33,10 +48,10 @@ namespace stitch {
 class FsStore final : public Store {
  public:
   // Opens the store rooted at `root` (made absolute against the current
-  // directory) for `run_id`, creating `root` and `root/updates` if missing.
-  // `run_id` must pass ValidateRunId, or be empty for a read-only view that
-  // creates nothing (a missing root reads as an unset pointer) and refuses
-  // PublishFiles and AdvancePointer.
+  // directory) for `run_id`. Creates nothing: a missing root reads as an
+  // unset pointer, and the first AdvancePointer (a claim) creates `root` and
+  // `root/updates`. `run_id` must pass ValidateRunId, or be empty for a
+  // read-only view that refuses PublishFiles and AdvancePointer.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FsStore>> Open(
       const std::filesystem::path& root, std::string run_id);
 
@@ -50,6 +65,9 @@ class FsStore final : public Store {
   [[nodiscard]] absl::Status Refresh() override;
 
   [[nodiscard]] absl::StatusOr<std::optional<VersionRef>> ReadPointer() override;
+
+  // From an unset pointer, creates the store first (`root` and
+  // `root/updates`, fsync'ed): the claim that makes it exist.
   [[nodiscard]] absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                                             const VersionRef& proposed) override;
 
@@ -58,7 +76,8 @@ class FsStore final : public Store {
   // it already is that directory (fsyncing it, and writing metadata.version
   // into its index when missing). An existing version with identical files
   // (same names, same bytes) is a successful retry; any difference is an
-  // AlreadyExists error: versions are immutable.
+  // AlreadyExists error: versions are immutable. FailedPrecondition when the
+  // root does not exist (PublishFiles never creates a store).
   [[nodiscard]] absl::Status PublishFiles(int64_t version,
                                           const std::filesystem::path& dir) override;
 
@@ -68,11 +87,43 @@ class FsStore final : public Store {
   // The version's own directory, after checking every payload file exists.
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
 
+  // Removes the staging directories under `updates/` that no live publisher
+  // holds: those whose lock file's flock it can take (its writer died), and
+  // those without a lock file (left by a stitch that did not lock them).
+  // Returns how many it removed. Safe to call while other processes
+  // publish: a directory whose writer is alive is never touched.
+  [[nodiscard]] absl::StatusOr<int> RemoveAbandonedStaging();
+
+  // Test hook: runs `hook` inside PublishFiles once the staging directory is
+  // complete, just before it is renamed into place (a test can stop or kill
+  // the publisher there). Set it before use.
+  void SetBeforeRenameForTesting(std::function<void()> hook) { before_rename_ = std::move(hook); }
+
  private:
   FsStore(std::filesystem::path root, std::string run_id);
 
   // "store file:///<root>", the prefix of every message.
   const std::string& where() const { return where_; }
+  // Creates `root` and `root/updates` (and missing parents), durably.
+  [[nodiscard]] absl::Status CreateRoot();
+  // OK when the root exists; creates `updates/` in it when missing.
+  // FailedPrecondition for a missing root: publishing never creates a store.
+  [[nodiscard]] absl::Status RequireUpdatesDir();
+  // A staging directory and its lock, held while this lives; destroying it
+  // removes whatever is left of the directory, then the lock file.
+  struct StagingDir {
+    std::filesystem::path path;
+    std::filesystem::path lock_path;
+    UniqueFd lock;
+    StagingDir() = default;
+    StagingDir(StagingDir&& o) noexcept
+        : path(std::exchange(o.path, {})),
+          lock_path(std::exchange(o.lock_path, {})),
+          lock(std::move(o.lock)) {}
+    StagingDir& operator=(StagingDir&&) = delete;
+    ~StagingDir();
+  };
+  [[nodiscard]] absl::StatusOr<StagingDir> CreateStagingDir(const std::filesystem::path& final_dir);
   [[nodiscard]] absl::Status CopyIn(const VersionDirContents& contents,
                                     const std::filesystem::path& final_dir);
   [[nodiscard]] absl::Status Adopt(const VersionDirContents& contents,
@@ -86,6 +137,7 @@ class FsStore final : public Store {
   const std::string run_id_;
   const std::string uri_;
   const std::string where_;
+  std::function<void()> before_rename_;
 };
 
 // "file:///abs/path" for an absolute path, percent-encoding what a URI path

@@ -2,6 +2,10 @@
 // staging directories, and how it reads what other writers left behind.
 #include "stitch/store/fs_store.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <set>
 
 #include <gmock/gmock.h>
@@ -37,15 +41,59 @@ class FsStoreTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }
+  // Claims run-a at version 0, which creates the store.
+  void Claim() { ASSERT_TRUE(store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 0}).ok()); }
+  // The root alone, for tests that write the pointer file behind the store.
+  void MakeRoot() { fs::create_directories(root_); }
+
   TempDir tmp_;
   fs::path root_ = tmp_ / "runs" / "a";
   std::unique_ptr<FsStore> store_;
 };
 
-TEST_F(FsStoreTest, OpenCreatesTheRootAndItsUpdatesDirectory) {
-  EXPECT_TRUE(fs::is_directory(root_ / "updates"));
+TEST_F(FsStoreTest, OpeningCreatesNothingAndTheFirstPointerCreatesTheStore) {
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
   EXPECT_EQ(store_->root(), root_);
   EXPECT_EQ(store_->uri(), "file://" + root_.string());
+  EXPECT_EQ(*store_->ReadPointer(), std::nullopt);
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+  Claim();
+  EXPECT_TRUE(fs::is_directory(root_ / "updates"));
+  EXPECT_EQ(*ReadFileToString(root_ / "latest"), "run-a/weight_v000000");
+}
+
+TEST_F(FsStoreTest, OnlyAMoveFromUnsetCreatesAMissingStore) {
+  // A compare-and-swap from a pointer the missing store never had is a
+  // conflict, and leaves no directory behind.
+  absl::Status s = store_->AdvancePointer(VersionRef{"run-a", 0}, VersionRef{"run-a", 1});
+  EXPECT_EQ(GetErrorKind(s), ErrorKind::kPointerConflict) << s;
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+  // So does a view, which never writes.
+  auto view = FsStore::Open(root_, "");
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument((*view)->AdvancePointer(std::nullopt, {"run-a", 0})));
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+}
+
+TEST_F(FsStoreTest, PublishingIntoAMissingStoreCreatesNothing) {
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  absl::Status s = store_->PublishFiles(1, *src);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the store does not exist"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("`stitch claim`"));
+  EXPECT_FALSE(fs::exists(tmp_ / "runs"));
+}
+
+TEST_F(FsStoreTest, AStoreWithoutUpdatesGetsItWhenPublishing) {
+  // Claimed, then its updates/ removed (or claimed by a stitch that made it
+  // only when publishing).
+  Claim();
+  fs::remove(root_ / "updates");
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  EXPECT_TRUE(store_->ReadManifest(1).ok());
 }
 
 TEST_F(FsStoreTest, RelativeRootIsMadeAbsolute) {
@@ -55,7 +103,7 @@ TEST_F(FsStoreTest, RelativeRootIsMadeAbsolute) {
   fs::current_path(saved);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->root(), tmp_ / "rel" / "store");
-  EXPECT_TRUE(fs::is_directory(tmp_ / "rel" / "store" / "updates"));
+  EXPECT_FALSE(fs::exists(tmp_ / "rel"));
 }
 
 TEST_F(FsStoreTest, UriPercentEncodesWhatAPathMayHold) {
@@ -88,6 +136,7 @@ TEST_F(FsStoreTest, PointerIsAFileHoldingTheIdentity) {
 }
 
 TEST_F(FsStoreTest, LegacyAndBarePointersAreRead) {
+  MakeRoot();
   ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "7\n").ok());
   EXPECT_EQ(*store_->ReadPointer(), (VersionRef{"", 7}));
   ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_v000008").ok());
@@ -95,6 +144,7 @@ TEST_F(FsStoreTest, LegacyAndBarePointersAreRead) {
 }
 
 TEST_F(FsStoreTest, GarbagePointerMessageNamesStoreAndText) {
+  MakeRoot();
   ASSERT_TRUE(WriteFileAtomically(root_ / "latest", "weight_vx").ok());
   auto p = store_->ReadPointer();
   ASSERT_FALSE(p.ok());
@@ -105,6 +155,7 @@ TEST_F(FsStoreTest, GarbagePointerMessageNamesStoreAndText) {
 }
 
 TEST_F(FsStoreTest, PublishCopiesOnlyTheIndexAndPayloadIntoItsVersionDirectory) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(WriteFileAtomically(*src / "notes.txt", "scratch").ok());
@@ -119,6 +170,7 @@ TEST_F(FsStoreTest, PublishCopiesOnlyTheIndexAndPayloadIntoItsVersionDirectory) 
 }
 
 TEST_F(FsStoreTest, MissingShardLeavesNothingUnderUpdates) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   fs::remove(*src / "model-00001-of-00002.safetensors");
@@ -127,6 +179,7 @@ TEST_F(FsStoreTest, MissingShardLeavesNothingUnderUpdates) {
 }
 
 TEST_F(FsStoreTest, AdoptsADirectoryAlreadyAtItsFinalPath) {
+  Claim();
   auto dir = WriteTestVersion(root_ / "updates", 2, {.record_version = false});
   ASSERT_TRUE(dir.ok());
   std::string shard = *ReadFileToString(*dir / "model-00001-of-00002.safetensors");
@@ -142,6 +195,7 @@ TEST_F(FsStoreTest, AdoptsADirectoryAlreadyAtItsFinalPath) {
 }
 
 TEST_F(FsStoreTest, LeftoverStagingDirectoriesAreNeverVersions) {
+  Claim();
   // A publisher that crashed mid-copy leaves a dot-named staging directory.
   auto crashed =
       testing::WriteTestVersionAt(root_ / "updates" / ".weight_v000003.tmp-1-00000000deadbeef", 3);
@@ -151,9 +205,94 @@ TEST_F(FsStoreTest, LeftoverStagingDirectoriesAreNeverVersions) {
   ASSERT_TRUE(src.ok());
   EXPECT_TRUE(store_->PublishFiles(3, *src).ok());
   EXPECT_TRUE(store_->ReadManifest(3).ok());
+  // It had no lock (an older stitch's): the publish cleared it.
+  EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000003"}));
+}
+
+// Forks a process that publishes `src` as `version` into the store at
+// `root` and stops just before its staging directory is renamed into place,
+// holding everything a live publisher holds. Returns its pid once it got
+// there; it runs until killed.
+pid_t StartStuckPublisher(const fs::path& root, const fs::path& src, int64_t version) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    auto store = FsStore::Open(root, "run-a");
+    if (!store.ok()) std::_Exit(1);
+    (*store)->SetBeforeRenameForTesting([fd = ready[1]] {
+      char c = 'r';
+      if (::write(fd, &c, 1) != 1) std::_Exit(1);
+      for (;;) ::pause();
+    });
+    (void)(*store)->PublishFiles(version, src);
+    std::_Exit(1);
+  }
+  ::close(ready[1]);
+  char c;
+  const bool reached = pid > 0 && ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+  return reached ? pid : -1;
+}
+
+std::set<std::string> StagingEntries(const fs::path& updates) {
+  std::set<std::string> out;
+  for (const std::string& name : Entries(updates)) {
+    if (name.starts_with(".")) out.insert(name);
+  }
+  return out;
+}
+
+TEST_F(FsStoreTest, AKilledPublishersStagingIsRemovedAndALiveOnesIsKept) {
+  Claim();
+  auto big = WriteTestVersion(tmp_ / "src", 5, {.elements = 1 << 14});
+  ASSERT_TRUE(big.ok());
+  pid_t publisher = StartStuckPublisher(root_, *big, 5);
+  ASSERT_GT(publisher, 0);
+  // Alive, mid-publish: its staging directory and lock are there, and no
+  // cleaner touches them, however often it runs.
+  std::set<std::string> staging = StagingEntries(root_ / "updates");
+  ASSERT_EQ(staging.size(), 2u) << ::testing::PrintToString(staging);
+  auto other = FsStore::Open(root_, "run-a");
+  ASSERT_TRUE(other.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*(*other)->RemoveAbandonedStaging(), 0);
+  auto src = WriteTestVersion(tmp_ / "src2", 6);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE((*other)->PublishFiles(6, *src).ok());  // a publish cleans too
+  EXPECT_EQ(StagingEntries(root_ / "updates"), staging);
+
+  // Killed: nobody holds the lock any more, so the next cleaner removes both.
+  ASSERT_EQ(::kill(publisher, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(publisher, &status, 0), publisher);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(*(*other)->RemoveAbandonedStaging(), 1);
+  EXPECT_THAT(StagingEntries(root_ / "updates"), ::testing::IsEmpty());
+  // The version the killed publisher never finished publishes normally.
+  ASSERT_TRUE(store_->PublishFiles(5, *big).ok());
+  EXPECT_EQ(Entries(root_ / "updates"),
+            (std::set<std::string>{"weight_v000005", "weight_v000006"}));
+}
+
+TEST_F(FsStoreTest, APublishThatFailsLeavesNoStagingBehind) {
+  Claim();
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  store_->SetBeforeRenameForTesting([&] {
+    // Someone else published other bytes under the same version meanwhile.
+    auto other = WriteTestVersion(tmp_ / "other", 1, {.seed = 7});
+    ASSERT_TRUE(other.ok());
+    auto second = FsStore::Open(root_, "run-a");
+    ASSERT_TRUE(second.ok());
+    ASSERT_TRUE((*second)->PublishFiles(1, *other).ok());
+  });
+  EXPECT_TRUE(absl::IsAlreadyExists(store_->PublishFiles(1, *src)));
+  EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000001"}));
 }
 
 TEST_F(FsStoreTest, ChangedByteInAPublishedShardIsRefused) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
@@ -169,6 +308,7 @@ TEST_F(FsStoreTest, ChangedByteInAPublishedShardIsRefused) {
 }
 
 TEST_F(FsStoreTest, ExtraFileInAPublishedVersionMakesItDifferent) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
@@ -179,6 +319,7 @@ TEST_F(FsStoreTest, ExtraFileInAPublishedVersionMakesItDifferent) {
 }
 
 TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {
+  Claim();
   ASSERT_TRUE(fs::create_directories(root_ / "updates" / "weight_v000004"));
   ASSERT_TRUE(
       WriteFileAtomically(root_ / "updates/weight_v000004/model.safetensors.index.json", "[1]")
@@ -189,6 +330,7 @@ TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {
 }
 
 TEST_F(FsStoreTest, StoredIndexOfAnotherVersionIsDataLoss) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 5);
   ASSERT_TRUE(src.ok());
   fs::rename(*src, root_ / "updates" / "weight_v000006");
@@ -196,6 +338,7 @@ TEST_F(FsStoreTest, StoredIndexOfAnotherVersionIsDataLoss) {
 }
 
 TEST_F(FsStoreTest, MaterializeNoticesAMissingPayloadFile) {
+  Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());

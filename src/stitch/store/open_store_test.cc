@@ -36,6 +36,9 @@ TEST(OpenStoreTest, FileUriIsPercentDecoded) {
   TempDir tmp;
   std::string uri = "file://" + tmp.path().string() + "/a%20b";
   EXPECT_EQ(UriOf(uri), uri);
+  auto store = OpenStore(uri, StoreOptions{"run-a", {}});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->AdvancePointer(std::nullopt, VersionRef{"run-a", 0}).ok());  // creates it
   EXPECT_TRUE(fs::is_directory(tmp / "a b" / "updates"));
   EXPECT_EQ(UriOf("file://localhost" + tmp.path().string() + "/c"),
             "file://" + tmp.path().string() + "/c");

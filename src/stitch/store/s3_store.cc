@@ -564,6 +564,7 @@ absl::StatusOr<std::vector<StoredFile>> S3Store::UploadVersionFiles(
       return absl::InvalidArgumentError(
           absl::StrCat(where_, ": ", Quoted(name), " is not a payload file name"));
     }
+    if (absl::Status s = CheckPlainFile(dir, name); !s.ok()) return Annotate(s, where_);
     uploads[i].version = version;
     uploads[i].name = name;
     uploads[i].key = VersionKey(version, name);

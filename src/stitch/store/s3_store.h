@@ -106,8 +106,9 @@ class S3Store final : public Store {
 
   // ---- Pieces of the multi-host protocol (publish/multihost.h) ----
 
-  // Uploads `files` (payload names relative to `dir`) as part of `version`
-  // without its index, with PublishFiles' immutability and verification.
+  // Uploads `files` (payload names relative to `dir`, each a plain file:
+  // version_dir.h CheckPlainFile) as part of `version` without its index,
+  // with PublishFiles' immutability and verification.
   // Returns the files as the store now holds them.
   [[nodiscard]] absl::StatusOr<std::vector<StoredFile>> UploadVersionFiles(
       int64_t version, const std::filesystem::path& dir, const std::vector<std::string>& files);

@@ -14,6 +14,23 @@
 // name them. PublishFiles makes them so; AdvancePointer moves the pointer
 // with a compare-and-swap.
 //
+// Existence: a store exists once it has been claimed, that is once its
+// pointer exists:
+//   filesystem  the file `<root>/latest` exists (a root directory without
+//               it, or no root at all, is a store that does not exist);
+//   S3          the object `<prefix>/latest` exists (S3 has no directories:
+//               other objects under the prefix do not make a store);
+//   in-memory   its pointer was set in this process.
+// Opening a store creates nothing and does not require it to exist (a
+// trainer opens a missing store to claim it). Only the first pointer write,
+// AdvancePointer from an unset pointer, creates a store: the filesystem
+// store makes its root and `updates/` directories then. Claiming a run is
+// the only operation that writes a pointer that was unset (publishing
+// refuses an unclaimed run); every other command refuses a store that does
+// not exist (ReadClaimedPointer below) instead of serving or creating an
+// empty one under a mistyped name. PublishFiles never creates a store either:
+// the filesystem store refuses a missing root.
+//
 // Thread-safety: implementations are safe to call from several threads. All
 // calls block (disk or network): never call them on an event-loop thread.
 #pragma once
@@ -87,5 +104,11 @@ struct StoreOptions {
 };
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
                                                                const StoreOptions& options);
+
+// What the pointer of an existing store names (see "Existence" above). A
+// store that does not exist is FailedPrecondition, one line naming the store
+// and saying to check its URI or to claim a run in it (`stitch claim`);
+// errors reading the pointer pass through.
+[[nodiscard]] absl::StatusOr<VersionRef> ReadClaimedPointer(Store& store);
 
 }  // namespace stitch

@@ -1,5 +1,7 @@
 // The Store contract, run against every adapter (filesystem and in-memory):
 // what one adapter promises, the other must too.
+#include <sys/stat.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -56,6 +58,7 @@ std::vector<Adapter> Adapters() {
                 return s.ok() ? std::unique_ptr<Store>(*std::move(s)) : nullptr;
               },
               [](const TempDir& tmp, Store&, const std::string& text) {
+                fs::create_directories(tmp / "store");
                 ASSERT_TRUE(WriteFileAtomically(tmp / "store" / "latest", text).ok());
               }},
       Adapter{"Mem",
@@ -89,6 +92,8 @@ class StoreContractTest : public ::testing::TestWithParam<Adapter> {
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *p : std::nullopt;
   }
+  // Claims run-a at version 0: what makes the store exist.
+  void Claim() { ASSERT_TRUE(store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 0}).ok()); }
 
   TempDir tmp_;
   const std::string key_ = UniqueKey();
@@ -176,6 +181,7 @@ TEST_P(StoreContractTest, PointerTextWithNewlineParses) {
 }
 
 TEST_P(StoreContractTest, PublishThenReadManifestAndMaterialize) {
+  Claim();
   fs::path src = Version(1);
   ASSERT_TRUE(store_->PublishFiles(1, src).ok());
   auto m = store_->ReadManifest(1);
@@ -193,17 +199,36 @@ TEST_P(StoreContractTest, PublishThenReadManifestAndMaterialize) {
 }
 
 TEST_P(StoreContractTest, PublishingDoesNotMoveThePointer) {
+  Claim();
   ASSERT_TRUE(store_->PublishFiles(1, Version(1)).ok());
-  EXPECT_EQ(Pointer(), std::nullopt);
+  EXPECT_EQ(Pointer(), A(0));
+}
+
+TEST_P(StoreContractTest, AStoreExistsOnceClaimed) {
+  auto missing = ReadClaimedPointer(*store_);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing.status())) << missing.status();
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("store " + store_->uri() + " does not exist"));
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("`stitch claim`"));
+  Claim();
+  auto claimed = ReadClaimedPointer(*store_);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_EQ(*claimed, A(0));
+  // Another handle, and a read-only view, see the same store.
+  EXPECT_EQ(*ReadClaimedPointer(*Open("run-b")), A(0));
+  EXPECT_EQ(*ReadClaimedPointer(*Open("")), A(0));
 }
 
 TEST_P(StoreContractTest, RepublishingIdenticalBytesIsARetry) {
+  Claim();
   ASSERT_TRUE(store_->PublishFiles(1, Version(1)).ok());
   // A second, byte-identical copy elsewhere.
   EXPECT_TRUE(store_->PublishFiles(1, Version(1)).ok());
 }
 
 TEST_P(StoreContractTest, RepublishingDifferentBytesIsRefused) {
+  Claim();
   fs::path first = Version(1, {.seed = 1});
   ASSERT_TRUE(store_->PublishFiles(1, first).ok());
   absl::Status s = store_->PublishFiles(1, Version(1, {.seed = 2}));
@@ -216,12 +241,14 @@ TEST_P(StoreContractTest, RepublishingDifferentBytesIsRefused) {
 }
 
 TEST_P(StoreContractTest, RepublishingADifferentFileSetIsRefused) {
+  Claim();
   ASSERT_TRUE(store_->PublishFiles(1, Version(1, {.shards = 2})).ok());
   absl::Status s = store_->PublishFiles(1, Version(1, {.shards = 3, .seed = 1}));
   EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
 }
 
 TEST_P(StoreContractTest, MissingShardIsRefusedAndNothingIsPublished) {
+  Claim();
   fs::path src = Version(1);
   fs::remove(src / "model-00002-of-00002.safetensors");
   absl::Status s = store_->PublishFiles(1, src);
@@ -230,7 +257,34 @@ TEST_P(StoreContractTest, MissingShardIsRefusedAndNothingIsPublished) {
   EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(1).status()));
 }
 
+TEST_P(StoreContractTest, LinksAndSpecialFilesAreRefusedAndNothingIsPublished) {
+  Claim();
+  fs::path src = Version(1);
+  const std::string shard = "model-00001-of-00002.safetensors";
+  fs::remove(src / shard);
+  fs::create_symlink("/etc/passwd", src / shard);
+  absl::Status s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"" + shard + "\" is a symbolic link"));
+
+  fs::remove(src / shard);
+  ASSERT_EQ(::mkfifo((src / shard).c_str(), 0644), 0);
+  s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is a FIFO"));
+
+  // The index is copied too: it may not be a link either.
+  fs::path other = Version(2);
+  fs::rename(other / "model.safetensors.index.json", tmp_ / "index.json");
+  fs::create_symlink(tmp_ / "index.json", other / "model.safetensors.index.json");
+  s = store_->PublishFiles(2, other);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(1).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(2).status()));
+}
+
 TEST_P(StoreContractTest, IndexVersionMustMatch) {
+  Claim();
   fs::path src = Version(1);
   absl::Status s = store_->PublishFiles(2, src);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
@@ -239,6 +293,7 @@ TEST_P(StoreContractTest, IndexVersionMustMatch) {
 }
 
 TEST_P(StoreContractTest, IndexWithoutVersionIsStoredWithIt) {
+  Claim();
   ASSERT_TRUE(store_->PublishFiles(7, Version(7, {.record_version = false})).ok());
   auto m = store_->ReadManifest(7);
   ASSERT_TRUE(m.ok()) << m.status();
@@ -246,6 +301,7 @@ TEST_P(StoreContractTest, IndexWithoutVersionIsStoredWithIt) {
 }
 
 TEST_P(StoreContractTest, PayloadInSubdirectory) {
+  Claim();
   ASSERT_TRUE(store_->PublishFiles(1, Version(1, {.file_prefix = "shards/"})).ok());
   auto dir = store_->Materialize(1);
   ASSERT_TRUE(dir.ok()) << dir.status();

@@ -1,15 +1,70 @@
 #include "stitch/store/version_dir.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <iterator>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
 #include "stitch/core/version.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
+namespace {
+
+std::string_view FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+absl::Status CheckPlainFile(const fs::path& dir, std::string_view name) {
+  const fs::path rel(name);
+  fs::path at = dir;
+  std::string shown;  // the components walked so far, "shards/a.safetensors"
+  for (auto it = rel.begin(); it != rel.end(); ++it) {
+    at /= *it;
+    absl::StrAppend(&shown, shown.empty() ? "" : "/", it->string());
+    const bool last = std::next(it) == rel.end();
+    struct stat st;
+    if (::lstat(at.c_str(), &st) != 0) {
+      if (errno == ENOENT) {
+        return absl::NotFoundError(
+            absl::StrCat(dir.string(), ": \"", absl::CEscape(shown), "\" does not exist"));
+      }
+      return ErrnoStatus(errno, "stat", at);
+    }
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code ec;
+      const fs::path target = fs::read_symlink(at, ec);
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir.string(), ": \"", absl::CEscape(shown), "\" is a symbolic link",
+          ec ? std::string() : absl::StrCat(" to ", target.string()),
+          "; a version directory holds only regular files: copy the file in (stitch delta full "
+          "makes a version of a checkpoint made of links)"));
+    }
+    if (!last && !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir.string(), ": \"", absl::CEscape(shown), "\" is not a directory"));
+    }
+    if (last && !S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir.string(), ": \"", absl::CEscape(shown), "\" is ", AbslView(FileTypeName(st.st_mode)),
+          "; a version directory holds only regular files"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t version) {
   if (absl::Status s = ValidateVersionNumber(version); !s.ok()) {
@@ -19,6 +74,9 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(
         absl::StrCat("version directory ", dir.string(), " does not exist or is not a directory"));
+  }
+  if (absl::Status s = CheckPlainFile(dir, kIndexFileName); !s.ok() && !absl::IsNotFound(s)) {
+    return s;
   }
   auto index = ReadIndex(dir);
   if (!index.ok()) return index.status();
@@ -50,12 +108,13 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
   }
   out.manifest = *std::move(manifest);
   for (const std::string& name : out.manifest.files) {
-    fs::path file = dir / name;
-    if (!fs::is_regular_file(file, ec)) {
+    absl::Status plain = CheckPlainFile(dir, name);
+    if (absl::IsNotFound(plain)) {
       return absl::NotFoundError(absl::StrCat(
           dir.string(), ": payload file \"", absl::CEscape(name),
           "\" named by the index's weight_map is missing; write every shard before publishing"));
     }
+    if (!plain.ok()) return plain;
   }
   return out;
 }

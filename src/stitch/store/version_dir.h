@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "stitch/core/manifest.h"
@@ -25,11 +26,24 @@ struct VersionDirContents {
 
 // Reads and checks `dir` as version `version` without writing anything: the
 // index parses (format/index.h ReadIndex), its metadata.version, if present,
-// equals `version`, every weight_map file exists as a regular file, and the
-// index describes a valid manifest (CheckpointIndex::ToManifest).
+// equals `version`, the index and every weight_map file are plain files
+// (CheckPlainFile), and the index describes a valid manifest
+// (CheckpointIndex::ToManifest).
 // Errors name the directory and the offending file: NotFound for a missing
-// directory or payload file, InvalidArgument for a bad or mismatched index.
+// directory or payload file, InvalidArgument for a bad or mismatched index,
+// a link or a special file.
+// The payload's contents are not read (format/delta_verify.h does that).
 [[nodiscard]] absl::StatusOr<VersionDirContents> ReadVersionDir(const std::filesystem::path& dir,
                                                                 int64_t version);
+
+// OK when `name` (relative, a safe payload file name) names a regular file
+// inside `dir` reached through real directories: no component below `dir`
+// is a symbolic link, and the file is no FIFO, socket, device or directory.
+// A store copies what a version directory's names lead to, so a link would
+// publish whatever it points at (a file outside the checkpoint) and a FIFO
+// would hang the publisher. InvalidArgument naming the file and what it is
+// otherwise; NotFound when it is missing. `dir` itself may be reached
+// through links. Hard links are regular files and are accepted.
+[[nodiscard]] absl::Status CheckPlainFile(const std::filesystem::path& dir, std::string_view name);
 
 }  // namespace stitch
