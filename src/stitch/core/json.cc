@@ -376,6 +376,7 @@ json::value PoolStateToJsonValue(const PoolState& p) {
     o["url"] = r.url;
     o["reachable"] = r.reachable;
     o["in_flight"] = r.in_flight;
+    o["stalled"] = r.stalled;
     o["last_error"] = r.last_error;
     replicas.push_back(std::move(o));
   }
