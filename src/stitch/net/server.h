@@ -62,6 +62,9 @@ namespace net_internal {
 class ServerConnection;
 }
 
+inline constexpr size_t kDefaultMaxBodyBytes = size_t{32} << 20;
+inline constexpr size_t kDefaultMaxTotalBodyBytes = size_t{512} << 20;
+
 struct ServerOptions {
   // Address to listen on: an IP literal or a name resolved once at start.
   std::string host = "127.0.0.1";
@@ -70,13 +73,13 @@ struct ServerOptions {
   // Largest request body accepted (413 beyond). Long agentic contexts make
   // prompts of several MB normal (a million tokens sent as `input_ids` is
   // about 7 MB of JSON); 32 MiB leaves room for images and batches.
-  size_t max_body_bytes = size_t{32} << 20;
+  size_t max_body_bytes = kDefaultMaxBodyBytes;
   // Request bodies held at once by all requests together (503 beyond; see
   // "Memory" above). A proxy holds about twice its bodies (the body and the
   // copy it sends on), so 512 MiB keeps that near 1 GiB while admitting 16
   // maximal requests, or hundreds of 1 MB prompts, at once. Raise it on a
   // gateway in front of a large fleet. REQUIRES: >= max_body_bytes.
-  size_t max_total_body_bytes = size_t{512} << 20;
+  size_t max_total_body_bytes = kDefaultMaxTotalBodyBytes;
   // Largest request header accepted (431 beyond).
   size_t max_header_bytes = size_t{64} << 10;
   // From the first byte of a request (or the accept) to its complete header.
