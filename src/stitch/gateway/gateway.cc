@@ -702,7 +702,8 @@ struct Gateway::Impl {
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
       if (absl::IsInvalidArgument(response.status())) {
-        (void)co_await exchange.Respond(Unsendable(response.status()));
+        HttpResponse refused = Unsendable(response.status());
+        (void)co_await exchange.Respond(std::move(refused));
         co_return Outcome::kDone;
       }
       last_failure->emplace(Unreachable(r, response.status()));
@@ -736,7 +737,8 @@ struct Gateway::Impl {
     if (!stream.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
       if (absl::IsInvalidArgument(stream.status())) {
-        (void)co_await exchange.Respond(Unsendable(stream.status()));
+        HttpResponse refused = Unsendable(stream.status());
+        (void)co_await exchange.Respond(std::move(refused));
         co_return Outcome::kDone;
       }
       last_failure->emplace(Unreachable(r, stream.status()));
@@ -802,7 +804,8 @@ struct Gateway::Impl {
     if (!response.ok()) {
       if (exchange.disconnected()) co_return;
       if (absl::IsInvalidArgument(response.status())) {
-        (void)co_await exchange.Respond(Unsendable(response.status()));
+        HttpResponse refused = Unsendable(response.status());
+        (void)co_await exchange.Respond(std::move(refused));
         co_return;
       }
       const std::string why(response.status().message());

@@ -106,6 +106,7 @@ class ScriptedReplica {
     });
   }
   int held() const { return held_; }
+  void set_info_hangs(bool hangs) { info_hangs_ = hangs; }
   void set_mode(Mode mode) { mode_ = mode; }
   int generates() const { return generates_; }
   int wakes() const { return wakes_; }
@@ -120,6 +121,10 @@ class ScriptedReplica {
   std::string Applied() const { return VersionRef{run(), version_}.ToString(); }
 
   awaitable<void> ServerInfo(HttpExchange& ex) {
+    if (info_hangs_) {  // a frozen sidecar: the probe gets nothing
+      co_await ex.WaitDisconnected();
+      co_return;
+    }
     ReplicaState s;
     s.ready = ready_;
     s.applied = VersionRef{run(), version_};
@@ -230,6 +235,7 @@ class ScriptedReplica {
   std::atomic<int> others_{0};
   std::atomic<int> disconnects_{0};
   std::atomic<int> held_{0};
+  std::atomic<bool> info_hangs_{false};
   mutable std::mutex mu_;
   std::string run_ = "r1";
   // Loop thread only.
@@ -759,6 +765,25 @@ TEST_F(GatewayTest, AStalledReplicaWithNothingOutstandingGetsOneRequestAtATime) 
   frozen.Release();
   EXPECT_THAT(trial->ReadUntil("\r\n\r\n"), HasSubstr("HTTP/1.1 200"));
   EXPECT_TRUE(Eventually([&] { return !Stalled(frozen); }));
+}
+
+// A replica whose /server_info stops answering (the whole replica froze)
+// leaves rotation after one probe timeout.
+TEST_F(GatewayTest, AReplicaWhoseProbeTimesOutLeavesRotation) {
+  ScriptedReplica& frozen = AddReplica(true, 1);
+  ScriptedReplica& other = AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.probe_timeout = 200ms;
+  StartGateway(StaticSpec(), options);
+  ASSERT_TRUE(ReadyCount(2));
+  frozen.set_info_hangs(true);
+  ASSERT_TRUE(Eventually([&] { return !StatusOf(frozen)->reachable; }));
+  EXPECT_EQ(Snapshot().ready_count(), 1);
+  const int before = frozen.generates();
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("").replica, other.url());
+  EXPECT_EQ(frozen.generates(), before);
+  frozen.set_info_hangs(false);
+  EXPECT_TRUE(ReadyCount(2));
 }
 
 // Closed-loop clients against three replicas, one of which freezes: the

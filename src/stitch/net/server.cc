@@ -161,7 +161,8 @@ class ServerConnection {
         co_return;
       }
       if (std::optional<std::string> refusal = RefuseTarget(parser_->get()); refusal.has_value()) {
-        co_await AnswerAndClose(JsonResponse(400, JsonErrorBody("BadRequest", *refusal)));
+        HttpResponse answer = JsonResponse(400, JsonErrorBody("BadRequest", *refusal));
+        co_await AnswerAndClose(std::move(answer));
         co_return;
       }
       if (!parser_->is_done()) {
@@ -268,22 +269,25 @@ class ServerConnection {
   // Answers a request that could not be read, when there is someone to answer.
   boost::asio::awaitable<void> Reject(const boost::system::error_code& ec) {
     if (stopping_ || deadline_.expired() || !socket_.is_open()) co_return;
+    HttpResponse answer;
     if (ec == http::error::body_limit) {
-      co_await AnswerAndClose(JsonResponse(
-          413,
-          JsonErrorBody("PayloadTooLarge",
-                        absl::StrCat("the request body exceeds the server's limit of ",
-                                     options_.max_body_bytes, " bytes; send a smaller body"))));
+      answer = JsonResponse(
+          413, JsonErrorBody("PayloadTooLarge",
+                             absl::StrCat("the request body exceeds the server's limit of ",
+                                          options_.max_body_bytes, " bytes; send a smaller body")));
     } else if (ec == http::error::header_limit) {
-      co_await AnswerAndClose(JsonResponse(
+      answer = JsonResponse(
           431, JsonErrorBody("HeadersTooLarge",
                              absl::StrCat("the request header exceeds the server's limit of ",
-                                          options_.max_header_bytes, " bytes"))));
+                                          options_.max_header_bytes, " bytes")));
     } else if (IsParseError(ec)) {
-      co_await AnswerAndClose(JsonResponse(
+      answer = JsonResponse(
           400, JsonErrorBody("BadRequest", absl::StrCat("malformed HTTP request (", ec.message(),
-                                                        "); send a valid HTTP/1.1 request"))));
+                                                        "); send a valid HTTP/1.1 request")));
+    } else {
+      co_return;
     }
+    co_await AnswerAndClose(std::move(answer));
   }
 
   // Sends `res` (an answer of the server's own) and closes the connection.
