@@ -130,6 +130,8 @@ struct Gateway::Impl {
         sessions(this->options.session_table_bytes) {}
 
   enum class Outcome { kDone, kRetry, kClientGone };
+  // Why the gateway answers 409 itself.
+  enum class NotServed { kAfterWaiting, kNeverServable };
 
   // --- state --------------------------------------------------------------
   boost::asio::any_io_executor executor;
@@ -571,17 +573,16 @@ struct Gateway::Impl {
     std::vector<ReplicaPtr> tried;
     std::optional<HttpResponse> last_failure;
     bool waited = false;
-    bool unservable = false;
+    NotServed why = NotServed::kAfterWaiting;
     for (;;) {
       ReplicaPtr replica = Choose(constraint, session, tried);
       if (replica == nullptr) {
-        if (static_cast<int>(tried.size()) >= options.max_attempts || Clock::now() >= deadline) {
-          break;
-        }
+        if (static_cast<int>(tried.size()) >= options.max_attempts) break;
         if (NeverServable(constraint)) {
-          unservable = true;
+          why = NotServed::kNeverServable;
           break;
         }
+        if (Clock::now() >= deadline) break;
         if (!waited) {
           waited = true;
           ++counters.waited;
@@ -615,8 +616,8 @@ struct Gateway::Impl {
       co_return;
     }
     ++counters.rejected;
-    if (unservable) ++counters.unservable;
-    std::string conflict = NotReady(constraint, unservable);
+    if (why == NotServed::kNeverServable) ++counters.unservable;
+    std::string conflict = NotReady(constraint, why);
     co_await Respond(exchange, 409, std::move(conflict));
   }
 
@@ -628,17 +629,16 @@ struct Gateway::Impl {
     return ParseVersionedBody(body, parsed);
   }
 
-  // The 409 body when no ready replica satisfies `constraint`, after the
-  // wait or, when `unservable`, at once: `applied` is the newest version any
-  // ready replica serves.
-  std::string NotReady(const VersionConstraint& constraint, bool unservable) {
+  // The 409 body when no ready replica satisfies `constraint`, for `why`:
+  // `applied` is the newest version any ready replica serves.
+  std::string NotReady(const VersionConstraint& constraint, NotServed why) {
     Reindex();
     std::optional<VersionRef> newest;
     if (!routable.by_version.empty()) {
       newest = routable.by_version.rbegin()->second.front()->state.applied;
     }
     std::string message;
-    if (unservable) {
+    if (why == NotServed::kNeverServable) {
       message = absl::StrFormat(
           "no replica can serve %s any more: every replica of the pool has moved past it (the "
           "oldest has applied %s, and versions only move forward within a run); ask for a "
