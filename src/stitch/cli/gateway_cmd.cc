@@ -36,6 +36,7 @@ struct GatewayFlags {
   double poll_interval_s = 1;
   int max_attempts = 3;
   double stall_timeout_s = 5;
+  double probe_timeout_s = 2;
   uint64_t max_session_id_bytes = 0;  // GatewayOptions' defaults, set with the options
   uint64_t session_table_bytes = 0;
   BodyLimitArgs body_limits;
@@ -53,11 +54,12 @@ int RunGateway(const GatewayFlags& flags) {
   }
   if (flags.admission_wait_s < 0 || flags.poll_interval_s <= 0 || flags.max_attempts < 1 ||
       flags.session_header.empty() || !(flags.stall_timeout_s >= 0) ||
-      flags.max_session_id_bytes == 0 || flags.session_table_bytes == 0) {
+      !(flags.probe_timeout_s > 0) || flags.max_session_id_bytes == 0 ||
+      flags.session_table_bytes == 0) {
     ReportFailure(absl::InvalidArgumentError(
-        "gateway: --admission-wait and --stall-timeout must be >= 0, --poll-interval > 0, "
-        "--max-attempts >= 1, --max-session-id-bytes and --session-table-bytes above 0 and "
-        "--session-header non-empty"));
+        "gateway: --admission-wait and --stall-timeout must be >= 0, --poll-interval and "
+        "--probe-timeout > 0, --max-attempts >= 1, --max-session-id-bytes and "
+        "--session-table-bytes above 0 and --session-header non-empty"));
     return kExitRefused;
   }
   absl::StatusOr<ServerOptions> server =
@@ -83,6 +85,7 @@ int RunGateway(const GatewayFlags& flags) {
   options.poll_interval = Millis(flags.poll_interval_s);
   options.max_attempts = flags.max_attempts;
   options.stall_timeout = Millis(flags.stall_timeout_s);
+  options.probe_timeout = Millis(flags.probe_timeout_s);
   options.max_session_id_bytes = flags.max_session_id_bytes;
   options.session_table_bytes = flags.session_table_bytes;
 
@@ -142,6 +145,9 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--stall-timeout", flags.stall_timeout_s,
                   "Seconds a replica may keep requests outstanding while sending nothing back "
                   "before new requests go to other replicas (0 disables the watch)")
+      ->capture_default_str();
+  cmd->add_option("--probe-timeout", flags.probe_timeout_s,
+                  "Seconds a replica's /server_info may take before it leaves rotation")
       ->capture_default_str();
   cmd->add_option("--max-session-id-bytes", flags.max_session_id_bytes,
                   "Longest session id accepted (400 beyond)")
