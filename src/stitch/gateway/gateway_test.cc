@@ -944,7 +944,13 @@ TEST_F(GatewayTest, SessionIdsAreBoundedInLengthAndInTotal) {
     id.resize(300, 'x');
     ASSERT_EQ(Generate("", id).status, 200);
   }
-  const std::string metrics = MetricsText();
+  std::string metrics;
+  ASSERT_TRUE(Eventually([&] {  // the last session is recorded just after its answer
+    metrics = MetricsText();
+    return MetricValue(metrics, "stitch_gateway_sessions") +
+               MetricValue(metrics, "stitch_gateway_sessions_evicted_total") ==
+           200;
+  }));
   const int64_t sessions = MetricValue(metrics, "stitch_gateway_sessions");
   EXPECT_GT(sessions, 0);
   EXPECT_LT(sessions, (16 << 10) / 300);
