@@ -214,6 +214,42 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_FALSE(fs::exists(tmp_ / x));
 }
 
+// The serving commands refuse body limits that cannot work, before they start
+// anything.
+TEST_F(CliTest, ServingCommandsRefuseInconsistentBodyLimits) {
+  const std::string x = (tmp_ / "x").string();
+  const std::vector<std::string> gateway = {"gateway", "--pool", "static:http://127.0.0.1:1",
+                                            "--port", "0"};
+  const std::vector<std::string> sidecar = {"sidecar",
+                                            "--store",
+                                            x,
+                                            "--run-id",
+                                            "run-a",
+                                            "--engine-url",
+                                            "http://127.0.0.1:1",
+                                            "--base-checkpoint",
+                                            x,
+                                            "--local-checkpoint",
+                                            x,
+                                            "--port",
+                                            "0"};
+  for (std::vector<std::string> args : {gateway, sidecar}) {
+    for (const std::vector<std::string>& limits : std::vector<std::vector<std::string>>{
+             {"--max-body-bytes", "64MiB", "--max-total-body-bytes", "32MiB"},
+             {"--max-body-bytes", "0"},
+         }) {
+      std::vector<std::string> full = args;
+      full.insert(full.end(), limits.begin(), limits.end());
+      ProcessResult r = Stitch(full);
+      EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(full) << "\n" << r.err;
+      EXPECT_THAT(r.err, IsOneFailureLine());
+      EXPECT_THAT(r.err, HasSubstr("--max-total-body-bytes"));
+      EXPECT_THAT(r.err, HasSubstr(args[0] + ": "));
+    }
+  }
+  EXPECT_FALSE(fs::exists(x));
+}
+
 TEST_F(CliTest, HelpExitsZero) {
   ProcessResult r = Stitch({"--help"});
   EXPECT_EQ(r.exit_code, 0);

@@ -221,6 +221,29 @@ class GatewayIntegrationTest : public ::testing::Test {
   std::string gateway_url_;
 };
 
+// The limits on what a client may make the gateway hold come from its flags
+// (sizes with units); no replica is needed to see them.
+TEST(GatewayProcessTest, BodyAndSessionLimitsComeFromTheFlags) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  ServerProcess gateway({testing::StitchBinary(), "gateway", "--pool",
+                         "static:http://127.0.0.1:" + std::to_string(testing::UnusedPort()),
+                         "--host", "127.0.0.1", "--port", "0", "--admission-wait", "0",
+                         "--max-body-bytes", "1KiB", "--max-total-body-bytes", "4KiB",
+                         "--max-session-id-bytes", "8", "--session-table-bytes", "1MiB"});
+  auto url = gateway.WaitForUrl(kStartTimeout);
+  ASSERT_TRUE(url.has_value()) << gateway.err();
+  auto big = HttpFetch("POST", *url + "/generate", std::string(2048, ' ') + "{}");
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->status, 413);
+  EXPECT_THAT(big->body, HasSubstr("1024"));
+  FetchOptions options;
+  options.headers.Set("X-Session-Id", "123456789");
+  auto session = HttpFetch("POST", *url + "/generate", R"({"text":"hi"})", options);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(session->status, 400);
+  EXPECT_THAT(session->body, HasSubstr("X-Session-Id"));
+}
+
 TEST_F(GatewayIntegrationTest, RoutesByVersionKeepsSessionsWaitsAndRetries) {
   Replica& v0 = StartReplica(0, 0);
   Replica& v1 = StartReplica(1, 1);

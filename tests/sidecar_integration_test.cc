@@ -346,6 +346,19 @@ TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {
   EXPECT_EQ(Generate(url_, "").status, 200);
 }
 
+TEST_F(SidecarIntegrationTest, RequestBodiesAreBoundedByTheFlags) {
+  FleetOptions options;
+  options.sidecar_flags = {"--max-body-bytes", "1KiB", "--max-total-body-bytes", "1MiB"};
+  StartFleet(options);
+  ASSERT_TRUE(ServesVersion(0));
+  auto big = Call("POST", "/generate", R"({"text":")" + std::string(2048, 'a') + R"("})");
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->status, 413);
+  EXPECT_EQ(Parse(big->body).at("type").as_string(), "PayloadTooLarge");
+  EXPECT_THAT(big->body, HasSubstr("1024"));
+  EXPECT_EQ(Generate(url_, "").status, 200);
+}
+
 TEST_F(SidecarIntegrationTest, StreamedEventsAreEachStamped) {
   StartFleet();
   ASSERT_TRUE(ServesVersion(0));

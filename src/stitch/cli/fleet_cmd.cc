@@ -152,6 +152,9 @@ absl::StatusOr<PoolState> FromGateway(const std::string& gateway) {
     if (const json::value* v = o.if_contains("in_flight"); v != nullptr && v->is_int64()) {
       s.in_flight = v->get_int64();
     }
+    if (const json::value* v = o.if_contains("stalled"); v != nullptr && v->is_bool()) {
+      s.stalled = v->get_bool();
+    }
     if (const json::value* v = o.if_contains("last_error"); v != nullptr && v->is_string()) {
       s.last_error = std::string(v->get_string());
     }

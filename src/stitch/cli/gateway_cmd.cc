@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/server_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/event_loop.h"
@@ -34,6 +35,11 @@ struct GatewayFlags {
   double admission_wait_s = 30;
   double poll_interval_s = 1;
   int max_attempts = 3;
+  double stall_timeout_s = 5;
+  double probe_timeout_s = 2;
+  uint64_t max_session_id_bytes = 0;  // GatewayOptions' defaults, set with the options
+  uint64_t session_table_bytes = 0;
+  BodyLimitArgs body_limits;
 };
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -47,10 +53,19 @@ int RunGateway(const GatewayFlags& flags) {
     return kExitRefused;
   }
   if (flags.admission_wait_s < 0 || flags.poll_interval_s <= 0 || flags.max_attempts < 1 ||
-      flags.session_header.empty()) {
+      flags.session_header.empty() || !(flags.stall_timeout_s >= 0) ||
+      !(flags.probe_timeout_s > 0) || flags.max_session_id_bytes == 0 ||
+      flags.session_table_bytes == 0) {
     ReportFailure(absl::InvalidArgumentError(
-        "gateway: --admission-wait must be >= 0, --poll-interval > 0, --max-attempts >= 1 and "
-        "--session-header non-empty"));
+        "gateway: --admission-wait and --stall-timeout must be >= 0, --poll-interval and "
+        "--probe-timeout > 0, --max-attempts >= 1, --max-session-id-bytes and "
+        "--session-table-bytes above 0 and --session-header non-empty"));
+    return kExitRefused;
+  }
+  absl::StatusOr<ServerOptions> server =
+      WithBodyLimits(ServerOptions{}, flags.body_limits, "gateway");
+  if (!server.ok()) {
+    ReportFailure(server.status());
     return kExitRefused;
   }
   auto pool = MakePool(flags.pool);
@@ -62,12 +77,17 @@ int RunGateway(const GatewayFlags& flags) {
   RaiseOpenFileLimit();
 
   GatewayOptions options;
+  options.server = *std::move(server);
   options.server.host = flags.host;
   options.server.port = static_cast<uint16_t>(flags.port);
   options.session_header = flags.session_header;
   options.admission_wait = Millis(flags.admission_wait_s);
   options.poll_interval = Millis(flags.poll_interval_s);
   options.max_attempts = flags.max_attempts;
+  options.stall_timeout = Millis(flags.stall_timeout_s);
+  options.probe_timeout = Millis(flags.probe_timeout_s);
+  options.max_session_id_bytes = flags.max_session_id_bytes;
+  options.session_table_bytes = flags.session_table_bytes;
 
   WorkerPool workers(2);
   auto loop = std::make_unique<EventLoop>();
@@ -94,6 +114,9 @@ int RunGateway(const GatewayFlags& flags) {
 
 void AddGatewayCommand(CLI::App& app, int* exit_code) {
   static GatewayFlags flags;
+  const GatewayOptions defaults;
+  flags.max_session_id_bytes = defaults.max_session_id_bytes;
+  flags.session_table_bytes = defaults.session_table_bytes;
   CLI::App* cmd = app.add_subcommand(
       "gateway",
       "Route versioned rollout requests to the replicas of a pool that satisfy their version "
@@ -119,6 +142,22 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-attempts", flags.max_attempts,
                   "Replicas tried per request after a 409, a 503 or a connection failure")
       ->capture_default_str();
+  cmd->add_option("--stall-timeout", flags.stall_timeout_s,
+                  "Seconds a replica may keep requests outstanding while sending nothing back "
+                  "before new requests go to other replicas (0 disables the watch)")
+      ->capture_default_str();
+  cmd->add_option("--probe-timeout", flags.probe_timeout_s,
+                  "Seconds a replica's /server_info may take before it leaves rotation")
+      ->capture_default_str();
+  cmd->add_option("--max-session-id-bytes", flags.max_session_id_bytes,
+                  "Longest session id accepted (400 beyond)")
+      ->capture_default_str();
+  cmd->add_option("--session-table-bytes", flags.session_table_bytes,
+                  "Memory for remembered sessions; the least recently used are forgotten first "
+                  "(bytes, or with a unit: 64MiB)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  AddBodyLimitOptions(cmd, &flags.body_limits);
   cmd->callback([exit_code] { *exit_code = RunGateway(flags); });
 }
 

@@ -22,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/server_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/net/event_loop.h"
@@ -83,12 +84,18 @@ class ShutdownDeadline {
   std::thread thread_;
 };
 
-int RunSidecar(const SidecarFlags& flags) {
+int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   auto config = CheckSidecarFlags(flags);
   if (!config.ok()) {
     ReportFailure(config.status());
     return kExitRefused;
   }
+  absl::StatusOr<ServerOptions> server = WithBodyLimits(config->server, body_limits, "sidecar");
+  if (!server.ok()) {
+    ReportFailure(server.status());
+    return kExitRefused;
+  }
+  config->server = *std::move(server);
   RaiseOpenFileLimit();
   auto cache = CacheDir(*config);
   if (!cache.ok()) return ReportFailure(cache.status());
@@ -175,6 +182,7 @@ int RunSidecar(const SidecarFlags& flags) {
 
 void AddSidecarCommand(CLI::App& app, int* exit_code) {
   static SidecarFlags flags;
+  static BodyLimitArgs body_limits;
   CLI::App* cmd = app.add_subcommand(
       "sidecar",
       "Run the replica sidecar beside one inference engine: follow the store's pointer and serve "
@@ -219,7 +227,8 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
       ->capture_default_str();
-  cmd->callback([exit_code] { *exit_code = RunSidecar(flags); });
+  AddBodyLimitOptions(cmd, &body_limits);
+  cmd->callback([exit_code] { *exit_code = RunSidecar(flags, body_limits); });
 }
 
 }  // namespace stitch

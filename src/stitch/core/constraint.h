@@ -4,8 +4,10 @@
 //   {"min_version": 7}      version 7 or newer
 //   {"exact_version": 7}    only version 7
 //   {} or null              anything
-// When both are present `exact_version` wins. Values must be JSON integers in
-// [0, kMaxVersion]; anything else is a clear InvalidArgument error.
+// A null field counts as absent. Both at once, or a field given twice, is an
+// InvalidArgument error (rather than one silently winning). Values must be
+// JSON integers in [0, kMaxVersion]; anything else is a clear InvalidArgument
+// error.
 #pragma once
 
 #include <cstdint>

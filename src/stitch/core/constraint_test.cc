@@ -33,13 +33,26 @@ TEST(VersionConstraint, MinAndExactSemantics) {
   EXPECT_FALSE(exact.SatisfiedBy(6));
 }
 
-TEST(VersionConstraint, ExactBeatsMin) {
+TEST(VersionConstraint, BothVersionsAtOnceAreRefused) {
   auto c = VersionConstraint::FromJson(R"({"min_version": 9, "exact_version": 3})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status()));
+  EXPECT_NE(c.status().message().find("both min_version and exact_version"), std::string::npos)
+      << c.status();
+  // A null field is an absent one.
+  c = VersionConstraint::FromJson(R"({"min_version": null, "exact_version": 3})");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->exact_version, 3);
-  EXPECT_TRUE(c->SatisfiedBy(3));
-  EXPECT_FALSE(c->SatisfiedBy(9));
-  EXPECT_EQ(c->ToJson(), R"({"exact_version":3})");
+  EXPECT_EQ(*c, VersionConstraint::Exact(3));
+}
+
+TEST(VersionConstraint, AFieldGivenTwiceIsRefused) {
+  for (const char* text :
+       {R"({"min_version": 3, "min_version": 5})", R"({"exact_version": 3, "exact_version": 3})",
+        R"({"min_version": 3, "min_\u0076ersion": 5})"}) {
+    auto c = VersionConstraint::FromJson(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find("twice"), std::string::npos) << c.status();
+  }
 }
 
 TEST(VersionConstraint, JsonRoundTrip) {
@@ -88,6 +101,59 @@ TEST(VersionConstraint, JsonValueForm) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(*c, VersionConstraint::AtLeast(4));
   EXPECT_EQ(boost::json::parse(c->ToJson()), ConstraintToJsonValue(*c));
+}
+
+// A versioned request body, parsed once: the keys that decide the version
+// must not repeat; everything else parses as boost::json::parse would.
+absl::StatusOr<boost::json::value> ParseBody(std::string_view text) {
+  return ParseVersionedBodyJson(text, {});
+}
+
+TEST(VersionedBodyJson, ParsesWhatBoostJsonParses) {
+  for (const char* text : {
+           R"({"text":"hi","weight_version":{"min_version":3},"sampling_params":{"n":1}})",
+           R"({"text":"hi"})",
+           R"([{"weight_version":1},{"weight_version":2}])",
+           R"("just a string")",
+           R"({"a":[{"weight_version":{"min_version":1,"min_version":2}}]})",
+           R"({"sampling_params":{"n":1,"n":2},"text":"a","text":"b"})",
+           R"({"meta":{"weight_version":1,"weight_version":2}})",
+           // Values the constraint may refuse later, but the parse does not.
+           R"({"weight_version":{"exact_version":"7"}})",
+           R"({"weight_version":{"exact_version":7.0}})",
+           R"({"weight_version":null})",
+       }) {
+    absl::StatusOr<boost::json::value> v = ParseBody(text);
+    ASSERT_TRUE(v.ok()) << text << ": " << v.status();
+    EXPECT_EQ(*v, boost::json::parse(text)) << text;
+  }
+}
+
+TEST(VersionedBodyJson, WeightVersionAndItsFieldsMustNotRepeat) {
+  struct Case {
+    const char* text;
+    const char* says;
+  };
+  for (const Case& k : {
+           Case{R"({"weight_version":{"min_version":1},"weight_version":{"min_version":9}})",
+                "gives weight_version twice"},
+           Case{R"({"weight_version":{"exact_version":1},"text":"x","weight_version":null})",
+                "gives weight_version twice"},
+           Case{R"({"weight_version":1,"weight_\u0076ersion":2})", "gives weight_version twice"},
+           Case{R"({"weight_version":{"min_version":1,"min_version":9}})",
+                R"(gives "min_version" twice)"},
+           Case{R"({"text":"x","weight_version":{"exact_version":1,"min_version":null,)"
+                R"("exact_version":2}})",
+                R"(gives "exact_version" twice)"},
+           Case{R"({"weight_version":{"a":{"b":1,"b":2},"a":1}})", R"(gives "a" twice)"},
+           Case{R"({"weight_version":)", "must be a JSON object (incomplete JSON)"},
+       }) {
+    absl::StatusOr<boost::json::value> v = ParseBody(k.text);
+    ASSERT_FALSE(v.ok()) << k.text;
+    EXPECT_TRUE(absl::IsInvalidArgument(v.status()));
+    EXPECT_NE(v.status().message().find(k.says), std::string::npos)
+        << k.text << " -> " << v.status();
+  }
 }
 
 TEST(MakeRequestConstraint, ExactWins) {

@@ -1,14 +1,214 @@
 #include "stitch/core/json.h"
 
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
+#include <boost/json/value_stack.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 
 namespace stitch {
 namespace json = boost::json;
+
+namespace {
+
+constexpr std::string_view kWeightVersion = "weight_version";
+
+// What a guarded parse watches for repeats.
+enum class Guard {
+  kBody,        // a request body: `weight_version` and the fields of its object
+  kConstraint,  // a constraint alone: the fields of the top-level object
+};
+
+// boost::json::parser's own handler (a value_stack) plus a watch on the keys
+// that decide a request's version. Boost.JSON keeps one value of a repeated
+// key and drops the others without a word; here the parse stops instead.
+// Only those keys are looked at (a comparison per top-level key, a copy of
+// the few fields of the constraint object), so the cost stays that of
+// boost::json::parse.
+struct GuardedHandler {
+  static constexpr std::size_t max_object_size = json::object::max_size();
+  static constexpr std::size_t max_array_size = json::array::max_size();
+  static constexpr std::size_t max_key_size = json::string::max_size();
+  static constexpr std::size_t max_string_size = json::string::max_size();
+
+  GuardedHandler(Guard g, unsigned char* temp, std::size_t size)
+      : st(json::storage_ptr(), temp, size), guard(g) {}
+
+  json::value_stack st;
+  const Guard guard;
+  size_t depth = 0;                 // containers open
+  bool root_object = false;         // the document is an object
+  size_t guarded_depth = 0;         // depth of the constraint object being read; 0: none
+  bool last_key_guarded = false;    // the last top-level key was `weight_version`
+  int weight_versions = 0;          // top-level `weight_version` keys so far
+  std::vector<std::string> fields;  // of the constraint object being read
+  std::string key_buf;              // a key arriving in parts
+  std::string repeated;             // the repeated key that stopped the parse
+
+  // Whether the key being read at `depth` is one the guard looks at.
+  bool Watching() const {
+    return (depth == 1 && root_object && guard == Guard::kBody) ||
+           (guarded_depth != 0 && depth == guarded_depth);
+  }
+
+  // False (and `repeated` set) when `key` repeats a guarded key.
+  bool CheckKey(std::string_view key) {
+    if (guarded_depth != 0 && depth == guarded_depth) {
+      if (std::find(fields.begin(), fields.end(), key) != fields.end()) {
+        repeated = std::string(key);
+        return false;
+      }
+      fields.emplace_back(key);
+      return true;
+    }
+    last_key_guarded = key == kWeightVersion;
+    if (last_key_guarded && ++weight_versions > 1) {
+      repeated = std::string(key);
+      return false;
+    }
+    return true;
+  }
+
+  bool on_document_begin(json::error_code&) { return true; }
+  bool on_document_end(json::error_code&) { return true; }
+  bool on_object_begin(json::error_code&) {
+    ++depth;
+    if (depth == 1) root_object = true;
+    const bool constraint =
+        (guard == Guard::kConstraint && depth == 1) ||
+        (guard == Guard::kBody && depth == 2 && root_object && last_key_guarded);
+    if (constraint) {
+      guarded_depth = depth;
+      fields.clear();
+    }
+    return true;
+  }
+  bool on_object_end(std::size_t n, json::error_code&) {
+    if (depth == guarded_depth) guarded_depth = 0;
+    --depth;
+    st.push_object(n);
+    return true;
+  }
+  bool on_array_begin(json::error_code&) {
+    ++depth;
+    return true;
+  }
+  bool on_array_end(std::size_t n, json::error_code&) {
+    --depth;
+    st.push_array(n);
+    return true;
+  }
+  bool on_key_part(json::string_view s, std::size_t, json::error_code&) {
+    if (Watching()) key_buf.append(s.data(), s.size());
+    st.push_chars(s);
+    return true;
+  }
+  bool on_key(json::string_view s, std::size_t, json::error_code& ec) {
+    if (Watching()) {
+      bool unique = true;
+      if (key_buf.empty()) {
+        unique = CheckKey(std::string_view(s.data(), s.size()));
+      } else {
+        key_buf.append(s.data(), s.size());
+        unique = CheckKey(key_buf);
+        key_buf.clear();
+      }
+      if (!unique) {
+        ec = json::error::syntax;
+        return false;
+      }
+    }
+    st.push_key(s);
+    return true;
+  }
+  bool on_string_part(json::string_view s, std::size_t, json::error_code&) {
+    st.push_chars(s);
+    return true;
+  }
+  bool on_string(json::string_view s, std::size_t, json::error_code&) {
+    st.push_string(s);
+    return true;
+  }
+  bool on_number_part(json::string_view, json::error_code&) { return true; }
+  bool on_int64(std::int64_t i, json::string_view, json::error_code&) {
+    st.push_int64(i);
+    return true;
+  }
+  bool on_uint64(std::uint64_t u, json::string_view, json::error_code&) {
+    st.push_uint64(u);
+    return true;
+  }
+  bool on_double(double d, json::string_view, json::error_code&) {
+    st.push_double(d);
+    return true;
+  }
+  bool on_bool(bool b, json::error_code&) {
+    st.push_bool(b);
+    return true;
+  }
+  bool on_null(json::error_code&) {
+    st.push_null();
+    return true;
+  }
+  bool on_comment_part(json::string_view, json::error_code&) { return true; }
+  bool on_comment(json::string_view, json::error_code&) { return true; }
+};
+
+// A key for a one-line message: escaped, and cut when long.
+std::string ShowKey(std::string_view key) {
+  constexpr size_t kMaxShown = 64;
+  std::string shown = absl::CEscape(AbslView(key.substr(0, kMaxShown)));
+  if (key.size() > kMaxShown) shown += "...";
+  return shown;
+}
+
+// Parses `text` as boost::json::parse does (same options), watching `guard`'s
+// keys. Errors: InvalidArgument; a syntax error is "<syntax_error> (<reason>)".
+absl::StatusOr<json::value> ParseGuarded(std::string_view text, Guard guard, json::storage_ptr sp,
+                                         std::string_view syntax_error) {
+  // The value stack allocates and may throw (bad_alloc, length_error):
+  // nothing thrown crosses this function.
+  try {
+    unsigned char temp[BOOST_JSON_STACK_BUFFER_SIZE];
+    json::basic_parser<GuardedHandler> p(json::parse_options{}, guard, temp, sizeof(temp));
+    p.handler().st.reset(std::move(sp));
+    json::error_code ec;
+    const size_t n = p.write_some(/*more=*/false, text.data(), text.size(), ec);
+    if (!ec && n < text.size()) ec = json::error::extra_data;
+    if (ec) {
+      const std::string& repeated = p.handler().repeated;
+      if (repeated.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(AbslView(syntax_error), " (", ec.message(), ")"));
+      }
+      if (guard == Guard::kBody && p.handler().guarded_depth == 0) {
+        return absl::InvalidArgumentError(
+            "the request body gives weight_version twice; give it once");
+      }
+      return absl::InvalidArgumentError(absl::StrCat("weight_version gives \"", ShowKey(repeated),
+                                                     "\" twice; give each field once"));
+    }
+    return p.handler().st.release();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(syntax_error), " (too large to parse: ", e.what(), ")"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<json::value> ParseVersionedBodyJson(std::string_view text, json::storage_ptr sp) {
+  return ParseGuarded(text, Guard::kBody, std::move(sp), "the request body must be a JSON object");
+}
 
 absl::StatusOr<int64_t> VersionFromJsonValue(const json::value& v, std::string_view field_std) {
   absl::string_view field = AbslView(field_std);
@@ -48,19 +248,19 @@ absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const json::value& v) 
     if (!n.ok()) return n.status();
     (key == "min_version" ? c.min_version : c.exact_version) = *n;
   }
-  // exact beats min: keep only what decides.
-  if (c.exact_version) c.min_version.reset();
+  if (c.exact_version && c.min_version) {
+    return absl::InvalidArgumentError(
+        "weight_version gives both min_version and exact_version; give one (exact_version pins "
+        "one version, min_version accepts it or newer)");
+  }
   return c;
 }
 
 absl::StatusOr<VersionConstraint> VersionConstraint::FromJson(std::string_view text) {
-  json::error_code ec;
-  json::value v = json::parse(text, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weight_version is not valid JSON: ", ec.message()));
-  }
-  return ConstraintFromJsonValue(v);
+  absl::StatusOr<json::value> v =
+      ParseGuarded(text, Guard::kConstraint, {}, "weight_version is not valid JSON");
+  if (!v.ok()) return v.status();
+  return ConstraintFromJsonValue(*v);
 }
 
 json::value ConstraintToJsonValue(const VersionConstraint& c) {
@@ -178,6 +378,7 @@ json::value PoolStateToJsonValue(const PoolState& p) {
     o["url"] = r.url;
     o["reachable"] = r.reachable;
     o["in_flight"] = r.in_flight;
+    o["stalled"] = r.stalled;
     o["last_error"] = r.last_error;
     replicas.push_back(std::move(o));
   }

@@ -16,6 +16,19 @@
 
 namespace stitch {
 
+// The JSON of a versioned request body, parsed into a value from `sp` in one
+// pass, as boost::json::parse would (the value may be of any kind; the caller
+// checks that it is an object). Unlike boost::json::parse, which keeps one
+// value of a repeated key and drops the others silently, the keys that decide
+// the serving version must each appear once: `weight_version` at the top
+// level, and every field of the object it holds. Other repeats are left as
+// Boost.JSON resolves them. Errors: InvalidArgument with the one-line message
+// of the 400 to answer ("the request body must be a JSON object (syntax
+// error)", "the request body gives weight_version twice; give it once",
+// "weight_version gives \"min_version\" twice; give each field once").
+[[nodiscard]] absl::StatusOr<boost::json::value> ParseVersionedBodyJson(
+    std::string_view text, boost::json::storage_ptr sp);
+
 // The constraint in `v` (null or an object); see constraint.h for the rules.
 [[nodiscard]] absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(
     const boost::json::value& v);

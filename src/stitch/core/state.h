@@ -57,6 +57,7 @@ struct ReplicaStatus {
   bool reachable = false;
   ReplicaState state;
   int64_t in_flight = 0;  // requests the gateway has outstanding on it
+  bool stalled = false;   // busy without sending anything back for a while
   std::string last_error;
 };
 

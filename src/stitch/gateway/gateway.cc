@@ -24,6 +24,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
 #include "stitch/engine/engine.h"
+#include "stitch/gateway/session_table.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/prometheus.h"
@@ -37,10 +38,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Beyond this many sessions the table is cleared: a session then lands on a
-// replica by load, which is correct, only less cache-friendly.
-constexpr size_t kMaxSessions = size_t{1} << 16;
 constexpr auto kWaitingPollInterval = std::chrono::milliseconds(200);
+// How often the progress watch looks, as a fraction of the stall timeout: a
+// stall is seen between 1 and 1.2 stall timeouts after the quiet began.
+constexpr int kWatchTicksPerStall = 5;
 
 struct Replica {
   std::string url;
@@ -52,8 +53,19 @@ struct Replica {
   int64_t in_flight = 0;
   std::string last_error;
   bool probing = false;
+  // The progress watch (Impl::WatchProgress): answers and stream bytes
+  // received (and busy spells begun), its value at the last look, since when
+  // the replica has been busy without any, and whether that lasted too long.
+  uint64_t progress = 0;
+  uint64_t progress_seen = 0;
+  Clock::time_point quiet_since;
+  bool stalled = false;
 
   bool routable() const { return discovered && reachable && state.ready; }
+  // Whether new work may go to it while another replica would do: not
+  // stalled, or stalled with nothing outstanding (one request at a time then
+  // finds out whether it recovered).
+  bool preferred() const { return !stalled || in_flight == 0; }
   std::optional<int64_t> version() const {
     if (!state.applied.has_value()) return std::nullopt;
     return state.applied->version;
@@ -62,6 +74,21 @@ struct Replica {
 // Shared: a request in flight keeps its replica alive after the pool dropped
 // it, and so do the session table and the routing index.
 using ReplicaPtr = std::shared_ptr<Replica>;
+
+// Replicas a request may go to: all, and by applied version.
+struct RoutingIndex {
+  std::vector<ReplicaPtr> all;
+  std::map<int64_t, std::vector<ReplicaPtr>> by_version;
+
+  void Clear() {
+    all.clear();
+    by_version.clear();
+  }
+  void Add(const ReplicaPtr& r) {
+    all.push_back(r);
+    if (std::optional<int64_t> v = r->version(); v.has_value()) by_version[*v].push_back(r);
+  }
+};
 
 // Bodies pass through unchanged, so their encoding and type headers do too.
 bool DropRequestHeader(std::string_view name) {
@@ -98,9 +125,13 @@ struct Gateway::Impl {
                  return c;
                }()),
         poll_timer(executor),
-        rng(std::random_device{}()) {}
+        watch_timer(executor),
+        rng(std::random_device{}()),
+        sessions(this->options.session_table_bytes) {}
 
   enum class Outcome { kDone, kRetry, kClientGone };
+  // Why the gateway answers 409 itself.
+  enum class NotServed { kAfterWaiting, kNeverServable };
 
   // --- state --------------------------------------------------------------
   boost::asio::any_io_executor executor;
@@ -110,14 +141,20 @@ struct Gateway::Impl {
   HttpClient client;
   std::unique_ptr<HttpServer> server;
   boost::asio::steady_timer poll_timer;
+  boost::asio::steady_timer watch_timer;
   std::minstd_rand rng;
 
   std::map<std::string, ReplicaPtr> replicas;  // by URL
-  absl::flat_hash_map<std::string, ReplicaPtr> sessions;
-  // Routable replicas, all and by applied version; rebuilt when dirty.
+  SessionTable<ReplicaPtr> sessions;
+  // Rebuilt when dirty: the routable replicas, those of them preferred
+  // (`all_preferred` when that is every one, and `preferred` is then left
+  // empty), and the oldest version applied when every replica has applied
+  // one of the same run.
   bool dirty = true;
-  std::vector<ReplicaPtr> routable;
-  std::map<int64_t, std::vector<ReplicaPtr>> by_version;
+  RoutingIndex routable;
+  RoutingIndex preferred;
+  bool all_preferred = true;
+  std::optional<VersionRef> oldest_applied;
 
   std::list<boost::asio::steady_timer*> waiters;
   bool wake_running = false;
@@ -135,15 +172,40 @@ struct Gateway::Impl {
   void Reindex() {
     if (!dirty) return;
     dirty = false;
-    routable.clear();
-    by_version.clear();
+    routable.Clear();
+    preferred.Clear();
+    all_preferred = true;
+    oldest_applied.reset();
+    bool one_run = !replicas.empty();
     for (auto& [url, r] : replicas) {
+      const std::optional<VersionRef>& applied = r->state.applied;
+      if (!applied.has_value() ||
+          (oldest_applied.has_value() && applied->run_id != oldest_applied->run_id)) {
+        one_run = false;
+      } else if (!oldest_applied.has_value() || applied->version < oldest_applied->version) {
+        oldest_applied = applied;
+      }
       if (!r->routable()) continue;
-      routable.push_back(r);
-      if (std::optional<int64_t> v = r->version(); v.has_value()) {
-        by_version[*v].push_back(r);
+      routable.Add(r);
+      if (r->preferred()) {
+        preferred.Add(r);
+      } else {
+        all_preferred = false;
       }
     }
+    if (!one_run) oldest_applied.reset();
+    if (all_preferred) preferred.Clear();
+  }
+
+  // Whether no replica can serve `c` any more: an exact version below every
+  // replica's applied version, all of one run. Versions only move forward
+  // within a run, and a replica that joins or restarts catches up to the
+  // pointer, which is past it too. A replica not probed yet (no applied
+  // version) or a mix of runs (a run change under way) leaves it open.
+  bool NeverServable(const VersionConstraint& c) {
+    if (!c.is_exact()) return false;
+    Reindex();
+    return oldest_applied.has_value() && *c.exact_version < oldest_applied->version;
   }
 
   // `tried` holds its replicas alive, so that a replica dropped from the
@@ -154,28 +216,44 @@ struct Gateway::Impl {
   }
 
   // The replica for a request, or null when none satisfies it (or all that
-  // do were tried). Cost: O(distinct versions), not O(replicas).
+  // do were tried): the session's replica while it satisfies the request and
+  // is preferred, else a choice among the preferred replicas, else among all
+  // routable ones (a stalled replica still serves what no other one can).
+  // Cost: O(distinct versions), not O(replicas).
   ReplicaPtr Choose(const VersionConstraint& c, const std::string& session,
                     const std::vector<ReplicaPtr>& tried) {
     Reindex();
     if (!session.empty()) {
-      auto it = sessions.find(session);
-      if (it != sessions.end()) {
-        const ReplicaPtr& r = it->second;
-        if (r->routable() && c.SatisfiedBy(r->version()) && !Tried(tried, r.get())) return r;
+      if (const ReplicaPtr* home = sessions.Find(session); home != nullptr) {
+        const ReplicaPtr& r = *home;
+        if (r->routable() && r->preferred() && c.SatisfiedBy(r->version()) &&
+            !Tried(tried, r.get())) {
+          return r;
+        }
       }
     }
+    if (!all_preferred) {
+      if (ReplicaPtr r = ChooseFrom(preferred, c, tried); r != nullptr) return r;
+    }
+    return ChooseFrom(routable, c, tried);
+  }
+
+  // The less loaded of two distinct random replicas of `index` that satisfy
+  // `c` and were not tried (fewest requests outstanding from this gateway).
+  ReplicaPtr ChooseFrom(const RoutingIndex& index, const VersionConstraint& c,
+                        const std::vector<ReplicaPtr>& tried) {
     // The candidates: a few contiguous groups.
     std::vector<const std::vector<ReplicaPtr>*> groups;
     if (c.is_exact()) {
-      auto it = by_version.find(*c.exact_version);
-      if (it != by_version.end()) groups.push_back(&it->second);
+      auto it = index.by_version.find(*c.exact_version);
+      if (it != index.by_version.end()) groups.push_back(&it->second);
     } else if (c.min_version.has_value()) {
-      for (auto it = by_version.lower_bound(*c.min_version); it != by_version.end(); ++it) {
+      for (auto it = index.by_version.lower_bound(*c.min_version); it != index.by_version.end();
+           ++it) {
         groups.push_back(&it->second);
       }
     } else {
-      groups.push_back(&routable);
+      groups.push_back(&index.all);
     }
     size_t total = 0;
     for (const auto* g : groups) total += g->size();
@@ -188,20 +266,79 @@ struct Gateway::Impl {
       return nullptr;
     };
     const ReplicaPtr* best = nullptr;
-    for (int pick = 0; pick < 2; ++pick) {
-      const ReplicaPtr* r = at(rng() % total);
-      if (Tried(tried, r->get())) continue;
+    auto consider = [&](size_t i) {
+      const ReplicaPtr* r = at(i);
+      if (Tried(tried, r->get())) return;
       if (best == nullptr || (*r)->in_flight < (*best)->in_flight) best = r;
+    };
+    // Two picks, never the same replica twice: otherwise a replica that
+    // stopped answering (its outstanding count only grows) would still win
+    // every time both picks fell on it.
+    const size_t first = rng() % total;
+    consider(first);
+    if (total > 1) {
+      size_t second = rng() % (total - 1);
+      if (second >= first) ++second;
+      consider(second);
     }
     if (best != nullptr) return *best;
     // Both picks were tried already (a small pool, or a retry): scan.
-    for (size_t i = 0; i < total; ++i) {
-      const ReplicaPtr* r = at(i);
-      if (Tried(tried, r->get())) continue;
-      if (best == nullptr || (*r)->in_flight < (*best)->in_flight) best = r;
-    }
+    for (size_t i = 0; i < total; ++i) consider(i);
     if (best == nullptr) return nullptr;
     return *best;
+  }
+
+  // --- outstanding requests and progress ----------------------------------------
+  void Begin(Replica& r) {
+    if (r.in_flight++ == 0) {
+      ++r.progress;              // a busy spell begins: its quiet counts from now
+      if (r.stalled) Changed();  // its one request at a time is taken
+    }
+  }
+
+  void End(Replica& r) {
+    if (--r.in_flight == 0 && r.stalled) Changed();
+  }
+
+  // An answer, a response header or stream bytes arrived from `r`.
+  void Progress(Replica& r) {
+    ++r.progress;
+    if (r.stalled) {
+      r.stalled = false;
+      spdlog::info("gateway: replica {} answers again; it takes new requests", r.url);
+      Changed();
+    }
+  }
+
+  // Looks at every replica a few times per stall timeout: one that stayed
+  // busy without progress for the whole timeout is stalled.
+  awaitable<void> WatchProgress() {
+    const auto period = std::max<std::chrono::milliseconds>(
+        options.stall_timeout / kWatchTicksPerStall, std::chrono::milliseconds(1));
+    while (!stopping) {
+      watch_timer.expires_after(period);
+      auto [ec] =
+          co_await watch_timer.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+      (void)ec;
+      if (stopping) break;
+      const Clock::time_point now = Clock::now();
+      for (auto& [url, r] : replicas) {
+        if (r->in_flight == 0 || r->progress != r->progress_seen) {
+          r->progress_seen = r->progress;
+          r->quiet_since = now;
+          continue;
+        }
+        if (r->stalled || !r->routable() || now - r->quiet_since < options.stall_timeout) continue;
+        r->stalled = true;
+        ++counters.stalls;
+        spdlog::warn(
+            "gateway: replica {} sent nothing for {:.1f} s with {} requests outstanding; new "
+            "requests go to other replicas until it answers",
+            r->url, std::chrono::duration<double>(now - r->quiet_since).count(), r->in_flight);
+        Changed();
+      }
+    }
+    --tasks;
   }
 
   // --- learning ---------------------------------------------------------------
@@ -406,9 +543,7 @@ struct Gateway::Impl {
 
   awaitable<void> HandleVersioned(HttpExchange& exchange) {
     ++counters.requests;
-    JsonArena arena;
-    json::value parsed(arena.storage());
-    absl::StatusOr<VersionedAsk> ask = ParseVersionedBody(exchange.request().body, parsed);
+    absl::StatusOr<VersionedAsk> ask = ReadAsk(exchange.request().body);
     if (!ask.ok()) {
       std::string error = JsonErrorBody("BadRequest", std::string(ask.status().message()));
       co_await Respond(exchange, 400, std::move(error));
@@ -418,6 +553,15 @@ struct Gateway::Impl {
     const bool stream = ask->stream;
     std::string session;
     if (auto s = exchange.request().headers.Get(options.session_header); s.has_value()) {
+      if (s->size() > options.max_session_id_bytes) {
+        std::string error = JsonErrorBody(
+            "BadRequest",
+            absl::StrCat("the ", options.session_header, " header is ", s->size(),
+                         " bytes, over the gateway's limit of ", options.max_session_id_bytes,
+                         "; send a shorter session id"));
+        co_await Respond(exchange, 400, std::move(error));
+        co_return;
+      }
       session = std::string(*s);
     }
 
@@ -429,12 +573,16 @@ struct Gateway::Impl {
     std::vector<ReplicaPtr> tried;
     std::optional<HttpResponse> last_failure;
     bool waited = false;
+    NotServed why = NotServed::kAfterWaiting;
     for (;;) {
       ReplicaPtr replica = Choose(constraint, session, tried);
       if (replica == nullptr) {
-        if (static_cast<int>(tried.size()) >= options.max_attempts || Clock::now() >= deadline) {
+        if (static_cast<int>(tried.size()) >= options.max_attempts) break;
+        if (NeverServable(constraint)) {
+          why = NotServed::kNeverServable;
           break;
         }
+        if (Clock::now() >= deadline) break;
         if (!waited) {
           waited = true;
           ++counters.waited;
@@ -458,10 +606,7 @@ struct Gateway::Impl {
       }
       if (outcome == Outcome::kClientGone) co_return;
       if (outcome == Outcome::kDone) {
-        if (!session.empty()) {
-          if (sessions.size() >= kMaxSessions) sessions.clear();
-          sessions[session] = replica;
-        }
+        if (!session.empty()) sessions.Put(session, replica);
         co_return;
       }
       if (static_cast<int>(tried.size()) >= options.max_attempts) break;
@@ -471,22 +616,51 @@ struct Gateway::Impl {
       co_return;
     }
     ++counters.rejected;
-    std::string conflict = NotReady(constraint);
+    if (why == NotServed::kNeverServable) ++counters.unservable;
+    std::string conflict = NotReady(constraint, why);
     co_await Respond(exchange, 409, std::move(conflict));
   }
 
-  // The 409 body when no ready replica satisfies `constraint`: `applied` is
-  // the newest version any ready replica serves.
-  std::string NotReady(const VersionConstraint& constraint) {
+  // What a versioned body asks for. Its parsed document is freed here, not
+  // kept for as long as the request runs.
+  static absl::StatusOr<VersionedAsk> ReadAsk(std::string_view body) {
+    JsonArena arena;
+    json::value parsed(arena.storage());
+    return ParseVersionedBody(body, parsed);
+  }
+
+  // The 409 body when no ready replica satisfies `constraint`, for `why`:
+  // `applied` is the newest version any ready replica serves.
+  std::string NotReady(const VersionConstraint& constraint, NotServed why) {
     Reindex();
     std::optional<VersionRef> newest;
-    if (!by_version.empty()) newest = by_version.rbegin()->second.front()->state.applied;
-    const std::string message = absl::StrFormat(
-        "no ready replica serves %s after waiting %.1f s (%d of %d replicas ready); retry later "
-        "or relax the constraint",
-        constraint.ToString(), std::chrono::duration<double>(options.admission_wait).count(),
-        static_cast<int>(routable.size()), static_cast<int>(replicas.size()));
+    if (!routable.by_version.empty()) {
+      newest = routable.by_version.rbegin()->second.front()->state.applied;
+    }
+    std::string message;
+    if (why == NotServed::kNeverServable) {
+      message = absl::StrFormat(
+          "no replica can serve %s any more: every replica of the pool has moved past it (the "
+          "oldest has applied %s, and versions only move forward within a run); ask for a "
+          "version the fleet serves, or for a min_version",
+          constraint.ToString(), oldest_applied.has_value() ? oldest_applied->ToString() : "?");
+    } else {
+      message = absl::StrFormat(
+          "no ready replica serves %s after waiting %.1f s (%d of %d replicas ready); retry later "
+          "or relax the constraint",
+          constraint.ToString(), std::chrono::duration<double>(options.admission_wait).count(),
+          static_cast<int>(routable.all.size()), static_cast<int>(replicas.size()));
+    }
     return NotReadyBody(constraint, newest, message);
+  }
+
+  // The 400 when the client library refused to send a request on
+  // (InvalidArgument: a target or field it cannot carry): the request is at
+  // fault, not the replica, so nothing is marked.
+  static HttpResponse Unsendable(const absl::Status& status) {
+    return JsonResponse(
+        400, JsonErrorBody("BadRequest",
+                           absl::StrCat("the request cannot be passed on: ", status.message())));
   }
 
   // The 503 (with Retry-After) to relay, if no other replica answers, when
@@ -521,15 +695,21 @@ struct Gateway::Impl {
   // replica does better in *last_failure.
   awaitable<Outcome> Attempt(HttpExchange& exchange, Replica& r, HttpRequest request,
                              std::optional<HttpResponse>* last_failure) {
-    ++r.in_flight;
+    Begin(r);
     absl::StatusOr<HttpResponse> response =
         co_await client.Send(r.origin, std::move(request), EndedWithTheClient(exchange));
-    --r.in_flight;
+    End(r);
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
+      if (absl::IsInvalidArgument(response.status())) {
+        HttpResponse refused = Unsendable(response.status());
+        (void)co_await exchange.Respond(std::move(refused));
+        co_return Outcome::kDone;
+      }
       last_failure->emplace(Unreachable(r, response.status()));
       co_return Outcome::kRetry;
     }
+    Progress(r);
     HttpResponse out{response->status, ResponseHeaders(response->headers, r.url),
                      std::move(response->body)};
     if (Refused(r, out, last_failure)) co_return Outcome::kRetry;
@@ -544,9 +724,9 @@ struct Gateway::Impl {
 
   awaitable<Outcome> AttemptStream(HttpExchange& exchange, Replica& r, HttpRequest request,
                                    std::optional<HttpResponse>* last_failure) {
-    ++r.in_flight;
+    Begin(r);
     Outcome outcome = co_await RelayStream(exchange, r, std::move(request), last_failure);
-    --r.in_flight;
+    End(r);
     co_return outcome;
   }
 
@@ -556,9 +736,15 @@ struct Gateway::Impl {
         co_await client.SendStreamed(r.origin, std::move(request), EndedWithTheClient(exchange));
     if (!stream.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
+      if (absl::IsInvalidArgument(stream.status())) {
+        HttpResponse refused = Unsendable(stream.status());
+        (void)co_await exchange.Respond(std::move(refused));
+        co_return Outcome::kDone;
+      }
       last_failure->emplace(Unreachable(r, stream.status()));
       co_return Outcome::kRetry;
     }
+    Progress(r);
     const std::optional<std::string_view> type = stream->headers().Get("content-type");
     const bool events =
         type.has_value() && type->find("text/event-stream") != std::string_view::npos;
@@ -569,6 +755,7 @@ struct Gateway::Impl {
         last_failure->emplace(Unreachable(r, body.status()));
         co_return Outcome::kRetry;
       }
+      Progress(r);
       HttpResponse out{stream->status(), ResponseHeaders(stream->headers(), r.url),
                        *std::move(body)};
       if (Refused(r, out, last_failure)) co_return Outcome::kRetry;
@@ -587,6 +774,7 @@ struct Gateway::Impl {
         MarkFailed(r, std::string(chunk.status().message()), /*unreachable=*/true);
         co_return Outcome::kDone;
       }
+      Progress(r);
       if (chunk->empty()) break;
       const absl::Status written = co_await exchange.WriteChunk(*std::move(chunk));
       if (!written.ok()) co_return Outcome::kClientGone;
@@ -609,12 +797,17 @@ struct Gateway::Impl {
     up.target = r->prefix + exchange.request().target;
     up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
     up.body = std::move(exchange.request().body);
-    ++r->in_flight;
+    Begin(*r);
     absl::StatusOr<HttpResponse> response =
         co_await client.Send(r->origin, std::move(up), EndedWithTheClient(exchange));
-    --r->in_flight;
+    End(*r);
     if (!response.ok()) {
       if (exchange.disconnected()) co_return;
+      if (absl::IsInvalidArgument(response.status())) {
+        HttpResponse refused = Unsendable(response.status());
+        (void)co_await exchange.Respond(std::move(refused));
+        co_return;
+      }
       const std::string why(response.status().message());
       MarkFailed(*r, why, /*unreachable=*/true);
       std::string body = JsonErrorBody("ReplicaUnavailable",
@@ -622,6 +815,7 @@ struct Gateway::Impl {
       co_await Respond(exchange, 503, std::move(body));
       co_return;
     }
+    Progress(*r);
     HttpResponse out{response->status, ResponseHeaders(response->headers, r->url),
                      std::move(response->body)};
     (void)co_await exchange.Respond(std::move(out));
@@ -637,7 +831,10 @@ struct Gateway::Impl {
       s.reachable = r->reachable;
       s.state = r->state;
       s.in_flight = r->in_flight;
-      s.last_error = r->last_error;
+      s.stalled = r->stalled;
+      s.last_error = r->stalled ? "stalled: requests outstanding and nothing received from it; "
+                                  "new requests go to other replicas until it answers"
+                                : r->last_error;
       state.replicas.push_back(std::move(s));
     }
     return state;
@@ -645,10 +842,10 @@ struct Gateway::Impl {
 
   awaitable<void> Health(HttpExchange& exchange) {
     Reindex();
-    const bool ready = !routable.empty();
+    const bool ready = !routable.all.empty();
     json::object body;
     body["ready"] = ready;
-    body["ready_replicas"] = routable.size();
+    body["ready_replicas"] = routable.all.size();
     body["replicas"] = replicas.size();
     if (!ready) body["reason"] = "no replica of the pool is ready";
     const int status = ready ? 200 : 503;
@@ -669,11 +866,28 @@ struct Gateway::Impl {
     text.One("retried_total", "counter", "Attempts retried on another replica.", counters.retried);
     text.One("waited_total", "counter", "Requests that waited for the fleet to catch up.",
              counters.waited);
-    text.One("rejected_total", "counter", "409s answered by the gateway after waiting.",
+    text.One("rejected_total", "counter", "409s answered by the gateway itself.",
              counters.rejected);
+    text.One("unservable_total", "counter",
+             "409s answered at once: an exact version every replica has moved past.",
+             counters.unservable);
+    text.One("stalls_total", "counter",
+             "Replicas found busy without progress for the stall timeout.", counters.stalls);
+    text.One("sessions", "gauge", "Sessions in the session table.", sessions.size());
+    text.One("session_table_bytes", "gauge", "Memory the session table counts against its budget.",
+             sessions.bytes());
+    text.One("sessions_evicted_total", "counter",
+             "Least recently used sessions forgotten to keep the table within its budget.",
+             sessions.evictions());
+    const ServerStats server_stats = server->stats();
+    text.One("request_body_bytes", "gauge", "Request bodies held now, against the server's budget.",
+             server_stats.body_bytes_held);
+    text.One("overloaded_total", "counter",
+             "Requests refused (503) because their body would pass the server's budget.",
+             server_stats.refused_over_budget);
     text.One("blocked_total", "counter", "Engine control routes refused.", counters.blocked);
     text.One("wakes_total", "counter", "Fleet wakes started.", counters.wakes);
-    text.One("replicas_ready", "gauge", "Replicas ready to serve.", routable.size());
+    text.One("replicas_ready", "gauge", "Replicas ready to serve.", routable.all.size());
     text.Header("replica_in_flight", "gauge", "Requests outstanding on a replica.");
     for (const auto& [url, r] : replicas) {
       text.Sample("replica_in_flight", PromLabels("replica", url), r->in_flight);
@@ -681,6 +895,11 @@ struct Gateway::Impl {
     text.Header("replica_ready", "gauge", "Whether a replica is in rotation.");
     for (const auto& [url, r] : replicas) {
       text.Sample("replica_ready", PromLabels("replica", url), r->routable() ? 1 : 0);
+    }
+    text.Header("replica_stalled", "gauge",
+                "Whether a replica is stalled (busy, nothing received for the stall timeout).");
+    for (const auto& [url, r] : replicas) {
+      text.Sample("replica_stalled", PromLabels("replica", url), r->stalled ? 1 : 0);
     }
     text.Header("replica_version", "gauge", "Applied version of a replica (-1: none).");
     for (const auto& [url, r] : replicas) {
@@ -718,6 +937,10 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
   impl->server = *std::move(server);
   ++impl->tasks;
   Spawn(executor, impl->PollLoop());
+  if (impl->options.stall_timeout > std::chrono::milliseconds::zero()) {
+    ++impl->tasks;
+    Spawn(executor, impl->WatchProgress());
+  }
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 
@@ -727,6 +950,7 @@ uint16_t Gateway::port() const { return impl_->server->port(); }
 awaitable<void> Gateway::Shutdown() {
   impl_->stopping = true;
   impl_->poll_timer.cancel();
+  impl_->watch_timer.cancel();
   for (boost::asio::steady_timer* t : impl_->waiters) t->cancel();
   co_await impl_->server->Shutdown();
   co_await impl_->Drain();

@@ -6,26 +6,43 @@
 // stamps of the responses it relays. Versioned requests (POST /generate,
 // /v1/completions, /v1/chat/completions) go only to ready replicas whose
 // applied version satisfies the body's `weight_version`:
-//   - a session (the `session_header` header) stays on its previous replica
-//     while that replica is ready and satisfies the constraint;
-//   - otherwise the less loaded of two random satisfying replicas (fewest
-//     requests outstanding from this gateway) is chosen;
+//   - a session (the `session_header` header, at most
+//     `max_session_id_bytes`, else 400) stays on its previous replica while
+//     that replica is ready, not stalled and satisfies the constraint; the
+//     session table is bounded by `session_table_bytes` (least recently used
+//     sessions forgotten first);
+//   - otherwise the less loaded of two distinct random satisfying replicas
+//     (fewest requests outstanding from this gateway) is chosen, among the
+//     replicas that are not stalled when any of them satisfies the request;
 //   - a 409, a 503 or a connection failure is retried on another replica, at
 //     most `max_attempts` replicas per request, never one twice;
 //   - when no replica satisfies the constraint, the fleet is woken and the
 //     request waits up to `admission_wait` for one to catch up; then the
 //     gateway answers 409 WeightVersionNotReady itself, in the sidecar's
-//     body shape ({"type", "target_version", "applied", "message"});
+//     body shape ({"type", "target_version", "applied", "message"}). An exact
+//     version below every replica's applied version (all of one run, every
+//     replica probed) can never be served: 409 at once, without waiting;
 //   - `stream: true` responses are relayed as they arrive.
+// Stalls (a frozen engine behind a sidecar that still answers /server_info):
+// a replica with requests outstanding from this gateway that sends nothing
+// back (no answer, no response header, no stream bytes) for `stall_timeout`
+// is stalled. New requests go to other replicas while one satisfies them;
+// once its outstanding requests are gone it gets one request at a time; the
+// first answer or byte from it ends the stall. A replica whose /server_info
+// probe fails or times out (`probe_timeout`) leaves rotation until a probe
+// succeeds. Requests already on a stalled replica are left to run.
 // The body is forwarded unchanged: the sidecar consumes `weight_version`.
-// Every relayed response carries `X-Stitch-Replica: <replica URL>`.
+// Every relayed response carries `X-Stitch-Replica: <replica URL>`. Request
+// bodies are bounded per request and in total by `server`
+// (ServerOptions::max_body_bytes, max_total_body_bytes: 413 and 503).
 // Engine control routes are refused (403 RouteBlocked). Other routes are
 // forwarded to any ready replica. The gateway's own routes:
 //   GET /health    200 {"ready": true, ...} when a replica is ready, else 503
 //   GET /replicas  PoolState JSON: url, reachable, ready, applied, sync
-//                  state, in_flight, last_error of each replica
-//   GET /metrics   Prometheus text: routed, retried, waited, rejected, and
-//                  per-replica in-flight, ready and version
+//                  state, in_flight, stalled, last_error of each replica
+//   GET /metrics   Prometheus text: routed, retried, waited, rejected,
+//                  stalls, sessions, request body bytes, and per-replica
+//                  in-flight, ready, stalled and version
 //
 // Threading: everything runs on one event loop; Pool calls (blocking) run on
 // a worker pool. Choosing a replica costs the same whatever the pool's size:
@@ -67,17 +84,31 @@ struct GatewayOptions {
   std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);
   // Replicas tried per request (the first included).
   int max_attempts = 3;
+  // How long a replica may keep requests from this gateway outstanding
+  // while sending nothing back before it counts as stalled (see the top of
+  // this file); zero disables the watch. A busy replica answers or streams
+  // far more often than every 5 s, and a false alarm (one long unstreamed
+  // generation and nothing else) only steers new work to other replicas
+  // for a while: a stalled replica still serves what no other one can.
+  std::chrono::milliseconds stall_timeout = std::chrono::seconds(5);
+  // Longest session id accepted (400 beyond): ids are names, not payloads.
+  size_t max_session_id_bytes = 256;
+  // Memory the session table may count (ids and entries): 64 MiB holds
+  // about 200,000 sessions of 256-byte ids, far more of typical ones.
+  size_t session_table_bytes = size_t{64} << 20;
 };
 
 // Counters for /metrics and tests.
 struct GatewayCounters {
-  uint64_t requests = 0;  // versioned requests received
-  uint64_t routed = 0;    // attempts sent to a replica
-  uint64_t retried = 0;   // attempts after the first (409, 503, connection failure)
-  uint64_t waited = 0;    // requests that waited for the fleet to catch up
-  uint64_t rejected = 0;  // 409s answered by the gateway after waiting
-  uint64_t blocked = 0;   // 403 RouteBlocked
-  uint64_t wakes = 0;     // fleet wakes started
+  uint64_t requests = 0;    // versioned requests received
+  uint64_t routed = 0;      // attempts sent to a replica
+  uint64_t retried = 0;     // attempts after the first (409, 503, connection failure)
+  uint64_t waited = 0;      // requests that waited for the fleet to catch up
+  uint64_t rejected = 0;    // 409s answered by the gateway itself
+  uint64_t unservable = 0;  // of which at once: an exact version every replica passed
+  uint64_t stalls = 0;      // replicas found stalled
+  uint64_t blocked = 0;     // 403 RouteBlocked
+  uint64_t wakes = 0;       // fleet wakes started
 };
 
 class Gateway {

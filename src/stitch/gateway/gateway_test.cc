@@ -9,6 +9,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,6 +17,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -46,6 +51,14 @@ bool Eventually(const std::function<bool()>& condition,
   return testing::Eventually(condition, timeout);
 }
 
+// The value of an unlabelled sample in Prometheus text, or -1.
+int64_t MetricValue(const std::string& text, const std::string& name) {
+  const std::string line = "\n" + name + " ";
+  const size_t at = text.find(line);
+  if (at == std::string::npos) return -1;
+  return std::stoll(text.substr(at + line.size()));
+}
+
 json::object Parse(const std::string& text) {
   boost::system::error_code ec;
   json::value v = json::parse(text, ec);
@@ -56,7 +69,9 @@ json::object Parse(const std::string& text) {
 // A scripted replica: its readiness, version and failure mode are set by the test.
 class ScriptedReplica {
  public:
-  enum class Mode { kServe, kUnavailable, kDieMidRequest, kHang };
+  // kHold: like a frozen engine behind a live sidecar, /generate answers
+  // nothing (while /server_info still does) until Release(), then serves.
+  enum class Mode { kServe, kUnavailable, kDieMidRequest, kHang, kHold };
 
   ScriptedReplica(EventLoop& loop, bool ready, int64_t version) : loop_(loop) {
     ready_ = ready;
@@ -71,11 +86,27 @@ class ScriptedReplica {
     server_ = *std::move(server);
     url_ = server_->url();
   }
-  ~ScriptedReplica() { loop_.BlockOn(server_->Shutdown()); }
+  ~ScriptedReplica() {
+    Release();
+    loop_.BlockOn(server_->Shutdown());
+  }
 
   const std::string& url() const { return url_; }
   void set_ready(bool ready) { ready_ = ready; }
   void set_version(int64_t v) { version_ = v; }
+  void set_run(std::string run) {
+    std::lock_guard<std::mutex> lock(mu_);
+    run_ = std::move(run);
+  }
+  // Ends kHold: held requests, and every later one, are served.
+  void Release() {
+    boost::asio::post(loop_.executor(), [this] {
+      released_ = true;
+      for (boost::asio::steady_timer* t : holds_) t->cancel();
+    });
+  }
+  int held() const { return held_; }
+  void set_info_hangs(bool hangs) { info_hangs_ = hangs; }
   void set_mode(Mode mode) { mode_ = mode; }
   int generates() const { return generates_; }
   int wakes() const { return wakes_; }
@@ -83,13 +114,21 @@ class ScriptedReplica {
   int disconnects() const { return disconnects_; }
 
  private:
-  std::string Applied() const { return VersionRef{"r1", version_}.ToString(); }
+  std::string run() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return run_;
+  }
+  std::string Applied() const { return VersionRef{run(), version_}.ToString(); }
 
   awaitable<void> ServerInfo(HttpExchange& ex) {
+    if (info_hangs_) {  // a frozen sidecar: the probe gets nothing
+      co_await ex.WaitDisconnected();
+      co_return;
+    }
     ReplicaState s;
     s.ready = ready_;
-    s.applied = VersionRef{"r1", version_};
-    s.run_id = "r1";
+    s.applied = VersionRef{run(), version_};
+    s.run_id = run();
     std::string body = s.ToJson();
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
   }
@@ -101,8 +140,28 @@ class ScriptedReplica {
     ++others_;
     (void)co_await ex.Respond(JsonResponse(200, R"({"other":true})"));
   }
+  // Returns at Release(), or when the client leaves.
+  awaitable<absl::Status> Hold() {
+    boost::asio::steady_timer timer(loop_.executor(), boost::asio::steady_timer::time_point::max());
+    holds_.insert(&timer);
+    auto [ec] = co_await timer.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    (void)ec;
+    holds_.erase(&timer);
+    co_return absl::OkStatus();
+  }
+
   awaitable<void> Generate(HttpExchange& ex) {
     ++generates_;
+    if (mode_ == Mode::kHold && !released_) {
+      ++held_;
+      const absl::Status held = co_await ex.CancelOnDisconnect(Hold());
+      (void)held;
+      --held_;
+      if (ex.disconnected()) {
+        ++disconnects_;
+        co_return;
+      }
+    }
     if (mode_ == Mode::kDieMidRequest) {
       server_->Stop();  // every connection drops: the caller sees a broken exchange
       co_return;
@@ -175,6 +234,13 @@ class ScriptedReplica {
   std::atomic<int> wakes_{0};
   std::atomic<int> others_{0};
   std::atomic<int> disconnects_{0};
+  std::atomic<int> held_{0};
+  std::atomic<bool> info_hangs_{false};
+  mutable std::mutex mu_;
+  std::string run_ = "r1";
+  // Loop thread only.
+  bool released_ = false;
+  std::set<boost::asio::steady_timer*> holds_;
 };
 
 struct Answer {
@@ -248,12 +314,47 @@ class GatewayTest : public ::testing::Test {
     return Eventually([&] { return Snapshot().ready_count() == n; });
   }
 
-  Answer Generate(const std::string& constraint, const std::string& session = "",
-                  bool stream = false) {
+  static std::string Body(const std::string& constraint, bool stream = false) {
     std::string body = R"({"text":"hi")";
     if (!constraint.empty()) body += R"(,"weight_version":)" + constraint;
     if (stream) body += R"(,"stream":true)";
     body += "}";
+    return body;
+  }
+
+  // Sends a request without waiting for its answer (for requests a held
+  // replica will not answer); closing the socket is the client leaving.
+  std::unique_ptr<testing::RawSocket> SendRaw(const std::string& constraint,
+                                              const std::string& session = "") {
+    auto client = std::make_unique<testing::RawSocket>(gateway_->port());
+    EXPECT_TRUE(client->connected());
+    const std::string body = Body(constraint);
+    std::string head = "POST /generate HTTP/1.1\r\nHost: x\r\n";
+    if (!session.empty()) head += "X-Session-Id: " + session + "\r\n";
+    client->Send(absl::StrCat(head, "Content-Length: ", body.size(), "\r\n\r\n", body));
+    return client;
+  }
+
+  std::string MetricsText() {
+    auto metrics = HttpFetch("GET", gateway_->url() + "/metrics");
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    return metrics.ok() ? metrics->body : "";
+  }
+
+  std::optional<ReplicaStatus> StatusOf(const ScriptedReplica& replica) {
+    for (ReplicaStatus& r : Snapshot().replicas) {
+      if (r.url == replica.url()) return std::move(r);
+    }
+    return std::nullopt;
+  }
+  bool Stalled(const ScriptedReplica& replica) {
+    std::optional<ReplicaStatus> s = StatusOf(replica);
+    return s.has_value() && s->stalled;
+  }
+
+  Answer Generate(const std::string& constraint, const std::string& session = "",
+                  bool stream = false) {
+    const std::string body = Body(constraint, stream);
     FetchOptions options;
     options.timeout = 30s;
     if (!session.empty()) options.headers.Set("X-Session-Id", session);
@@ -557,6 +658,309 @@ TEST_F(GatewayTest, BadRequestsAreRefusedUpFront) {
   r = HttpFetch("POST", gateway_->url() + "/generate", "not json");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 400);
+}
+
+GatewayOptions StallOptions(std::chrono::milliseconds stall_timeout) {
+  GatewayOptions options = Options(30s, 50ms);
+  options.stall_timeout = stall_timeout;
+  return options;
+}
+
+// With two qualifying replicas the two random picks are both of them, so the
+// less loaded one always wins: a replica whose outstanding count only grows
+// (it stopped answering) never gets new work because both picks fell on it.
+TEST_F(GatewayTest, TheTwoChoicesAreTwoDistinctReplicas) {
+  ScriptedReplica& busy = AddReplica(true, 1);
+  ScriptedReplica& idle = AddReplica(false, 1);
+  busy.set_mode(ScriptedReplica::Mode::kHold);
+  StartGateway(StaticSpec(), StallOptions(0ms));  // no stall watch: only the choice
+  ASSERT_TRUE(ReadyCount(1));
+  auto held = SendRaw("");
+  ASSERT_TRUE(Eventually([&] { return busy.held() == 1; }));
+  idle.set_ready(true);
+  ASSERT_TRUE(ReadyCount(2));
+  for (int i = 0; i < 40; ++i) {
+    Answer a = Generate("");
+    ASSERT_EQ(a.status, 200) << a.text;
+    EXPECT_EQ(a.replica, idle.url()) << "request " << i;
+  }
+  EXPECT_EQ(busy.generates(), 1);
+}
+
+// A replica that keeps requests without sending anything back (a frozen
+// engine behind a sidecar that still answers /server_info) is stalled after
+// the stall timeout: even a session that lives there moves, until the
+// replica answers again.
+TEST_F(GatewayTest, AStalledReplicaGetsNoNewWorkUntilItAnswers) {
+  ScriptedReplica& frozen = AddReplica(true, 1);
+  ScriptedReplica& other = AddReplica(false, 1);
+  StartGateway(StaticSpec(), StallOptions(300ms));
+  ASSERT_TRUE(ReadyCount(1));
+  ASSERT_EQ(Generate("", "s-1").replica, frozen.url());  // the session lives there
+  other.set_ready(true);
+  ASSERT_TRUE(ReadyCount(2));
+  ASSERT_EQ(Generate("", "s-1").replica, frozen.url());
+
+  frozen.set_mode(ScriptedReplica::Mode::kHold);
+  auto stuck = SendRaw("", "s-1");
+  ASSERT_TRUE(Eventually([&] { return frozen.held() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return Stalled(frozen); }));
+  EXPECT_TRUE(StatusOf(frozen)->state.ready) << "its /server_info still says ready";
+  EXPECT_THAT(StatusOf(frozen)->last_error, HasSubstr("stalled"));
+  const std::string metrics = MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("stitch_gateway_stalls_total 1\n"));
+  EXPECT_THAT(metrics,
+              HasSubstr("stitch_gateway_replica_stalled{replica=\"" + frozen.url() + "\"} 1\n"));
+
+  // New work, the session's included, goes elsewhere at once.
+  for (int i = 0; i < 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    Answer a = Generate("", i % 2 == 0 ? "s-1" : "");
+    EXPECT_EQ(a.status, 200) << a.text;
+    EXPECT_EQ(a.replica, other.url());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  }
+  EXPECT_EQ(frozen.generates(), 3);
+
+  // It answers again: the stall ends and it takes work.
+  frozen.Release();
+  EXPECT_THAT(stuck->ReadUntil("\r\n\r\n"), HasSubstr("HTTP/1.1 200"));
+  ASSERT_TRUE(Eventually([&] { return !Stalled(frozen); }));
+  EXPECT_TRUE(Eventually([&] { return Generate("").replica == frozen.url(); }));
+}
+
+// Once the requests stuck on a stalled replica are gone, it gets one request
+// at a time, which finds out whether it recovered.
+TEST_F(GatewayTest, AStalledReplicaWithNothingOutstandingGetsOneRequestAtATime) {
+  ScriptedReplica& frozen = AddReplica(true, 1);
+  ScriptedReplica& other = AddReplica(false, 1);
+  frozen.set_mode(ScriptedReplica::Mode::kHold);
+  StartGateway(StaticSpec(), StallOptions(300ms));
+  ASSERT_TRUE(ReadyCount(1));
+  {
+    auto stuck = SendRaw("");
+    ASSERT_TRUE(Eventually([&] { return frozen.held() == 1; }));
+    ASSERT_TRUE(Eventually([&] { return Stalled(frozen); }));
+  }  // its client leaves
+  ASSERT_TRUE(Eventually([&] { return frozen.disconnects() == 1; }));
+  other.set_ready(true);
+  ASSERT_TRUE(ReadyCount(2));
+  // Requests go to either until one lands on the stalled replica ...
+  std::unique_ptr<testing::RawSocket> trial;
+  for (int i = 0; i < 60 && frozen.held() == 0; ++i) {
+    const int served = other.generates();
+    auto client = SendRaw("");
+    ASSERT_TRUE(Eventually([&] { return frozen.held() == 1 || other.generates() == served + 1; }));
+    if (frozen.held() == 1) {
+      trial = std::move(client);
+    } else {
+      EXPECT_THAT(client->ReadUntil("\r\n\r\n"), HasSubstr("HTTP/1.1 200"));
+    }
+  }
+  ASSERT_EQ(frozen.held(), 1);
+  EXPECT_TRUE(Stalled(frozen));
+  // ... and while it holds that one, nothing more goes there.
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("").replica, other.url());
+  EXPECT_EQ(frozen.held(), 1);
+  frozen.Release();
+  EXPECT_THAT(trial->ReadUntil("\r\n\r\n"), HasSubstr("HTTP/1.1 200"));
+  EXPECT_TRUE(Eventually([&] { return !Stalled(frozen); }));
+}
+
+// A replica whose /server_info stops answering (the whole replica froze)
+// leaves rotation after one probe timeout.
+TEST_F(GatewayTest, AReplicaWhoseProbeTimesOutLeavesRotation) {
+  ScriptedReplica& frozen = AddReplica(true, 1);
+  ScriptedReplica& other = AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.probe_timeout = 200ms;
+  StartGateway(StaticSpec(), options);
+  ASSERT_TRUE(ReadyCount(2));
+  frozen.set_info_hangs(true);
+  ASSERT_TRUE(Eventually([&] { return !StatusOf(frozen)->reachable; }));
+  EXPECT_EQ(Snapshot().ready_count(), 1);
+  const int before = frozen.generates();
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("").replica, other.url());
+  EXPECT_EQ(frozen.generates(), before);
+  frozen.set_info_hangs(false);
+  EXPECT_TRUE(ReadyCount(2));
+}
+
+// Closed-loop clients against three replicas, one of which freezes: the
+// clients it catches stay stuck (its share), the others keep their pace.
+TEST_F(GatewayTest, AFrozenReplicaCostsOnlyItsShare) {
+  ScriptedReplica& frozen = AddReplica(true, 1);
+  AddReplica(true, 1);
+  AddReplica(true, 1);
+  StartGateway(StaticSpec(), StallOptions(300ms));
+  ASSERT_TRUE(ReadyCount(3));
+  constexpr int kClients = 8;
+  constexpr int kBatch = 300;
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      FetchOptions options;
+      options.timeout = 60s;
+      while (!stop.load()) {
+        auto r = HttpFetch("POST", gateway_->url() + "/generate", Body(""), options);
+        if (r.ok() && r->status == 200) ++answered;
+      }
+    });
+  }
+  // The rate of `kBatch` answers, in answers per second.
+  auto rate = [&] {
+    const int from = answered.load();
+    const auto start = std::chrono::steady_clock::now();
+    if (!Eventually([&] { return answered.load() >= from + kBatch; }, 60s)) return 0.0;
+    return kBatch / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const double healthy = rate();
+  frozen.set_mode(ScriptedReplica::Mode::kHold);
+  ASSERT_TRUE(Eventually([&] { return Stalled(frozen); }));
+  const int64_t caught = StatusOf(frozen)->in_flight;
+  const double degraded = rate();
+  EXPECT_EQ(StatusOf(frozen)->in_flight, caught) << "no new work after the stall was seen";
+  EXPECT_EQ(frozen.held(), caught);
+  EXPECT_LE(caught, kClients / 2);
+  EXPECT_GT(degraded, healthy / 4) << "healthy " << healthy << "/s, degraded " << degraded << "/s";
+  stop = true;
+  frozen.Release();
+  for (std::thread& t : clients) t.join();
+}
+
+// Versions only move forward within a run: an exact version every replica
+// has passed can never be served, so the answer comes at once.
+TEST_F(GatewayTest, AnExactVersionEveryReplicaPassedIs409AtOnce) {
+  AddReplica(true, 3);
+  AddReplica(false, 4);
+  StartGateway(StaticSpec(), Options(30s, 50ms));
+  ASSERT_TRUE(Eventually([&] {
+    PoolState s = Snapshot();
+    return s.replicas.size() == 2 && s.replicas[0].state.applied.has_value() &&
+           s.replicas[1].state.applied.has_value();
+  }));
+  const auto start = std::chrono::steady_clock::now();
+  Answer a = Generate(R"({"exact_version":2})");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_EQ(a.status, 409) << a.text;
+  EXPECT_EQ(a.body["type"].as_string(), "WeightVersionNotReady");
+  EXPECT_EQ(a.body["target_version"].as_int64(), 2);
+  EXPECT_THAT(std::string(a.body["message"].as_string()), HasSubstr("any more"));
+  GatewayCounters c = Counters();
+  EXPECT_EQ(c.waited, 0u);
+  EXPECT_EQ(c.unservable, 1u);
+  EXPECT_EQ(c.routed, 0u);
+  EXPECT_EQ(Generate(R"({"exact_version":3})").status, 200) << "the oldest is still served";
+  EXPECT_THAT(MetricsText(), HasSubstr("stitch_gateway_unservable_total 1\n"));
+}
+
+// What is not known to be passed for good is still waited for: a replica
+// never probed, replicas of two runs (a run change under way), a version
+// some replica has not reached.
+TEST_F(GatewayTest, AnExactVersionThatMayStillBeServedIsWaitedFor) {
+  struct Case {
+    const char* name;
+    std::function<std::string()> setup;  // adds the replicas; returns the pool spec
+  };
+  const Case cases[] = {
+      {"a replica never probed",
+       [this] {
+         AddReplica(true, 3);
+         return StaticSpec() + ",http://127.0.0.1:" + std::to_string(testing::UnusedPort());
+       }},
+      {"two runs",
+       [this] {
+         AddReplica(true, 3);
+         AddReplica(true, 4).set_run("r2");
+         return StaticSpec();
+       }},
+      {"a replica behind",
+       [this] {
+         AddReplica(true, 3);
+         AddReplica(false, 1);
+         return StaticSpec();
+       }},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    StopGateway();
+    replicas_.clear();
+    StartGateway(k.setup(), Options(300ms, 50ms));
+    ASSERT_TRUE(Eventually([&] { return Snapshot().ready_count() >= 1; }));
+    const auto start = std::chrono::steady_clock::now();
+    Answer a = Generate(R"({"exact_version":2})");
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+    EXPECT_EQ(a.status, 409) << a.text;
+    EXPECT_EQ(Counters().waited, 1u);
+    EXPECT_EQ(Counters().unservable, 0u);
+  }
+}
+
+// A proxy's targets (CONNECT's authority, `*`, an absolute URL) never reach a
+// replica, and no replica is blamed for them.
+TEST_F(GatewayTest, ProxyTargetsAre400AndMarkNoReplica) {
+  ScriptedReplica& replica = AddReplica(true, 1);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(1));
+  for (const std::string request : {
+           "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+           "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+           "GET http://example.com/get_model_info HTTP/1.1\r\nHost: example.com\r\n\r\n",
+       }) {
+    testing::RawSocket client(gateway_->port());
+    ASSERT_TRUE(client.connected());
+    client.Send(request);
+    bool closed = false;
+    const std::string answer = client.ReadUntilClosed(&closed);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << request << " -> " << answer;
+  }
+  EXPECT_EQ(replica.others(), 0);
+  std::optional<ReplicaStatus> s = StatusOf(replica);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_TRUE(s->reachable);
+  EXPECT_TRUE(s->state.ready);
+  EXPECT_EQ(s->last_error, "");
+  EXPECT_EQ(Generate("").status, 200);
+}
+
+TEST_F(GatewayTest, SessionIdsAreBoundedInLengthAndInTotal) {
+  ScriptedReplica& replica = AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.max_session_id_bytes = 300;
+  options.session_table_bytes = 16 << 10;
+  StartGateway(StaticSpec(), options);
+  ASSERT_TRUE(ReadyCount(1));
+
+  Answer refused = Generate("", std::string(301, 's'));
+  EXPECT_EQ(refused.status, 400) << refused.text;
+  EXPECT_EQ(refused.body["type"].as_string(), "BadRequest");
+  EXPECT_THAT(refused.text, HasSubstr("300"));
+  EXPECT_EQ(replica.generates(), 0);
+
+  for (int i = 0; i < 200; ++i) {
+    std::string id = std::to_string(i);
+    id.resize(300, 'x');
+    ASSERT_EQ(Generate("", id).status, 200);
+  }
+  std::string metrics;
+  ASSERT_TRUE(Eventually([&] {  // the last session is recorded just after its answer
+    metrics = MetricsText();
+    return MetricValue(metrics, "stitch_gateway_sessions") +
+               MetricValue(metrics, "stitch_gateway_sessions_evicted_total") ==
+           200;
+  }));
+  const int64_t sessions = MetricValue(metrics, "stitch_gateway_sessions");
+  EXPECT_GT(sessions, 0);
+  EXPECT_LT(sessions, (16 << 10) / 300);
+  EXPECT_LE(MetricValue(metrics, "stitch_gateway_session_table_bytes"), 16 << 10);
+  EXPECT_EQ(MetricValue(metrics, "stitch_gateway_sessions_evicted_total"), 200 - sessions);
+  // The newest session is kept and sticks to its replica; the oldest is gone.
+  std::string newest = "199";
+  newest.resize(300, 'x');
+  EXPECT_EQ(Generate("", newest).status, 200);
+  EXPECT_EQ(MetricValue(MetricsText(), "stitch_gateway_sessions"), sessions);
 }
 
 }  // namespace

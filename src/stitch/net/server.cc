@@ -57,6 +57,9 @@ struct HttpServer::State {
   std::atomic<uint64_t> accepted{0};
   std::atomic<uint64_t> active{0};
   std::atomic<uint64_t> requests{0};
+  // Written on the loop thread only; atomic so that stats() may read them.
+  std::atomic<uint64_t> body_bytes_held{0};
+  std::atomic<uint64_t> over_budget{0};
 };
 
 namespace net_internal {
@@ -97,6 +100,7 @@ class ServerConnection {
     if (!ec) peer_ = absl::StrCat(remote.address().to_string(), ":", remote.port());
   }
   ~ServerConnection() {
+    ReleaseBody();
     server_->connections.erase(this);
     boost::system::error_code ec;
     socket_.close(ec);
@@ -156,7 +160,20 @@ class ServerConnection {
         co_await Reject(ec);
         co_return;
       }
+      if (std::optional<std::string> refusal = RefuseTarget(parser_->get()); refusal.has_value()) {
+        HttpResponse answer = JsonResponse(400, JsonErrorBody("BadRequest", *refusal));
+        co_await AnswerAndClose(std::move(answer));
+        co_return;
+      }
       if (!parser_->is_done()) {
+        // A declared length is held before it is read; a chunked body is
+        // held as it arrives (below).
+        std::optional<uint64_t> length;
+        if (const auto declared = parser_->content_length(); declared) length = *declared;
+        if (!HoldBody(length.value_or(0))) {
+          co_await RefuseOverBudget(length);
+          co_return;
+        }
         if (boost::beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
           static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
           auto status = co_await TimedWrite(
@@ -167,44 +184,123 @@ class ServerConnection {
           if (!status.ok()) co_return;
         }
         deadline_.ArmAfter(options_.body_timeout);
-        auto [body_ec, body_n] = co_await http::async_read(socket_, buffer_, *parser_, kAwait);
-        if (body_ec) {
-          co_await Reject(body_ec);
-          co_return;
+        if (length.has_value()) {
+          auto [body_ec, body_n] = co_await http::async_read(socket_, buffer_, *parser_, kAwait);
+          if (body_ec) {
+            co_await Reject(body_ec);
+            co_return;
+          }
+        }
+        while (!parser_->is_done()) {
+          auto [body_ec, body_n] =
+              co_await http::async_read_some(socket_, buffer_, *parser_, kAwait);
+          if (body_ec) {
+            co_await Reject(body_ec);
+            co_return;
+          }
+          const size_t size = parser_->get().body().size();
+          if (size > held_body_ && !HoldBody(size - held_body_)) {
+            co_await RefuseOverBudget(std::nullopt);
+            co_return;
+          }
         }
       }
       deadline_.Disarm();
       const bool keep_alive = co_await Handle();
+      ReleaseBody();
       if (!keep_alive) co_return;
     }
+  }
+
+  // Why the request whose header is `head` is refused (400), if it is: only
+  // origin-form targets ("/path?query") are served, so that a handler never
+  // passes a proxy's target (CONNECT's authority, OPTIONS *, an absolute
+  // URL) to a server behind it.
+  static std::optional<std::string> RefuseTarget(const http::request<http::string_body>& head) {
+    const std::string_view target(head.target().data(), head.target().size());
+    if (head.method() == http::verb::connect) {
+      return "CONNECT is not served: this server is not a tunnelling proxy";
+    }
+    if (target.empty() || target.front() != '/') {
+      constexpr size_t kMaxShown = 200;
+      return absl::StrCat("request target \"", AbslView(target.substr(0, kMaxShown)),
+                          target.size() > kMaxShown ? "..." : "",
+                          "\" is not a path; send origin-form targets such as /generate (no "
+                          "OPTIONS *, no absolute URLs)");
+    }
+    return std::nullopt;
+  }
+
+  // Counts `bytes` more of this request's body against the server's budget
+  // for bodies held at once; false (nothing counted) when it would pass it.
+  bool HoldBody(uint64_t bytes) {
+    const uint64_t held = server_->body_bytes_held.load(std::memory_order_relaxed);
+    if (bytes > options_.max_total_body_bytes || held + bytes > options_.max_total_body_bytes) {
+      return false;
+    }
+    server_->body_bytes_held.store(held + bytes, std::memory_order_relaxed);
+    held_body_ += bytes;
+    return true;
+  }
+
+  void ReleaseBody() {
+    if (held_body_ == 0) return;
+    server_->body_bytes_held.fetch_sub(held_body_, std::memory_order_relaxed);
+    held_body_ = 0;
+  }
+
+  // The 503 for a body that would pass the budget (`length` when declared).
+  boost::asio::awaitable<void> RefuseOverBudget(std::optional<uint64_t> length) {
+    server_->over_budget.fetch_add(1, std::memory_order_relaxed);
+    const std::string size =
+        length.has_value() ? absl::StrCat("its ", *length, "-byte body") : "its chunked body";
+    HttpResponse response = JsonResponse(
+        503, JsonErrorBody(
+                 "Overloaded",
+                 absl::StrCat("the server holds ",
+                              server_->body_bytes_held.load(std::memory_order_relaxed),
+                              " bytes of request bodies and ", size, " would pass its limit of ",
+                              options_.max_total_body_bytes, " bytes; retry shortly"),
+                 /*retryable=*/true));
+    response.headers.Set("Retry-After", "1");
+    co_await AnswerAndClose(std::move(response));
   }
 
   // Answers a request that could not be read, when there is someone to answer.
   boost::asio::awaitable<void> Reject(const boost::system::error_code& ec) {
     if (stopping_ || deadline_.expired() || !socket_.is_open()) co_return;
+    HttpResponse answer;
     if (ec == http::error::body_limit) {
-      co_await AnswerAndClose(413, "PayloadTooLarge",
-                              absl::StrCat("the request body exceeds the server's limit of ",
-                                           options_.max_body_bytes, " bytes; send a smaller body"));
+      answer = JsonResponse(
+          413, JsonErrorBody("PayloadTooLarge",
+                             absl::StrCat("the request body exceeds the server's limit of ",
+                                          options_.max_body_bytes, " bytes; send a smaller body")));
     } else if (ec == http::error::header_limit) {
-      co_await AnswerAndClose(431, "HeadersTooLarge",
-                              absl::StrCat("the request header exceeds the server's limit of ",
-                                           options_.max_header_bytes, " bytes"));
+      answer = JsonResponse(
+          431, JsonErrorBody("HeadersTooLarge",
+                             absl::StrCat("the request header exceeds the server's limit of ",
+                                          options_.max_header_bytes, " bytes")));
     } else if (IsParseError(ec)) {
-      co_await AnswerAndClose(400, "BadRequest",
-                              absl::StrCat("malformed HTTP request (", ec.message(),
-                                           "); send a valid HTTP/1.1 request"));
+      answer = JsonResponse(
+          400, JsonErrorBody("BadRequest", absl::StrCat("malformed HTTP request (", ec.message(),
+                                                        "); send a valid HTTP/1.1 request")));
+    } else {
+      co_return;
     }
+    co_await AnswerAndClose(std::move(answer));
   }
 
-  boost::asio::awaitable<void> AnswerAndClose(int status, std::string_view type,
-                                              std::string message) {
-    const HttpResponse res = JsonResponse(status, JsonErrorBody(type, message));
+  // Sends `res` (an answer of the server's own) and closes the connection.
+  boost::asio::awaitable<void> AnswerAndClose(HttpResponse res) {
+    // The refused request's bytes go now, not after the linger below.
+    parser_.reset();
+    ReleaseBody();
     std::string head;
     bool close = true;
     // Our own fields and a known status: nothing to refuse.
-    (void)net_internal::FormatResponseHead(11, status, res.headers, net_internal::Framing::kLength,
-                                           res.body.size(), /*keep_alive=*/false, &close, head);
+    (void)net_internal::FormatResponseHead(11, res.status, res.headers,
+                                           net_internal::Framing::kLength, res.body.size(),
+                                           /*keep_alive=*/false, &close, head);
     const std::array<boost::asio::const_buffer, 2> answer{boost::asio::buffer(head),
                                                           boost::asio::buffer(res.body)};
     auto written = co_await TimedWrite(
@@ -356,6 +452,7 @@ class ServerConnection {
   SocketDeadline deadline_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string peer_ = "unknown peer";
+  uint64_t held_body_ = 0;  // of the server's body budget, for the current request
 
   boost::asio::cancellation_signal monitor_cancel_;
   LoopEvent monitor_done_;
@@ -609,6 +706,12 @@ boost::asio::awaitable<void> AcceptLoop(std::shared_ptr<HttpServer::State> state
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(boost::asio::any_io_executor executor,
                                                               ServerOptions options,
                                                               HttpHandler handler) {
+  if (options.max_total_body_bytes < options.max_body_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the budget for request bodies held at once (", options.max_total_body_bytes,
+                     " bytes) is below the largest body accepted (", options.max_body_bytes,
+                     " bytes); raise the budget or lower the per-request limit"));
+  }
   auto state = std::make_shared<State>(std::move(executor), std::move(options), std::move(handler));
   const ServerOptions& opts = state->options;
   boost::system::error_code ec;
@@ -665,6 +768,8 @@ ServerStats HttpServer::stats() const {
   s.connections_accepted = state_->accepted.load(std::memory_order_relaxed);
   s.connections_active = state_->active.load(std::memory_order_relaxed);
   s.requests = state_->requests.load(std::memory_order_relaxed);
+  s.body_bytes_held = state_->body_bytes_held.load(std::memory_order_relaxed);
+  s.refused_over_budget = state_->over_budget.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -10,11 +10,22 @@
 // writes what the handler sends, and keeps the connection alive for the next
 // request when both sides allow it. The server answers by itself, with a JSON
 // error body ({"type", "message"}) and then closes the connection:
-//   400 BadRequest          a request Beast cannot parse
+//   400 BadRequest          a request Beast cannot parse, CONNECT, or a target
+//                           that is not origin-form ("/path?query"): handlers
+//                           never see `*`, an authority or an absolute URL
 //   413 PayloadTooLarge     a body over ServerOptions::max_body_bytes
 //   431 HeadersTooLarge     a header over ServerOptions::max_header_bytes
+//   503 Overloaded          a body that would pass
+//                           ServerOptions::max_total_body_bytes (with
+//                           Retry-After: 1 and "retryable": true); its bytes
+//                           are not read
 //   500 HandlerError        a handler that returned without responding or threw
 // Timeouts close the connection without an answer.
+//
+// Memory: a request's body counts against max_total_body_bytes from its
+// header (its Content-Length; a chunked body as it arrives) until its handler
+// returns, whatever the handler did with the bytes; so the bodies a server
+// holds at once, and what handlers derive from them, stay bounded.
 //
 // Client disconnects: from the handler's first interest (a call to
 // disconnected(), WaitDisconnected(), AbortOnDisconnect() or
@@ -51,13 +62,24 @@ namespace net_internal {
 class ServerConnection;
 }
 
+inline constexpr size_t kDefaultMaxBodyBytes = size_t{32} << 20;
+inline constexpr size_t kDefaultMaxTotalBodyBytes = size_t{512} << 20;
+
 struct ServerOptions {
   // Address to listen on: an IP literal or a name resolved once at start.
   std::string host = "127.0.0.1";
   // 0 picks a free port; HttpServer::port() tells which.
   uint16_t port = 0;
-  // Largest request body accepted (413 beyond).
-  size_t max_body_bytes = size_t{64} << 20;
+  // Largest request body accepted (413 beyond). Long agentic contexts make
+  // prompts of several MB normal (a million tokens sent as `input_ids` is
+  // about 7 MB of JSON); 32 MiB leaves room for images and batches.
+  size_t max_body_bytes = kDefaultMaxBodyBytes;
+  // Request bodies held at once by all requests together (503 beyond; see
+  // "Memory" above). A proxy holds about twice its bodies (the body and the
+  // copy it sends on), so 512 MiB keeps that near 1 GiB while admitting 16
+  // maximal requests, or hundreds of 1 MB prompts, at once. Raise it on a
+  // gateway in front of a large fleet. REQUIRES: >= max_body_bytes.
+  size_t max_total_body_bytes = kDefaultMaxTotalBodyBytes;
   // Largest request header accepted (431 beyond).
   size_t max_header_bytes = size_t{64} << 10;
   // From the first byte of a request (or the accept) to its complete header.
@@ -174,14 +196,16 @@ struct ServerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_active = 0;
   uint64_t requests = 0;
+  uint64_t body_bytes_held = 0;      // counted against max_total_body_bytes now
+  uint64_t refused_over_budget = 0;  // 503s for passing max_total_body_bytes
 };
 
 class HttpServer {
  public:
   // Binds and listens on options.host:options.port, then accepts on
   // `executor`, which must outlive the server. Errors: InvalidArgument for a host that does not
-  // resolve, Unavailable when the address cannot be bound (in use, not local). Thread-safe (may be
-  // called off the loop thread).
+  // resolve or a body budget below the per-request limit, Unavailable when the address cannot be
+  // bound (in use, not local). Thread-safe (may be called off the loop thread).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       boost::asio::any_io_executor executor, ServerOptions options, HttpHandler handler);
 

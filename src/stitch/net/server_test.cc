@@ -93,6 +93,118 @@ TEST(HttpServerTest, BodyOverTheLimitGets413) {
   EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
 }
 
+// What a raw request gets: the answer up to the close.
+std::string RawAnswer(uint16_t port, const std::string& request) {
+  RawSocket raw(port);
+  EXPECT_TRUE(raw.connected());
+  raw.Send(request);
+  bool closed = false;
+  std::string answer = raw.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed) << answer;
+  return answer;
+}
+
+// A handler only ever sees "/path?query": a proxy must never pass on a
+// CONNECT, `OPTIONS *` or an absolute URL (the upstream call would fail and
+// the proxy would blame a healthy upstream).
+TEST(HttpServerTest, TargetsThatAreNotPathsAndConnectGet400) {
+  std::atomic<int> handled{0};
+  Harness h([&](HttpExchange& ex) {
+    ++handled;
+    return Echo(ex);
+  });
+  for (const std::string request : {
+           "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+           "CONNECT /tunnel HTTP/1.1\r\nHost: x\r\n\r\n",
+           "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+           "GET http://example.com/get_model_info HTTP/1.1\r\nHost: example.com\r\n\r\n",
+           "POST http://example.com/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+       }) {
+    const std::string answer = RawAnswer(h.server->port(), request);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << request << " -> " << answer;
+    EXPECT_NE(answer.find("\"type\":\"BadRequest\""), std::string::npos) << answer;
+  }
+  EXPECT_EQ(handled.load(), 0);
+  EXPECT_EQ(h.server->stats().requests, 0u);
+  auto fine = h.Send(Get("/x?y=1"));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->status, 200);
+}
+
+// Request bodies count against one budget from their header until their
+// handler returns: past it, a 503 that never reads (or keeps) the body.
+TEST(HttpServerTest, BodiesHeldAtOnceAreBoundedWithA503) {
+  ServerOptions options;
+  options.max_body_bytes = 4000;
+  options.max_total_body_bytes = 6000;
+  std::atomic<int> handled{0};
+  Harness* harness = nullptr;
+  Harness h(
+      [&](HttpExchange& ex) -> awaitable<void> {
+        ++handled;
+        if (ex.request().target == "/hold") co_await harness->gate->Wait();
+        co_await Echo(ex);
+      },
+      options);
+  harness = &h;
+  auto post = [](const std::string& target, size_t size) {
+    return absl::StrCat("POST ", target, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", size,
+                        "\r\n\r\n", std::string(size, 'p'));
+  };
+
+  RawSocket held(h.server->port());  // 4000 bytes, held by its handler
+  ASSERT_TRUE(held.connected());
+  held.Send(post("/hold", 4000));
+  ASSERT_TRUE(WaitUntil([&] { return handled.load() == 1; }));
+  EXPECT_EQ(h.server->stats().body_bytes_held, 4000u);
+
+  // 4000 more would pass 6000: refused, the body unread and uncounted.
+  std::string answer = RawAnswer(h.server->port(), post("/", 4000));
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  EXPECT_NE(answer.find("Retry-After: 1\r\n"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("\"type\":\"Overloaded\""), std::string::npos) << answer;
+  EXPECT_NE(answer.find("\"retryable\":true"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("6000"), std::string::npos) << answer;
+  // With Expect: 100-continue, the client is told before it sends anything.
+  answer = RawAnswer(h.server->port(),
+                     "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     "Content-Length: 3000\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  // A chunked body is counted as it arrives: 1500 fit, 1000 more do not.
+  answer = RawAnswer(h.server->port(),
+                     "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5dc\r\n" +
+                         std::string(1500, 'c') + "\r\n3e8\r\n" + std::string(1000, 'c') +
+                         "\r\n0\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  EXPECT_EQ(handled.load(), 1);
+  EXPECT_EQ(h.server->stats().refused_over_budget, 3u);
+  EXPECT_EQ(h.server->stats().body_bytes_held, 4000u);
+  // What fits still passes.
+  auto small = h.Send(Post("/", std::string(2000, 's')));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->status, 200);
+
+  // Once the held request is answered, its bytes are free again.
+  h.gate->Open();
+  EXPECT_EQ(held.ReadUntil("pppp").rfind("HTTP/1.1 200", 0), 0u);
+  ASSERT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+  auto big = h.Send(Post("/", std::string(4000, 'b')));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->status, 200);
+  // (Its handler returns just after the answer went out.)
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+}
+
+TEST(HttpServerTest, ABodyBudgetBelowThePerRequestLimitIsRefusedAtStart) {
+  EventLoop loop;
+  ServerOptions options;
+  options.max_body_bytes = 4096;
+  options.max_total_body_bytes = 1024;
+  auto server = HttpServer::Start(loop.executor(), options, Echo);
+  ASSERT_FALSE(server.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(server.status()));
+}
+
 TEST(HttpServerTest, MalformedRequestGets400AndClose) {
   Harness h(Echo);
   RawSocket raw(h.server->port());

@@ -155,12 +155,11 @@ RouteClass ClassifyRoute(std::string_view path, ApiRoute* route) {
 }
 
 absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body, json::value& doc) {
-  boost::system::error_code ec;
-  doc = json::parse(body, ec, doc.storage());
-  if (ec || !doc.is_object()) {
-    std::string message = "the request body must be a JSON object";
-    if (ec) absl::StrAppend(&message, " (", ec.message(), ")");
-    return absl::InvalidArgumentError(message);
+  absl::StatusOr<json::value> parsed = ParseVersionedBodyJson(body, doc.storage());
+  if (!parsed.ok()) return parsed.status();
+  doc = *std::move(parsed);
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError("the request body must be a JSON object");
   }
   const json::object& o = doc.get_object();
   VersionedAsk ask;

@@ -100,8 +100,9 @@ struct VersionedAsk {
 };
 // Parses the body of a versioned route into `doc` (an object; its
 // `weight_version` is left in it). InvalidArgument, with the message of the
-// 400 BadRequest to answer, when the body is not a JSON object or its
-// constraint is malformed.
+// 400 BadRequest to answer, when the body is not a JSON object, its
+// constraint is malformed or gives both versions, or `weight_version` or one
+// of its fields is given twice (ParseVersionedBodyJson in core/json.h).
 [[nodiscard]] absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body,
                                                               boost::json::value& doc);
 

@@ -288,6 +288,23 @@ TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
   EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
 }
 
+// Boost.JSON would keep one of two values silently; the sidecar refuses.
+TEST_F(ProxyTest, BothConstraintsOrARepeatedConstraintKeyGets400) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  for (const char* body : {
+           R"({"text":"x","weight_version":{"min_version":0,"exact_version":0}})",
+           R"({"text":"x","weight_version":{"min_version":0},"weight_version":{"min_version":5}})",
+           R"({"text":"x","weight_version":{"exact_version":5,"exact_version":0}})",
+       }) {
+    HttpResponse r = Send("POST", "/generate", body);
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_EQ(Parse(r.body).at("type").as_string(), "BadRequest");
+    EXPECT_NE(r.body.find("weight_version"), std::string::npos) << r.body;
+  }
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+}
+
 TEST_F(ProxyTest, EngineControlRoutesAreBlocked) {
   Start(fake_.url());
   for (std::string path : {"/pause_generation", "/update_weights_from_disk", "/stage_weight_update",
