@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "stitch/format/fileio.h"
+#include "tests/support/cli_expect.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
@@ -18,9 +19,11 @@ namespace stitch {
 namespace {
 
 namespace fs = std::filesystem;
+using ::stitch::testing::IsOneFailureLine;
 using ::stitch::testing::LoopbackHttpServer;
 using ::stitch::testing::ProcessResult;
 using ::stitch::testing::RunningProcess;
+using ::stitch::testing::RunStitch;
 using ::stitch::testing::TempDir;
 using ::stitch::testing::WriteTestVersion;
 using ::testing::ElementsAre;
@@ -28,30 +31,20 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::StartsWith;
 
-// Exactly one line: "stitch: ...\n".
-MATCHER(IsOneFailureLine, "") {
-  return arg.starts_with("stitch: ") && arg.ends_with("\n") &&
-         std::count(arg.begin(), arg.end(), '\n') == 1;
-}
-
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
   }
 
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), testing::StitchBinary());
-    return testing::RunProcess(args);
-  }
   ProcessResult Claim(const std::string& run = "run-a", int64_t boot = 0) {
-    return Stitch({"claim", "--store", root_.string(), "--run-id", run, "--boot-version",
-                   std::to_string(boot)});
+    return RunStitch({"claim", "--store", root_.string(), "--run-id", run, "--boot-version",
+                      std::to_string(boot)});
   }
   ProcessResult Publish(const fs::path& dir, const std::string& run = "run-a") {
-    return Stitch({"publish", "--store", root_.string(), "--run-id", run, dir.string()});
+    return RunStitch({"publish", "--store", root_.string(), "--run-id", run, dir.string()});
   }
-  ProcessResult Pointer() { return Stitch({"pointer", "--store", root_.string()}); }
+  ProcessResult Pointer() { return RunStitch({"pointer", "--store", root_.string()}); }
   fs::path Version(int64_t v, testing::TestVersionOptions options = {}) {
     auto dir = WriteTestVersion(tmp_ / "src" / std::to_string(sources_++), v, options);
     EXPECT_TRUE(dir.ok()) << dir.status();
@@ -100,7 +93,7 @@ TEST_F(CliTest, AFileUriAndARunChange) {
   ASSERT_EQ(Claim("run-a").exit_code, 0);
   ASSERT_EQ(Publish(Version(1)).exit_code, 0);
   ProcessResult claim =
-      Stitch({"claim", "--store", Uri(), "--run-id", "run-b", "--boot-version", "4"});
+      RunStitch({"claim", "--store", Uri(), "--run-id", "run-b", "--boot-version", "4"});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
   EXPECT_THAT(claim.out, HasSubstr("(the pointer was run-a/weight_v000001)"));
   EXPECT_EQ(Pointer().out, "run-b/weight_v000004\n");
@@ -178,18 +171,18 @@ TEST_F(CliTest, AGarbagePointerIsReportedNotTreatedAsUnset) {
 }
 
 TEST_F(CliTest, BadStoreAndRunIdAreFailuresNotUsageErrors) {
-  ProcessResult scheme = Stitch({"claim", "--store", "gs://bucket/prefix", "--run-id", "run-a"});
+  ProcessResult scheme = RunStitch({"claim", "--store", "gs://bucket/prefix", "--run-id", "run-a"});
   EXPECT_EQ(scheme.exit_code, 1);
   EXPECT_THAT(scheme.err, IsOneFailureLine());
   EXPECT_THAT(scheme.err, HasSubstr("supported"));
 
-  ProcessResult run = Stitch({"claim", "--store", root_.string(), "--run-id", "has space"});
+  ProcessResult run = RunStitch({"claim", "--store", root_.string(), "--run-id", "has space"});
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_THAT(run.err, IsOneFailureLine());
   EXPECT_THAT(run.err, HasSubstr("run id"));
 
   ProcessResult pool =
-      Stitch({"claim", "--store", root_.string(), "--run-id", "run-a", "--pool", "dns:x"});
+      RunStitch({"claim", "--store", root_.string(), "--run-id", "run-a", "--pool", "dns:x"});
   EXPECT_EQ(pool.exit_code, 1);
   EXPECT_THAT(pool.err, IsOneFailureLine());
   EXPECT_FALSE(fs::exists(root_ / "latest"));
@@ -207,7 +200,7 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
            {"publish", "--store", x, "--run-id", "run-a"},
            {"pointer"},
        }) {
-    ProcessResult r = Stitch(args);
+    ProcessResult r = RunStitch(args);
     EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << "\n" << r.err;
     EXPECT_THAT(r.err, ::testing::Not(IsEmpty()));
   }
@@ -240,7 +233,7 @@ TEST_F(CliTest, ServingCommandsRefuseInconsistentBodyLimits) {
          }) {
       std::vector<std::string> full = args;
       full.insert(full.end(), limits.begin(), limits.end());
-      ProcessResult r = Stitch(full);
+      ProcessResult r = RunStitch(full);
       EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(full) << "\n" << r.err;
       EXPECT_THAT(r.err, IsOneFailureLine());
       EXPECT_THAT(r.err, HasSubstr("--max-total-body-bytes"));
@@ -251,7 +244,7 @@ TEST_F(CliTest, ServingCommandsRefuseInconsistentBodyLimits) {
 }
 
 TEST_F(CliTest, HelpExitsZero) {
-  ProcessResult r = Stitch({"--help"});
+  ProcessResult r = RunStitch({"--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("publish"));
 }
@@ -260,10 +253,10 @@ TEST_F(CliTest, ClaimAndPublishWakeThePool) {
   LoopbackHttpServer replica;
   std::string pool = "static:" + replica.url() + "," + testing::UnreachableUrl();
   ProcessResult claim =
-      Stitch({"claim", "--store", root_.string(), "--run-id", "run-a", "--pool", pool});
+      RunStitch({"claim", "--store", root_.string(), "--run-id", "run-a", "--pool", pool});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
-  ProcessResult publish = Stitch({"publish", "--store", root_.string(), "--run-id", "run-a",
-                                  Version(1).string(), "--pool", pool});
+  ProcessResult publish = RunStitch({"publish", "--store", root_.string(), "--run-id", "run-a",
+                                     Version(1).string(), "--pool", pool});
   // The unreachable replica is a warning on stderr, never a failure.
   ASSERT_EQ(publish.exit_code, 0) << publish.err;
   EXPECT_THAT(publish.err, HasSubstr("wake"));

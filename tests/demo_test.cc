@@ -18,6 +18,7 @@ namespace stitch {
 namespace {
 
 using ::stitch::testing::ProcessResult;
+using ::stitch::testing::RunStitch;
 using ::stitch::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -40,16 +41,11 @@ std::vector<std::string> ProcessesMentioning(const std::string& text) {
   return out;
 }
 
-ProcessResult Stitch(std::vector<std::string> args) {
-  args.insert(args.begin(), testing::StitchBinary());
-  return testing::RunProcess(args);
-}
-
 TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
   ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
   TempDir tmp;
   const std::filesystem::path dir = tmp / "demo";
-  ProcessResult r = Stitch({"demo", "--replicas", "2", "--steps", "6", "--dir", dir.string()});
+  ProcessResult r = RunStitch({"demo", "--replicas", "2", "--steps", "6", "--dir", dir.string()});
   ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
   // Not a terminal: plain lines, no cursor control.
   EXPECT_THAT(r.out, Not(HasSubstr("\033[K")));
@@ -78,7 +74,7 @@ TEST(DemoTest, RefusesANonEmptyDirectory) {
   ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
   TempDir tmp;
   std::ofstream(tmp / "precious.txt") << "keep me";
-  ProcessResult r = Stitch({"demo", "--dir", tmp.path().string()});
+  ProcessResult r = RunStitch({"demo", "--dir", tmp.path().string()});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("is not empty"));
   EXPECT_EQ(Slurp(tmp / "precious.txt"), "keep me");
@@ -86,7 +82,7 @@ TEST(DemoTest, RefusesANonEmptyDirectory) {
 
 TEST(DemoTest, RefusesTooFewReplicas) {
   ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
-  ProcessResult r = Stitch({"demo", "--replicas", "1"});
+  ProcessResult r = RunStitch({"demo", "--replicas", "1"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--replicas must be at least 2"));
 }

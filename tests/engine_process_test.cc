@@ -39,6 +39,7 @@ using ::stitch::testing::Logprobs;
 using ::stitch::testing::ProcessResult;
 using ::stitch::testing::ReferenceGenerate;
 using ::stitch::testing::ReferenceOptions;
+using ::stitch::testing::RunStitch;
 using ::stitch::testing::ServerProcess;
 using ::stitch::testing::SseClient;
 using ::stitch::testing::TempDir;
@@ -73,17 +74,12 @@ class EngineProcessTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is unset"; }
 
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), testing::StitchBinary());
-    return testing::RunProcess(args);
-  }
-
   // `stitch engine init-model` with `size` flags.
   void InitModel(std::vector<std::string> size) {
     std::vector<std::string> args = {"engine", "init-model", model_.string(), "--seed",
                                      std::to_string(kSeed)};
     args.insert(args.end(), size.begin(), size.end());
-    ProcessResult r = Stitch(args);
+    ProcessResult r = RunStitch(args);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     absl::StatusOr<ModelConfig> config = ReadModelConfig(model_);
     ASSERT_TRUE(config.ok()) << config.status();
@@ -295,10 +291,10 @@ TEST_F(EngineProcessTest, FaultFlagExitsInTheMiddleOfACommit) {
 }
 
 TEST_F(EngineProcessTest, RefusesToStartWithoutAUsableModel) {
-  ProcessResult no_model = Stitch({"engine", "--port", "0"});
+  ProcessResult no_model = RunStitch({"engine", "--port", "0"});
   EXPECT_EQ(no_model.exit_code, 1);
   EXPECT_THAT(no_model.err, HasSubstr("--model"));
-  ProcessResult missing = Stitch({"engine", "--model", (tmp_ / "none").string(), "--port", "0"});
+  ProcessResult missing = RunStitch({"engine", "--model", (tmp_ / "none").string(), "--port", "0"});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.err, HasSubstr("stitch: engine: --model"));
   EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1);

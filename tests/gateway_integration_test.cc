@@ -24,6 +24,7 @@
 #include "stitch/net/client.h"
 #include "stitch/net/net_test_util.h"
 #include "tests/sidecar_process.h"
+#include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -31,7 +32,9 @@ namespace stitch {
 namespace {
 
 namespace json = boost::json;
+using ::stitch::testing::ExpectOk;
 using ::stitch::testing::ProcessResult;
+using ::stitch::testing::RunStitch;
 using ::stitch::testing::ServerProcess;
 using ::stitch::testing::TempDir;
 using ::testing::HasSubstr;
@@ -50,15 +53,6 @@ json::object Parse(const std::string& text) {
 bool Eventually(const std::function<bool()>& condition,
                 std::chrono::milliseconds timeout = kConverge) {
   return testing::Eventually(condition, timeout);
-}
-
-ProcessResult Stitch(std::vector<std::string> args) {
-  args.insert(args.begin(), testing::StitchBinary());
-  return testing::RunProcess(args);
-}
-
-void ExpectOk(const ProcessResult& r, std::string_view what) {
-  EXPECT_EQ(r.exit_code, 0) << what << "\nstdout: " << r.out << "\nstderr: " << r.err;
 }
 
 struct Reply {
@@ -109,23 +103,23 @@ class GatewayIntegrationTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
     base_ = (tmp_ / "base").string();
-    ExpectOk(Stitch({"engine", "init-model", base_, "--layers", "1", "--hidden", "32", "--heads",
-                     "2", "--seed", "1", "--max-positions", "512"}),
+    ExpectOk(RunStitch({"engine", "init-model", base_, "--layers", "1", "--hidden", "32", "--heads",
+                        "2", "--seed", "1", "--max-positions", "512"}),
              "init-model");
     std::filesystem::create_directories(tmp_ / "out");
     // Versions 1..3: the base weights republished (what is served does not
     // matter here, only which version serves it).
     for (int v = 1; v <= 3; ++v) {
       const std::string dir = (tmp_ / "out" / VersionDirName(v)).string();
-      ExpectOk(Stitch({"delta", "full", "--checkpoint", base_, "--out", dir, "--version",
-                       std::to_string(v), "--run-id", "r1"}),
+      ExpectOk(RunStitch({"delta", "full", "--checkpoint", base_, "--out", dir, "--version",
+                          std::to_string(v), "--run-id", "r1"}),
                "delta full");
     }
   }
 
   void Publish(Replica& r, int64_t version) {
-    ExpectOk(Stitch({"publish", "--store", r.store, "--run-id", "r1", "--pool", "static:" + r.url,
-                     (tmp_ / "out" / VersionDirName(version)).string()}),
+    ExpectOk(RunStitch({"publish", "--store", r.store, "--run-id", "r1", "--pool",
+                        "static:" + r.url, (tmp_ / "out" / VersionDirName(version)).string()}),
              "publish");
   }
 
@@ -133,7 +127,7 @@ class GatewayIntegrationTest : public ::testing::Test {
   Replica& StartReplica(int i, int64_t version) {
     auto r = std::make_unique<Replica>();
     r->store = (tmp_ / ("store" + std::to_string(i))).string();
-    ExpectOk(Stitch({"claim", "--store", r->store, "--run-id", "r1", "--boot-version", "0"}),
+    ExpectOk(RunStitch({"claim", "--store", r->store, "--run-id", "r1", "--boot-version", "0"}),
              "claim");
     r->engine = std::make_unique<ServerProcess>(std::vector<std::string>{
         testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"});
@@ -339,36 +333,36 @@ TEST_F(GatewayIntegrationTest, FleetToolsReportWaitAndSmoke) {
   StartGateway();
   const std::string pool = "file:" + pool_file_;
 
-  ProcessResult ready = Stitch({"wait-ready", "--pool", pool, "--replicas", "2", "--fraction", "1",
-                                "--timeout", "60", "--gateway", gateway_url_});
+  ProcessResult ready = RunStitch({"wait-ready", "--pool", pool, "--replicas", "2", "--fraction",
+                                   "1", "--timeout", "60", "--gateway", gateway_url_});
   ExpectOk(ready, "wait-ready");
   EXPECT_THAT(ready.out, HasSubstr("2 of 2 discovered replicas ready"));
-  ProcessResult short_of = Stitch(
+  ProcessResult short_of = RunStitch(
       {"wait-ready", "--pool", pool, "--replicas", "4", "--fraction", "1", "--timeout", "0.5"});
   EXPECT_NE(short_of.exit_code, 0);
   EXPECT_THAT(short_of.err, HasSubstr("2 of 2 replicas ready (needed 4 of 4)"));
 
   ASSERT_TRUE(Eventually([&] { return GatewayReady() == 2; }));
-  ProcessResult json_status = Stitch({"status", "--gateway", gateway_url_, "--json"});
+  ProcessResult json_status = RunStitch({"status", "--gateway", gateway_url_, "--json"});
   ExpectOk(json_status, "status --json");
   json::object doc = Parse(json_status.out);
   ASSERT_TRUE(doc.contains("replicas")) << json_status.out;
   EXPECT_EQ(doc["replicas"].as_array().size(), 2u);
   EXPECT_EQ(doc["ready"].as_int64(), 2);
-  ProcessResult table = Stitch({"status", "--pool", pool, "--store", b.store});
+  ProcessResult table = RunStitch({"status", "--pool", pool, "--store", b.store});
   ExpectOk(table, "status --pool");
   EXPECT_THAT(table.out, HasSubstr(a.url));
   EXPECT_THAT(table.out, HasSubstr("r1/weight_v000001"));
   EXPECT_THAT(table.out, HasSubstr("2 of 2 replicas ready; store pointer r1/weight_v000001"));
 
   // Replica a still serves v0: the smoke test for v1 fails and says where.
-  ProcessResult failing = Stitch({"smoke", "--gateway", gateway_url_, "--version", "1"});
+  ProcessResult failing = RunStitch({"smoke", "--gateway", gateway_url_, "--version", "1"});
   EXPECT_NE(failing.exit_code, 0);
   EXPECT_THAT(failing.out, HasSubstr("FAIL  " + a.url));
   EXPECT_THAT(failing.out, HasSubstr("ok    " + b.url));
   Publish(a, 1);
   ASSERT_TRUE(Serves(a, 1));
-  ProcessResult passing = Stitch({"smoke", "--gateway", gateway_url_, "--version", "1"});
+  ProcessResult passing = RunStitch({"smoke", "--gateway", gateway_url_, "--version", "1"});
   ExpectOk(passing, "smoke");
   EXPECT_THAT(passing.out, HasSubstr("ok    " + a.url));
 }

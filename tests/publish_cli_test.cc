@@ -18,6 +18,7 @@
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/version_dirs.h"
@@ -26,7 +27,9 @@ namespace stitch {
 namespace {
 
 namespace fs = std::filesystem;
+using ::stitch::testing::IsOneFailureLine;
 using ::stitch::testing::ProcessResult;
+using ::stitch::testing::RunStitch;
 using ::stitch::testing::TempDir;
 using ::stitch::testing::TestShardName;
 using ::stitch::testing::TestVersionOptions;
@@ -34,12 +37,6 @@ using ::stitch::testing::WriteTestVersion;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::StartsWith;
-
-// Exactly one line: "stitch: ...\n".
-MATCHER(IsOneFailureLine, "") {
-  return arg.starts_with("stitch: ") && arg.ends_with("\n") &&
-         std::count(arg.begin(), arg.end(), '\n') == 1;
-}
 
 // A safetensors file written byte by byte: the 8-byte header length
 // (`declared_length`, else the header's), the header, the data.
@@ -71,23 +68,19 @@ class PublishCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
-    ProcessResult claim = Stitch({"claim", "--store", Store(), "--run-id", "run-a"});
+    ProcessResult claim = RunStitch({"claim", "--store", Store(), "--run-id", "run-a"});
     ASSERT_EQ(claim.exit_code, 0) << claim.err;
   }
 
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), testing::StitchBinary());
-    return testing::RunProcess(args);
-  }
   std::string Store() const { return (tmp_ / "store").string(); }
   ProcessResult Publish(const fs::path& dir, std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"publish",  "--store", Store(),
                                      "--run-id", "run-a",   dir.string()};
     args.insert(args.end(), extra.begin(), extra.end());
-    return Stitch(args);
+    return RunStitch(args);
   }
   std::string Pointer() {
-    ProcessResult p = Stitch({"pointer", "--store", Store()});
+    ProcessResult p = RunStitch({"pointer", "--store", Store()});
     EXPECT_EQ(p.exit_code, 0) << p.err;
     return p.out;
   }
@@ -113,8 +106,8 @@ class PublishCliTest : public ::testing::Test {
     fs::path out = tmp_ / "out" / std::to_string(sources_++) / VersionDirName(version);
     fs::create_directories(out.parent_path());
     ProcessResult r =
-        Stitch({"delta", "encode", "--base", base.string(), "--target", target.string(), "--out",
-                out.string(), "--version", std::to_string(version), "--run-id", "run-a"});
+        RunStitch({"delta", "encode", "--base", base.string(), "--target", target.string(), "--out",
+                   out.string(), "--version", std::to_string(version), "--run-id", "run-a"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return out;
   }
@@ -123,8 +116,8 @@ class PublishCliTest : public ::testing::Test {
     fs::path out = tmp_ / "out" / std::to_string(sources_++) / VersionDirName(version);
     fs::create_directories(out.parent_path());
     ProcessResult r =
-        Stitch({"delta", "full", "--checkpoint", checkpoint.string(), "--out", out.string(),
-                "--version", std::to_string(version), "--run-id", "run-a"});
+        RunStitch({"delta", "full", "--checkpoint", checkpoint.string(), "--out", out.string(),
+                   "--version", std::to_string(version), "--run-id", "run-a"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return out;
   }
@@ -312,7 +305,7 @@ TEST_F(PublishCliTest, AFlippedByteInAFullVersionIsRefused) {
   const TensorInfo t = FirstTensor(shard);
   FlipByte(shard, DataStart(shard) + t.begin + 3);
 
-  ProcessResult verify = Stitch({"delta", "verify", full.string()});
+  ProcessResult verify = RunStitch({"delta", "verify", full.string()});
   EXPECT_EQ(verify.exit_code, 1) << verify.out;
   EXPECT_THAT(verify.err, HasSubstr(absl::StrCat("tensor \"", t.name, "\" hashes to")));
 
@@ -325,7 +318,7 @@ TEST_F(PublishCliTest, AFullVersionRecordsAndVerifiesItsChecksums) {
   auto index = ReadIndex(full);
   ASSERT_TRUE(index.ok());
   EXPECT_EQ(index->metadata["checksum_format"], "xxh3-128");
-  ProcessResult verify = Stitch({"delta", "verify", full.string()});
+  ProcessResult verify = RunStitch({"delta", "verify", full.string()});
   EXPECT_EQ(verify.exit_code, 0) << verify.err;
   EXPECT_THAT(verify.out, HasSubstr("every tensor matches its recorded checksum"));
   EXPECT_EQ(Publish(full).exit_code, 0);
@@ -340,24 +333,24 @@ TEST_F(PublishCliTest, EncodingFromABaseThatRecordsNoVersionNeedsBaseVersion) {
   fs::path target = Checkpoint(4, 2);
   fs::path out = tmp_ / "enc" / VersionDirName(4);
   fs::create_directories(out.parent_path());
-  ProcessResult r = Stitch({"delta", "encode", "--base", base->string(), "--target",
-                            target.string(), "--out", out.string(), "--version", "4"});
+  ProcessResult r = RunStitch({"delta", "encode", "--base", base->string(), "--target",
+                               target.string(), "--out", out.string(), "--version", "4"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, IsOneFailureLine());
   EXPECT_THAT(r.err, HasSubstr("records no version"));
   EXPECT_THAT(r.err, HasSubstr("--base-version"));
   EXPECT_FALSE(fs::exists(out));
 
-  r = Stitch({"delta", "encode", "--base", base->string(), "--target", target.string(), "--out",
-              out.string(), "--version", "4", "--base-version", "3"});
+  r = RunStitch({"delta", "encode", "--base", base->string(), "--target", target.string(), "--out",
+                 out.string(), "--version", "4", "--base-version", "3"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("applies to version 3, as --base-version says"));
 
   // A base that records its version is read, and says so.
   fs::path out2 = tmp_ / "enc2" / VersionDirName(1);
   fs::create_directories(out2.parent_path());
-  r = Stitch({"delta", "encode", "--base", Checkpoint(0, 1).string(), "--target",
-              Checkpoint(1, 2).string(), "--out", out2.string(), "--version", "1"});
+  r = RunStitch({"delta", "encode", "--base", Checkpoint(0, 1).string(), "--target",
+                 Checkpoint(1, 2).string(), "--out", out2.string(), "--version", "1"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("applies to version 0, as the base's index records"));
 }
@@ -366,10 +359,6 @@ TEST_F(PublishCliTest, EncodingFromABaseThatRecordsNoVersionNeedsBaseVersion) {
 
 class MissingStoreCliTest : public ::testing::Test {
  protected:
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), testing::StitchBinary());
-    return testing::RunProcess(args);
-  }
   TempDir tmp_;
   const std::string typo_ = (tmp_ / "stor").string();
 };
@@ -384,16 +373,16 @@ TEST_F(MissingStoreCliTest, EveryCommandButClaimRefusesAMissingStoreAndNamesClai
            {"sidecar", "--store", typo_, "--run-id", "run-a", "--engine-url", "http://127.0.0.1:1",
             "--base-checkpoint", version->string(), "--update-mode", "cpu"},
        }) {
-    ProcessResult r = Stitch(args);
+    ProcessResult r = RunStitch(args);
     EXPECT_EQ(r.exit_code, 1) << args[0] << ": " << r.err;
     EXPECT_THAT(r.err, IsOneFailureLine()) << args[0];
     EXPECT_THAT(r.err, HasSubstr("claim")) << args[0];
     EXPECT_FALSE(fs::exists(typo_)) << args[0] << " created the store";
   }
-  ProcessResult claim = Stitch({"claim", "--store", typo_, "--run-id", "run-a"});
+  ProcessResult claim = RunStitch({"claim", "--store", typo_, "--run-id", "run-a"});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
   EXPECT_TRUE(fs::is_regular_file(fs::path(typo_) / "latest"));
-  EXPECT_EQ(Stitch({"pointer", "--store", typo_}).out, "run-a/weight_v000000\n");
+  EXPECT_EQ(RunStitch({"pointer", "--store", typo_}).out, "run-a/weight_v000000\n");
 }
 
 }  // namespace

@@ -50,28 +50,24 @@ class S3CliTest : public S3Test {
     }
     ::setenv("AWS_REGION", env.region.c_str(), 1);
   }
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), StitchBinary());
-    return RunProcess(args);
-  }
 };
 
 TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
   const std::string store = Uri();
   const std::string cache = (tmp() / "cache").string();
-  ProcessResult unset = Stitch({"pointer", "--store", store});
+  ProcessResult unset = RunStitch({"pointer", "--store", store});
   EXPECT_EQ(unset.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(unset.err, "does not exist")) << unset.err;
   EXPECT_TRUE(absl::StrContains(unset.err, "`stitch claim`")) << unset.err;
 
   ProcessResult claim =
-      Stitch({"claim", "--store", store, "--run-id", "run-a", "--cache-dir", cache});
+      RunStitch({"claim", "--store", store, "--run-id", "run-a", "--cache-dir", cache});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
   EXPECT_TRUE(absl::StrContains(claim.out, "claimed run-a/weight_v000000")) << claim.out;
 
   auto v1 = WriteTestVersion(tmp() / "src", 1);
   ASSERT_TRUE(v1.ok());
-  ProcessResult publish = Stitch(
+  ProcessResult publish = RunStitch(
       {"publish", "--store", store, "--run-id", "run-a", "--cache-dir", cache, v1->string()});
   ASSERT_EQ(publish.exit_code, 0) << publish.err;
   EXPECT_TRUE(absl::StrContains(publish.out, "published run-a/weight_v000001")) << publish.out;
@@ -79,7 +75,7 @@ TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
   // The endpoint may come from AWS_ENDPOINT_URL instead of the URI.
   ::setenv("AWS_ENDPOINT_URL", server().endpoint().c_str(), 1);
   ProcessResult pointer =
-      Stitch({"pointer", "--store", absl::StrCat("s3://", server().bucket(), "/", prefix())});
+      RunStitch({"pointer", "--store", absl::StrCat("s3://", server().bucket(), "/", prefix())});
   ASSERT_EQ(pointer.exit_code, 0) << pointer.err;
   EXPECT_EQ(pointer.out, "run-a/weight_v000001\n");
 
@@ -91,7 +87,8 @@ TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
   EXPECT_TRUE(VerifyVersionDir(*dir).ok());
 
   // Republishing the same version is a rewind, refused in one line.
-  ProcessResult rewind = Stitch({"publish", "--store", store, "--run-id", "run-a", v1->string()});
+  ProcessResult rewind =
+      RunStitch({"publish", "--store", store, "--run-id", "run-a", v1->string()});
   EXPECT_EQ(rewind.exit_code, 1);
   EXPECT_TRUE(rewind.err.starts_with("stitch: store s3://")) << rewind.err;
   EXPECT_EQ(std::count(rewind.err.begin(), rewind.err.end(), '\n'), 1) << rewind.err;
@@ -99,9 +96,9 @@ TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
 
 TEST_F(S3CliTest, TemporaryCredentialsWork) {
   SetCredentials(server().SessionCredentials());
-  ProcessResult claim = Stitch({"claim", "--store", Uri(), "--run-id", "run-s"});
+  ProcessResult claim = RunStitch({"claim", "--store", Uri(), "--run-id", "run-s"});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
-  ProcessResult pointer = Stitch({"pointer", "--store", Uri()});
+  ProcessResult pointer = RunStitch({"pointer", "--store", Uri()});
   ASSERT_EQ(pointer.exit_code, 0) << pointer.err;
   EXPECT_EQ(pointer.out, "run-s/weight_v000000\n");
 }
@@ -110,7 +107,7 @@ TEST_F(S3CliTest, BadCredentialsAreOneClearLine) {
   S3Environment wrong = server().Credentials();
   wrong.secret_access_key = "wrong";
   SetCredentials(wrong);
-  ProcessResult pointer = Stitch({"pointer", "--store", Uri()});
+  ProcessResult pointer = RunStitch({"pointer", "--store", Uri()});
   EXPECT_EQ(pointer.exit_code, 1);
   EXPECT_TRUE(pointer.err.starts_with("stitch: store s3://")) << pointer.err;
   EXPECT_TRUE(absl::StrContains(pointer.err, "AWS_SECRET_ACCESS_KEY")) << pointer.err;
@@ -129,11 +126,11 @@ TEST_F(S3CliTest, SidecarFollowsThePointerThroughS3) {
   for (const auto& [dir, seed] :
        {std::pair{base, 1}, std::pair{tmp() / "ckpt1", 2}, std::pair{tmp() / "ckpt2", 3}}) {
     ProcessResult init =
-        Stitch({"engine", "init-model", dir.string(), "--layers", "1", "--hidden", "32", "--heads",
-                "2", "--seed", std::to_string(seed), "--max-positions", "256"});
+        RunStitch({"engine", "init-model", dir.string(), "--layers", "1", "--hidden", "32",
+                   "--heads", "2", "--seed", std::to_string(seed), "--max-positions", "256"});
     ASSERT_EQ(init.exit_code, 0) << init.err;
   }
-  ProcessResult claim = Stitch({"claim", "--store", store, "--run-id", "r1"});
+  ProcessResult claim = RunStitch({"claim", "--store", store, "--run-id", "r1"});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
 
   ServerProcess engine(
@@ -173,21 +170,21 @@ TEST_F(S3CliTest, SidecarFollowsThePointerThroughS3) {
   ASSERT_TRUE(serves(0)) << sidecar.err();
 
   const std::string v1 = (out / "weight_v000001").string();
-  ProcessResult full = Stitch({"delta", "full", "--checkpoint", (tmp() / "ckpt1").string(), "--out",
-                               v1, "--version", "1", "--run-id", "r1"});
+  ProcessResult full = RunStitch({"delta", "full", "--checkpoint", (tmp() / "ckpt1").string(),
+                                  "--out", v1, "--version", "1", "--run-id", "r1"});
   ASSERT_EQ(full.exit_code, 0) << full.err;
-  ProcessResult publish1 = Stitch(
+  ProcessResult publish1 = RunStitch(
       {"publish", "--store", store, "--run-id", "r1", "--pool", absl::StrCat("static:", *url), v1});
   ASSERT_EQ(publish1.exit_code, 0) << publish1.err;
   ASSERT_TRUE(serves(1)) << sidecar.err();
   EXPECT_EQ(generate(R"({"exact_version":1})"), (std::pair<int, int64_t>{200, 1}));
 
   const std::string v2 = (out / "weight_v000002").string();
-  ProcessResult encode = Stitch({"delta", "encode", "--base", (tmp() / "ckpt1").string(),
-                                 "--target", (tmp() / "ckpt2").string(), "--out", v2, "--version",
-                                 "2", "--base-version", "1", "--run-id", "r1"});
+  ProcessResult encode = RunStitch({"delta", "encode", "--base", (tmp() / "ckpt1").string(),
+                                    "--target", (tmp() / "ckpt2").string(), "--out", v2,
+                                    "--version", "2", "--base-version", "1", "--run-id", "r1"});
   ASSERT_EQ(encode.exit_code, 0) << encode.err;
-  ProcessResult publish2 = Stitch({"publish", "--store", store, "--run-id", "r1", v2});
+  ProcessResult publish2 = RunStitch({"publish", "--store", store, "--run-id", "r1", v2});
   ASSERT_EQ(publish2.exit_code, 0) << publish2.err;
   ASSERT_TRUE(serves(2)) << sidecar.err();
   EXPECT_EQ(generate(R"({"min_version":2})"), (std::pair<int, int64_t>{200, 2}));

@@ -33,6 +33,7 @@
 #include "stitch/net/net_test_util.h"
 #include "stitch/net/sse.h"
 #include "tests/sidecar_process.h"
+#include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -42,8 +43,10 @@ namespace {
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using ::stitch::testing::Eventually;
+using ::stitch::testing::ExpectOk;
 using ::stitch::testing::ProcessResult;
 using ::stitch::testing::RawSocket;
+using ::stitch::testing::RunStitch;
 using ::stitch::testing::ServerProcess;
 using ::stitch::testing::TempDir;
 using ::testing::HasSubstr;
@@ -77,22 +80,15 @@ class SidecarIntegrationTest : public ::testing::Test {
     InitModel(base_, 1);
   }
 
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), testing::StitchBinary());
-    return testing::RunProcess(args);
-  }
-  static void ExpectOk(const ProcessResult& r, std::string_view what) {
-    EXPECT_EQ(r.exit_code, 0) << what << "\nstdout: " << r.out << "\nstderr: " << r.err;
-  }
   void InitModel(const std::string& dir, int seed) {
-    ExpectOk(Stitch({"engine", "init-model", dir, "--layers", "1", "--hidden", "32", "--heads", "2",
-                     "--seed", std::to_string(seed), "--max-positions", "256"}),
+    ExpectOk(RunStitch({"engine", "init-model", dir, "--layers", "1", "--hidden", "32", "--heads",
+                        "2", "--seed", std::to_string(seed), "--max-positions", "256"}),
              "init-model");
   }
 
   // Starts the engine on the base checkpoint and a sidecar in front of it.
   void StartFleet(const FleetOptions& options = {}) {
-    ExpectOk(Stitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
+    ExpectOk(RunStitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
              "claim");
     StartEngine(options, "0");
     StartSidecar(options);
@@ -176,21 +172,21 @@ class SidecarIntegrationTest : public ::testing::Test {
   // Writes checkpoint `seed` as a FULL version directory and publishes it.
   void PublishFull(int64_t version, const std::string& checkpoint) {
     std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
-    ExpectOk(Stitch({"delta", "full", "--checkpoint", checkpoint, "--out", dir, "--version",
-                     std::to_string(version), "--run-id", "r1"}),
+    ExpectOk(RunStitch({"delta", "full", "--checkpoint", checkpoint, "--out", dir, "--version",
+                        std::to_string(version), "--run-id", "r1"}),
              "delta full");
-    ExpectOk(
-        Stitch({"publish", "--store", store_, "--run-id", "r1", "--pool", "static:" + url_, dir}),
-        "publish FULL");
+    ExpectOk(RunStitch(
+                 {"publish", "--store", store_, "--run-id", "r1", "--pool", "static:" + url_, dir}),
+             "publish FULL");
   }
   // Encodes base -> target as a DELTA version directory and publishes it.
   void PublishDelta(int64_t version, const std::string& base, const std::string& target) {
     std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
-    ExpectOk(Stitch({"delta", "encode", "--base", base, "--target", target, "--out", dir,
-                     "--version", std::to_string(version), "--base-version",
-                     std::to_string(version - 1), "--run-id", "r1"}),
+    ExpectOk(RunStitch({"delta", "encode", "--base", base, "--target", target, "--out", dir,
+                        "--version", std::to_string(version), "--base-version",
+                        std::to_string(version - 1), "--run-id", "r1"}),
              "delta encode");
-    ExpectOk(Stitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish DELTA");
+    ExpectOk(RunStitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish DELTA");
   }
 
   // A greedy generation through `url`: its output ids and stamps.
@@ -706,10 +702,10 @@ TEST_F(SidecarIntegrationTest, AReplicaThatCannotApplyAVersionSaysWhyEverywhere)
   // v1 is published, then its bytes are damaged in the store before the
   // replica applies it.
   const std::string dir = (tmp_ / "out" / VersionDirName(1)).string();
-  ExpectOk(Stitch({"delta", "full", "--checkpoint", (tmp_ / "ckpt1").string(), "--out", dir,
-                   "--version", "1", "--run-id", "r1"}),
+  ExpectOk(RunStitch({"delta", "full", "--checkpoint", (tmp_ / "ckpt1").string(), "--out", dir,
+                      "--version", "1", "--run-id", "r1"}),
            "delta full");
-  ExpectOk(Stitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish");
+  ExpectOk(RunStitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish");
   for (const auto& entry :
        fs::directory_iterator(fs::path(store_) / "updates" / VersionDirName(1))) {
     if (entry.path().extension() == ".safetensors") fs::remove(entry.path());
@@ -729,7 +725,7 @@ TEST_F(SidecarIntegrationTest, AReplicaThatCannotApplyAVersionSaysWhyEverywhere)
   const std::string message(Parse(conflict->body).at("message").as_string());
   EXPECT_THAT(message, HasSubstr("cannot catch up"));
   EXPECT_THAT(message, HasSubstr("weight_v000001"));
-  ProcessResult status = Stitch({"status", "--pool", "static:" + url_, "--store", store_});
+  ProcessResult status = RunStitch({"status", "--pool", "static:" + url_, "--store", store_});
   ExpectOk(status, "status");
   EXPECT_THAT(status.out, HasSubstr("cannot sync: "));
   EXPECT_THAT(status.out, HasSubstr("weight_v000001"));
@@ -741,8 +737,8 @@ TEST_F(SidecarIntegrationTest, AStoreNobodyClaimedIsRefusedAtStart) {
   // nothing.
   const std::string typo = (tmp_ / "stor").string();
   ProcessResult r =
-      Stitch({"sidecar", "--store", typo, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
-              "--base-checkpoint", base_, "--update-mode", "cpu", "--boot-version", "5"});
+      RunStitch({"sidecar", "--store", typo, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
+                 "--base-checkpoint", base_, "--update-mode", "cpu", "--boot-version", "5"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, ::testing::StartsWith("stitch: sidecar: --store: store file://" + typo +
                                            " does not exist"));
@@ -754,14 +750,15 @@ TEST_F(SidecarIntegrationTest, AStoreNobodyClaimedIsRefusedAtStart) {
 
 TEST_F(SidecarIntegrationTest, InconsistentFlagsAreRefusedWithOneLine) {
   ProcessResult r =
-      Stitch({"sidecar", "--store", store_, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
-              "--base-checkpoint", base_, "--update-mode", "disk"});
+      RunStitch({"sidecar", "--store", store_, "--run-id", "r1", "--engine-url",
+                 "http://127.0.0.1:1", "--base-checkpoint", base_, "--update-mode", "disk"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, ::testing::StartsWith("stitch: sidecar: --update-mode disk needs "
                                            "--local-checkpoint"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  r = Stitch({"sidecar", "--store", store_, "--run-id", "r1", "--engine-url", "http://127.0.0.1:1",
-              "--base-checkpoint", base_, "--update-mode", "cpu", "--boot-version", "-1"});
+  r = RunStitch({"sidecar", "--store", store_, "--run-id", "r1", "--engine-url",
+                 "http://127.0.0.1:1", "--base-checkpoint", base_, "--update-mode", "cpu",
+                 "--boot-version", "-1"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--boot-version"));
 }

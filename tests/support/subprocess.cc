@@ -98,4 +98,9 @@ std::string StitchBinary() {
   return bin == nullptr ? std::string() : std::string(bin);
 }
 
+ProcessResult RunStitch(std::vector<std::string> args) {
+  args.insert(args.begin(), StitchBinary());
+  return RunProcess(args);
+}
+
 }  // namespace stitch::testing

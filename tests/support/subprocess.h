@@ -30,4 +30,7 @@ ProcessResult WaitProcess(RunningProcess process);
 // The `stitch` binary under test: $STITCH_BIN (set by CTest).
 std::string StitchBinary();
 
+// RunProcess of the `stitch` binary with `args`.
+ProcessResult RunStitch(std::vector<std::string> args);
+
 }  // namespace stitch::testing
