@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -457,7 +458,8 @@ class ProfileSource final : public Source {
     auto f = config.find(name);
     if (c == creds.end() && f == config.end()) {
       if (!must_exist) return std::nullopt;
-      return absl::NotFoundError(absl::StrCat("profile \"", name, "\" is in neither ", FilesText(),
+      return absl::NotFoundError(absl::StrCat("profile \"", name, "\" is in neither ",
+                                              absl::StrReplaceAll(FilesText(), {{" or ", " nor "}}),
                                               "; check AWS_PROFILE"));
     }
     // The credentials file wins for keys set in both, as in the SDKs.
