@@ -528,7 +528,8 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
     read_started_.reset();
     co_return head;
   }
-  if (ready_ && StoreLost()) {
+  const bool lost = StoreLost();
+  if (ready_ && lost) {
     // Back after losing the store: out of rotation until caught up.
     spdlog::warn(
         "the store's pointer is readable again after {} s or more; out of rotation "
@@ -538,6 +539,12 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
   }
   reads_failing_since_.reset();
   read_started_.reset();
+  if (lost && clock_.Now() - started >= options_.store_outage_limit) {
+    // This answer may have left the store when the outage began (a response
+    // held up in the network): what the store says now takes a fresh read.
+    absl::StatusOr<std::optional<VersionRef>> fresh = co_await ReadHead();
+    co_return fresh;
+  }
   co_return head;
 }
 

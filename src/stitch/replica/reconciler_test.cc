@@ -1101,7 +1101,7 @@ TEST_F(ReconcilerTest, AReplicaThatLosesTheStoreLeavesRotationUntilCaughtUp) {
   });
 }
 
-TEST_F(ReconcilerTest, AReadThatHangsPastTheLimitTakesTheReplicaOutOfRotation) {
+TEST_F(ReconcilerTest, AReadThatHangsPastTheLimitTakesTheReplicaOutOfRotationAndIsReadAgain) {
   Full(3);
   SetPointer(Ref("r1", 3));
   ReconcilerOptions options;
@@ -1120,9 +1120,18 @@ TEST_F(ReconcilerTest, AReadThatHangsPastTheLimitTakesTheReplicaOutOfRotation) {
     clock_->Advance(std::chrono::seconds(1));
     EXPECT_FALSE(reconciler_->ready());
     EXPECT_THAT(reconciler_->reason(), HasSubstr("a read is still waiting"));
-    // The read returns: at the pointer, so caught up at once.
+    // Published while the read hung; the answer it brings back is from
+    // before (v3). The replica reads again and stays out of rotation until
+    // it serves v5.
+    Full(5);
+    SetPointer(Ref("r1", 5));
+    engine_->HoldNext(ScriptedEngine::kStage);
     store_->ReleaseRefresh();
-    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kStage); }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    engine_->Release(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
   });
 }
 
