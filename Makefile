@@ -10,7 +10,7 @@ CLANG_FORMAT ?= clang-format
 CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps build test test-asan fuzz format format-check lint bench clean demo
+.PHONY: all deps build test test-asan test-multihost fuzz format format-check lint bench clean demo
 .PHONY: python-install python-test
 
 all: build
@@ -28,6 +28,13 @@ test: deps format-check build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 	$(MAKE) --no-print-directory python-test
 	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory test-multihost
+
+# A fleet across hosts on this machine: network namespaces joined by a
+# bridge, moto S3 and dnsmasq on their own hosts, replicas cut off, joining
+# and leaving (tests/multihost/multihost_test.py). Needs root, as CI has.
+test-multihost: deps build
+	$(PYTHON_VENV)/bin/python tests/multihost/multihost_test.py --stitch $(BUILD)/src/stitch/cli/stitch
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTITCH_WERROR=ON \

@@ -1,8 +1,8 @@
 """Runs a local S3 protocol server (moto) for Stitch's S3 tests.
 
-Started by the tests (tests/s3_moto_server.cc) with the project's virtual
-environment's Python. It:
-  1. starts `moto_server` on a free loopback port (moto cannot bind port 0:
+Started by the tests (tests/s3_moto_server.cc, tests/multihost/) with the
+project's virtual environment's Python. It:
+  1. starts `moto_server` on a free port of --host (default 127.0.0.1) (moto cannot bind port 0:
      a port is picked by binding and releasing one, and another is tried if
      the server cannot take it), in this process's process group;
   2. waits until the server answers (polling, with a deadline);
@@ -37,9 +37,9 @@ def fail(message):
     sys.exit(1)
 
 
-def free_port():
+def free_port(host):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -51,13 +51,13 @@ def answers(endpoint):
         return False
 
 
-def start_server(moto_server, log):
+def start_server(moto_server, log, host):
     """Returns (process, endpoint) of a server that answers."""
     for _ in range(START_ATTEMPTS):
-        port = free_port()
-        endpoint = f"http://127.0.0.1:{port}"
+        port = free_port(host)
+        endpoint = f"http://{host}:{port}"
         proc = subprocess.Popen(
-            [moto_server, "-H", "127.0.0.1", "-p", str(port)],
+            [moto_server, "-H", host, "-p", str(port)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         deadline = time.monotonic() + READY_DEADLINE_S
         while time.monotonic() < deadline:
@@ -112,6 +112,11 @@ def setup(endpoint):
 
 
 def main():
+    host = "127.0.0.1"
+    if len(sys.argv) == 3 and sys.argv[1] == "--host":
+        host = sys.argv[2]
+    elif len(sys.argv) != 1:
+        fail("usage: s3_moto.py [--host ADDRESS]")
     moto_server = os.path.join(os.path.dirname(sys.executable), "moto_server")
     if not os.access(moto_server, os.X_OK):
         fail(f"{moto_server} is missing; run scripts/install-deps")
@@ -129,7 +134,7 @@ def main():
 
     signal.signal(signal.SIGTERM, stop)
     with tempfile.TemporaryFile() as log:
-        proc, endpoint = start_server(moto_server, log)
+        proc, endpoint = start_server(moto_server, log, host)
         try:
             info = setup(endpoint)
         except Exception as e:  # report any setup failure as one line

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 namespace stitch::testing {
 namespace {
@@ -34,9 +35,9 @@ int BindLoopback(int* port) {
   return fd;
 }
 
-// Reads one request (headers and a Content-Length body); returns its request
-// line, or "" when the peer closed first or `stop_fd` became readable.
-std::string ReadRequest(int fd, int stop_fd) {
+// Reads one request (headers and a Content-Length body); its line is ""
+// when the peer closed first or `stop_fd` became readable.
+LoopbackHttpServer::Request ReadRequest(int fd, int stop_fd) {
   std::string data;
   char buf[4096];
   size_t header_end = std::string::npos;
@@ -46,12 +47,12 @@ std::string ReadRequest(int fd, int stop_fd) {
     pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      return "";
+      return {};
     }
-    if (fds[1].revents != 0) return "";
+    if (fds[1].revents != 0) return {};
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return "";
+    if (n <= 0) return {};
     data.append(buf, static_cast<size_t>(n));
     if (header_end == std::string::npos) {
       header_end = data.find("\r\n\r\n");
@@ -65,15 +66,19 @@ std::string ReadRequest(int fd, int stop_fd) {
       }
     }
   }
+  LoopbackHttpServer::Request request;
   std::string line = data.substr(0, data.find("\r\n"));
   // "POST /wake HTTP/1.1" -> "POST /wake"
   size_t last_space = line.rfind(' ');
-  return last_space == std::string::npos ? line : line.substr(0, last_space);
+  request.line = last_space == std::string::npos ? line : line.substr(0, last_space);
+  request.head = data.substr(0, header_end);
+  request.body = data.substr(header_end + 4);
+  return request;
 }
 
 }  // namespace
 
-LoopbackHttpServer::LoopbackHttpServer(Options options) : options_(options) {
+LoopbackHttpServer::LoopbackHttpServer(Options options) : options_(std::move(options)) {
   listen_fd_ = BindLoopback(&port_);
   if (::listen(listen_fd_, 64) != 0 || ::pipe2(stop_pipe_, O_CLOEXEC) != 0) {
     std::perror("listen");
@@ -112,19 +117,22 @@ void LoopbackHttpServer::Serve() {
     if (fds[1].revents != 0) break;
     int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
-    std::string line = ReadRequest(conn, stop_pipe_[0]);
-    if (!line.empty()) {
+    Request request = ReadRequest(conn, stop_pipe_[0]);
+    if (!request.line.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      requests_.push_back(line);
+      requests_.push_back(request.line);
       cv_.notify_all();
     }
     if (options_.hang) {
       held.push_back(conn);
       continue;
     }
-    std::string response = "HTTP/1.1 " + std::to_string(options_.status) +
-                           " X\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
-                           "Connection: close\r\n\r\n{}";
+    Reply reply{options_.status, "{}"};
+    if (options_.handler && !request.line.empty()) reply = options_.handler(request);
+    std::string response = "HTTP/1.1 " + std::to_string(reply.status) +
+                           " X\r\nContent-Type: application/json\r\nContent-Length: " +
+                           std::to_string(reply.body.size()) + "\r\nConnection: close\r\n\r\n" +
+                           reply.body;
     std::string_view rest = response;
     while (!rest.empty()) {
       ssize_t n = ::write(conn, rest.data(), rest.size());

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -14,9 +15,20 @@ namespace stitch::testing {
 
 class LoopbackHttpServer {
  public:
+  struct Request {
+    std::string line;  // "POST /wake"
+    std::string head;  // the request line and headers, as received
+    std::string body;
+  };
+  struct Reply {
+    int status = 200;
+    std::string body = "{}";
+  };
   struct Options {
     int status = 200;   // the status every request is answered with
     bool hang = false;  // read requests but never answer (until destroyed)
+    // When set, answers each request instead (called on the server's thread).
+    std::function<Reply(const Request&)> handler;
   };
 
   LoopbackHttpServer() : LoopbackHttpServer(Options{}) {}

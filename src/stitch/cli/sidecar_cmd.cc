@@ -215,6 +215,10 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--reconcile-interval", flags.reconcile_interval_s,
                   "Seconds between backstop reconciles (0 disables them)")
       ->capture_default_str();
+  cmd->add_option("--store-outage-limit", flags.store_outage_limit_s,
+                  "Seconds the store's pointer may stay unreadable before the replica leaves "
+                  "rotation until caught up again (0: never)")
+      ->capture_default_str();
   cmd->add_option(
          "--watchdog-interval", flags.watchdog_interval_s,
          "Seconds between engine checks: alive, and holding the weights the sidecar loaded (0 "

@@ -117,8 +117,22 @@ void Reconciler::Fail(absl::Status why) {
   if (on_terminal_) on_terminal_(terminal_);
 }
 
+bool Reconciler::StoreLost() const {
+  if (options_.store_outage_limit <= Clock::Duration::zero()) return false;
+  std::optional<Clock::TimePoint> since = reads_failing_since_;
+  if (read_started_ && (!since || *read_started_ < *since)) since = read_started_;
+  return since && clock_.Now() - *since >= options_.store_outage_limit;
+}
+
 std::string Reconciler::reason() const {
   if (!terminal_.ok() || !destination_ready_) return reason_;
+  if (ready_ && StoreLost()) {
+    return absl::StrCat(
+        "cannot read the store's pointer for ",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.store_outage_limit).count(),
+        " s or more, so this replica may be behind it; it returns once caught up (",
+        sync_error_.empty() ? "a read is still waiting" : sync_error_, ")");
+  }
   if (!gate_.trusted()) {
     if (sync_state_ == SyncState::kError) return reason_;
     return absl::StrCat("verifying the engine: ", gate_.distrust_reason());
@@ -502,10 +516,36 @@ awaitable<Reconciler::PassResult> Reconciler::LoadVersion(const VersionRef& targ
 // One pass ---------------------------------------------------------------------
 
 awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
-  co_return co_await RunBlocking(pool_, [this]() -> absl::StatusOr<std::optional<VersionRef>> {
-    if (absl::Status s = store_.Refresh(); !s.ok()) return s;
-    return store_.ReadPointer();
-  });
+  const Clock::TimePoint started = clock_.Now();
+  if (!read_started_) read_started_ = started;
+  absl::StatusOr<std::optional<VersionRef>> head =
+      co_await RunBlocking(pool_, [this]() -> absl::StatusOr<std::optional<VersionRef>> {
+        if (absl::Status s = store_.Refresh(); !s.ok()) return s;
+        return store_.ReadPointer();
+      });
+  if (!head.ok()) {
+    if (!reads_failing_since_) reads_failing_since_ = started;
+    read_started_.reset();
+    co_return head;
+  }
+  const bool lost = StoreLost();
+  if (ready_ && lost) {
+    // Back after losing the store: out of rotation until caught up.
+    spdlog::warn(
+        "the store's pointer is readable again after {} s or more; out of rotation "
+        "until caught up with it",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.store_outage_limit).count());
+    ready_ = false;
+  }
+  reads_failing_since_.reset();
+  read_started_.reset();
+  if (lost && clock_.Now() - started >= options_.store_outage_limit) {
+    // This answer may have left the store when the outage began (a response
+    // held up in the network): what the store says now takes a fresh read.
+    absl::StatusOr<std::optional<VersionRef>> fresh = co_await ReadHead();
+    co_return fresh;
+  }
+  co_return head;
 }
 
 awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRef& target,

@@ -106,6 +106,12 @@ struct ReconcilerOptions {
   bool flush_cache_on_commit = false;
   // The backstop period; zero disables it.
   Clock::Duration reconcile_interval = std::chrono::seconds(5);
+  // How long the store's pointer may stay unreadable (reads failing, or one
+  // read hanging) before the replica leaves rotation: it can no longer tell
+  // how far behind the pointer it is (a host cut off from the store). It
+  // rejoins only once a pass has caught up with the pointer again. Zero:
+  // never leave rotation for store errors.
+  Clock::Duration store_outage_limit = std::chrono::seconds(30);
   // How long one engine report (establishing, after a load, a probe) may
   // take (real time).
   std::chrono::milliseconds report_timeout = std::chrono::seconds(5);
@@ -175,7 +181,9 @@ class Reconciler {
   // trust and establish them again. No-op while already untrusted.
   void Distrust(std::string why);
 
-  bool ready() const { return ready_ && terminal_.ok() && gate_.trusted() && !gate_.held(); }
+  bool ready() const {
+    return ready_ && terminal_.ok() && gate_.trusted() && !gate_.held() && !StoreLost();
+  }
   SyncState sync_state() const { return sync_state_; }
   const absl::Status& terminal() const { return terminal_; }
   // Why /health is not 200 ("" when it is). /server_info's `reason` is the
@@ -260,6 +268,12 @@ class Reconciler {
   std::unique_ptr<Task[]> tasks_;
 
   bool ready_ = false;
+  // Since when the pointer cannot be read: the first failed read of the
+  // current streak, and the start of the read in flight.
+  std::optional<Clock::TimePoint> reads_failing_since_;
+  std::optional<Clock::TimePoint> read_started_;
+  // Whether the pointer has been unreadable for options_.store_outage_limit.
+  bool StoreLost() const;
   bool destination_ready_ = false;
   std::string destination_error_;
   // The run being followed: the boot run, then the pointer's after a switch.

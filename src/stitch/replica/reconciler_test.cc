@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "stitch/core/errors.h"
@@ -21,6 +22,7 @@ namespace {
 
 using boost::asio::awaitable;
 using testing::FlakyStore;
+using ::testing::HasSubstr;
 using testing::LoopLatch;
 using testing::PublishDelta;
 using testing::PublishFull;
@@ -1055,6 +1057,102 @@ TEST_F(ReconcilerTrustTest, AnEngineReportingOtherWeightsAfterACommitIsTerminal)
         << reconciler_->terminal();
     EXPECT_EQ(terminal_reports_.size(), 1u);
     EXPECT_EQ(engine_->Count("resume"), 0u);  // its requests must not continue
+  });
+}
+
+// A replica whose store stays unreadable (its host cut off) cannot tell how
+// far behind the pointer it is: it leaves rotation after the limit, and
+// returns only once a pass has caught up with the pointer again.
+TEST_F(ReconcilerTest, AReplicaThatLosesTheStoreLeavesRotationUntilCaughtUp) {
+  Full(3);
+  Full(5);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  options.store_outage_limit = std::chrono::seconds(12);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    store_->FailRefreshes(3);  // three backstop passes fail
+    for (int pass = 1; pass <= 2; ++pass) {
+      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+      clock_->Advance(std::chrono::seconds(5));
+      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      // A transient error (for 0 s, then 5 s): still in rotation.
+      EXPECT_TRUE(reconciler_->ready()) << pass;
+    }
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(7));  // 12 s since the first failed read
+    CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == 3u; }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_THAT(reconciler_->reason(), HasSubstr("cannot read the store's pointer for 12 s"));
+    // Published meanwhile; the store answers again while v5 is staged.
+    SetPointer(Ref("r1", 5));
+    engine_->HoldNext(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kStage); }));
+    // Readable again but behind: still out of rotation.
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    engine_->Release(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+  });
+}
+
+TEST_F(ReconcilerTest, AReadThatHangsPastTheLimitTakesTheReplicaOutOfRotationAndIsReadAgain) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  options.store_outage_limit = std::chrono::seconds(12);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    store_->HoldNextRefresh();
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return store_->refresh_held(); }));
+    clock_->Advance(std::chrono::seconds(11));
+    EXPECT_TRUE(reconciler_->ready());
+    clock_->Advance(std::chrono::seconds(1));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_THAT(reconciler_->reason(), HasSubstr("a read is still waiting"));
+    // Published while the read hung; the answer it brings back is from
+    // before (v3). The replica reads again and stays out of rotation until
+    // it serves v5.
+    Full(5);
+    SetPointer(Ref("r1", 5));
+    engine_->HoldNext(ScriptedEngine::kStage);
+    store_->ReleaseRefresh();
+    CO_ASSERT(co_await Until([&] { return engine_->held(ScriptedEngine::kStage); }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    engine_->Release(ScriptedEngine::kStage);
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+  });
+}
+
+TEST_F(ReconcilerTest, AStoreOutageLimitOfZeroKeepsTheReplicaInRotation) {
+  Full(3);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  options.store_outage_limit = Clock::Duration::zero();
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    store_->FailRefreshes(100);
+    for (int pass = 1; pass <= 4; ++pass) {
+      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+      clock_->Advance(std::chrono::seconds(5));
+      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+    }
+    EXPECT_TRUE(reconciler_->ready());
+    store_->FailRefreshes(0);
   });
 }
 

@@ -91,6 +91,8 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
 
   auto reconcile = Seconds(flags.reconcile_interval_s, "--reconcile-interval");
   if (!reconcile.ok()) return reconcile.status();
+  auto outage = Seconds(flags.store_outage_limit_s, "--store-outage-limit");
+  if (!outage.ok()) return outage.status();
   auto watchdog = Seconds(flags.watchdog_interval_s, "--watchdog-interval");
   if (!watchdog.ok()) return watchdog.status();
   if (flags.watchdog_threshold < 1 || flags.watchdog_threshold > 1000000) {
@@ -110,6 +112,7 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   config.reconciler.commit_mode = *commit;
   config.reconciler.flush_cache_on_commit = flags.flush_cache_on_commit;
   config.reconciler.reconcile_interval = *reconcile;
+  config.reconciler.store_outage_limit = *outage;
   config.watchdog.interval = *watchdog;
   config.watchdog.threshold = static_cast<int>(flags.watchdog_threshold);
   config.watchdog.probe_timeout = std::max<std::chrono::milliseconds>(

@@ -53,6 +53,7 @@ struct SidecarFlags {
   int64_t boot_version = 0;
   bool flush_cache_on_commit = false;
   double reconcile_interval_s = 5;
+  double store_outage_limit_s = 30;
   double watchdog_interval_s = 1;
   int64_t watchdog_threshold = 15;
   std::string host = "127.0.0.1";

@@ -12,6 +12,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
@@ -175,11 +176,8 @@ absl::StatusOr<S3ObjectInfo> S3ObjectInfo::FromResponse(const S3Response& respon
   return info;
 }
 
-S3Client::S3Client(S3Location location, const S3Environment& env, S3ClientOptions options)
+S3Client::S3Client(S3Location location, S3ClientOptions options)
     : location_(std::move(location)),
-      access_key_id_(env.access_key_id),
-      secret_access_key_(env.secret_access_key),
-      session_token_(env.session_token),
       options_(std::move(options)),
       sigv4_(absl::StrCat("aws:amz:", location_.region, ":s3")) {}
 
@@ -191,13 +189,19 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3Location location,
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError("S3 client: max_attempts must be at least 1");
   }
-  if (env.access_key_id.empty() != env.secret_access_key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "store ", location.Display(), ": only one of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY ",
-        "is set; set both (or neither, for anonymous access)"));
+  if (!options.credentials) {
+    AwsCredentials keys;
+    keys.access_key_id = env.access_key_id;
+    keys.secret_access_key = env.secret_access_key;
+    keys.session_token = env.session_token;
+    AwsCredentialSettings settings = env.credentials;
+    if (settings.region.empty()) settings.region = location.region;
+    auto chain = MakeDefaultCredentialsChain(keys, settings);
+    if (!chain.ok()) return Annotate(chain.status(), absl::StrCat("store ", location.Display()));
+    options.credentials = *std::move(chain);
   }
   GlobalInitOnce();
-  return std::unique_ptr<S3Client>(new S3Client(std::move(location), env, std::move(options)));
+  return std::unique_ptr<S3Client>(new S3Client(std::move(location), std::move(options)));
 }
 
 std::unique_ptr<S3Client::Handle> S3Client::Acquire() {
@@ -231,6 +235,7 @@ absl::StatusOr<S3Response> S3Client::Send(const S3Request& request) {
   std::string payload_sha256 = request.payload_sha256;
   if (payload_sha256.empty()) payload_sha256 = Sha256Hex(request.body);
   const std::string url = location_.RequestUrl(request.key, request.query);
+  bool refreshed = false;
   for (int attempt = 1;; ++attempt) {
     if (attempt > 1) {
       absl::Duration wait = Backoff(attempt - 1);
@@ -243,11 +248,18 @@ absl::StatusOr<S3Response> S3Client::Send(const S3Request& request) {
     if (request.sink != nullptr) {
       if (absl::Status s = request.sink->Restart(); !s.ok()) return s;
     }
+    // Signed with what is current now: a retry after the credentials
+    // rotated carries the new ones.
+    absl::StatusOr<std::optional<AwsCredentials>> credentials = options_.credentials->Current();
+    if (!credentials.ok()) return credentials.status();
+    const AwsCredentials* signer = credentials->has_value() ? &**credentials : nullptr;
     S3Response response;
+    if (signer != nullptr) response.credentials_source = signer->source;
     bool retryable = false;
     std::unique_ptr<Handle> handle = Acquire();
     if (handle->curl == nullptr) return absl::ResourceExhaustedError("cannot create a curl handle");
-    absl::Status status = Perform(*handle, request, url, payload_sha256, response, retryable);
+    absl::Status status =
+        Perform(*handle, request, url, payload_sha256, signer, response, retryable);
     Release(std::move(handle));
     attempts_.fetch_add(1);
     response.attempts = attempt;
@@ -258,13 +270,24 @@ absl::StatusOr<S3Response> S3Client::Send(const S3Request& request) {
                                                       attempt == 1 ? " attempt)" : " attempts)"));
     }
     if (IsRetryableAnswer(response) && attempt < options_.max_attempts) continue;
+    // Temporary credentials the service calls expired (a clock ahead of
+    // ours, or revoked early): once, with fresh ones.
+    if (signer != nullptr && signer->expiration && !refreshed &&
+        (response.status == 400 || response.status == 403) && attempt < options_.max_attempts) {
+      const std::string code = response.ErrorCode();
+      if (code == "ExpiredToken" || code == "TokenRefreshRequired" || code == "RequestExpired") {
+        options_.credentials->Invalidate();
+        refreshed = true;
+        continue;
+      }
+    }
     return response;
   }
 }
 
 absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::string& url,
-                               const std::string& payload_sha256, S3Response& response,
-                               bool& retryable) {
+                               const std::string& payload_sha256, const AwsCredentials* credentials,
+                               S3Response& response, bool& retryable) {
   CURL* c = h.curl;
   curl_easy_reset(c);
   h.error[0] = '\0';
@@ -299,10 +322,10 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
-  if (!access_key_id_.empty()) {
+  if (credentials != nullptr) {
     curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4_.c_str());
-    curl_easy_setopt(c, CURLOPT_USERNAME, access_key_id_.c_str());
-    curl_easy_setopt(c, CURLOPT_PASSWORD, secret_access_key_.c_str());
+    curl_easy_setopt(c, CURLOPT_USERNAME, credentials->access_key_id.c_str());
+    curl_easy_setopt(c, CURLOPT_PASSWORD, credentials->secret_access_key.c_str());
   }
 
   const std::string& method = request.method;
@@ -337,7 +360,9 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
     if (!value.empty()) add(name, value);
   }
   add("x-amz-content-sha256", payload_sha256);
-  if (!session_token_.empty()) add("x-amz-security-token", session_token_);
+  if (credentials != nullptr && !credentials->session_token.empty()) {
+    add("x-amz-security-token", credentials->session_token);
+  }
   // No "Expect:" override to skip "100 Continue": curl 7.88 would sign the
   // removed header, and S3 answers 100 Continue anyway.
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
@@ -387,8 +412,18 @@ absl::Status S3Client::ErrorFor(const S3Response& r, std::string_view operation,
                                   message.empty() ? "" : " (", message, message.empty() ? "" : ")");
   if (r.status == 403) {
     std::string hint;
-    if (access_key_id_.empty()) {
-      hint = "no credentials are set: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY";
+    const std::string& source = r.credentials_source;
+    const bool from_environment = absl::StartsWith(source, "environment");
+    if (source.empty()) {
+      hint = absl::StrCat(
+          "no credentials were found (sources tried: ", options_.credentials->SourcesTried(),
+          "): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the "
+          "process a role (docs/deploy.md)");
+    } else if (!from_environment) {
+      hint = code == "AccessDenied"
+                 ? absl::StrCat("the credentials from ", source, " lack permission on this bucket")
+                 : absl::StrCat("check the credentials from ", source,
+                                " and the bucket's permissions");
     } else if (code == "AccessDenied") {
       hint = "the credentials in AWS_ACCESS_KEY_ID lack permission on this bucket";
     } else if (code.empty()) {

@@ -1,6 +1,8 @@
 // S3Client: signed S3 requests over libcurl, with retries.
 //
-// Each request is signed by libcurl's AWS SigV4 (CURLOPT_AWS_SIGV4,
+// Each request is signed, with the credentials current when it starts
+// (s3_credentials.h: the SDKs' chain of sources, refreshed ahead of expiry),
+// by libcurl's AWS SigV4 (CURLOPT_AWS_SIGV4,
 // "aws:amz:REGION:s3"). libcurl 7.88 signs S3 correctly only when the
 // request carries `x-amz-content-sha256` and its query is already sorted and
 // percent-encoded, so the client always sends the payload's SHA-256 and
@@ -9,7 +11,8 @@
 // Retries: connection failures, timeouts, stalled transfers, 5xx, 429 and
 // S3's 400 RequestTimeout are retried with exponential backoff and full
 // jitter, up to S3ClientOptions::max_attempts attempts in all. Other 4xx
-// answers are returned at once.
+// answers are returned at once, except an expired-token answer to a request
+// signed with temporary credentials, which is retried with fresh ones.
 //
 // Thread-safety: safe to call from several threads at once; each request
 // borrows one of the client's curl handles (which keep their connections).
@@ -31,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "stitch/store/s3_credentials.h"
 #include "stitch/store/s3_uri.h"
 
 namespace stitch {
@@ -47,6 +51,9 @@ struct S3ClientOptions {
   absl::Duration stall_timeout = absl::Seconds(60);
   // How the client waits between attempts; absl::SleepFor when unset.
   std::function<void(absl::Duration)> sleep;
+  // Where request credentials come from; when null, the SDKs' default chain
+  // over the S3Environment given to Create.
+  std::shared_ptr<AwsCredentialsProvider> credentials;
 };
 
 // Receives the body of a successful (2xx) answer as it arrives, instead of
@@ -82,6 +89,9 @@ struct S3Response {
   std::map<std::string, std::string> headers;  // names lowercased
   std::string body;
   int attempts = 0;
+  // Where the credentials that signed the last attempt came from; "" when it
+  // went unsigned.
+  std::string credentials_source;
 
   bool ok() const { return status >= 200 && status < 300; }
   // The header's value, or "" when absent. `name` must be lowercase.
@@ -106,8 +116,8 @@ struct S3ObjectInfo {
 class S3Client {
  public:
   // REQUIRES: options.max_attempts >= 1. InvalidArgument when only one of
-  // the access key id and the secret is set. Without both, requests go
-  // unsigned (anonymous access).
+  // the access key id and the secret is set. When no credential source has
+  // credentials, requests go unsigned (anonymous access).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<S3Client>> Create(
       S3Location location, const S3Environment& env, S3ClientOptions options = {});
   ~S3Client();
@@ -117,8 +127,9 @@ class S3Client {
   // Sends `request`, retrying as described above. Returns the final answer
   // whatever its status (a 5xx after the last attempt included); an error
   // only when no answer came (Unavailable, naming the endpoint and the
-  // cause, after the retries) or when the body's file or the sink failed
-  // (their own error).
+  // cause, after the retries), when the body's file or the sink failed
+  // (their own error), or when no credentials could be had (the
+  // provider's error, naming the sources tried).
   [[nodiscard]] absl::StatusOr<S3Response> Send(const S3Request& request);
 
   // The one-line error for a non-2xx answer to `operation` ("read",
@@ -134,21 +145,19 @@ class S3Client {
 
  private:
   struct Handle;
-  S3Client(S3Location location, const S3Environment& env, S3ClientOptions options);
+  S3Client(S3Location location, S3ClientOptions options);
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> handle);
   // One attempt. Fills `response`; a non-OK status is a transport failure
   // (`retryable` says whether another attempt may help).
   absl::Status Perform(Handle& handle, const S3Request& request, const std::string& url,
-                       const std::string& payload_sha256, S3Response& response, bool& retryable);
+                       const std::string& payload_sha256, const AwsCredentials* credentials,
+                       S3Response& response, bool& retryable);
   absl::Duration Backoff(int retry);
 
   const S3Location location_;
-  const std::string access_key_id_;
-  const std::string secret_access_key_;
-  const std::string session_token_;
-  const S3ClientOptions options_;
-  const std::string sigv4_;  // "aws:amz:REGION:s3"
+  const S3ClientOptions options_;  // options_.credentials is set
+  const std::string sigv4_;        // "aws:amz:REGION:s3"
   std::atomic<int64_t> attempts_{0};
 
   absl::Mutex mu_;

@@ -73,8 +73,10 @@ S3Environment S3Environment::FromProcess() {
   env.access_key_id = GetEnv("AWS_ACCESS_KEY_ID");
   env.secret_access_key = GetEnv("AWS_SECRET_ACCESS_KEY");
   env.session_token = GetEnv("AWS_SESSION_TOKEN");
-  env.region = GetEnv("AWS_REGION");
-  env.endpoint_url = GetEnv("AWS_ENDPOINT_URL");
+  env.credentials = AwsCredentialSettings::FromProcess();
+  env.region = env.credentials.region;
+  env.endpoint_url = GetEnv("AWS_ENDPOINT_URL_S3");
+  if (env.endpoint_url.empty()) env.endpoint_url = GetEnv("AWS_ENDPOINT_URL");
   return env;
 }
 
@@ -191,9 +193,13 @@ absl::StatusOr<S3Location> ParseS3Uri(std::string_view uri, const S3Environment&
     }
     loc.endpoint = *std::move(normalized);
   }
-  loc.region = !region_param.empty() ? region_param
-               : !env.region.empty() ? env.region
-                                     : std::string("us-east-1");
+  loc.region = !region_param.empty() ? region_param : env.region;
+  // On AWS itself a region must be right; an instance knows its own. Other
+  // services (an explicit endpoint) take any region.
+  if (loc.region.empty() && loc.endpoint.empty()) {
+    loc.region = InstanceMetadataRegion(env.credentials.ec2_metadata_endpoint);
+  }
+  if (loc.region.empty()) loc.region = "us-east-1";
   if (!ValidRegion(loc.region)) {
     return bad(absl::StrCat("has region \"", absl::CEscape(loc.region),
                             "\", which is not a region name (a-z, 0-9 and '-')"));

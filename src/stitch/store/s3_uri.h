@@ -3,12 +3,13 @@
 //
 //   s3://BUCKET[/PREFIX][?endpoint=URL][&region=REGION]
 //
-// The endpoint comes from `?endpoint=`, else AWS_ENDPOINT_URL, else AWS's
-// own virtual-hosted endpoint for the region; with an explicit endpoint
-// (MinIO, Ceph, R2, a local test server) requests use path-style addressing.
-// The region comes from `?region=`, else AWS_REGION, else us-east-1.
-// Credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, for
-// temporary credentials, AWS_SESSION_TOKEN.
+// The endpoint comes from `?endpoint=`, else AWS_ENDPOINT_URL_S3, else
+// AWS_ENDPOINT_URL, else AWS's own virtual-hosted endpoint for the region;
+// with an explicit endpoint (MinIO, Ceph, R2, a local test server) requests
+// use path-style addressing. The region comes from `?region=`, else
+// AWS_REGION, else AWS_DEFAULT_REGION, else the profile's `region` in the
+// AWS config file, else (on AWS's own endpoint only) instance metadata, else
+// us-east-1. Credentials: s3_credentials.h.
 #pragma once
 
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/store/s3_credentials.h"
 
 namespace stitch {
 
@@ -26,8 +28,12 @@ struct S3Environment {
   std::string access_key_id;      // AWS_ACCESS_KEY_ID
   std::string secret_access_key;  // AWS_SECRET_ACCESS_KEY
   std::string session_token;      // AWS_SESSION_TOKEN (optional)
-  std::string region;             // AWS_REGION (optional)
-  std::string endpoint_url;       // AWS_ENDPOINT_URL (optional)
+  // AWS_REGION, else AWS_DEFAULT_REGION, else the profile's (optional).
+  std::string region;
+  std::string endpoint_url;  // AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (optional)
+  // The other credential sources (s3_credentials.h); all off when built by
+  // hand, so that only the keys above are used.
+  AwsCredentialSettings credentials;
 
   // Reads the variables above from the process environment.
   static S3Environment FromProcess();
