@@ -261,7 +261,7 @@ TEST_F(S3Test, PublishManifestAndMaterializeRoundTrip) {
   ASSERT_TRUE(answer.ok());
   auto digest = HashFile(*v2 / TestShardName({}, 0));
   ASSERT_TRUE(digest.ok());
-  EXPECT_EQ(answer->Metadata("sha256"), digest->sha256);
+  EXPECT_EQ(answer->Metadata(kSha256MetadataKey), digest->sha256);
   EXPECT_EQ(answer->Header("x-amz-checksum-sha256"), Sha256HexToBase64(digest->sha256));
 
   // Identical bytes again: a retry that uploads nothing. Different bytes:

@@ -372,7 +372,7 @@ absl::Status S3Store::PutSingle(Upload& u) {
   r.key = u.key;
   r.headers = {{"Content-Type", u.content_type},
                {"If-None-Match", "*"},
-               {S3Response::MetaHeader("sha256"), u.sha256},
+               {S3Response::MetaHeader(kSha256MetadataKey), u.sha256},
                {"x-amz-sdk-checksum-algorithm", "SHA256"},
                {"x-amz-checksum-sha256", Sha256HexToBase64(u.sha256)}};
   if (u.path) {
@@ -406,7 +406,7 @@ absl::Status S3Store::PutMultipart(Upload& u) {
   init.method = "POST";
   init.key = u.key;
   init.query = {{"uploads", ""}};
-  init.headers = {{"Content-Type", u.content_type}, {S3Response::MetaHeader("sha256"), u.sha256}};
+  init.headers = {{"Content-Type", u.content_type}, {S3Response::MetaHeader(kSha256MetadataKey), u.sha256}};
   auto started = client_->Send(init);
   if (!started.ok()) return Annotate(started.status(), where_);
   if (!started->ok())
@@ -730,7 +730,7 @@ absl::Status S3Store::PutReceipt(int64_t version, std::string_view host, std::st
   r.body = std::string(json);
   std::string sha = Sha256Hex(r.body);
   r.payload_sha256 = sha;
-  r.headers = {{"Content-Type", "application/json"}, {S3Response::MetaHeader("sha256"), sha}};
+  r.headers = {{"Content-Type", "application/json"}, {S3Response::MetaHeader(kSha256MetadataKey), sha}};
   auto response = client_->Send(r);
   if (!response.ok()) return Annotate(response.status(), where_);
   if (!response->ok())
@@ -763,7 +763,11 @@ absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::st
     return Annotate(client_->ErrorFor(*response, absl::StrCat("read ", AbslView(what)), key),
                     where_);
   }
-  std::string recorded = absl::AsciiStrToLower(response->Metadata("sha256"));
+  auto recorded_or = RecordedSha256(*response);
+  if (!recorded_or.ok()) {
+    return Annotate(recorded_or.status(), absl::StrCat(where_, ": ", location_.DisplayKey(key)));
+  }
+  const std::string& recorded = *recorded_or;
   if (!IsSha256Hex(recorded)) {
     return absl::DataLossError(absl::StrCat(where_, ": ", location_.DisplayKey(key),
                                             " records no valid sha256; it was not written by "
@@ -911,8 +915,12 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
       cleanup();
       return written.status();
     }
-    std::string recorded = absl::AsciiStrToLower(response->Metadata("sha256"));
-    if (written->sha256 != recorded || written->sha256 != want.sha256 ||
+    auto recorded = RecordedSha256(*response);
+    if (!recorded.ok()) {
+      cleanup();
+      return Annotate(recorded.status(), location_.DisplayKey(key));
+    }
+    if (written->sha256 != *recorded || written->sha256 != want.sha256 ||
         written->size != want.size) {
       cleanup();
       return WithKind(

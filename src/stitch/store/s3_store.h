@@ -8,8 +8,10 @@
 //                                                    multi-host upload receipts
 //                                                    (never part of the payload)
 //
-// Durability: every object records its SHA-256 (`x-amz-meta-sha256`, plus
-// `x-amz-checksum-sha256` on single-part uploads, which S3 checks), every
+// Durability: every object records its SHA-256 under
+// `x-amz-meta-stitch-sha256` (the original Stitch's key; `x-amz-meta-sha256`,
+// which earlier versions wrote, is read too: s3_client.h RecordedSha256) and,
+// on single-part uploads, in `x-amz-checksum-sha256`, which S3 checks; every
 // request body is signed with its SHA-256 (S3 rejects bytes that do not
 // match), and PublishFiles HEADs every object and checks its size and
 // recorded SHA-256 before returning. The index is uploaded last, so a
