@@ -144,11 +144,11 @@ TEST_F(S3Test, TwoPublishersFromOnePredecessorGiveOneWinnerAndOneConflict) {
   auto va = WriteTestVersion(tmp() / "a", 2, {.seed = 2});
   auto vb = WriteTestVersion(tmp() / "b", 2, {.seed = 2});
   ASSERT_TRUE(va.ok() && vb.ok());
-  absl::StatusOr<VersionRef> ra = absl::UnknownError("not run");
+  absl::StatusOr<PublishOutcome> ra = absl::UnknownError("not run");
   b->SetBeforePointerWriteForTesting([&] { ra = PublishVersion(*a, *va, nullptr); });
   auto rb = PublishVersion(*b, *vb, nullptr);
   ASSERT_TRUE(ra.ok()) << ra.status().message();
-  EXPECT_EQ(*ra, Ref("run-a", 2));
+  EXPECT_EQ(ra->version, Ref("run-a", 2));
   EXPECT_EQ(GetErrorKind(rb.status()), ErrorKind::kPointerConflict) << rb.status().message();
   auto details = GetConflictDetails(rb.status());
   ASSERT_TRUE(details.has_value());

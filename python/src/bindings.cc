@@ -435,10 +435,12 @@ NB_MODULE(_stitch, m) {
         std::unique_ptr<Pool> pool = MaybePool(pool_spec);
         PublishOptions options;
         if (base_dir) options.base_checkpoint = *base_dir;
-        return CheckReleased("StoreError",
-                             [&] { return PublishVersion(store, dir, pool.get(), options); });
+        PublishOutcome o = CheckReleased(
+            "StoreError", [&] { return PublishVersion(store, dir, pool.get(), options); });
+        return std::make_pair(o.version, o.already_published);
       },
-      "store"_a, "version_dir"_a, "pool"_a = nb::none(), "base_dir"_a = nb::none());
+      "store"_a, "version_dir"_a, "pool"_a = nb::none(), "base_dir"_a = nb::none(),
+      "(published identity, already_published)");
 
   nb::class_<TrainerComms, PyTrainerComms>(m, "TrainerComms")
       .def(nb::init<>())
@@ -454,8 +456,9 @@ NB_MODULE(_stitch, m) {
         MultiHostPublishOptions options;
         options.files = std::move(files);
         options.pool = pool.get();
-        return CheckReleased("StoreError",
-                             [&] { return PublishFromHosts(store, comms, dir, options); });
+        PublishOutcome o = CheckReleased(
+            "StoreError", [&] { return PublishFromHosts(store, comms, dir, options); });
+        return std::make_pair(o.version, o.already_published);
       },
       "store"_a, "comms"_a, "version_dir"_a, "files"_a = std::vector<std::string>(),
       "pool"_a = nb::none());

@@ -15,6 +15,7 @@ A trainer's three calls::
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from stitch import _stitch
@@ -86,14 +87,27 @@ def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
 def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None,
                     pool: Optional[str] = None, base_dir: Optional[str] = None) -> VersionRef:
     """Verifies the version directory ``version_dir`` (named weight_vNNNNNN,
-    FULL or DELTA, the pointer's version + 1), publishes it, moves the pointer
-    to it and wakes ``pool``'s replicas. The run must be claimed first
-    (:func:`claim_run`). ``base_dir``, the complete checkpoint of the
-    pointer's version, makes a DELTA's checksums verified too. Raises
-    PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
+    FULL or DELTA, the pointer's version + 1), publishes it with the
+    directory's other files (config.json, tokenizer files), moves the
+    pointer to it and wakes ``pool``'s replicas. The run must be claimed
+    first (:func:`claim_run`). ``base_dir``, the complete checkpoint of the
+    pointer's version, makes a DELTA's checksums verified too.
+
+    Publishing the version the pointer already names, with the bytes it was
+    published with, is a successful no-op (a retry after a crash; logged);
+    with other bytes it raises StoreError naming the first differing file.
+    Raises PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
     _check_run(store, run_id)
-    return _stitch.publish_version(store, str(version_dir), _check_pool(pool),
-                                   None if base_dir is None else str(base_dir))
+    ref, already = _stitch.publish_version(store, str(version_dir), _check_pool(pool),
+                                           None if base_dir is None else str(base_dir))
+    if already:
+        _log_already_published(store, ref)
+    return ref
+
+
+def _log_already_published(store: Store, ref: VersionRef) -> None:
+    logging.getLogger("stitch").info(
+        "%s is already published in %s with these bytes; nothing changed", ref, store.uri)
 
 
 def constrain_request(payload: Mapping[str, Any], headers: Optional[MutableMapping[str, str]] = None,

@@ -46,7 +46,14 @@ class Publisher:
         """Publishes ``version_dir`` (named weight_vNNNNNN). ``files``: the
         payload files this host uploads, relative to the directory (default:
         those present in it)."""
+        import stitch
+
         if self.comms is None:
-            return _stitch.publish_version(self.store, os.fspath(version_dir), self.pool)
-        return _stitch.publish_from_hosts(self.store, self.comms, os.fspath(version_dir),
-                                          list(files), self.pool)
+            ref, already = _stitch.publish_version(self.store, os.fspath(version_dir), self.pool)
+        else:
+            ref, already = _stitch.publish_from_hosts(self.store, self.comms,
+                                                      os.fspath(version_dir), list(files),
+                                                      self.pool)
+        if already:
+            stitch._log_already_published(self.store, ref)
+        return ref

@@ -28,13 +28,13 @@ using testing::TestVersionOptions;
 
 // Runs PublishFromHosts on `world` threads (ranks_per_host to a host), each
 // rank with its own store from `open` and its own file list.
-std::vector<absl::StatusOr<VersionRef>> RunRanks(
+std::vector<absl::StatusOr<PublishOutcome>> RunRanks(
     int world, int ranks_per_host, const std::function<std::unique_ptr<Store>()>& open,
     const fs::path& dir, const std::vector<std::vector<std::string>>& files) {
   ThreadCommsGroup group(world, ranks_per_host);
   std::vector<std::unique_ptr<Store>> stores;
   for (int r = 0; r < world; ++r) stores.push_back(open());
-  std::vector<absl::StatusOr<VersionRef>> results(world, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<PublishOutcome>> results(world, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -79,10 +79,65 @@ TEST_F(MultiHostTest, HostsOfAMountedStoreCommitAndRankZeroPublishes) {
                           {{TestShardName(two, 0)}, {}, {TestShardName(two, 1)}, {}});
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status().message();
-    EXPECT_EQ(*r, (VersionRef{"run-a", 1}));
+    EXPECT_EQ(r->version, (VersionRef{"run-a", 1}));
   }
   EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
   EXPECT_TRUE(testing::VerifyVersionDir(root_ / "updates" / "weight_v000001").ok());
+}
+
+TEST_F(MultiHostTest, RepublishingThePublishedVersionFromEveryHostIsANoOpThatSaysSo) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  const std::vector<std::vector<std::string>> files = {{TestShardName(two, 0)},
+                                                       {TestShardName(two, 1)}};
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *dir, files)) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_FALSE(r->already_published);
+  }
+  // Every rank retries (the job restarted after the pointer moved).
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *dir, files)) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->already_published);
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+TEST_F(MultiHostTest, RepublishingThePublishedVersionWithOtherBytesIsRefusedOnEveryRank) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  const std::vector<std::vector<std::string>> files = {{TestShardName(two, 0)},
+                                                       {TestShardName(two, 1)}};
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *dir, files)) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  TestVersionOptions other = two;
+  other.seed = 7;
+  auto changed = testing::WriteTestVersion(tmp_ / "changed", 1, other);
+  ASSERT_TRUE(changed.ok());
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *changed, files)) {
+    EXPECT_TRUE(absl::IsAlreadyExists(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "publish new weights as weight_v000002"))
+        << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+TEST_F(MultiHostTest, TheSharedDirectorysConfigFilesArePublishedWithTheVersion) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(WriteFileAtomically(*dir / "config.json", R"({"model_type": "llama"})").ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir,
+                          {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*ReadFileToString(root_ / "updates" / "weight_v000001" / "config.json"),
+            R"({"model_type": "llama"})");
 }
 
 TEST_F(MultiHostTest, TheStoresOwnVersionDirectoryCanBeTheSharedDirectory) {
@@ -159,8 +214,8 @@ TEST_F(MultiHostTest, AFileChangedAfterItsHostCommittedIsRefused) {
   TamperingComms rank0(group.comms(0), *dir / TestShardName(two, 1));
   auto s0 = OpenFs();
   auto s1 = OpenFs();
-  absl::StatusOr<VersionRef> r0 = absl::UnknownError("not run");
-  absl::StatusOr<VersionRef> r1 = absl::UnknownError("not run");
+  absl::StatusOr<PublishOutcome> r0 = absl::UnknownError("not run");
+  absl::StatusOr<PublishOutcome> r1 = absl::UnknownError("not run");
   std::thread t0(
       [&] { r0 = PublishFromHosts(*s0, rank0, *dir, {.files = {TestShardName(two, 0)}}); });
   std::thread t1([&] {

@@ -522,17 +522,24 @@ absl::Status S3Store::VerifyUploaded(const std::vector<Upload>& uploads) {
 }
 
 absl::Status S3Store::UploadAll(std::vector<Upload>& uploads) {
+  // Every object is looked at, so that a refusal names the first file (in
+  // the caller's order) that differs, whichever HEAD answered first.
+  std::vector<absl::Status> existing(uploads.size());
   absl::Status status = ParallelFor(uploads.size(), [&](size_t i) -> absl::Status {
     Upload& u = uploads[i];
     auto info = Head(u.key);
     if (!info.ok()) return Annotate(info.status(), where_);
     if (!*info) {
       u.needed = true;
-      return absl::OkStatus();
+    } else {
+      existing[i] = CompareExisting(u, **info);
     }
-    return CompareExisting(u, **info);
+    return absl::OkStatus();
   });
   if (!status.ok()) return status;
+  for (const absl::Status& s : existing) {
+    if (!s.ok()) return s;
+  }
   std::vector<size_t> single;
   std::vector<size_t> multipart;
   for (size_t i = 0; i < uploads.size(); ++i) {
