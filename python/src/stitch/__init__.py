@@ -10,6 +10,11 @@ A trainer's three calls::
     stitch.claim_run(store, "run-1", boot_version=0)
     stitch.publish_version(store, "/scratch/weight_v000001", "run-1")
     payload, headers = stitch.constrain_request(payload, headers, latest=1, lag=1)
+
+The original Python Stitch's import paths work too, as thin aliases over
+these calls: ``stitch.types``, ``stitch.publish``, ``stitch.publisher``,
+``stitch.stores``, ``stitch.pools`` (and ``stitch.service``), ``stitch.errors``
+(docs/migrating.md).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import logging
 from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from stitch import _stitch
-from stitch._stitch import Store, TrainerComms, VersionConstraint, VersionRef
+from stitch._stitch import Store, VersionConstraint, VersionRef
 from stitch import errors
 from stitch.encoder import DeltaEncoder
 from stitch.errors import (
@@ -40,6 +45,11 @@ def _check_pool(pool: Optional[str]) -> Optional[str]:
             "stitch: pool must be a spec string (static:URL,URL,..., file:PATH or dns:NAME:PORT) "
             "or None", "INVALID_ARGUMENT")
     return pool
+
+
+def _core(store: Any) -> Store:
+    """The core store behind ``store`` (a ``stitch.stores`` store wraps one)."""
+    return getattr(store, "_core", store)
 
 
 def _check_run(store: Store, run_id: Optional[str]) -> None:
@@ -79,6 +89,7 @@ def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
     the run is already claimed), then wakes the replicas of ``pool`` (a spec:
     ``static:URL,URL,...``, ``file:PATH`` or ``dns:NAME:PORT``). Raises PointerRewind, PointerConflict or
     StoreError."""
+    store = _core(store)
     _check_run(store, run_id)
     pointer, previous, moved = _stitch.claim_run(store, int(boot_version), _check_pool(pool))
     return ClaimOutcome(pointer, previous, moved)
@@ -97,6 +108,7 @@ def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None
     published with, is a successful no-op (a retry after a crash; logged);
     with other bytes it raises StoreError naming the first differing file.
     Raises PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
+    store = _core(store)
     _check_run(store, run_id)
     ref, already = _stitch.publish_version(store, str(version_dir), _check_pool(pool),
                                            None if base_dir is None else str(base_dir))
@@ -140,7 +152,7 @@ def verify(version_dir: str, base_dir: Optional[str] = None, threads: int = 0) -
     return _stitch.verify(str(version_dir), None if base_dir is None else str(base_dir), int(threads))
 
 
-from stitch.publisher import Publisher  # noqa: E402  (uses the helpers above)
+from stitch.publisher import Publisher, TrainerComms  # noqa: E402  (uses the helpers above)
 
 __all__ = [
     "VersionRef",
