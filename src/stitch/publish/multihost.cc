@@ -284,9 +284,12 @@ VersionRef PointerBefore(const VersionRef& ref, bool already_published) {
   return already_published ? ref : VersionRef{ref.run_id, ref.version - 1};
 }
 
-absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const VersionRef& ref,
-                    const std::optional<VersionRef>& expected,
-                    const std::vector<StepMessage>& uploads, std::string_view where) {
+// Rank 0's last step. Returns whether the version was published already
+// (the pointer named it, or another publisher of these bytes moved it there
+// first).
+absl::StatusOr<bool> Commit(Store& store, S3Store* s3, const fs::path& dir, const VersionRef& ref,
+                            const std::optional<VersionRef>& expected,
+                            const std::vector<StepMessage>& uploads, std::string_view where) {
   std::vector<UploadReceipt> receipts;
   for (const StepMessage& m : uploads) {
     if (m.payload.empty()) continue;  // not a host leader
@@ -351,8 +354,10 @@ absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const Versio
     published = store.PublishFiles(ref.version, dir);
   }
   if (!published.ok()) return ExplainImmutable(published, *expected, ref);
-  if (*expected == ref) return absl::OkStatus();  // already published: nothing moves
-  return store.AdvancePointer(expected, ref);
+  if (*expected == ref) return true;  // already published: nothing moves
+  absl::Status moved = store.AdvancePointer(expected, ref);
+  if (!moved.ok() && !LostToTheSameVersion(moved, ref)) return moved;
+  return !moved.ok();
 }
 
 }  // namespace
@@ -479,14 +484,19 @@ absl::StatusOr<PublishOutcome> PublishFromHosts(Store& store, TrainerComms& comm
 
   // 3. commit: rank 0 verifies, publishes and moves the pointer last.
   absl::Status outcome;
+  std::string already;
   if (rank == 0) {
-    outcome = Commit(store, s3, version_dir, ref, expected, *step, where);
-    if (outcome.ok()) WakeAfterMove(options.pool, ref);
+    auto committed = Commit(store, s3, version_dir, ref, expected, *step, where);
+    outcome = committed.status();
+    if (committed.ok()) {
+      WakeAfterMove(options.pool, ref);
+      if (*committed) already = "already_published";
+    }
   }
-  auto last = Exchange(comms, where, outcome, "");
+  auto last = Exchange(comms, where, outcome, already);
   if (!last.ok()) return last.status();
   if (absl::Status s = FirstFailure(*last, rank, outcome); !s.ok()) return s;
-  return PublishOutcome{ref, began->already_published};
+  return PublishOutcome{ref, !(*last)[0].payload.empty()};
 }
 
 }  // namespace stitch

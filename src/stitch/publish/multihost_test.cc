@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +17,7 @@
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/publish/claim.h"
+#include "stitch/publish/publish.h"
 #include "stitch/store/fs_store.h"
 #include "stitch/store/mem_store.h"
 #include "tests/support/temp_dir.h"
@@ -148,6 +152,63 @@ TEST_F(MultiHostTest, TheStoresOwnVersionDirectoryCanBeTheSharedDirectory) {
                           {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+// A filesystem store whose first PublishFiles is followed by `after` (another
+// publisher finishing in the meantime).
+class RacedFsStore final : public Store {
+ public:
+  RacedFsStore(std::unique_ptr<Store> inner, std::function<void()> after)
+      : inner_(std::move(inner)), after_(std::move(after)) {}
+  std::string uri() const override { return inner_->uri(); }
+  const std::string& run_id() const override { return inner_->run_id(); }
+  absl::Status Refresh() override { return inner_->Refresh(); }
+  absl::StatusOr<std::optional<VersionRef>> ReadPointer() override { return inner_->ReadPointer(); }
+  absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
+                              const VersionRef& proposed) override {
+    return inner_->AdvancePointer(expected, proposed);
+  }
+  absl::Status PublishFiles(int64_t version, const fs::path& dir) override {
+    absl::Status s = inner_->PublishFiles(version, dir);
+    if (after_) std::exchange(after_, nullptr)();
+    return s;
+  }
+  absl::StatusOr<VersionManifest> ReadManifest(int64_t version) override {
+    return inner_->ReadManifest(version);
+  }
+  absl::StatusOr<fs::path> Materialize(int64_t version) override {
+    return inner_->Materialize(version);
+  }
+
+ private:
+  std::unique_ptr<Store> inner_;
+  std::function<void()> after_;
+};
+
+TEST_F(MultiHostTest, ARetryRacingItsFirstAttemptSucceedsOnEveryRankAsAlreadyPublished) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  auto copy = testing::WriteTestVersion(tmp_ / "first-attempt", 1, two);
+  ASSERT_TRUE(copy.ok());
+  std::atomic<bool> raced{false};
+  auto results = RunRanks(2, 1,
+                          [&]() -> std::unique_ptr<Store> {
+                            return std::make_unique<RacedFsStore>(OpenFs(), [&] {
+                              // The first attempt, still running, publishes the same bytes
+                              // while rank 0 commits.
+                              auto first = PublishVersion(*OpenFs(), *copy, nullptr);
+                              EXPECT_TRUE(first.ok()) << first.status();
+                              raced = true;
+                            });
+                          },
+                          *dir, {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  EXPECT_TRUE(raced);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->already_published);
   }
   EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
 }

@@ -54,6 +54,11 @@ absl::Status CheckRepublish(std::string_view where, Store& store, const VersionR
       ErrorKind::kPointerRewind);
 }
 
+bool LostToTheSameVersion(const absl::Status& status, const VersionRef& ref) {
+  auto conflict = GetConflictDetails(status);
+  return conflict.has_value() && conflict->actual == ref.ToString();
+}
+
 absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& pointer,
                               const VersionRef& ref) {
   if (!absl::IsAlreadyExists(status)) return status;
@@ -130,9 +135,13 @@ absl::StatusOr<PublishOutcome> PublishVersion(Store& store, const fs::path& dir,
   if (absl::Status s = store.PublishFiles(ref.version, version_dir); !s.ok()) {
     return ExplainImmutable(s, **pointer, ref);
   }
-  if (absl::Status s = store.AdvancePointer(*pointer, ref); !s.ok()) return s;
+  absl::Status moved = store.AdvancePointer(*pointer, ref);
+  // Another publisher of these very bytes (this publish's own retry, or the
+  // attempt it retries) moved the pointer first: the version it named is
+  // the one PublishFiles left in the store, ours.
+  if (!moved.ok() && !LostToTheSameVersion(moved, ref)) return moved;
   WakeAfterMove(pool, ref);
-  return PublishOutcome{ref, false};
+  return PublishOutcome{ref, !moved.ok()};
 }
 
 }  // namespace stitch

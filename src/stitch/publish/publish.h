@@ -60,7 +60,10 @@ struct PublishOutcome {
 //      difference and saying how to recover;
 //   5. moves the pointer with a compare-and-swap against the value read in
 //      step 2: a pointer that changed meanwhile is a kPointerConflict error
-//      and the pointer keeps the other writer's value;
+//      and the pointer keeps the other writer's value, unless the other
+//      writer moved it to this very version: the store holds these bytes
+//      (step 4), so that publish was this one, raced by its own retry, and
+//      the outcome says already_published;
 //   6. wakes `pool` (best effort) when it is not null.
 // A failure at any step leaves the pointer where it was.
 [[nodiscard]] absl::StatusOr<PublishOutcome> PublishVersion(Store& store,
@@ -75,6 +78,10 @@ struct PublishOutcome {
 // outside the store); other errors of Store::ReadManifest pass through.
 [[nodiscard]] absl::Status CheckRepublish(std::string_view where, Store& store,
                                           const VersionRef& ref);
+
+// True when `status` is a lost compare-and-swap whose winner moved the
+// pointer to `ref` itself.
+bool LostToTheSameVersion(const absl::Status& status, const VersionRef& ref);
 
 // `status` (an AlreadyExists from Store::PublishFiles) with what to do about
 // it, given that the pointer names `pointer` and the publish was of `ref`.

@@ -226,6 +226,22 @@ TEST_F(PublishTest, RepublishingThePublishedVersionWithTheSameBytesIsANoOpThatSa
   EXPECT_FALSE(next->already_published);
 }
 
+TEST_F(PublishTest, ARetryRacingItsFirstAttemptSucceedsAndSaysItWasAlreadyPublished) {
+  Claim();
+  InterferingStore racing(*store_);
+  // The first attempt, still running, moves the pointer while the retry
+  // uploads the same bytes.
+  racing.after_publish_files = [&] {
+    auto first = PublishVersion(*store_, Version(1), nullptr);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_FALSE(first->already_published);
+  };
+  auto retry = PublishVersion(racing, Version(1), nullptr);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->already_published);
+  EXPECT_EQ(Pointer(), A(1));
+}
+
 TEST_F(PublishTest, RepublishingThePublishedVersionFromTheStoresOwnDirectoryIsANoOp) {
   Claim();
   // A trainer that writes straight into the store's directory (as with a
