@@ -86,12 +86,21 @@ TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
   ASSERT_TRUE(dir.ok()) << dir.status().message();
   EXPECT_TRUE(VerifyVersionDir(*dir).ok());
 
-  // Republishing the same version is a rewind, refused in one line.
-  ProcessResult rewind =
-      RunStitch({"publish", "--store", store, "--run-id", "run-a", v1->string()});
-  EXPECT_EQ(rewind.exit_code, 1);
-  EXPECT_TRUE(rewind.err.starts_with("stitch: store s3://")) << rewind.err;
-  EXPECT_EQ(std::count(rewind.err.begin(), rewind.err.end(), '\n'), 1) << rewind.err;
+  // Republishing the published version with its bytes is a no-op that
+  // says so; with other bytes it is refused in one line.
+  ProcessResult retry = RunStitch({"publish", "--store", store, "--run-id", "run-a", v1->string()});
+  EXPECT_EQ(retry.exit_code, 0) << retry.err;
+  EXPECT_TRUE(retry.out.starts_with("already published run-a/weight_v000001 with these bytes"))
+      << retry.out;
+  auto other = WriteTestVersion(tmp() / "other", 1, {.seed = 5});
+  ASSERT_TRUE(other.ok());
+  ProcessResult refused =
+      RunStitch({"publish", "--store", store, "--run-id", "run-a", other->string()});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_TRUE(refused.err.starts_with("stitch: store s3://")) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "publish new weights as weight_v000002"))
+      << refused.err;
+  EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
 }
 
 TEST_F(S3CliTest, TemporaryCredentialsWork) {

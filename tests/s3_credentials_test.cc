@@ -347,10 +347,6 @@ class S3CredentialsCliTest : public S3CredentialsTest {
   }
   static void Set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
   std::string Store() { return absl::StrCat("s3://", server().bucket(), "/", prefix()); }
-  static ProcessResult Stitch(std::vector<std::string> args) {
-    args.insert(args.begin(), StitchBinary());
-    return RunProcess(args);
-  }
   static constexpr const char* kVariables[] = {"AWS_ACCESS_KEY_ID",
                                                "AWS_SECRET_ACCESS_KEY",
                                                "AWS_SESSION_TOKEN",
@@ -384,7 +380,7 @@ TEST_F(S3CredentialsCliTest, WithoutCredentialsTheErrorNamesTheSourcesTried) {
   };
   LoopbackHttpServer s3(o);
   Set("AWS_ENDPOINT_URL_S3", s3.url());
-  ProcessResult pointer = Stitch({"pointer", "--store", Store()});
+  ProcessResult pointer = RunStitch({"pointer", "--store", Store()});
   EXPECT_FALSE(signed_request.load());
   EXPECT_EQ(pointer.exit_code, 1);
   EXPECT_THAT(pointer.err, StartsWith("stitch: store s3://"));
@@ -400,10 +396,10 @@ TEST_F(S3CredentialsCliTest, AServiceAccountRoleFromTheEnvironment) {
   Set("AWS_WEB_IDENTITY_TOKEN_FILE", (tmp() / "token").string());
   Set("AWS_ROLE_ARN", kRoleArn);
   AllowOneUnsignedRequest();
-  ProcessResult claim = Stitch({"claim", "--store", Store(), "--run-id", "run-w"});
+  ProcessResult claim = RunStitch({"claim", "--store", Store(), "--run-id", "run-w"});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
   AllowOneUnsignedRequest();
-  ProcessResult pointer = Stitch({"pointer", "--store", Store()});
+  ProcessResult pointer = RunStitch({"pointer", "--store", Store()});
   ASSERT_EQ(pointer.exit_code, 0) << pointer.err;
   EXPECT_EQ(pointer.out, "run-w/weight_v000000\n");
 }
@@ -415,10 +411,10 @@ TEST_F(S3CredentialsCliTest, AProfileFromTheEnvironment) {
                          "\naws_secret_access_key = ", user.secret_access_key, "\n"));
   Set("AWS_SHARED_CREDENTIALS_FILE", (tmp() / "credentials").string());
   Set("AWS_PROFILE", "ci");
-  ProcessResult claim = Stitch({"claim", "--store", Store(), "--run-id", "run-p"});
+  ProcessResult claim = RunStitch({"claim", "--store", Store(), "--run-id", "run-p"});
   ASSERT_EQ(claim.exit_code, 0) << claim.err;
   Set("AWS_PROFILE", "missing");
-  ProcessResult missing = Stitch({"pointer", "--store", Store()});
+  ProcessResult missing = RunStitch({"pointer", "--store", Store()});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.err, HasSubstr("profile \"missing\""));
   EXPECT_THAT(missing.err, HasSubstr("sources tried: environment variables, web identity"));
@@ -427,7 +423,7 @@ TEST_F(S3CredentialsCliTest, AProfileFromTheEnvironment) {
 TEST_F(S3CredentialsCliTest, InstanceMetadataAtItsEndpointOverride) {
   ::unsetenv("AWS_EC2_METADATA_DISABLED");
   Set("AWS_EC2_METADATA_SERVICE_ENDPOINT", server().endpoint());
-  ProcessResult pointer = Stitch({"pointer", "--store", Store()});
+  ProcessResult pointer = RunStitch({"pointer", "--store", Store()});
   EXPECT_EQ(pointer.exit_code, 1);
   EXPECT_THAT(pointer.err, HasSubstr("EC2 instance metadata (role default-role)"));
 }

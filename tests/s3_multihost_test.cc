@@ -21,11 +21,11 @@ namespace fs = std::filesystem;
 
 // Runs `world` ranks of PublishFromHosts, one thread each; rank r publishes
 // `dirs[r]` through its own store.
-std::vector<absl::StatusOr<VersionRef>> RunRanks(
+std::vector<absl::StatusOr<PublishOutcome>> RunRanks(
     std::vector<std::unique_ptr<S3Store>>& stores, const std::vector<fs::path>& dirs,
     ThreadCommsGroup& group, const std::function<TrainerComms&(int)>& comms_of) {
   const int world = static_cast<int>(dirs.size());
-  std::vector<absl::StatusOr<VersionRef>> results(world, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<PublishOutcome>> results(world, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back(
@@ -89,7 +89,7 @@ TEST_F(S3MultiHostTest, UploadsFromTwoHostsFormOneVerifiedVersion) {
       RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& { return group.comms(r); });
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status().message();
-    EXPECT_EQ(*r, (VersionRef{"run-a", 1}));
+    EXPECT_EQ(r->version, (VersionRef{"run-a", 1}));
   }
   auto pointer = stores_[0]->ReadPointer();
   ASSERT_TRUE(pointer.ok());
@@ -129,6 +129,70 @@ TEST_F(S3MultiHostTest, UploadsFromTwoHostsFormOneVerifiedVersion) {
   pointer = stores_[0]->ReadPointer();
   ASSERT_TRUE(pointer.ok());
   EXPECT_EQ(**pointer, (VersionRef{"run-a", 2}));
+}
+
+TEST_F(S3MultiHostTest, RankZerosConfigAndTokenizerFilesArePublishedWithTheIndex) {
+  std::vector<fs::path> dirs = SplitAcrossHosts(tmp(), 1, 1);
+  ASSERT_TRUE(WriteFileAtomically(dirs[0] / "config.json", R"({"model_type": "llama"})").ok());
+  ASSERT_TRUE(WriteFileAtomically(dirs[0] / "tokenizer.json", R"({"model": {}})").ok());
+  ThreadCommsGroup group(2, 1);
+  for (const auto& r :
+       RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& { return group.comms(r); })) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  auto listed = stores_[0]->ListVersionFiles(1);
+  ASSERT_TRUE(listed.ok()) << listed.status().message();
+  EXPECT_EQ(*listed,
+            (std::vector<std::string>{"config.json", TestShardName({}, 0), TestShardName({}, 1),
+                                      "model.safetensors.index.json", "tokenizer.json"}));
+  auto dir = stores_[1]->Materialize(1);
+  ASSERT_TRUE(dir.ok()) << dir.status().message();
+  EXPECT_EQ(*ReadFileToString(*dir / "config.json"), R"({"model_type": "llama"})");
+  EXPECT_EQ(*ReadFileToString(*dir / "tokenizer.json"), R"({"model": {}})");
+}
+
+TEST_F(S3MultiHostTest, ARetryFromEveryHostAfterThePointerMovedIsANoOpThatSaysSo) {
+  std::vector<fs::path> dirs = SplitAcrossHosts(tmp(), 1, 1);
+  ThreadCommsGroup group(2, 1);
+  for (const auto& r :
+       RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& { return group.comms(r); })) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_FALSE(r->already_published);
+  }
+  const int64_t uploads =
+      stores_[0]->payload_files_uploaded() + stores_[1]->payload_files_uploaded();
+  ThreadCommsGroup retry(2, 1);
+  for (const auto& r :
+       RunRanks(stores_, dirs, retry, [&](int r) -> TrainerComms& { return retry.comms(r); })) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->already_published);
+  }
+  EXPECT_EQ(stores_[0]->payload_files_uploaded() + stores_[1]->payload_files_uploaded(), uploads);
+  auto pointer = stores_[0]->ReadPointer();
+  ASSERT_TRUE(pointer.ok());
+  EXPECT_EQ(**pointer, (VersionRef{"run-a", 1}));
+}
+
+TEST_F(S3MultiHostTest, ARetryWithOtherBytesOnOneHostIsRefusedNamingItsFile) {
+  std::vector<fs::path> dirs = SplitAcrossHosts(tmp(), 1, 1);
+  ThreadCommsGroup group(2, 1);
+  for (const auto& r :
+       RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& { return group.comms(r); })) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  // Host 1 holds other bytes for its shard this time.
+  std::vector<fs::path> other = SplitAcrossHosts(tmp() / "other", 1, 5);
+  std::vector<fs::path> mixed = {dirs[0], other[1]};
+  ThreadCommsGroup retry(2, 1);
+  for (const auto& r :
+       RunRanks(stores_, mixed, retry, [&](int r) -> TrainerComms& { return retry.comms(r); })) {
+    EXPECT_TRUE(absl::IsAlreadyExists(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), TestShardName({}, 1)))
+        << r.status().message();
+  }
+  auto pointer = stores_[0]->ReadPointer();
+  ASSERT_TRUE(pointer.ok());
+  EXPECT_EQ(**pointer, (VersionRef{"run-a", 1}));
 }
 
 TEST_F(S3MultiHostTest, VersionMissingAReferencedShardIsRefused) {
@@ -179,6 +243,11 @@ TEST_F(S3MultiHostTest, RewindIsRefusedBeforeAnyUpload) {
   ThreadCommsGroup group(2, 1);
   for (const auto& r :
        RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& { return group.comms(r); })) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  ThreadCommsGroup second(2, 1);
+  for (const auto& r : RunRanks(stores_, SplitAcrossHosts(tmp() / "v2", 2, 2), second,
+                                [&](int r) -> TrainerComms& { return second.comms(r); })) {
     ASSERT_TRUE(r.ok()) << r.status().message();
   }
   // Version 1 again, with other bytes: a rewind, refused at step 1 on every

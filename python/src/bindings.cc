@@ -34,11 +34,13 @@
 #include "encode_floor.h"  // bench/
 #include "stitch/core/constraint.h"
 #include "stitch/core/errors.h"
+#include "stitch/core/pointer.h"
 #include "stitch/core/version.h"
 #include "stitch/format/delta_apply.h"
 #include "stitch/format/delta_encode.h"
 #include "stitch/format/delta_kernel.h"
 #include "stitch/format/delta_verify.h"
+#include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/pool/pool.h"
 #include "stitch/publish/claim.h"
@@ -290,6 +292,22 @@ class PyTrainerComms : public TrainerComms {
   }
 };
 
+// (version, "full" | "delta", payload files, base_version) of a manifest,
+// the shape stitch.types.VersionManifest is built from.
+nb::tuple ManifestTuple(const VersionManifest& m) {
+  return nb::make_tuple(m.version, m.kind == VersionKind::kDelta ? "delta" : "full", m.files,
+                        m.base_version);
+}
+
+// The integer a request payload's constraint field holds (None: absent),
+// converted as Python's int() does.
+std::optional<int64_t> PayloadInt(const nb::dict& raw, const char* key) {
+  if (!raw.contains(key)) return std::nullopt;
+  nb::object value = raw[key];
+  if (value.is_none()) return std::nullopt;
+  return nb::cast<int64_t>(nb::module_::import_("builtins").attr("int")(value));
+}
+
 nb::dict EncodeResultDict(const EncodeResult& r) {
   nb::dict d;
   d["version"] = r.version;
@@ -332,16 +350,25 @@ NB_MODULE(_stitch, m) {
       .def(nb::init<>())
       .def(
           "__init__",
-          [](VersionRef* self, std::string run_id, int64_t version) {
-            new (self) VersionRef{std::move(run_id), version};
+          [](VersionRef* self, std::optional<std::string> run_id, int64_t version) {
+            new (self) VersionRef{run_id.value_or(""), version};
           },
-          "run_id"_a, "version"_a)
+          "run_id"_a.none(), "version"_a)
       .def_static(
           "parse",
           [](const std::string& text) { return Check(VersionRef::Parse(text), "InvalidArgument"); },
           "text"_a)
-      .def_rw("run_id", &VersionRef::run_id)
+      .def_prop_rw(
+          "run_id",
+          [](const VersionRef& v) -> std::optional<std::string> {
+            if (v.run_id.empty()) return std::nullopt;
+            return v.run_id;
+          },
+          [](VersionRef& v, std::optional<std::string> run_id) { v.run_id = run_id.value_or(""); },
+          nb::arg("run_id").none(), "The run, or None for a bare identity.")
       .def_rw("version", &VersionRef::version)
+      .def_prop_ro("identity", &VersionRef::ToString,
+                   "The identity text, \"run/weight_vNNNNNN\" (bare: \"weight_vNNNNNN\").")
       .def_prop_ro("dir_name", &VersionRef::DirName)
       .def("__str__", &VersionRef::ToString)
       .def("__repr__", [](const VersionRef& v) { return "VersionRef('" + v.ToString() + "')"; })
@@ -379,6 +406,32 @@ NB_MODULE(_stitch, m) {
       .def_prop_ro("is_exact", &VersionConstraint::is_exact)
       .def_prop_ro("target", &VersionConstraint::target)
       .def("satisfied_by", &VersionConstraint::SatisfiedBy, "applied"_a.none())
+      .def_static(
+          "from_payload",
+          [](nb::handle payload) {
+            VersionConstraint c;
+            if (!nb::isinstance<nb::dict>(payload)) return c;
+            nb::dict body = nb::borrow<nb::dict>(payload);
+            if (!body.contains("weight_version")) return c;
+            nb::object raw = body["weight_version"];
+            if (!nb::isinstance<nb::dict>(raw)) return c;
+            nb::dict fields = nb::borrow<nb::dict>(raw);
+            c.min_version = PayloadInt(fields, "min_version");
+            c.exact_version = PayloadInt(fields, "exact_version");
+            return c;
+          },
+          "payload"_a.none(),
+          "The constraint a request payload's weight_version field carries (none when absent "
+          "or not an object).")
+      .def(
+          "to_payload",
+          [](const VersionConstraint& c) {
+            nb::dict d;
+            d["min_version"] = c.min_version;
+            d["exact_version"] = c.exact_version;
+            return d;
+          },
+          "{\"min_version\": N | None, \"exact_version\": N | None}")
       .def("to_json", &VersionConstraint::ToJson)
       .def("__str__", &VersionConstraint::ToString)
       .def("__repr__",
@@ -407,7 +460,69 @@ NB_MODULE(_stitch, m) {
           [](Store& s, int64_t version) {
             return CheckReleased("StoreError", [&] { return s.Materialize(version); }).string();
           },
-          "version"_a);
+          "version"_a)
+      .def(
+          "read_manifest",
+          [](Store& s, int64_t version) {
+            return ManifestTuple(
+                CheckReleased("StoreError", [&] { return s.ReadManifest(version); }));
+          },
+          "version"_a, "(version, \"full\" | \"delta\", payload files, base_version)")
+      .def(
+          "publish_files",
+          [](Store& s, int64_t version, const std::string& dir) {
+            CheckReleased("StoreError", [&] { return s.PublishFiles(version, dir); });
+          },
+          "version"_a, "version_dir"_a,
+          "Makes the directory's files durable as `version` without moving the pointer.");
+
+  m.def(
+      "read_index_manifest",
+      [](const std::string& dir) {
+        auto manifest = [&]() -> absl::StatusOr<VersionManifest> {
+          auto index = ReadIndex(dir);
+          if (!index.ok()) return index.status();
+          return index->ToManifest();
+        };
+        return ManifestTuple(CheckReleased("InvalidArgument", manifest));
+      },
+      "version_dir"_a, "The manifest a version directory's index describes.");
+
+  m.def(
+      "check_pointer_move",
+      [](std::optional<VersionRef> current, const VersionRef& proposed) {
+        PointerMove move = Check(CheckPointerMove("stitch", current, proposed), "StoreError");
+        return move == PointerMove::kForward   ? "forward"
+               : move == PointerMove::kInitial ? "initial"
+                                               : "run_reset";
+      },
+      "current"_a.none(), "proposed"_a,
+      "\"initial\", \"forward\" or \"run_reset\"; PointerRewind for a lower or equal version "
+      "of the same run.");
+
+  nb::class_<Pool>(m, "Pool")
+      .def_prop_ro("spec", &Pool::spec)
+      .def("discover",
+           [](Pool& p) { return CheckReleased("StitchError", [&] { return p.Discover(); }); })
+      .def(
+          "wake",
+          [](Pool& p) {
+            nb::gil_scoped_release release;
+            return p.Wake();
+          },
+          "POSTs /wake to every replica (best effort); how many answered.");
+
+  m.def(
+      "make_pool", [](const std::string& spec) { return Check(MakePool(spec), "InvalidArgument"); },
+      "spec"_a);
+
+  m.def(
+      "wake_replicas",
+      [](const std::vector<std::string>& urls) {
+        nb::gil_scoped_release release;
+        return WakeReplicas(urls, WakeOptions{});
+      },
+      "urls"_a, "POSTs /wake to each URL (best effort); how many answered.");
 
   m.def(
       "open_store",
@@ -435,10 +550,12 @@ NB_MODULE(_stitch, m) {
         std::unique_ptr<Pool> pool = MaybePool(pool_spec);
         PublishOptions options;
         if (base_dir) options.base_checkpoint = *base_dir;
-        return CheckReleased("StoreError",
-                             [&] { return PublishVersion(store, dir, pool.get(), options); });
+        PublishOutcome o = CheckReleased(
+            "StoreError", [&] { return PublishVersion(store, dir, pool.get(), options); });
+        return std::make_pair(o.version, o.already_published);
       },
-      "store"_a, "version_dir"_a, "pool"_a = nb::none(), "base_dir"_a = nb::none());
+      "store"_a, "version_dir"_a, "pool"_a = nb::none(), "base_dir"_a = nb::none(),
+      "(published identity, already_published)");
 
   nb::class_<TrainerComms, PyTrainerComms>(m, "TrainerComms")
       .def(nb::init<>())
@@ -454,8 +571,9 @@ NB_MODULE(_stitch, m) {
         MultiHostPublishOptions options;
         options.files = std::move(files);
         options.pool = pool.get();
-        return CheckReleased("StoreError",
-                             [&] { return PublishFromHosts(store, comms, dir, options); });
+        PublishOutcome o = CheckReleased(
+            "StoreError", [&] { return PublishFromHosts(store, comms, dir, options); });
+        return std::make_pair(o.version, o.already_published);
       },
       "store"_a, "comms"_a, "version_dir"_a, "files"_a = std::vector<std::string>(),
       "pool"_a = nb::none());

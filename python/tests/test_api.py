@@ -126,9 +126,9 @@ def test_concurrent_pointer_change_is_a_conflict(tmp_path):
     err = info.value
     assert isinstance(err, stitch.StoreError)
     assert err.code == "ABORTED"
-    assert err.expected == "run-1/weight_v000000"
-    assert err.actual == "run-1/weight_v000005"
-    assert err.proposed == "run-1/weight_v000001"
+    assert err.expected == stitch.VersionRef("run-1", 0)
+    assert err.actual == stitch.VersionRef("run-1", 5)
+    assert err.proposed == stitch.VersionRef("run-1", 1)
 
 
 def test_store_scoped_to_another_run_is_refused(tmp_path):

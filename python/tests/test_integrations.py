@@ -102,8 +102,11 @@ def test_launch_claims_and_each_update_publishes_and_wakes_the_pool(tmp_path):
 
         miles.post_write_hook(args, write_version(tmp_path, 2, 2.0), None)
         assert store.read_pointer() == stitch.VersionRef(RUN, 2)
-        with pytest.raises(stitch.PointerRewind):
+        # The published version again with other weights: refused, the
+        # pointer stays.
+        with pytest.raises(stitch.StoreError, match="publish new weights as weight_v000003"):
             slime.post_write_hook(args, write_version(tmp_path, 2, 3.0), None)
+        assert store.read_pointer() == stitch.VersionRef(RUN, 2)
     finally:
         replica.close()
 

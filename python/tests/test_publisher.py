@@ -81,10 +81,22 @@ def test_two_ranks_publish_one_version_over_a_shared_directory(tmp_path):
     assert results == [stitch.VersionRef(RUN, 1)] * 2, results
     assert stitch.open_store(uri, RUN).read_pointer() == stitch.VersionRef(RUN, 1)
 
+    # Every rank retrying the published version: a no-op, the same answer.
+    g = group(2)
+    results = run_ranks(2, rank_body)
+    assert results == [stitch.VersionRef(RUN, 1)] * 2, results
+
     # A rewind is refused on every rank, before anything moves.
+    v2 = stitch.DeltaEncoder(w, version=1, run_id=RUN).encode(
+        w, str(tmp_path / "weight_v000002"), full=True)["dir"]
+    g = group(2)
+    assert run_ranks(2, lambda rank: stitch.Publisher(
+        stitch.open_store(uri, RUN), comms=ThreadComms(g, rank, 2)).publish(v2)) == \
+        [stitch.VersionRef(RUN, 2)] * 2
     g = group(2)
     results = run_ranks(2, rank_body)
     assert all(isinstance(r, stitch.PointerRewind) for r in results), results
+    assert stitch.open_store(uri, RUN).read_pointer() == stitch.VersionRef(RUN, 2)
 
 
 def test_a_failing_all_gather_fails_the_publish(tmp_path):

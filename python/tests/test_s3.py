@@ -2,34 +2,13 @@
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import stitch
 
-from conftest import REPO
-
 RUN = "run-1"
-
-
-@pytest.fixture(scope="module")
-def s3():
-    if shutil.which("moto_server", path=os.path.dirname(sys.executable)) is None:
-        pytest.fail("moto_server is not installed: run scripts/install-deps")
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "s3_moto.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        if not line:
-            pytest.fail("tests/s3_moto.py exited before printing its endpoint")
-        yield json.loads(line)
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 def s3_uri(s3, monkeypatch, prefix):

@@ -10,15 +10,21 @@ A trainer's three calls::
     stitch.claim_run(store, "run-1", boot_version=0)
     stitch.publish_version(store, "/scratch/weight_v000001", "run-1")
     payload, headers = stitch.constrain_request(payload, headers, latest=1, lag=1)
+
+The original Python Stitch's import paths work too, as thin aliases over
+these calls: ``stitch.types``, ``stitch.publish``, ``stitch.publisher``,
+``stitch.stores``, ``stitch.pools`` (and ``stitch.service``), ``stitch.errors``
+(docs/migrating.md).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from stitch import _stitch
-from stitch._stitch import Store, TrainerComms, VersionConstraint, VersionRef
+from stitch._stitch import Store, VersionConstraint, VersionRef
 from stitch import errors
 from stitch.encoder import DeltaEncoder
 from stitch.errors import (
@@ -39,6 +45,11 @@ def _check_pool(pool: Optional[str]) -> Optional[str]:
             "stitch: pool must be a spec string (static:URL,URL,..., file:PATH or dns:NAME:PORT) "
             "or None", "INVALID_ARGUMENT")
     return pool
+
+
+def _core(store: Any) -> Store:
+    """The core store behind ``store`` (a ``stitch.stores`` store wraps one)."""
+    return getattr(store, "_core", store)
 
 
 def _check_run(store: Store, run_id: Optional[str]) -> None:
@@ -78,6 +89,7 @@ def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
     the run is already claimed), then wakes the replicas of ``pool`` (a spec:
     ``static:URL,URL,...``, ``file:PATH`` or ``dns:NAME:PORT``). Raises PointerRewind, PointerConflict or
     StoreError."""
+    store = _core(store)
     _check_run(store, run_id)
     pointer, previous, moved = _stitch.claim_run(store, int(boot_version), _check_pool(pool))
     return ClaimOutcome(pointer, previous, moved)
@@ -86,14 +98,28 @@ def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
 def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None,
                     pool: Optional[str] = None, base_dir: Optional[str] = None) -> VersionRef:
     """Verifies the version directory ``version_dir`` (named weight_vNNNNNN,
-    FULL or DELTA, the pointer's version + 1), publishes it, moves the pointer
-    to it and wakes ``pool``'s replicas. The run must be claimed first
-    (:func:`claim_run`). ``base_dir``, the complete checkpoint of the
-    pointer's version, makes a DELTA's checksums verified too. Raises
-    PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
+    FULL or DELTA, the pointer's version + 1), publishes it with the
+    directory's other files (config.json, tokenizer files), moves the
+    pointer to it and wakes ``pool``'s replicas. The run must be claimed
+    first (:func:`claim_run`). ``base_dir``, the complete checkpoint of the
+    pointer's version, makes a DELTA's checksums verified too.
+
+    Publishing the version the pointer already names, with the bytes it was
+    published with, is a successful no-op (a retry after a crash; logged);
+    with other bytes it raises StoreError naming the first differing file.
+    Raises PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
+    store = _core(store)
     _check_run(store, run_id)
-    return _stitch.publish_version(store, str(version_dir), _check_pool(pool),
-                                   None if base_dir is None else str(base_dir))
+    ref, already = _stitch.publish_version(store, str(version_dir), _check_pool(pool),
+                                           None if base_dir is None else str(base_dir))
+    if already:
+        _log_already_published(store, ref)
+    return ref
+
+
+def _log_already_published(store: Store, ref: VersionRef) -> None:
+    logging.getLogger("stitch").info(
+        "%s is already published in %s with these bytes; nothing changed", ref, store.uri)
 
 
 def constrain_request(payload: Mapping[str, Any], headers: Optional[MutableMapping[str, str]] = None,
@@ -126,7 +152,7 @@ def verify(version_dir: str, base_dir: Optional[str] = None, threads: int = 0) -
     return _stitch.verify(str(version_dir), None if base_dir is None else str(base_dir), int(threads))
 
 
-from stitch.publisher import Publisher  # noqa: E402  (uses the helpers above)
+from stitch.publisher import Publisher, TrainerComms  # noqa: E402  (uses the helpers above)
 
 __all__ = [
     "VersionRef",

@@ -25,7 +25,13 @@ int RunPublish(const PublishArgs& args) {
   if (args.base) options.base_checkpoint = *args.base;
   auto published = PublishVersion(*opened->store, args.dir, opened->pool.get(), options);
   if (!published.ok()) return ReportFailure(published.status());
-  std::cout << "published " << published->ToString() << " to " << opened->store->uri() << "\n";
+  if (published->already_published) {
+    std::cout << "already published " << published->version.ToString() << " with these bytes in "
+              << opened->store->uri() << "; nothing changed\n";
+  } else {
+    std::cout << "published " << published->version.ToString() << " to " << opened->store->uri()
+              << "\n";
+  }
   return 0;
 }
 
@@ -36,10 +42,12 @@ void AddPublishCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "publish",
       "Verify a version directory (weight_vNNNNNN: the pointer's version + 1) of a claimed run, "
-      "publish it and move the pointer to it");
+      "publish it and move the pointer to it; the version the pointer names, with the bytes "
+      "published, is a successful no-op (a retry)");
   AddStoreOptions(cmd, &args, "The claimed run the version belongs to");
   cmd->add_option("dir", args.dir,
-                  "Version directory named weight_vNNNNNN, holding the index and its files")
+                  "Version directory named weight_vNNNNNN, holding the index, its files and the "
+                  "other files engines load with them (config.json, tokenizer files)")
       ->required();
   cmd->add_option("--base", args.base,
                   "Complete checkpoint of the pointer's version: a DELTA's every checksum is "

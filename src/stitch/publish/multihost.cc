@@ -152,29 +152,38 @@ absl::StatusOr<std::vector<std::string>> DiscoverHostFiles(const fs::path& dir) 
 }
 
 // What rank 0 tells every rank at the first step: how to check payload
-// files, from the index only rank 0 may hold.
-std::string EncodeKind(const PayloadFileKind& kind) {
-  return json::serialize(json::object{{"delta", kind.kind == VersionKind::kDelta},
-                                      {"version", kind.version},
-                                      {"checksums", kind.records_checksums}});
+// files, from the index only rank 0 may hold, and whether the pointer
+// already names the version (a retry of a publish that completed).
+struct BeginMessage {
+  PayloadFileKind kind;
+  bool already_published = false;
+};
+
+std::string EncodeBegin(const BeginMessage& begin) {
+  return json::serialize(json::object{{"delta", begin.kind.kind == VersionKind::kDelta},
+                                      {"version", begin.kind.version},
+                                      {"checksums", begin.kind.records_checksums},
+                                      {"already_published", begin.already_published}});
 }
 
-absl::StatusOr<PayloadFileKind> DecodeKind(std::string_view where, std::string_view text) {
+absl::StatusOr<BeginMessage> DecodeBegin(std::string_view where, std::string_view text) {
   json::error_code ec;
   json::value v = json::parse(json::string_view(text.data(), text.size()), ec);
   const json::object* o = ec ? nullptr : v.if_object();
   const json::value* delta = o ? o->if_contains("delta") : nullptr;
   const json::value* version = o ? o->if_contains("version") : nullptr;
   const json::value* checksums = o ? o->if_contains("checksums") : nullptr;
+  const json::value* already = o ? o->if_contains("already_published") : nullptr;
   if (delta == nullptr || !delta->is_bool() || version == nullptr || !version->is_int64() ||
-      checksums == nullptr || !checksums->is_bool()) {
+      checksums == nullptr || !checksums->is_bool() || already == nullptr || !already->is_bool()) {
     return absl::InternalError(
         absl::StrCat(AbslView(where),
                      ": rank 0 sent a malformed version kind; are all ranks running the same "
                      "stitch?"));
   }
-  return PayloadFileKind{delta->as_bool() ? VersionKind::kDelta : VersionKind::kFull,
-                         version->as_int64(), checksums->as_bool()};
+  return BeginMessage{PayloadFileKind{delta->as_bool() ? VersionKind::kDelta : VersionKind::kFull,
+                                      version->as_int64(), checksums->as_bool()},
+                      already->as_bool()};
 }
 
 // Checks one of a host's payload files on its own (its structure, a DELTA's
@@ -251,8 +260,8 @@ absl::StatusOr<std::optional<LoadedIndex>> LoadIndex(const fs::path& dir, int64_
 }
 
 // The index rank 0 holds, required: the version's kind and its place after
-// the pointer are checked from it before any byte moves, and again before
-// the pointer does.
+// the pointer (unless the pointer names it already) are checked from it
+// before any byte moves, and again before the pointer does.
 absl::StatusOr<LoadedIndex> RequireIndex(const fs::path& dir, const VersionRef& ref,
                                          const VersionRef& pointer, std::string_view where) {
   auto index = LoadIndex(dir, ref.version);
@@ -263,13 +272,24 @@ absl::StatusOr<LoadedIndex> RequireIndex(const fs::path& dir, const VersionRef& 
                      AbslView(kIndexFileName), ") is missing from rank 0's ", dir.string(),
                      "; the rank that publishes must hold it when the publish begins"));
   }
-  if (absl::Status s = CheckFollows(where, pointer, (**index).manifest); !s.ok()) return s;
+  if (pointer != ref) {
+    if (absl::Status s = CheckFollows(where, pointer, (**index).manifest); !s.ok()) return s;
+  }
   return **std::move(index);
 }
 
-absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const VersionRef& ref,
-                    const std::optional<VersionRef>& expected,
-                    const std::vector<StepMessage>& uploads, std::string_view where) {
+// The pointer a publish of `ref` expects: `ref` itself for a retry of a
+// publish that completed, else the version before it (CheckFollows).
+VersionRef PointerBefore(const VersionRef& ref, bool already_published) {
+  return already_published ? ref : VersionRef{ref.run_id, ref.version - 1};
+}
+
+// Rank 0's last step. Returns whether the version was published already
+// (the pointer named it, or another publisher of these bytes moved it there
+// first).
+absl::StatusOr<bool> Commit(Store& store, S3Store* s3, const fs::path& dir, const VersionRef& ref,
+                            const std::optional<VersionRef>& expected,
+                            const std::vector<StepMessage>& uploads, std::string_view where) {
   std::vector<UploadReceipt> receipts;
   for (const StepMessage& m : uploads) {
     if (m.payload.empty()) continue;  // not a host leader
@@ -323,18 +343,30 @@ absl::Status Commit(Store& store, S3Store* s3, const fs::path& dir, const Versio
     return s;
   }
 
-  absl::Status published = s3 != nullptr ? s3->PublishIndex(ref.version, index->json)
-                                         : store.PublishFiles(ref.version, dir);
-  if (!published.ok()) return published;
-  return store.AdvancePointer(expected, ref);
+  absl::Status published;
+  if (s3 != nullptr) {
+    // Rank 0's other files (config, tokenizer) go up with the index.
+    auto others = ListOtherFiles(dir, index->manifest);
+    if (!others.ok()) return Annotate(others.status(), where);
+    if (!others->empty()) published = s3->UploadVersionFiles(ref.version, dir, *others).status();
+    if (published.ok()) published = s3->PublishIndex(ref.version, index->json);
+  } else {
+    published = store.PublishFiles(ref.version, dir);
+  }
+  if (!published.ok()) return ExplainImmutable(published, *expected, ref);
+  if (*expected == ref) return true;  // already published: nothing moves
+  absl::Status moved = store.AdvancePointer(expected, ref);
+  if (!moved.ok() && !LostToTheSameVersion(moved, ref)) return moved;
+  return !moved.ok();
 }
 
 }  // namespace
 
 std::string HostReceiptName(int rank) { return absl::StrFormat("rank-%06d", rank); }
 
-absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, const fs::path& dir,
-                                            const MultiHostPublishOptions& options) {
+absl::StatusOr<PublishOutcome> PublishFromHosts(Store& store, TrainerComms& comms,
+                                                const fs::path& dir,
+                                                const MultiHostPublishOptions& options) {
   const std::string where = absl::StrCat("store ", store.uri());
   const int rank = comms.rank();
   auto* s3 = dynamic_cast<S3Store*>(&store);
@@ -372,7 +404,12 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
         return NotClaimedError(where, ref.run_id, *pointer);
       }
       expected = *pointer;
-      if (auto move = CheckPointerMove(where, *pointer, ref); !move.ok()) return move.status();
+      const bool already = **pointer == ref;
+      if (already) {
+        if (absl::Status s = CheckRepublish(where, store, ref); !s.ok()) return s;
+      } else if (auto move = CheckPointerMove(where, *pointer, ref); !move.ok()) {
+        return move.status();
+      }
       auto index = RequireIndex(version_dir, ref, **pointer, where);
       if (!index.ok()) return index.status();
       auto parsed = CheckpointIndex::Parse(index->json);
@@ -387,15 +424,16 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
         }
         kind.records_checksums = kind.kind == VersionKind::kFull;
       }
-      kind_payload = EncodeKind(kind);
+      kind_payload = EncodeBegin(BeginMessage{kind, already});
       return absl::OkStatus();
     }();
   }
   auto step = Exchange(comms, where, begin, kind_payload);
   if (!step.ok()) return step.status();
   if (absl::Status s = FirstFailure(*step, rank, begin); !s.ok()) return s;
-  auto kind = DecodeKind(where, (*step)[0].payload);
-  if (!kind.ok()) return kind.status();
+  auto began = DecodeBegin(where, (*step)[0].payload);
+  if (!began.ok()) return began.status();
+  const PayloadFileKind& kind = began->kind;
 
   // 2. upload: each host leader's files, durable, with a receipt.
   absl::Status upload;
@@ -412,12 +450,15 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
       if (s3 != nullptr) {
         std::vector<std::vector<std::string>> tensors;
         for (const std::string& name : files) {
-          auto checked = CheckHostFile(version_dir, name, *kind);
+          auto checked = CheckHostFile(version_dir, name, kind);
           if (!checked.ok()) return checked.status();
           tensors.push_back(*std::move(checked));
         }
         auto stored = s3->UploadVersionFiles(ref.version, version_dir, files);
-        if (!stored.ok()) return stored.status();
+        if (!stored.ok()) {
+          return ExplainImmutable(stored.status(), PointerBefore(ref, began->already_published),
+                                  ref);
+        }
         for (size_t i = 0; i < stored->size(); ++i) {
           const StoredFile& f = (*stored)[i];
           receipt.files.push_back(FileReceipt{f.name, f.size, f.sha256, std::move(tensors[i])});
@@ -428,7 +469,7 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
         }
         payload = receipt.host;
       } else {
-        auto committed = CommitSharedFiles(version_dir, files, *kind);
+        auto committed = CommitSharedFiles(version_dir, files, kind);
         if (!committed.ok()) return Annotate(committed.status(), where);
         receipt.files = *std::move(committed);
         payload = ReceiptToJson(receipt);
@@ -443,14 +484,19 @@ absl::StatusOr<VersionRef> PublishFromHosts(Store& store, TrainerComms& comms, c
 
   // 3. commit: rank 0 verifies, publishes and moves the pointer last.
   absl::Status outcome;
+  std::string already;
   if (rank == 0) {
-    outcome = Commit(store, s3, version_dir, ref, expected, *step, where);
-    if (outcome.ok()) WakeAfterMove(options.pool, ref);
+    auto committed = Commit(store, s3, version_dir, ref, expected, *step, where);
+    outcome = committed.status();
+    if (committed.ok()) {
+      WakeAfterMove(options.pool, ref);
+      if (*committed) already = "already_published";
+    }
   }
-  auto last = Exchange(comms, where, outcome, "");
+  auto last = Exchange(comms, where, outcome, already);
   if (!last.ok()) return last.status();
   if (absl::Status s = FirstFailure(*last, rank, outcome); !s.ok()) return s;
-  return ref;
+  return PublishOutcome{ref, !(*last)[0].payload.empty()};
 }
 
 }  // namespace stitch

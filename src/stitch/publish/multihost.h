@@ -12,7 +12,10 @@
 //              now, and refuses an unclaimed run or a version that does not
 //              follow the pointer (publish.h CheckFollows: a rewind, a gap,
 //              a DELTA on another base), before any byte moves; it tells
-//              every rank the version's kind;
+//              every rank the version's kind, and whether the pointer names
+//              the version already (a retry of a publish that completed:
+//              the steps below then only compare, as publish.h
+//              PublishVersion does, and the pointer stays);
 //   2. upload: each host leader checks each of its files on its own
 //              (format/delta_verify.h VerifyPayloadFile: structure and
 //              bounds, a DELTA's frames, a FULL version's recorded
@@ -31,11 +34,13 @@
 //              mounted store, as seen after Store::Refresh; and
 //              CheckReceiptTensors: each file holds exactly the tensors the
 //              weight_map maps to it),
-//              publishes the index (S3) or the directory (Store::PublishFiles),
-//              then advances the pointer with a compare-and-swap against the
+//              publishes rank 0's other files (config, tokenizer) and the
+//              index (S3) or the directory (Store::PublishFiles), then
+//              advances the pointer with a compare-and-swap against the
 //              value read in step 1, and wakes `pool`.
-// Every rank returns the same outcome: the published identity, or the first
-// error (with its status code; a lost compare-and-swap is kPointerConflict).
+// Every rank returns the same outcome (publish.h PublishOutcome), or the
+// first error (with its status code; a lost compare-and-swap is
+// kPointerConflict; different bytes for a stored version AlreadyExists).
 #pragma once
 
 #include <filesystem>
@@ -45,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
 #include "stitch/pool/pool.h"
+#include "stitch/publish/publish.h"
 #include "stitch/publish/trainer_comms.h"
 #include "stitch/store/store.h"
 
@@ -63,7 +69,7 @@ struct MultiHostPublishOptions {
 // Publishes `dir` (named weight_vNNNNNN) as version `<store.run_id()>/<name>`
 // with the protocol above. REQUIRES: every rank passes a store opened on the
 // same URI for the same run.
-[[nodiscard]] absl::StatusOr<VersionRef> PublishFromHosts(
+[[nodiscard]] absl::StatusOr<PublishOutcome> PublishFromHosts(
     Store& store, TrainerComms& comms, const std::filesystem::path& dir,
     const MultiHostPublishOptions& options = {});
 

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +17,7 @@
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/publish/claim.h"
+#include "stitch/publish/publish.h"
 #include "stitch/store/fs_store.h"
 #include "stitch/store/mem_store.h"
 #include "tests/support/temp_dir.h"
@@ -28,13 +32,13 @@ using testing::TestVersionOptions;
 
 // Runs PublishFromHosts on `world` threads (ranks_per_host to a host), each
 // rank with its own store from `open` and its own file list.
-std::vector<absl::StatusOr<VersionRef>> RunRanks(
+std::vector<absl::StatusOr<PublishOutcome>> RunRanks(
     int world, int ranks_per_host, const std::function<std::unique_ptr<Store>()>& open,
     const fs::path& dir, const std::vector<std::vector<std::string>>& files) {
   ThreadCommsGroup group(world, ranks_per_host);
   std::vector<std::unique_ptr<Store>> stores;
   for (int r = 0; r < world; ++r) stores.push_back(open());
-  std::vector<absl::StatusOr<VersionRef>> results(world, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<PublishOutcome>> results(world, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -79,10 +83,65 @@ TEST_F(MultiHostTest, HostsOfAMountedStoreCommitAndRankZeroPublishes) {
                           {{TestShardName(two, 0)}, {}, {TestShardName(two, 1)}, {}});
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status().message();
-    EXPECT_EQ(*r, (VersionRef{"run-a", 1}));
+    EXPECT_EQ(r->version, (VersionRef{"run-a", 1}));
   }
   EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
   EXPECT_TRUE(testing::VerifyVersionDir(root_ / "updates" / "weight_v000001").ok());
+}
+
+TEST_F(MultiHostTest, RepublishingThePublishedVersionFromEveryHostIsANoOpThatSaysSo) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  const std::vector<std::vector<std::string>> files = {{TestShardName(two, 0)},
+                                                       {TestShardName(two, 1)}};
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *dir, files)) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_FALSE(r->already_published);
+  }
+  // Every rank retries (the job restarted after the pointer moved).
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *dir, files)) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->already_published);
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+TEST_F(MultiHostTest, RepublishingThePublishedVersionWithOtherBytesIsRefusedOnEveryRank) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  const std::vector<std::vector<std::string>> files = {{TestShardName(two, 0)},
+                                                       {TestShardName(two, 1)}};
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *dir, files)) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  TestVersionOptions other = two;
+  other.seed = 7;
+  auto changed = testing::WriteTestVersion(tmp_ / "changed", 1, other);
+  ASSERT_TRUE(changed.ok());
+  for (const auto& r : RunRanks(
+           2, 1, [&] { return OpenFs(); }, *changed, files)) {
+    EXPECT_TRUE(absl::IsAlreadyExists(r.status())) << r.status().message();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "publish new weights as weight_v000002"))
+        << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+TEST_F(MultiHostTest, TheSharedDirectorysConfigFilesArePublishedWithTheVersion) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(WriteFileAtomically(*dir / "config.json", R"({"model_type": "llama"})").ok());
+  auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir,
+                          {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*ReadFileToString(root_ / "updates" / "weight_v000001" / "config.json"),
+            R"({"model_type": "llama"})");
 }
 
 TEST_F(MultiHostTest, TheStoresOwnVersionDirectoryCanBeTheSharedDirectory) {
@@ -93,6 +152,63 @@ TEST_F(MultiHostTest, TheStoresOwnVersionDirectoryCanBeTheSharedDirectory) {
                           {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status().message();
+  }
+  EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
+}
+
+// A filesystem store whose first PublishFiles is followed by `after` (another
+// publisher finishing in the meantime).
+class RacedFsStore final : public Store {
+ public:
+  RacedFsStore(std::unique_ptr<Store> inner, std::function<void()> after)
+      : inner_(std::move(inner)), after_(std::move(after)) {}
+  std::string uri() const override { return inner_->uri(); }
+  const std::string& run_id() const override { return inner_->run_id(); }
+  absl::Status Refresh() override { return inner_->Refresh(); }
+  absl::StatusOr<std::optional<VersionRef>> ReadPointer() override { return inner_->ReadPointer(); }
+  absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
+                              const VersionRef& proposed) override {
+    return inner_->AdvancePointer(expected, proposed);
+  }
+  absl::Status PublishFiles(int64_t version, const fs::path& dir) override {
+    absl::Status s = inner_->PublishFiles(version, dir);
+    if (after_) std::exchange(after_, nullptr)();
+    return s;
+  }
+  absl::StatusOr<VersionManifest> ReadManifest(int64_t version) override {
+    return inner_->ReadManifest(version);
+  }
+  absl::StatusOr<fs::path> Materialize(int64_t version) override {
+    return inner_->Materialize(version);
+  }
+
+ private:
+  std::unique_ptr<Store> inner_;
+  std::function<void()> after_;
+};
+
+TEST_F(MultiHostTest, ARetryRacingItsFirstAttemptSucceedsOnEveryRankAsAlreadyPublished) {
+  TestVersionOptions two{.shards = 2};
+  auto dir = testing::WriteTestVersion(tmp_ / "shared", 1, two);
+  ASSERT_TRUE(dir.ok());
+  auto copy = testing::WriteTestVersion(tmp_ / "first-attempt", 1, two);
+  ASSERT_TRUE(copy.ok());
+  std::atomic<bool> raced{false};
+  auto results = RunRanks(2, 1,
+                          [&]() -> std::unique_ptr<Store> {
+                            return std::make_unique<RacedFsStore>(OpenFs(), [&] {
+                              // The first attempt, still running, publishes the same bytes
+                              // while rank 0 commits.
+                              auto first = PublishVersion(*OpenFs(), *copy, nullptr);
+                              EXPECT_TRUE(first.ok()) << first.status();
+                              raced = true;
+                            });
+                          },
+                          *dir, {{TestShardName(two, 0)}, {TestShardName(two, 1)}});
+  EXPECT_TRUE(raced);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->already_published);
   }
   EXPECT_EQ(Pointer(), (VersionRef{"run-a", 1}));
 }
@@ -159,8 +275,8 @@ TEST_F(MultiHostTest, AFileChangedAfterItsHostCommittedIsRefused) {
   TamperingComms rank0(group.comms(0), *dir / TestShardName(two, 1));
   auto s0 = OpenFs();
   auto s1 = OpenFs();
-  absl::StatusOr<VersionRef> r0 = absl::UnknownError("not run");
-  absl::StatusOr<VersionRef> r1 = absl::UnknownError("not run");
+  absl::StatusOr<PublishOutcome> r0 = absl::UnknownError("not run");
+  absl::StatusOr<PublishOutcome> r1 = absl::UnknownError("not run");
   std::thread t0(
       [&] { r0 = PublishFromHosts(*s0, rank0, *dir, {.files = {TestShardName(two, 0)}}); });
   std::thread t1([&] {

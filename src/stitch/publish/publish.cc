@@ -1,5 +1,6 @@
 #include "stitch/publish/publish.h"
 
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
@@ -40,8 +41,48 @@ absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
   return absl::OkStatus();
 }
 
-absl::StatusOr<VersionRef> PublishVersion(Store& store, const fs::path& dir, Pool* pool,
-                                          const PublishOptions& options) {
+absl::Status CheckRepublish(std::string_view where, Store& store, const VersionRef& ref) {
+  auto published = store.ReadManifest(ref.version);
+  if (published.ok()) return absl::OkStatus();
+  if (!absl::IsNotFound(published.status())) return published.status();
+  return WithKind(
+      absl::FailedPreconditionError(absl::StrCat(
+          AbslView(where), ": the pointer names ", ref.ToString(),
+          ", the run's boot version, whose weights the engines boot from and the store does not "
+          "hold; publish the next version, ",
+          VersionDirName(ref.version + 1))),
+      ErrorKind::kPointerRewind);
+}
+
+bool LostToTheSameVersion(const absl::Status& status, const VersionRef& ref) {
+  auto conflict = GetConflictDetails(status);
+  return conflict.has_value() && conflict->actual == ref.ToString();
+}
+
+absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& pointer,
+                              const VersionRef& ref) {
+  if (!absl::IsAlreadyExists(status)) return status;
+  std::string advice;
+  if (pointer == ref) {
+    advice =
+        absl::StrCat(ref.DirName(), " is published (the pointer names it): publish new weights as ",
+                     VersionDirName(ref.version + 1));
+  } else {
+    advice = absl::StrCat(
+        "the pointer (", pointer.ToString(),
+        ") never named it, so nothing served it: an earlier "
+        "publish stopped before moving the pointer; publish that attempt's files again to "
+        "complete it, or remove updates/",
+        ref.DirName(), " from the store and publish again");
+  }
+  absl::Status out(status.code(), absl::StrCat(status.message(), "; ", advice));
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+absl::StatusOr<PublishOutcome> PublishVersion(Store& store, const fs::path& dir, Pool* pool,
+                                              const PublishOptions& options) {
   const std::string where = absl::StrCat("store ", store.uri());
   if (absl::Status s = ValidateRunId(store.run_id()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", s.message()));
@@ -68,6 +109,17 @@ absl::StatusOr<VersionRef> PublishVersion(Store& store, const fs::path& dir, Poo
   if (!*pointer || (*pointer)->run_id != ref.run_id) {
     return NotClaimedError(where, ref.run_id, *pointer);
   }
+  if (**pointer == ref) {
+    // A retry of a publish that completed (its answer lost, its process
+    // killed after the pointer moved): the same bytes complete it again,
+    // without verifying what was verified when it was published.
+    if (absl::Status s = CheckRepublish(where, store, ref); !s.ok()) return s;
+    if (absl::Status s = store.PublishFiles(ref.version, version_dir); !s.ok()) {
+      return ExplainImmutable(s, **pointer, ref);
+    }
+    WakeAfterMove(pool, ref);
+    return PublishOutcome{ref, true};
+  }
   if (absl::Status s = CheckFollows(where, **pointer, contents->manifest); !s.ok()) return s;
 
   // Every replica would refuse a payload that fails here, and go on refusing
@@ -80,10 +132,16 @@ absl::StatusOr<VersionRef> PublishVersion(Store& store, const fs::path& dir, Poo
     return Annotate(verified.status(), "publish");
   }
 
-  if (absl::Status s = store.PublishFiles(ref.version, version_dir); !s.ok()) return s;
-  if (absl::Status s = store.AdvancePointer(*pointer, ref); !s.ok()) return s;
+  if (absl::Status s = store.PublishFiles(ref.version, version_dir); !s.ok()) {
+    return ExplainImmutable(s, **pointer, ref);
+  }
+  absl::Status moved = store.AdvancePointer(*pointer, ref);
+  // Another publisher of these very bytes (this publish's own retry, or the
+  // attempt it retries) moved the pointer first: the version it named is
+  // the one PublishFiles left in the store, ours.
+  if (!moved.ok() && !LostToTheSameVersion(moved, ref)) return moved;
   WakeAfterMove(pool, ref);
-  return ref;
+  return PublishOutcome{ref, !moved.ok()};
 }
 
 }  // namespace stitch

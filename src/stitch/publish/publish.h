@@ -23,32 +23,70 @@ struct PublishOptions {
   int threads = 0;  // for the verification; 0: one per core
 };
 
+// What a publish did.
+struct PublishOutcome {
+  VersionRef version;  // the published identity
+  // True when the pointer already named this version and the store already
+  // held exactly these files: a retry of a publish that had completed.
+  // Nothing was written and the pointer did not move.
+  bool already_published = false;
+};
+
 // Publishes the version directory `dir` as `<store.run_id()>/<dir name>`:
 //   1. the directory's name is its identity, canonical `weight_vNNNNNN`
-//      (InvalidArgument otherwise), and its index and every weight_map file
-//      exist as plain files, no links or special files (NotFound /
-//      InvalidArgument otherwise): checked before anything is written;
+//      (InvalidArgument otherwise), and its index, every weight_map file and
+//      every other file (store/version_dir.h: config, tokenizer) exist as
+//      plain files, no links or special files (NotFound / InvalidArgument
+//      otherwise): checked before anything is written;
 //   2. reads the pointer: it must name this run (FailedPrecondition "run X is
-//      not claimed" otherwise), the version must follow it (CheckFollows:
-//      kPointerRewind, or FailedPrecondition for a gap or a DELTA on another
-//      base);
+//      not claimed" otherwise). When it names this very version, the publish
+//      is a retry of one that completed: the store must hold exactly these
+//      files with these bytes (Store::PublishFiles; AlreadyExists naming the
+//      first difference otherwise, saying to publish new weights as the next
+//      version), the pointer stays, `pool` is woken and the outcome says
+//      already_published; a version the store holds no files for (the run's
+//      boot version) is a kPointerRewind. Otherwise the version must follow
+//      the pointer (CheckFollows: kPointerRewind, or FailedPrecondition for a
+//      gap or a DELTA on another base);
 //   3. verifies the payload (format/delta_verify.h VerifyVersion): every
 //      file's structure and bounds, a DELTA's frames decoded whole to their
 //      recorded sizes (with options.base_checkpoint, its checksums too), a
 //      FULL version's recorded checksums. InvalidArgument or DataLoss (kind
 //      kChecksumMismatch for a checksum) naming the file and tensor;
-//   4. makes the files complete and durable in the store (Store::PublishFiles;
-//      versions are immutable, identical bytes are a retry);
+//   4. makes the files complete and durable in the store (Store::PublishFiles).
+//      Files a crashed earlier attempt left there (the pointer never named
+//      them) are kept when they are these bytes, so the retry completes that
+//      publish; different bytes are AlreadyExists naming the first
+//      difference and saying how to recover;
 //   5. moves the pointer with a compare-and-swap against the value read in
 //      step 2: a pointer that changed meanwhile is a kPointerConflict error
-//      and the pointer keeps the other writer's value;
+//      and the pointer keeps the other writer's value, unless the other
+//      writer moved it to this very version: the store holds these bytes
+//      (step 4), so that publish was this one, raced by its own retry, and
+//      the outcome says already_published;
 //   6. wakes `pool` (best effort) when it is not null.
-// A failure at any step leaves the pointer where it was. Returns the
-// published identity.
-[[nodiscard]] absl::StatusOr<VersionRef> PublishVersion(Store& store,
-                                                        const std::filesystem::path& dir,
-                                                        Pool* pool,
-                                                        const PublishOptions& options = {});
+// A failure at any step leaves the pointer where it was.
+[[nodiscard]] absl::StatusOr<PublishOutcome> PublishVersion(Store& store,
+                                                            const std::filesystem::path& dir,
+                                                            Pool* pool,
+                                                            const PublishOptions& options = {});
+
+// The outcome of publishing `ref`'s bytes again when the pointer already
+// names `ref`: OK when the store holds `ref` (the caller then compares the
+// bytes, Store::PublishFiles); a kPointerRewind naming the next version when
+// the store holds no files for it (the run's boot version, which lives
+// outside the store); other errors of Store::ReadManifest pass through.
+[[nodiscard]] absl::Status CheckRepublish(std::string_view where, Store& store,
+                                          const VersionRef& ref);
+
+// True when `status` is a lost compare-and-swap whose winner moved the
+// pointer to `ref` itself.
+bool LostToTheSameVersion(const absl::Status& status, const VersionRef& ref);
+
+// `status` (an AlreadyExists from Store::PublishFiles) with what to do about
+// it, given that the pointer names `pointer` and the publish was of `ref`.
+absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& pointer,
+                              const VersionRef& ref);
 
 // Whether the version `manifest` describes may follow `pointer` (the
 // store's pointer, naming the same run): a replica must never meet a gap or

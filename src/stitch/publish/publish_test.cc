@@ -62,7 +62,8 @@ TEST_F(PublishTest, PublishesAndMovesThePointer) {
   CountingPool pool;
   auto ref = PublishVersion(*store_, Version(1), &pool);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  EXPECT_EQ(*ref, A(1));
+  EXPECT_EQ(ref->version, A(1));
+  EXPECT_FALSE(ref->already_published);
   EXPECT_EQ(Pointer(), A(1));
   EXPECT_TRUE(testing::VerifyVersionDir(*store_->Materialize(1)).ok());
   EXPECT_EQ(pool.wakes, 1);
@@ -76,7 +77,8 @@ TEST_F(PublishTest, TrailingSlashOnTheDirectoryIsFine) {
   fs::path dir = Version(1);
   auto ref = PublishVersion(*store_, dir.string() + "/", nullptr);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  EXPECT_EQ(*ref, A(1));
+  EXPECT_EQ(ref->version, A(1));
+  EXPECT_FALSE(ref->already_published);
 }
 
 TEST_F(PublishTest, AnUnclaimedRunIsRefusedBeforeAnythingIsWritten) {
@@ -175,24 +177,127 @@ TEST_F(PublishTest, ARunChangeDuringTheUploadIsAConflict) {
   EXPECT_EQ(Pointer(), (VersionRef{"run-b", 0}));
 }
 
-TEST_F(PublishTest, RetryAfterACrashBetweenUploadAndPointerMoveSucceeds) {
+TEST_F(PublishTest, RetryAfterACrashBetweenUploadAndPointerMoveCompletesThePublish) {
   Claim();
   fs::path dir = Version(1);
   // The crashed attempt made the files durable but never moved the pointer.
   ASSERT_TRUE(store_->PublishFiles(1, dir).ok());
-  auto ref = PublishVersion(*store_, Version(1), nullptr);  // identical bytes
+  CountingPool pool;
+  auto ref = PublishVersion(*store_, Version(1), &pool);  // identical bytes
   ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_FALSE(ref->already_published);
   EXPECT_EQ(Pointer(), A(1));
+  EXPECT_EQ(pool.wakes, 1);
 }
 
-TEST_F(PublishTest, DifferentBytesForAnExistingVersionAreRefused) {
+TEST_F(PublishTest, DifferentBytesForAVersionThePointerNeverNamedAreRefusedSayingHowToRecover) {
   Claim();
   ASSERT_TRUE(store_->PublishFiles(1, Version(1, {.seed = 1})).ok());
   auto ref = PublishVersion(*store_, Version(1, {.seed = 2}), nullptr);
   ASSERT_FALSE(ref.ok());
   EXPECT_TRUE(absl::IsAlreadyExists(ref.status())) << ref.status();
-  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("immutable"));
+  const std::string message(ref.status().message());
+  EXPECT_THAT(message, HasSubstr("its \"model-00001-of-00002.safetensors\" differs"));
+  EXPECT_THAT(message, HasSubstr("the pointer (run-a/weight_v000000) never named it"));
+  EXPECT_THAT(message, HasSubstr("remove updates/weight_v000001"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
   EXPECT_EQ(Pointer(), A(0));
+}
+
+TEST_F(PublishTest, RepublishingThePublishedVersionWithTheSameBytesIsANoOpThatSaysSo) {
+  Claim();
+  ASSERT_TRUE(PublishVersion(*store_, Version(1), nullptr).ok());
+  const auto stored = fs::last_write_time(tmp_ / "store/updates/weight_v000001");
+  // A retry after the pointer moved (the first answer was lost), from a
+  // byte-identical copy elsewhere.
+  InterferingStore watched(*store_);
+  CountingPool pool;
+  auto ref = PublishVersion(watched, Version(1), &pool);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(ref->version, A(1));
+  EXPECT_TRUE(ref->already_published);
+  EXPECT_EQ(Pointer(), A(1));
+  EXPECT_EQ(watched.advance_pointer_calls, 0);
+  EXPECT_EQ(fs::last_write_time(tmp_ / "store/updates/weight_v000001"), stored);
+  EXPECT_EQ(pool.wakes, 1);  // the lost attempt's wake, in case it was lost too
+  // And the run goes on from there.
+  auto next = PublishVersion(*store_, Version(2), nullptr);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(next->already_published);
+}
+
+TEST_F(PublishTest, ARetryRacingItsFirstAttemptSucceedsAndSaysItWasAlreadyPublished) {
+  Claim();
+  InterferingStore racing(*store_);
+  // The first attempt, still running, moves the pointer while the retry
+  // uploads the same bytes.
+  racing.after_publish_files = [&] {
+    auto first = PublishVersion(*store_, Version(1), nullptr);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_FALSE(first->already_published);
+  };
+  auto retry = PublishVersion(racing, Version(1), nullptr);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->already_published);
+  EXPECT_EQ(Pointer(), A(1));
+}
+
+TEST_F(PublishTest, RepublishingThePublishedVersionFromTheStoresOwnDirectoryIsANoOp) {
+  Claim();
+  // A trainer that writes straight into the store's directory (as with a
+  // mounted volume) and publishes from there, twice.
+  auto dir = testing::WriteTestVersion(tmp_ / "store" / "updates", 1);
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(PublishVersion(*store_, *dir, nullptr).ok());
+  auto again = PublishVersion(*store_, *dir, nullptr);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_published);
+  EXPECT_EQ(Pointer(), A(1));
+}
+
+TEST_F(PublishTest, RepublishingThePublishedVersionWithOtherBytesIsRefusedNamingTheFile) {
+  Claim();
+  fs::path first = Version(1, {.seed = 1});
+  ASSERT_TRUE(PublishVersion(*store_, first, nullptr).ok());
+  CountingPool pool;
+  auto ref = PublishVersion(*store_, Version(1, {.seed = 2}), &pool);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(ref.status())) << ref.status();
+  const std::string message(ref.status().message());
+  EXPECT_THAT(message, HasSubstr("version weight_v000001 already exists and its "
+                                 "\"model-00001-of-00002.safetensors\" differs"));
+  EXPECT_THAT(message, HasSubstr("weight_v000001 is published (the pointer names it): publish "
+                                 "new weights as weight_v000002"));
+  EXPECT_EQ(Pointer(), A(1));
+  EXPECT_EQ(pool.wakes, 0);
+  EXPECT_EQ(
+      *ReadFileToString(tmp_ / "store/updates/weight_v000001" / "model-00001-of-00002.safetensors"),
+      *ReadFileToString(first / "model-00001-of-00002.safetensors"));
+  // Another set of files is a difference too.
+  ref = PublishVersion(*store_, Version(1, {.shards = 3, .seed = 1}), nullptr);
+  EXPECT_TRUE(absl::IsAlreadyExists(ref.status())) << ref.status();
+}
+
+TEST_F(PublishTest, PublishingTheBootVersionTheStoreDoesNotHoldIsARewind) {
+  Claim(3);
+  auto ref = PublishVersion(*store_, Version(3), nullptr);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kPointerRewind) << ref.status();
+  EXPECT_THAT(std::string(ref.status().message()),
+              HasSubstr("the pointer names run-a/weight_v000003, the run's boot version"));
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("publish the next version, "
+                                                             "weight_v000004"));
+  EXPECT_TRUE(Updates().empty());
+  EXPECT_EQ(Pointer(), A(3));
+}
+
+TEST_F(PublishTest, AVersionBelowThePublishedOneIsStillARewind) {
+  Claim();
+  ASSERT_TRUE(PublishVersion(*store_, Version(1), nullptr).ok());
+  ASSERT_TRUE(PublishVersion(*store_, Version(2), nullptr).ok());
+  auto ref = PublishVersion(*store_, Version(1), nullptr);  // the same bytes as v1
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kPointerRewind) << ref.status();
+  EXPECT_EQ(Pointer(), A(2));
 }
 
 TEST_F(PublishTest, AGarbagePointerStopsThePublish) {

@@ -32,6 +32,7 @@ class InterferingStore final : public Store {
 
   std::function<void()> after_publish_files;
   int publish_files_calls = 0;
+  int advance_pointer_calls = 0;
 
   std::string uri() const override { return inner_.uri(); }
   const std::string& run_id() const override { return inner_.run_id(); }
@@ -39,6 +40,7 @@ class InterferingStore final : public Store {
   absl::StatusOr<std::optional<VersionRef>> ReadPointer() override { return inner_.ReadPointer(); }
   absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                               const VersionRef& proposed) override {
+    ++advance_pointer_calls;
     return inner_.AdvancePointer(expected, proposed);
   }
   absl::Status PublishFiles(int64_t version, const std::filesystem::path& dir) override {

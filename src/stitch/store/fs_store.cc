@@ -52,7 +52,8 @@ absl::StatusOr<UniqueFd> Lock(const fs::path& path, int operation) {
 
 absl::StatusOr<UniqueFd> LockExclusive(const fs::path& path) { return Lock(path, LOCK_EX); }
 
-// Every regular file under `dir`, as relative generic paths. Anything that
+// Every regular file under `dir` that is part of a version (names starting
+// with '.' are not: version_dir.h), as relative generic paths. Anything that
 // is neither a directory nor a regular file is reported as such, so that it
 // can never compare equal to a published file.
 absl::StatusOr<std::set<std::string>> ListFiles(const fs::path& dir) {
@@ -61,6 +62,10 @@ absl::StatusOr<std::set<std::string>> ListFiles(const fs::path& dir) {
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     fs::file_status st = it->symlink_status(ec);
     if (ec) break;
+    if (it->path().filename().string().starts_with('.')) {
+      if (fs::is_directory(st)) it.disable_recursion_pending();
+      continue;
+    }
     if (fs::is_directory(st)) continue;
     std::string rel = it->path().lexically_relative(dir).generic_string();
     out.insert(fs::is_regular_file(st) ? rel : absl::StrCat(rel, " (not a regular file)"));
@@ -346,7 +351,7 @@ absl::Status FsStore::CopyIn(const VersionDirContents& contents, const fs::path&
         !s.ok()) {
       return s;
     }
-    for (const std::string& name : contents.manifest.files) {
+    for (const std::string& name : contents.StoredFiles()) {
       fs::path to = staging / name;
       fs::create_directories(to.parent_path(), ec);
       if (ec) return ErrnoStatus(ec.value(), "create", to.parent_path());
@@ -370,11 +375,12 @@ absl::Status FsStore::CompareExisting(const VersionDirContents& contents,
   auto differs = [&](absl::string_view what) {
     return absl::AlreadyExistsError(
         absl::StrCat(where_, ": version ", final_dir.filename().string(), " already exists and ",
-                     what, "; versions are immutable: publish under a new version number"));
+                     what, "; versions are immutable"));
   };
   auto present = ListFiles(final_dir);
   if (!present.ok()) return Annotate(present.status(), where_);
-  std::set<std::string> wanted(contents.manifest.files.begin(), contents.manifest.files.end());
+  const std::vector<std::string> stored = contents.StoredFiles();
+  std::set<std::string> wanted(stored.begin(), stored.end());
   wanted.insert(std::string(kIndexFileName));
   if (*present != wanted) {
     std::vector<std::string> diff;
@@ -390,7 +396,7 @@ absl::Status FsStore::CompareExisting(const VersionDirContents& contents,
   auto index = ReadFileToString(final_dir / kIndexFileName);
   if (!index.ok()) return Annotate(index.status(), where_);
   if (*index != contents.index_json) return differs("its index differs");
-  for (const std::string& name : contents.manifest.files) {
+  for (const std::string& name : stored) {
     auto same = SameBytes(contents.dir / name, final_dir / name);
     if (!same.ok()) return Annotate(same.status(), where_);
     if (!*same) return differs(absl::StrCat("its \"", absl::CEscape(name), "\" differs"));

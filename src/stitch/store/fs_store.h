@@ -71,13 +71,15 @@ class FsStore final : public Store {
   [[nodiscard]] absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                                             const VersionRef& proposed) override;
 
-  // Copies the index and the weight_map's payload files of `dir` (nothing
-  // else) into `<root>/updates/weight_vNNNNNN`, or adopts `dir` in place when
-  // it already is that directory (fsyncing it, and writing metadata.version
-  // into its index when missing). An existing version with identical files
-  // (same names, same bytes) is a successful retry; any difference is an
-  // AlreadyExists error: versions are immutable. FailedPrecondition when the
-  // root does not exist (PublishFiles never creates a store).
+  // Copies the index, the weight_map's payload files and the other files of
+  // `dir` (version_dir.h ReadVersionDir: names starting with '.' are not
+  // part of a version) into `<root>/updates/weight_vNNNNNN`, or adopts `dir`
+  // in place when it already is that directory (fsyncing it, and writing
+  // metadata.version into its index when missing). An existing version with
+  // identical files (same names, same bytes, compared by reading both) is a
+  // successful retry; any difference is an AlreadyExists error naming the
+  // first one: versions are immutable. FailedPrecondition when the root does
+  // not exist (PublishFiles never creates a store).
   [[nodiscard]] absl::Status PublishFiles(int64_t version,
                                           const std::filesystem::path& dir) override;
 

@@ -154,17 +154,20 @@ TEST_F(FsStoreTest, GarbagePointerMessageNamesStoreAndText) {
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("not treated as unset"));
 }
 
-TEST_F(FsStoreTest, PublishCopiesOnlyTheIndexAndPayloadIntoItsVersionDirectory) {
+TEST_F(FsStoreTest, PublishCopiesTheWholeVersionDirectoryButItsHiddenEntries) {
   Claim();
   auto src = WriteTestVersion(tmp_ / "src", 1);
   ASSERT_TRUE(src.ok());
-  ASSERT_TRUE(WriteFileAtomically(*src / "notes.txt", "scratch").ok());
+  ASSERT_TRUE(WriteFileAtomically(*src / "config.json", "{}").ok());
+  ASSERT_TRUE(WriteFileAtomically(*src / ".gitattributes", "*.safetensors lfs").ok());
+  fs::create_directories(*src / ".cache" / "huggingface");
+  ASSERT_TRUE(WriteFileAtomically(*src / ".cache" / "huggingface" / "x.lock", "").ok());
   ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
   EXPECT_EQ(Entries(root_ / "updates"), (std::set<std::string>{"weight_v000001"}));
-  EXPECT_EQ(
-      Entries(root_ / "updates" / "weight_v000001"),
-      (std::set<std::string>{"model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                             "model-00002-of-00002.safetensors"}));
+  EXPECT_EQ(Entries(root_ / "updates" / "weight_v000001"),
+            (std::set<std::string>{"model.safetensors.index.json", "config.json",
+                                   "model-00001-of-00002.safetensors",
+                                   "model-00002-of-00002.safetensors"}));
   EXPECT_EQ(*ReadFileToString(root_ / "updates/weight_v000001/model.safetensors.index.json"),
             *ReadFileToString(*src / "model.safetensors.index.json"));
 }
@@ -316,6 +319,16 @@ TEST_F(FsStoreTest, ExtraFileInAPublishedVersionMakesItDifferent) {
   absl::Status s = store_->PublishFiles(1, *src);
   EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("extra.bin"));
+}
+
+TEST_F(FsStoreTest, HiddenEntriesInAPublishedVersionAreNotPartOfIt) {
+  Claim();
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  fs::create_directories(root_ / "updates/weight_v000001/.cache");
+  ASSERT_TRUE(WriteFileAtomically(root_ / "updates/weight_v000001/.cache/lock", "x").ok());
+  EXPECT_TRUE(store_->PublishFiles(1, *src).ok());
 }
 
 TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {

@@ -152,7 +152,7 @@ absl::Status MemStore::PublishFiles(int64_t version, const fs::path& dir) {
   if (!contents.ok()) return Annotate(contents.status(), where_);
   VersionFiles files;
   files[std::string(kIndexFileName)] = contents->index_json;
-  for (const std::string& name : contents->manifest.files) {
+  for (const std::string& name : contents->StoredFiles()) {
     auto bytes = ReadFileToString(dir / name);
     if (!bytes.ok()) return Annotate(bytes.status(), where_);
     files[name] = *std::move(bytes);
@@ -162,9 +162,9 @@ absl::Status MemStore::PublishFiles(int64_t version, const fs::path& dir) {
   if (inserted) return absl::OkStatus();
   std::string difference = FirstDifference(it->second, files);
   if (difference.empty()) return absl::OkStatus();
-  return absl::AlreadyExistsError(
-      absl::StrCat(where_, ": version ", VersionDirName(version), " already exists and ",
-                   difference, "; versions are immutable: publish under a new version number"));
+  return absl::AlreadyExistsError(absl::StrCat(where_, ": version ", VersionDirName(version),
+                                               " already exists and ", difference,
+                                               "; versions are immutable"));
 }
 
 absl::StatusOr<VersionManifest> MemStore::ReadManifest(int64_t version) {

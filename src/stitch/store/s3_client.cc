@@ -165,13 +165,27 @@ std::string S3Response::ErrorCode() const {
   return doc.ok() ? doc->code : std::string();
 }
 
+absl::StatusOr<std::string> RecordedSha256(const S3Response& response) {
+  std::string current = absl::AsciiStrToLower(response.Metadata(kSha256MetadataKey));
+  std::string legacy = absl::AsciiStrToLower(response.Metadata(kLegacySha256MetadataKey));
+  if (!current.empty() && !legacy.empty() && current != legacy) {
+    return absl::DataLossError(absl::StrCat(
+        "the object records two different SHA-256s (", S3Response::MetaHeader(kSha256MetadataKey),
+        " ", current, ", ", S3Response::MetaHeader(kLegacySha256MetadataKey), " ", legacy,
+        "); it was changed by something other than stitch: republish the version"));
+  }
+  return current.empty() ? legacy : current;
+}
+
 absl::StatusOr<S3ObjectInfo> S3ObjectInfo::FromResponse(const S3Response& response) {
   S3ObjectInfo info;
   if (!absl::SimpleAtoi(response.Header("content-length"), &info.size)) {
     return absl::DataLossError("the service's answer has no valid Content-Length");
   }
   info.etag = response.Header("etag");
-  info.sha256 = absl::AsciiStrToLower(response.Metadata("sha256"));
+  auto sha256 = RecordedSha256(response);
+  if (!sha256.ok()) return sha256.status();
+  info.sha256 = *std::move(sha256);
   info.checksum_sha256 = response.Header("x-amz-checksum-sha256");
   return info;
 }

@@ -103,11 +103,25 @@ struct S3Response {
   std::string ErrorCode() const;
 };
 
+// The user-metadata key under which every object the S3 store writes records
+// its SHA-256 (hex): `x-amz-meta-stitch-sha256`, the key the original Python
+// Stitch writes and checks, so either can read what the other wrote.
+inline constexpr std::string_view kSha256MetadataKey = "stitch-sha256";
+// The key earlier versions of this store wrote (`x-amz-meta-sha256`): read,
+// never written.
+inline constexpr std::string_view kLegacySha256MetadataKey = "sha256";
+
+// The SHA-256 an object's answer records (lowercased hex, unvalidated), from
+// kSha256MetadataKey, else kLegacySha256MetadataKey; "" when neither is
+// there. DataLoss when both are there and disagree: the object cannot be
+// trusted.
+[[nodiscard]] absl::StatusOr<std::string> RecordedSha256(const S3Response& response);
+
 // What an object is, from a HEAD or GET answer.
 struct S3ObjectInfo {
   uint64_t size = 0;
   std::string etag;             // as sent, quotes included
-  std::string sha256;           // x-amz-meta-sha256, "" when absent
+  std::string sha256;           // RecordedSha256, "" when absent
   std::string checksum_sha256;  // x-amz-checksum-sha256 (base64), "" when absent
 
   static absl::StatusOr<S3ObjectInfo> FromResponse(const S3Response& response);

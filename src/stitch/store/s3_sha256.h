@@ -1,5 +1,5 @@
 // SHA-256 as object stores record it: the S3 store signs payloads with it
-// (`x-amz-content-sha256`), records it per object (`x-amz-meta-sha256`,
+// (`x-amz-content-sha256`), records it per object (`x-amz-meta-stitch-sha256`,
 // `x-amz-checksum-sha256`) and checks downloads against it; the multi-host
 // publisher's receipts carry it. Backed by OpenSSL.
 #pragma once

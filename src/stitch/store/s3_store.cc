@@ -361,9 +361,9 @@ absl::Status S3Store::CompareExisting(const Upload& u, const S3ObjectInfo& info)
                     : info.size != u.size
                         ? absl::StrCat("holds ", info.size, " bytes instead of ", u.size)
                         : "holds different bytes";
-  return absl::AlreadyExistsError(absl::StrCat(
-      where_, ": version ", VersionDirName(u.version), " already exists and its ", Quoted(u.name),
-      " ", why, "; versions are immutable: publish under a new version number"));
+  return absl::AlreadyExistsError(absl::StrCat(where_, ": version ", VersionDirName(u.version),
+                                               " already exists and its ", Quoted(u.name), " ", why,
+                                               "; versions are immutable"));
 }
 
 absl::Status S3Store::PutSingle(Upload& u) {
@@ -372,7 +372,7 @@ absl::Status S3Store::PutSingle(Upload& u) {
   r.key = u.key;
   r.headers = {{"Content-Type", u.content_type},
                {"If-None-Match", "*"},
-               {S3Response::MetaHeader("sha256"), u.sha256},
+               {S3Response::MetaHeader(kSha256MetadataKey), u.sha256},
                {"x-amz-sdk-checksum-algorithm", "SHA256"},
                {"x-amz-checksum-sha256", Sha256HexToBase64(u.sha256)}};
   if (u.path) {
@@ -406,7 +406,8 @@ absl::Status S3Store::PutMultipart(Upload& u) {
   init.method = "POST";
   init.key = u.key;
   init.query = {{"uploads", ""}};
-  init.headers = {{"Content-Type", u.content_type}, {S3Response::MetaHeader("sha256"), u.sha256}};
+  init.headers = {{"Content-Type", u.content_type},
+                  {S3Response::MetaHeader(kSha256MetadataKey), u.sha256}};
   auto started = client_->Send(init);
   if (!started.ok()) return Annotate(started.status(), where_);
   if (!started->ok())
@@ -521,17 +522,24 @@ absl::Status S3Store::VerifyUploaded(const std::vector<Upload>& uploads) {
 }
 
 absl::Status S3Store::UploadAll(std::vector<Upload>& uploads) {
+  // Every object is looked at, so that a refusal names the first file (in
+  // the caller's order) that differs, whichever HEAD answered first.
+  std::vector<absl::Status> existing(uploads.size());
   absl::Status status = ParallelFor(uploads.size(), [&](size_t i) -> absl::Status {
     Upload& u = uploads[i];
     auto info = Head(u.key);
     if (!info.ok()) return Annotate(info.status(), where_);
     if (!*info) {
       u.needed = true;
-      return absl::OkStatus();
+    } else {
+      existing[i] = CompareExisting(u, **info);
     }
-    return CompareExisting(u, **info);
+    return absl::OkStatus();
   });
   if (!status.ok()) return status;
+  for (const absl::Status& s : existing) {
+    if (!s.ok()) return s;
+  }
   std::vector<size_t> single;
   std::vector<size_t> multipart;
   for (size_t i = 0; i < uploads.size(); ++i) {
@@ -641,7 +649,8 @@ absl::Status S3Store::PublishFiles(int64_t version, const fs::path& dir) {
   if (*index_info) {
     auto present = ListVersionFiles(version);
     if (!present.ok()) return present.status();
-    std::set<std::string> wanted(contents->manifest.files.begin(), contents->manifest.files.end());
+    const std::vector<std::string> stored = contents->StoredFiles();
+    std::set<std::string> wanted(stored.begin(), stored.end());
     wanted.insert(std::string(kIndexFileName));
     std::set<std::string> have(present->begin(), present->end());
     if (have != wanted) {
@@ -654,10 +663,10 @@ absl::Status S3Store::PublishFiles(int64_t version, const fs::path& dir) {
           absl::StrJoin(
               diff, ", ",
               [](std::string* out, const std::string& s) { absl::StrAppend(out, Quoted(s)); }),
-          "); versions are immutable: publish under a new version number"));
+          "); versions are immutable"));
     }
   }
-  auto stored = UploadVersionFiles(version, dir, contents->manifest.files);
+  auto stored = UploadVersionFiles(version, dir, contents->StoredFiles());
   if (!stored.ok()) return stored.status();
   return PublishIndex(version, contents->index_json);
 }
@@ -688,7 +697,6 @@ absl::StatusOr<std::vector<StoredFile>> S3Store::StatVersionFiles(
 
 absl::StatusOr<std::vector<std::string>> S3Store::ListVersionFiles(int64_t version) {
   const std::string prefix = VersionKey(version, "");
-  const std::string receipts = absl::StrCat(AbslView(kReceiptsDir), "/");
   std::vector<std::string> out;
   std::string token;
   while (true) {
@@ -708,7 +716,9 @@ absl::StatusOr<std::vector<std::string>> S3Store::ListVersionFiles(int64_t versi
     for (const S3ObjectSummary& object : page->objects) {
       if (!absl::StartsWith(object.key, prefix)) continue;
       std::string name = object.key.substr(prefix.size());
-      if (name.empty() || absl::StartsWith(name, receipts)) continue;
+      // Receipts, and anything else under a name starting with '.', are not
+      // part of the version (version_dir.h).
+      if (name.empty() || IsHiddenVersionPath(name)) continue;
       out.push_back(std::move(name));
     }
     if (!page->truncated) break;
@@ -730,7 +740,8 @@ absl::Status S3Store::PutReceipt(int64_t version, std::string_view host, std::st
   r.body = std::string(json);
   std::string sha = Sha256Hex(r.body);
   r.payload_sha256 = sha;
-  r.headers = {{"Content-Type", "application/json"}, {S3Response::MetaHeader("sha256"), sha}};
+  r.headers = {{"Content-Type", "application/json"},
+               {S3Response::MetaHeader(kSha256MetadataKey), sha}};
   auto response = client_->Send(r);
   if (!response.ok()) return Annotate(response.status(), where_);
   if (!response->ok())
@@ -763,7 +774,11 @@ absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::st
     return Annotate(client_->ErrorFor(*response, absl::StrCat("read ", AbslView(what)), key),
                     where_);
   }
-  std::string recorded = absl::AsciiStrToLower(response->Metadata("sha256"));
+  auto recorded_or = RecordedSha256(*response);
+  if (!recorded_or.ok()) {
+    return Annotate(recorded_or.status(), absl::StrCat(where_, ": ", location_.DisplayKey(key)));
+  }
+  const std::string& recorded = *recorded_or;
   if (!IsSha256Hex(recorded)) {
     return absl::DataLossError(absl::StrCat(where_, ": ", location_.DisplayKey(key),
                                             " records no valid sha256; it was not written by "
@@ -834,6 +849,17 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
   }
   auto manifest = ManifestFromIndex(where_, version, *index_text);
   if (!manifest.ok()) return manifest.status();
+  // The payload, and the version's other files (config, tokenizer), which
+  // an engine loading the directory needs too.
+  auto listed = ListVersionFiles(version);
+  if (!listed.ok()) return listed.status();
+  std::vector<std::string> files = manifest->files;
+  {
+    const std::set<std::string> payload(files.begin(), files.end());
+    for (const std::string& name : *listed) {
+      if (name != kIndexFileName && !payload.contains(name)) files.push_back(name);
+    }
+  }
 
   fs::path parent = cache_dir_ / "s3" / location_.bucket;
   for (absl::string_view seg : absl::StrSplit(location_.prefix, '/', absl::SkipEmpty())) {
@@ -843,7 +869,7 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
   const fs::path target = parent / dir_name;
   // Every name must stay inside the version directory, whatever the index
   // (already validated when parsed) says.
-  for (const std::string& name : manifest->files) {
+  for (const std::string& name : files) {
     fs::path rel = (target / name).lexically_normal().lexically_relative(target);
     if (absl::Status s = ValidatePayloadFileName(name);
         !s.ok() || rel.empty() || *rel.begin() == "..") {
@@ -858,7 +884,7 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
   auto lock = LockExclusive(parent / absl::StrCat(".", dir_name, ".lock"));
   if (!lock.ok()) return Annotate(lock.status(), where_);
 
-  auto stored = StatVersionFiles(version, manifest->files);
+  auto stored = StatVersionFiles(version, files);
   if (!stored.ok()) {
     if (absl::IsNotFound(stored.status())) {
       return absl::DataLossError(
@@ -911,8 +937,12 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
       cleanup();
       return written.status();
     }
-    std::string recorded = absl::AsciiStrToLower(response->Metadata("sha256"));
-    if (written->sha256 != recorded || written->sha256 != want.sha256 ||
+    auto recorded = RecordedSha256(*response);
+    if (!recorded.ok()) {
+      cleanup();
+      return Annotate(recorded.status(), location_.DisplayKey(key));
+    }
+    if (written->sha256 != *recorded || written->sha256 != want.sha256 ||
         written->size != want.size) {
       cleanup();
       return WithKind(

@@ -8,8 +8,10 @@
 //                                                    multi-host upload receipts
 //                                                    (never part of the payload)
 //
-// Durability: every object records its SHA-256 (`x-amz-meta-sha256`, plus
-// `x-amz-checksum-sha256` on single-part uploads, which S3 checks), every
+// Durability: every object records its SHA-256 under
+// `x-amz-meta-stitch-sha256` (the original Stitch's key; `x-amz-meta-sha256`,
+// which earlier versions wrote, is read too: s3_client.h RecordedSha256) and,
+// on single-part uploads, in `x-amz-checksum-sha256`, which S3 checks; every
 // request body is signed with its SHA-256 (S3 rejects bytes that do not
 // match), and PublishFiles HEADs every object and checks its size and
 // recorded SHA-256 before returning. The index is uploaded last, so a
@@ -21,9 +23,10 @@
 // the pointer found on a fresh read.
 //
 // Materialize downloads into `<cache_dir>/s3/<bucket>/<prefix>/weight_vNNNNNN`
-// only the files that are missing there or differ (by size and recorded
-// SHA-256), hashing each download and writing it durably (temporary file,
-// fsync, rename) before it can be used.
+// the version's files (index, payload, other files: config, tokenizer), only
+// those missing there or differing (by size and recorded SHA-256), hashing
+// each download and writing it durably (temporary file, fsync, rename)
+// before it can be used.
 //
 // Error messages start with "store s3://bucket/prefix" and name the object.
 //
@@ -91,10 +94,12 @@ class S3Store final : public Store {
   [[nodiscard]] absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                                             const VersionRef& proposed) override;
 
-  // Uploads the index and the weight_map's payload files of `dir` (payload
-  // first, index last), then verifies every object. An existing version
-  // with identical files is a successful retry (missing objects are
-  // uploaded); any difference is an AlreadyExists error.
+  // Uploads the index, the weight_map's payload files and the other files of
+  // `dir` (version_dir.h ReadVersionDir; index last), then verifies every
+  // object. An existing version with identical files (compared by size and
+  // recorded SHA-256: nothing is downloaded) is a successful retry (missing
+  // objects are uploaded); any difference is an AlreadyExists error naming
+  // the first one.
   [[nodiscard]] absl::Status PublishFiles(int64_t version,
                                           const std::filesystem::path& dir) override;
 
@@ -124,7 +129,9 @@ class S3Store final : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<StoredFile>> StatVersionFiles(
       int64_t version, const std::vector<std::string>& files);
 
-  // The names of every object of `version` but its receipts, sorted.
+  // The names of every object of `version`, sorted, but those with a
+  // component starting with '.' (its receipts among them): not part of the
+  // version (version_dir.h).
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListVersionFiles(int64_t version);
 
   // Writes (replacing) and reads `updates/weight_vN/.receipts/<host>.json`.

@@ -9,6 +9,7 @@
 //   latest                                   text: the version identity
 //   updates/weight_vNNNNNN/model.safetensors.index.json
 //   updates/weight_vNNNNNN/<payload files>
+//   updates/weight_vNNNNNN/<other files: config.json, tokenizer files, ...>
 //
 // Invariant: version bytes are complete and durable before the pointer can
 // name them. PublishFiles makes them so; AdvancePointer moves the pointer
@@ -75,11 +76,15 @@ class Store {
   [[nodiscard]] virtual absl::Status AdvancePointer(const std::optional<VersionRef>& expected,
                                                     const VersionRef& proposed) = 0;
 
-  // Makes every file of `dir` (a version directory: index plus payload files)
-  // complete and durable as version `version` of this store's run. Does not
-  // move the pointer. Versions are immutable: publishing different bytes over
-  // an existing version fails; republishing identical bytes succeeds (a retry
-  // after a crash). REQUIRES: every weight_map file of the index exists.
+  // Makes every file of `dir` (a version directory: the index, the payload
+  // files and the other files an engine loads with them, such as config.json
+  // and the tokenizer's; version_dir.h ReadVersionDir) complete and durable
+  // as version `version` of this store's run. Does not move the pointer.
+  // Versions are immutable: publishing different bytes (or another set of
+  // files) over an existing version fails with AlreadyExists naming the
+  // first difference; republishing identical bytes succeeds and writes
+  // nothing new (a retry after a crash). REQUIRES: every weight_map file of
+  // the index exists.
   [[nodiscard]] virtual absl::Status PublishFiles(int64_t version,
                                                   const std::filesystem::path& dir) = 0;
 

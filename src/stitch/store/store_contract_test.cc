@@ -309,6 +309,82 @@ TEST_P(StoreContractTest, PayloadInSubdirectory) {
   EXPECT_TRUE(testing::VerifyVersionDir(*dir).ok());
 }
 
+// What an engine reloading a version directory reads besides the weights.
+void WriteOtherFiles(const fs::path& dir,
+                     const std::string& config = R"({"model_type": "llama"})") {
+  ASSERT_TRUE(WriteFileAtomically(dir / "config.json", config).ok());
+  ASSERT_TRUE(WriteFileAtomically(dir / "generation_config.json", R"({"do_sample": true})").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir / "tokenizer.json", R"({"model": {}})").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir / "tokenizer_config.json", "{}").ok());
+  fs::create_directories(dir / "extra");
+  ASSERT_TRUE(WriteFileAtomically(dir / "extra" / "chat_template.jinja", "{{ x }}").ok());
+}
+
+TEST_P(StoreContractTest, APublishedVersionCarriesItsConfigAndTokenizerFiles) {
+  Claim();
+  fs::path src = Version(1);
+  WriteOtherFiles(src);
+  ASSERT_TRUE(store_->PublishFiles(1, src).ok());
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json",
+                        "tokenizer_config.json", "extra/chat_template.jinja"}) {
+    EXPECT_EQ(*ReadFileToString(*dir / f), *ReadFileToString(src / f)) << f;
+  }
+  // They are not weights: the manifest names the payload only.
+  EXPECT_THAT(store_->ReadManifest(1)->files,
+              ::testing::ElementsAre("model-00001-of-00002.safetensors",
+                                     "model-00002-of-00002.safetensors"));
+}
+
+TEST_P(StoreContractTest, HiddenFilesAreNotPartOfAVersion) {
+  Claim();
+  fs::path src = Version(1);
+  ASSERT_TRUE(WriteFileAtomically(src / ".gitattributes", "*.safetensors lfs").ok());
+  fs::create_directories(src / ".cache" / "huggingface");
+  fs::create_symlink("/etc/passwd", src / ".cache" / "huggingface" / "link");
+  ASSERT_TRUE(store_->PublishFiles(1, src).ok());
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_FALSE(fs::exists(*dir / ".gitattributes"));
+  EXPECT_FALSE(fs::exists(*dir / ".cache"));
+  // The same weights without them are the same version.
+  EXPECT_TRUE(store_->PublishFiles(1, Version(1)).ok());
+}
+
+TEST_P(StoreContractTest, RepublishingWithAnotherConfigIsRefusedNamingIt) {
+  Claim();
+  fs::path first = Version(1);
+  WriteOtherFiles(first);
+  ASSERT_TRUE(store_->PublishFiles(1, first).ok());
+  fs::path same = Version(1);
+  WriteOtherFiles(same);
+  EXPECT_TRUE(store_->PublishFiles(1, same).ok());
+  fs::path other = Version(1);
+  WriteOtherFiles(other, R"({"model_type": "qwen3"})");
+  absl::Status s = store_->PublishFiles(1, other);
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("config.json"));
+  s = store_->PublishFiles(1, Version(1));  // without them
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("config.json"));
+}
+
+TEST_P(StoreContractTest, ALinkOrSpecialFileAmongTheOtherFilesIsRefused) {
+  Claim();
+  fs::path src = Version(1);
+  fs::create_symlink("/etc/passwd", src / "tokenizer.json");
+  absl::Status s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"tokenizer.json\" is a symbolic link"));
+  fs::remove(src / "tokenizer.json");
+  ASSERT_EQ(::mkfifo((src / "vocab.txt").c_str(), 0644), 0);
+  s = store_->PublishFiles(1, src);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"vocab.txt\" is a FIFO"));
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(1).status()));
+}
+
 TEST_P(StoreContractTest, UnknownVersionIsNotFound) {
   EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(3).status()));
   EXPECT_TRUE(absl::IsNotFound(store_->Materialize(3).status()));

@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <iterator>
+#include <set>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -27,6 +29,60 @@ std::string_view FileTypeName(mode_t mode) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<std::string>> ListOtherFiles(const fs::path& dir,
+                                                        const VersionManifest& manifest) {
+  std::set<std::string> taken(manifest.files.begin(), manifest.files.end());
+  taken.insert(std::string(kIndexFileName));
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::file_status st = it->symlink_status(ec);
+    if (ec) break;
+    if (it->path().filename().string().starts_with('.')) {
+      if (fs::is_directory(st)) it.disable_recursion_pending();
+      continue;
+    }
+    if (fs::is_directory(st)) continue;
+    const std::string rel = it->path().lexically_relative(dir).generic_string();
+    if (taken.contains(rel)) continue;
+    if (!fs::is_regular_file(st)) {
+      // CheckPlainFile says what it is (a link and its target, a FIFO...).
+      absl::Status plain = CheckPlainFile(dir, rel);
+      if (!plain.ok()) return plain;
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir.string(), ": \"", absl::CEscape(rel), "\" is not a regular file"));
+    }
+    if (absl::Status s = ValidatePayloadFileName(rel); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir.string(), ": ", s.message()));
+    }
+    if (out.size() >= kMaxOtherFiles) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir.string(), ": holds more than ", kMaxOtherFiles,
+          " files besides its weights; a version directory holds one checkpoint: publish the "
+          "directory the trainer wrote the version into"));
+    }
+    out.push_back(rel);
+  }
+  if (ec) {
+    return absl::InternalError(absl::StrCat("list ", dir.string(), ": ", ec.message()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> VersionDirContents::StoredFiles() const {
+  std::vector<std::string> out = manifest.files;
+  out.insert(out.end(), other_files.begin(), other_files.end());
+  return out;
+}
+
+bool IsHiddenVersionPath(std::string_view name) {
+  for (const fs::path& part : fs::path(name)) {
+    if (part.string().starts_with('.')) return true;
+  }
+  return false;
+}
 
 absl::Status CheckPlainFile(const fs::path& dir, std::string_view name) {
   const fs::path rel(name);
@@ -116,6 +172,9 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
     }
     if (!plain.ok()) return plain;
   }
+  auto others = ListOtherFiles(dir, out.manifest);
+  if (!others.ok()) return others.status();
+  out.other_files = *std::move(others);
   return out;
 }
 

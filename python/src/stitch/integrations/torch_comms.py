@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional
 
-from stitch._stitch import TrainerComms
+from stitch.publisher import TrainerComms
 
 
 class TorchDistributedComms(TrainerComms):
@@ -43,7 +43,7 @@ class TorchDistributedComms(TrainerComms):
     def is_host_leader(self) -> bool:
         return self._local_rank == 0
 
-    def all_gather(self, value: bytes) -> List[bytes]:
+    def all_gather_object(self, value: Any) -> List[Any]:
         out: List[Any] = [None] * self._world
-        self._dist.all_gather_object(out, bytes(value), group=self._group)
-        return [bytes(v) for v in out]
+        self._dist.all_gather_object(out, value, group=self._group)
+        return out
