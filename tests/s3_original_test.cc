@@ -80,7 +80,8 @@ TEST_F(S3Test, EveryObjectRecordsItsSha256UnderTheOriginalsMetadataKey) {
     ASSERT_TRUE(digest.ok());
     // What the original's upload check reads back: x-amz-meta-stitch-sha256.
     EXPECT_EQ(head.Header("x-amz-meta-stitch-sha256"), digest->sha256) << name;
-    EXPECT_EQ(head.Metadata(kLegacySha256MetadataKey), "") << name;
+    // And the earlier key, for readers not yet upgraded.
+    EXPECT_EQ(head.Metadata(kLegacySha256MetadataKey), digest->sha256) << name;
   }
   S3Response receipt = HeadObject(*store, store->VersionKey(1, ".receipts/rank-000000.json"));
   EXPECT_EQ(receipt.Metadata(kSha256MetadataKey), Sha256Hex("{}"));

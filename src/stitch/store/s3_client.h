@@ -107,8 +107,10 @@ struct S3Response {
 // its SHA-256 (hex): `x-amz-meta-stitch-sha256`, the key the original Python
 // Stitch writes and checks, so either can read what the other wrote.
 inline constexpr std::string_view kSha256MetadataKey = "stitch-sha256";
-// The key earlier versions of this store wrote (`x-amz-meta-sha256`): read,
-// never written.
+// The key earlier versions of this store wrote and read
+// (`x-amz-meta-sha256`): written too, with the same value, so that sidecars
+// of those versions keep reading what a newer publisher wrote while a fleet
+// is upgraded; read when the original's key is absent.
 inline constexpr std::string_view kLegacySha256MetadataKey = "sha256";
 
 // The SHA-256 an object's answer records (lowercased hex, unvalidated), from

@@ -373,6 +373,7 @@ absl::Status S3Store::PutSingle(Upload& u) {
   r.headers = {{"Content-Type", u.content_type},
                {"If-None-Match", "*"},
                {S3Response::MetaHeader(kSha256MetadataKey), u.sha256},
+               {S3Response::MetaHeader(kLegacySha256MetadataKey), u.sha256},
                {"x-amz-sdk-checksum-algorithm", "SHA256"},
                {"x-amz-checksum-sha256", Sha256HexToBase64(u.sha256)}};
   if (u.path) {
@@ -407,7 +408,8 @@ absl::Status S3Store::PutMultipart(Upload& u) {
   init.key = u.key;
   init.query = {{"uploads", ""}};
   init.headers = {{"Content-Type", u.content_type},
-                  {S3Response::MetaHeader(kSha256MetadataKey), u.sha256}};
+                  {S3Response::MetaHeader(kSha256MetadataKey), u.sha256},
+                  {S3Response::MetaHeader(kLegacySha256MetadataKey), u.sha256}};
   auto started = client_->Send(init);
   if (!started.ok()) return Annotate(started.status(), where_);
   if (!started->ok())
@@ -741,7 +743,8 @@ absl::Status S3Store::PutReceipt(int64_t version, std::string_view host, std::st
   std::string sha = Sha256Hex(r.body);
   r.payload_sha256 = sha;
   r.headers = {{"Content-Type", "application/json"},
-               {S3Response::MetaHeader(kSha256MetadataKey), sha}};
+               {S3Response::MetaHeader(kSha256MetadataKey), sha},
+               {S3Response::MetaHeader(kLegacySha256MetadataKey), sha}};
   auto response = client_->Send(r);
   if (!response.ok()) return Annotate(response.status(), where_);
   if (!response->ok())

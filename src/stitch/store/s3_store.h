@@ -9,8 +9,9 @@
 //                                                    (never part of the payload)
 //
 // Durability: every object records its SHA-256 under
-// `x-amz-meta-stitch-sha256` (the original Stitch's key; `x-amz-meta-sha256`,
-// which earlier versions wrote, is read too: s3_client.h RecordedSha256) and,
+// `x-amz-meta-stitch-sha256` (the original Stitch's key) and under
+// `x-amz-meta-sha256`, which earlier versions wrote and read (s3_client.h
+// RecordedSha256), and,
 // on single-part uploads, in `x-amz-checksum-sha256`, which S3 checks; every
 // request body is signed with its SHA-256 (S3 rejects bytes that do not
 // match), and PublishFiles HEADs every object and checks its size and
