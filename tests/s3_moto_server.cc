@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -56,7 +57,7 @@ std::string StringField(const json::object& o, const char* name) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MotoServer>> MotoServer::Start() {
+absl::StatusOr<std::unique_ptr<MotoServer>> MotoServer::Start(const MotoServerOptions& options) {
   const char* source_dir = std::getenv("STITCH_SOURCE_DIR");
   if (source_dir == nullptr) {
     return absl::FailedPreconditionError("STITCH_SOURCE_DIR is not set; run the tests with ctest");
@@ -69,6 +70,13 @@ absl::StatusOr<std::unique_ptr<MotoServer>> MotoServer::Start() {
         moto.string(), " is missing: the S3 tests need the project's Python environment; run ",
         "scripts/install-deps (make test does)"));
   }
+  std::vector<std::string> argv = options.launcher;
+  for (std::string arg : {python.string(), harness.string(), std::string("--host"), options.host}) {
+    argv.push_back(std::move(arg));
+  }
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
   int to_child[2];
   int from_child[2];
   if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
@@ -81,7 +89,7 @@ absl::StatusOr<std::unique_ptr<MotoServer>> MotoServer::Start() {
     ::setpgid(0, 0);
     ::dup2(to_child[0], STDIN_FILENO);
     ::dup2(from_child[1], STDOUT_FILENO);
-    ::execl(python.c_str(), python.c_str(), harness.c_str(), static_cast<char*>(nullptr));
+    ::execv(args[0], args.data());
     std::_Exit(127);
   }
   ::close(to_child[0]);

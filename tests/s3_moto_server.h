@@ -6,24 +6,35 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "stitch/store/s3_uri.h"
 
 namespace stitch::testing {
 
+struct MotoServerOptions {
+  // The address the server listens on.
+  std::string host = "127.0.0.1";
+  // Put before the helper's command line (argv[0] a path), e.g.
+  // {"/usr/sbin/ip", "netns", "exec", "NS"} to run it in a network namespace;
+  // the launcher must exec the helper in place (keep its pid).
+  std::vector<std::string> launcher;
+};
+
 class MotoServer {
  public:
   // Starts the server and waits (bounded) until it is ready with a bucket.
   // FailedPrecondition telling to run scripts/install-deps when the virtual
   // environment is missing.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MotoServer>> Start();
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MotoServer>> Start(
+      const MotoServerOptions& options = {});
   // Stops the server and its helper (the whole process group).
   ~MotoServer();
   MotoServer(const MotoServer&) = delete;
   MotoServer& operator=(const MotoServer&) = delete;
 
-  const std::string& endpoint() const { return endpoint_; }  // "http://127.0.0.1:PORT"
+  const std::string& endpoint() const { return endpoint_; }  // "http://HOST:PORT"
   const std::string& bucket() const { return bucket_; }
   const std::string& region() const { return region_; }
 

@@ -72,6 +72,16 @@ std::optional<std::string> ServerProcess::WaitForUrl(std::chrono::milliseconds t
   return url;
 }
 
+bool ServerProcess::WaitForOutput(const std::string& text, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool found = false;
+  cv_.wait_for(lock, timeout, [&] {
+    found = out_.find(text) != std::string::npos;
+    return found || drained_;
+  });
+  return found;
+}
+
 void ServerProcess::Signal(int signal) {
   if (pid_ > 0 && !exit_code_.has_value()) ::kill(pid_, signal);
 }

@@ -31,6 +31,10 @@ class ServerProcess {
   // passes first.
   std::optional<std::string> WaitForUrl(std::chrono::milliseconds timeout);
 
+  // Whether the process prints `text` on stdout within `timeout`; false if
+  // it exits or the time passes first.
+  bool WaitForOutput(const std::string& text, std::chrono::milliseconds timeout);
+
   // Sends `signal`.
   void Signal(int signal);
 

@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,13 +47,16 @@ RunningProcess StartProcess(const std::vector<std::string>& argv) {
   return RunningProcess{pid, out[0], err[0]};
 }
 
-ProcessResult WaitProcess(RunningProcess process) {
+ProcessResult WaitProcess(RunningProcess process,
+                          std::optional<std::chrono::milliseconds> timeout) {
   ProcessResult result;
   if (process.pid < 0) {
     result.exit_code = 127;
     result.err = "could not start the process";
     return result;
   }
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::hours(0));
+  bool timed_out = false;
   // Drain both pipes together so that a chatty child never blocks on a full
   // one while we wait on the other.
   pollfd fds[2] = {{process.out_fd, POLLIN, 0}, {process.err_fd, POLLIN, 0}};
@@ -58,7 +64,21 @@ ProcessResult WaitProcess(RunningProcess process) {
   int open = 2;
   char buf[4096];
   while (open > 0) {
-    if (::poll(fds, 2, -1) < 0) {
+    int wait_ms = -1;
+    if (timeout.has_value()) {
+      auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        // Killed rather than waited on; its pipes are not drained any
+        // further, since a child of its own might hold them open.
+        ::kill(process.pid, SIGKILL);
+        timed_out = true;
+        break;
+      }
+      wait_ms = static_cast<int>(left.count());
+    }
+    int ready = ::poll(fds, 2, wait_ms);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       break;
     }
@@ -78,6 +98,23 @@ ProcessResult WaitProcess(RunningProcess process) {
   for (pollfd& p : fds) {
     if (p.fd >= 0) ::close(p.fd);
   }
+  if (timeout.has_value() && !timed_out) {
+    // Both pipes closed, but the process may still run: its exit makes its
+    // pidfd readable.
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, process.pid, 0));
+    while (pidfd >= 0) {
+      auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        ::kill(process.pid, SIGKILL);
+        timed_out = true;
+        break;
+      }
+      pollfd p{pidfd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) > 0) break;
+    }
+    if (pidfd >= 0) ::close(pidfd);
+  }
   int status = 0;
   while (::waitpid(process.pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -86,11 +123,15 @@ ProcessResult WaitProcess(RunningProcess process) {
   } else if (WIFSIGNALED(status)) {
     result.exit_code = 128 + WTERMSIG(status);
   }
+  if (timed_out) {
+    result.err += "\n(killed: still running after " + std::to_string(timeout->count()) + " ms)\n";
+  }
   return result;
 }
 
-ProcessResult RunProcess(const std::vector<std::string>& argv) {
-  return WaitProcess(StartProcess(argv));
+ProcessResult RunProcess(const std::vector<std::string>& argv,
+                         std::optional<std::chrono::milliseconds> timeout) {
+  return WaitProcess(StartProcess(argv), timeout);
 }
 
 std::string StitchBinary() {

@@ -1,6 +1,8 @@
 // Running a program (the `stitch` binary) and capturing what it prints.
 #pragma once
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +16,11 @@ struct ProcessResult {
 
 // Runs `argv` (argv[0] is a path) with stdin closed, waits for it, and
 // returns its exit code and output. A failure to start it is reported as
-// exit code 127 with the reason in `err`.
-ProcessResult RunProcess(const std::vector<std::string>& argv);
+// exit code 127 with the reason in `err`. With a `timeout`, a process still
+// running when it passes is killed (SIGKILL): exit code 137, and `err` ends
+// with a line saying it timed out.
+ProcessResult RunProcess(const std::vector<std::string>& argv,
+                         std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 // Starts `argv` without waiting; pair with WaitProcess. Returns the pid, or
 // -1 when it could not start.
@@ -25,7 +30,8 @@ struct RunningProcess {
   int err_fd = -1;
 };
 RunningProcess StartProcess(const std::vector<std::string>& argv);
-ProcessResult WaitProcess(RunningProcess process);
+ProcessResult WaitProcess(RunningProcess process,
+                          std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 // The `stitch` binary under test: $STITCH_BIN (set by CTest).
 std::string StitchBinary();
