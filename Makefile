@@ -32,9 +32,10 @@ test: deps format-check build
 
 # A fleet across hosts on this machine: network namespaces joined by a
 # bridge, moto S3 and dnsmasq on their own hosts, replicas cut off, joining
-# and leaving (tests/multihost/multihost_test.py). Needs root, as CI has.
+# and leaving (tests/multihost/multihost_test.cc, a GoogleTest program that
+# CTest leaves out). Needs root, as CI has.
 test-multihost: deps build
-	$(PYTHON_VENV)/bin/python tests/multihost/multihost_test.py --stitch $(BUILD)/src/stitch/cli/stitch
+	$(BUILD)/tests/multihost_netns_test
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTITCH_WERROR=ON \
