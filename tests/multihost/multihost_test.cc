@@ -309,6 +309,7 @@ std::optional<ReplicaState> ServerInfo(const std::string& host) {
 
 std::string DescribeSeconds(const std::map<std::string, double>& per_host) {
   std::vector<std::string> parts;
+  parts.reserve(per_host.size());
   for (const auto& [host, s] : per_host) parts.push_back(absl::StrFormat("%s: %.2f", host, s));
   return "{" + absl::StrJoin(parts, ", ") + "}";
 }
@@ -370,6 +371,7 @@ std::vector<GatewayReplica> GatewayReplicas() {
 
 std::string Describe(const std::vector<GatewayReplica>& replicas) {
   std::vector<std::string> parts;
+  parts.reserve(replicas.size());
   for (const GatewayReplica& r : replicas) {
     parts.push_back(
         absl::StrCat(r.url, r.ready ? " ready" : " not ready", r.reachable ? "" : " unreachable"));
@@ -897,6 +899,7 @@ std::vector<std::string> Check(const std::vector<Record>& records,
   }
   if (!others.empty()) {
     std::vector<std::string> shown;
+    shown.reserve(unexpected.size());
     for (const Record* r : unexpected) shown.push_back(Describe(*r, t.began));
     problems.push_back(absl::StrCat("answers other than 200 and 409: {",
                                     absl::StrJoin(others, ", ", absl::PairFormatter(": ")), "}; [",
@@ -904,6 +907,7 @@ std::vector<std::string> Check(const std::vector<Record>& records,
   }
 
   std::vector<double> seconds;
+  seconds.reserve(convergence.size());
   for (const Convergence& c : convergence) seconds.push_back(c.seconds);
   if (!seconds.empty()) {
     Log(absl::StrFormat(
@@ -916,6 +920,7 @@ std::vector<std::string> Check(const std::vector<Record>& records,
                         c.seconds));
   }
   std::vector<std::string> served;
+  served.reserve(served_by.size());
   for (const auto& [host, n] : served_by) served.push_back(absl::StrCat("'", host, "': ", n));
   Log(absl::StrCat("rollouts: ", records.size(), " sent, {",
                    absl::StrJoin(by_status, ", ", absl::PairFormatter(": ")), "}; served by {",
