@@ -28,7 +28,7 @@
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
-#include "stitch/replica/clock.h"
+#include "stitch/net/clock.h"
 #include "stitch/replica/sidecar.h"
 #include "stitch/store/store.h"
 

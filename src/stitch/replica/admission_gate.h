@@ -55,9 +55,7 @@
 
 namespace stitch {
 
-namespace replica_internal {
 class LoopSignal;
-}
 
 // Which requests a commit waits for.
 enum class DrainScope {
@@ -235,8 +233,8 @@ class AdmissionGate {
   uint64_t rejected_terminal_total_ = 0;
   uint64_t rejected_unverified_total_ = 0;
   std::function<void()> on_reject_;
-  std::unique_ptr<replica_internal::LoopSignal> reopened_;
-  std::unique_ptr<replica_internal::LoopSignal> released_;
+  std::unique_ptr<LoopSignal> reopened_;
+  std::unique_ptr<LoopSignal> released_;
   std::optional<DrainScope> draining_;
 };
 

@@ -28,10 +28,10 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/engine/engine.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/replica/admission_gate.h"
-#include "stitch/replica/clock.h"
 #include "stitch/replica/metrics.h"
 #include "stitch/replica/proxy.h"
 #include "stitch/replica/reconciler.h"
