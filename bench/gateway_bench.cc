@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "http_load.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/client.h"
@@ -49,7 +50,7 @@ awaitable<void> InstantReplica(HttpExchange& ex) {
     s.ready = true;
     s.applied = VersionRef{"bench", 1};
     s.run_id = "bench";
-    std::string body = s.ToJson();
+    std::string body = ServerInfoJson(s);
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
     co_return;
   }

@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/net/client.h"
@@ -157,7 +158,7 @@ class SidecarIntegrationTest : public ::testing::Test {
   std::optional<ReplicaState> ServerInfo() {
     auto r = Call("GET", "/server_info");
     if (!r.ok() || r->status != 200) return std::nullopt;
-    auto state = ReplicaState::FromJson(r->body);
+    auto state = ParseServerInfo(r->body);
     if (!state.ok()) return std::nullopt;
     return *state;
   }

@@ -25,10 +25,10 @@
 #include "stitch/cli/server_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
-#include "stitch/net/clock.h"
 #include "stitch/replica/sidecar.h"
 #include "stitch/store/store.h"
 

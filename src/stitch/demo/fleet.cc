@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "stitch/api/replica_client.h"
 #include "stitch/core/state.h"
 #include "stitch/format/fileio.h"
 #include "stitch/net/client.h"
@@ -21,13 +22,11 @@ namespace {
 constexpr auto kProbeTimeout = std::chrono::seconds(1);
 
 std::optional<ReplicaState> Probe(const std::string& url) {
-  FetchOptions options;
+  ReplicaCallOptions options;
   options.timeout = kProbeTimeout;
-  auto response = HttpFetch("GET", url + "/server_info", {}, options);
-  if (!response.ok() || response->status != 200) return std::nullopt;
-  auto state = ReplicaState::FromJson(response->body);
-  if (!state.ok()) return std::nullopt;
-  return *std::move(state);
+  std::vector<absl::StatusOr<ReplicaState>> state = ReadServerInfos({url}, options);
+  if (!state[0].ok()) return std::nullopt;
+  return *std::move(state[0]);
 }
 
 std::string StateText(const ReplicaState& s) {

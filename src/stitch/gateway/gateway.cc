@@ -21,14 +21,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stitch/api/answers.h"
+#include "stitch/api/headers.h"
+#include "stitch/api/replica_client.h"
+#include "stitch/api/request.h"
+#include "stitch/api/response.h"
+#include "stitch/api/routes.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
-#include "stitch/engine/engine.h"
 #include "stitch/gateway/session_table.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/prometheus.h"
-#include "stitch/replica/proxy.h"
 
 namespace stitch {
 
@@ -45,8 +50,7 @@ constexpr int kWatchTicksPerStall = 5;
 
 struct Replica {
   std::string url;
-  HttpOrigin origin;
-  std::string prefix;  // the URL's path ("" for none), put before each target
+  ReplicaEndpoint endpoint;
   bool discovered = true;
   bool reachable = false;
   ReplicaState state;
@@ -90,20 +94,10 @@ struct RoutingIndex {
   }
 };
 
-// Bodies pass through unchanged, so their encoding and type headers do too.
-bool DropRequestHeader(std::string_view name) {
-  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "host") ||
-         absl::EqualsIgnoreCase(AbslView(name), "expect");
-}
-
-bool DropResponseHeader(std::string_view name) {
-  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "content-length");
-}
-
-// A replica's response headers as the gateway relays them, with
-// X-Stitch-Replica naming the replica.
+// A replica's response headers as the gateway relays them (bodies pass
+// unchanged), with X-Stitch-Replica naming the replica.
 HttpHeaders ResponseHeaders(const HttpHeaders& from, const std::string& replica) {
-  HttpHeaders to = CopyHeaders(from, &DropResponseHeader);
+  HttpHeaders to = ResponseHeadersToRelay(from, BodyRelay::kUnchanged);
   to.Set("X-Stitch-Replica", replica);
   return to;
 }
@@ -362,15 +356,10 @@ struct Gateway::Impl {
   }
 
   void Learn409(Replica& r, const std::string& body) {
-    boost::system::error_code ec;
-    json::value doc = json::parse(body, ec);
-    if (ec || !doc.is_object()) return;
-    const json::value* applied = doc.get_object().if_contains("applied");
-    if (applied == nullptr || !applied->is_string()) return;
-    auto ref = VersionRef::Parse(std::string_view(applied->get_string()));
-    if (!ref.ok()) return;
-    if (r.state.applied != *ref) {
-      r.state.applied = *ref;
+    std::optional<VersionRef> applied = NotReadyApplied(body);
+    if (!applied.has_value()) return;
+    if (r.state.applied != applied) {
+      r.state.applied = *std::move(applied);
       Changed();
     }
   }
@@ -411,7 +400,7 @@ struct Gateway::Impl {
           next.emplace(url, it->second);
           continue;
         }
-        auto parsed = ParseHttpUrl(url);
+        auto parsed = ReplicaEndpoint::Parse(url);
         if (!parsed.ok()) {
           spdlog::warn("gateway: skipping replica {}: {}", url,
                        std::string(parsed.status().message()));
@@ -419,8 +408,7 @@ struct Gateway::Impl {
         }
         auto r = std::make_shared<Replica>();
         r->url = url;
-        r->origin = parsed->origin;
-        r->prefix = parsed->target == "/" ? "" : parsed->target;
+        r->endpoint = *std::move(parsed);
         r->last_error = "not probed yet";
         next.emplace(url, std::move(r));
       }
@@ -443,39 +431,25 @@ struct Gateway::Impl {
   }
 
   awaitable<void> Probe(ReplicaPtr r) {
-    HttpRequest request;
-    request.method = "GET";
-    request.target = r->prefix + "/server_info";
     CallOptions call;
     call.timeout = options.probe_timeout;
-    absl::StatusOr<HttpResponse> response =
-        co_await client.Send(r->origin, std::move(request), call);
+    absl::StatusOr<ReplicaState> state = co_await FetchServerInfo(client, r->endpoint, call);
     r->probing = false;
     --tasks;
     if (stopping) co_return;
-    std::string error;
-    if (!response.ok()) {
-      error = std::string(response.status().message());
-    } else if (response->status != 200) {
-      error = absl::StrCat("/server_info answered HTTP ", response->status);
-    } else {
-      auto state = ReplicaState::FromJson(response->body);
-      if (!state.ok()) {
-        error = absl::StrCat("/server_info: ", state.status().message());
-      } else {
-        const bool changed =
-            !r->reachable || r->state.ready != state->ready || r->state.applied != state->applied;
-        r->reachable = true;
-        r->state = *std::move(state);
-        r->last_error = r->state.ready ? "" : r->state.reason;
-        if (changed) Changed();
-        co_return;
-      }
+    if (state.ok()) {
+      const bool changed =
+          !r->reachable || r->state.ready != state->ready || r->state.applied != state->applied;
+      r->reachable = true;
+      r->state = *std::move(state);
+      r->last_error = r->state.ready ? "" : r->state.reason;
+      if (changed) Changed();
+      co_return;
     }
     const bool was_routable = r->routable();
     r->reachable = false;
     r->state.ready = false;
-    r->last_error = std::move(error);
+    r->last_error = std::string(state.status().message());
     if (was_routable) Changed();
   }
 
@@ -513,9 +487,8 @@ struct Gateway::Impl {
 
   // --- requests ---------------------------------------------------------------
   awaitable<void> Handle(HttpExchange& exchange) {
-    ApiRoute route;
     const std::string_view path = TargetPath(exchange.request().target);
-    switch (ClassifyRoute(path, &route)) {
+    switch (ClassifyRoute(path).kind) {
       case RouteClass::kVersioned:
         if (exchange.request().method == "POST") {
           co_await HandleVersioned(exchange);
@@ -543,10 +516,10 @@ struct Gateway::Impl {
 
   awaitable<void> HandleVersioned(HttpExchange& exchange) {
     ++counters.requests;
-    absl::StatusOr<VersionedAsk> ask = ReadAsk(exchange.request().body);
+    absl::StatusOr<VersionedAsk> ask = ReadVersionedAsk(exchange.request().body);
     if (!ask.ok()) {
-      std::string error = JsonErrorBody("BadRequest", std::string(ask.status().message()));
-      co_await Respond(exchange, 400, std::move(error));
+      HttpResponse refused = BadRequestResponse(std::string(ask.status().message()));
+      (void)co_await exchange.Respond(std::move(refused));
       co_return;
     }
     const VersionConstraint constraint = ask->constraint;
@@ -554,18 +527,18 @@ struct Gateway::Impl {
     std::string session;
     if (auto s = exchange.request().headers.Get(options.session_header); s.has_value()) {
       if (s->size() > options.max_session_id_bytes) {
-        std::string error = JsonErrorBody(
-            "BadRequest",
+        HttpResponse refused = BadRequestResponse(
             absl::StrCat("the ", options.session_header, " header is ", s->size(),
                          " bytes, over the gateway's limit of ", options.max_session_id_bytes,
                          "; send a shorter session id"));
-        co_await Respond(exchange, 400, std::move(error));
+        (void)co_await exchange.Respond(std::move(refused));
         co_return;
       }
       session = std::string(*s);
     }
 
-    const HttpHeaders headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+    const HttpHeaders headers =
+        RequestHeadersToForward(exchange.request().headers, BodyRelay::kUnchanged);
     const std::string& target = exchange.request().target;
     const std::string payload = std::move(exchange.request().body);
 
@@ -597,7 +570,7 @@ struct Gateway::Impl {
       if (tried.size() > 1) ++counters.retried;
       ++counters.routed;
       // Each attempt takes its own copy: a retry sends the same request.
-      HttpRequest upstream{"POST", replica->prefix + target, headers, payload};
+      HttpRequest upstream{"POST", replica->endpoint.prefix + target, headers, payload};
       Outcome outcome = Outcome::kRetry;
       if (stream) {
         outcome = co_await AttemptStream(exchange, *replica, std::move(upstream), &last_failure);
@@ -617,21 +590,13 @@ struct Gateway::Impl {
     }
     ++counters.rejected;
     if (why == NotServed::kNeverServable) ++counters.unservable;
-    std::string conflict = NotReady(constraint, why);
-    co_await Respond(exchange, 409, std::move(conflict));
+    HttpResponse conflict = NotReady(constraint, why);
+    (void)co_await exchange.Respond(std::move(conflict));
   }
 
-  // What a versioned body asks for. Its parsed document is freed here, not
-  // kept for as long as the request runs.
-  static absl::StatusOr<VersionedAsk> ReadAsk(std::string_view body) {
-    JsonArena arena;
-    json::value parsed(arena.storage());
-    return ParseVersionedBody(body, parsed);
-  }
-
-  // The 409 body when no ready replica satisfies `constraint`, for `why`:
+  // The 409 when no ready replica satisfies `constraint`, for `why`:
   // `applied` is the newest version any ready replica serves.
-  std::string NotReady(const VersionConstraint& constraint, NotServed why) {
+  HttpResponse NotReady(const VersionConstraint& constraint, NotServed why) {
     Reindex();
     std::optional<VersionRef> newest;
     if (!routable.by_version.empty()) {
@@ -651,16 +616,14 @@ struct Gateway::Impl {
           constraint.ToString(), std::chrono::duration<double>(options.admission_wait).count(),
           static_cast<int>(routable.all.size()), static_cast<int>(replicas.size()));
     }
-    return NotReadyBody(constraint, newest, message);
+    return NotReadyResponse(constraint, newest, message);
   }
 
   // The 400 when the client library refused to send a request on
   // (InvalidArgument: a target or field it cannot carry): the request is at
   // fault, not the replica, so nothing is marked.
   static HttpResponse Unsendable(const absl::Status& status) {
-    return JsonResponse(
-        400, JsonErrorBody("BadRequest",
-                           absl::StrCat("the request cannot be passed on: ", status.message())));
+    return BadRequestResponse(absl::StrCat("the request cannot be passed on: ", status.message()));
   }
 
   // The 503 (with Retry-After) to relay, if no other replica answers, when
@@ -669,11 +632,8 @@ struct Gateway::Impl {
   HttpResponse Unreachable(Replica& r, const absl::Status& status) {
     const std::string why(status.message());
     MarkFailed(r, why, /*unreachable=*/true);
-    HttpResponse response = JsonResponse(
-        503, JsonErrorBody("ReplicaUnavailable",
-                           absl::StrCat("replica ", r.url, " failed: ", why, "; retry"), true));
-    response.headers.Set("Retry-After", "1");
-    return response;
+    return UnavailableResponse(Unavailable::kReplica,
+                               absl::StrCat("replica ", r.url, " failed: ", why, "; retry"));
   }
 
   // Whether `r` refused the request with `out`: a 409 (its version does not
@@ -697,7 +657,7 @@ struct Gateway::Impl {
                              std::optional<HttpResponse>* last_failure) {
     Begin(r);
     absl::StatusOr<HttpResponse> response =
-        co_await client.Send(r.origin, std::move(request), EndedWithTheClient(exchange));
+        co_await client.Send(r.endpoint.origin, std::move(request), EndedWithTheClient(exchange));
     End(r);
     if (!response.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
@@ -732,8 +692,8 @@ struct Gateway::Impl {
 
   awaitable<Outcome> RelayStream(HttpExchange& exchange, Replica& r, HttpRequest request,
                                  std::optional<HttpResponse>* last_failure) {
-    absl::StatusOr<HttpResponseStream> stream =
-        co_await client.SendStreamed(r.origin, std::move(request), EndedWithTheClient(exchange));
+    absl::StatusOr<HttpResponseStream> stream = co_await client.SendStreamed(
+        r.endpoint.origin, std::move(request), EndedWithTheClient(exchange));
     if (!stream.ok()) {
       if (exchange.disconnected()) co_return Outcome::kClientGone;
       if (absl::IsInvalidArgument(stream.status())) {
@@ -745,10 +705,7 @@ struct Gateway::Impl {
       co_return Outcome::kRetry;
     }
     Progress(r);
-    const std::optional<std::string_view> type = stream->headers().Get("content-type");
-    const bool events =
-        type.has_value() && type->find("text/event-stream") != std::string_view::npos;
-    if (stream->status() != 200 || !events) {
+    if (stream->status() != 200 || !IsEventStream(stream->headers())) {
       absl::StatusOr<std::string> body = co_await stream->ReadAll();
       if (!body.ok()) {
         if (exchange.disconnected()) co_return Outcome::kClientGone;
@@ -786,20 +743,20 @@ struct Gateway::Impl {
   awaitable<void> ForwardOther(HttpExchange& exchange) {
     ReplicaPtr r = Choose(VersionConstraint{}, "", {});
     if (r == nullptr) {
-      std::string error =
-          JsonErrorBody("NoReadyReplica",
-                        "no replica of the pool is ready; check `stitch status` and retry", true);
-      co_await Respond(exchange, 503, std::move(error));
+      HttpResponse unavailable =
+          UnavailableResponse(Unavailable::kNoReadyReplica,
+                              "no replica of the pool is ready; check `stitch status` and retry");
+      (void)co_await exchange.Respond(std::move(unavailable));
       co_return;
     }
     HttpRequest up;
     up.method = exchange.request().method;
-    up.target = r->prefix + exchange.request().target;
-    up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+    up.target = r->endpoint.prefix + exchange.request().target;
+    up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kUnchanged);
     up.body = std::move(exchange.request().body);
     Begin(*r);
     absl::StatusOr<HttpResponse> response =
-        co_await client.Send(r->origin, std::move(up), EndedWithTheClient(exchange));
+        co_await client.Send(r->endpoint.origin, std::move(up), EndedWithTheClient(exchange));
     End(*r);
     if (!response.ok()) {
       if (exchange.disconnected()) co_return;
@@ -810,9 +767,9 @@ struct Gateway::Impl {
       }
       const std::string why(response.status().message());
       MarkFailed(*r, why, /*unreachable=*/true);
-      std::string body = JsonErrorBody("ReplicaUnavailable",
-                                       absl::StrCat("replica ", r->url, " failed: ", why), true);
-      co_await Respond(exchange, 503, std::move(body));
+      HttpResponse unavailable = UnavailableResponse(
+          Unavailable::kReplica, absl::StrCat("replica ", r->url, " failed: ", why));
+      (void)co_await exchange.Respond(std::move(unavailable));
       co_return;
     }
     Progress(*r);
@@ -854,7 +811,7 @@ struct Gateway::Impl {
   }
 
   awaitable<void> Replicas(HttpExchange& exchange) {
-    std::string body = Snapshot().ToJson();
+    std::string body = ReplicasJson(Snapshot());
     co_await Respond(exchange, 200, std::move(body));
   }
 

@@ -26,6 +26,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/json.h"
 #include "stitch/core/state.h"
 #include "stitch/net/client.h"
@@ -129,7 +130,7 @@ class ScriptedReplica {
     s.ready = ready_;
     s.applied = VersionRef{run(), version_};
     s.run_id = run();
-    std::string body = s.ToJson();
+    std::string body = ServerInfoJson(s);
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
   }
   awaitable<void> Wake(HttpExchange& ex) {

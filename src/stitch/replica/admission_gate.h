@@ -49,6 +49,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "stitch/api/response.h"
 #include "stitch/core/constraint.h"
 #include "stitch/core/version.h"
 #include "stitch/engine/engine.h"

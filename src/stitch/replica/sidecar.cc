@@ -7,6 +7,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/prometheus.h"
 
@@ -210,13 +211,13 @@ awaitable<void> Sidecar::Health(HttpExchange& exchange) {
 }
 
 awaitable<void> Sidecar::ServerInfo(HttpExchange& exchange) {
-  HttpResponse response = JsonResponse(200, reconciler_->State().ToJson());
+  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
   (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   reconciler_->Wake();
-  HttpResponse response = JsonResponse(200, reconciler_->State().ToJson());
+  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
   (void)co_await exchange.Respond(std::move(response));
 }
 
