@@ -32,6 +32,7 @@
 #include "stitch/core/state.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/client.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
@@ -85,7 +86,7 @@ class BenchGateway {
     GatewayOptions options;
     options.poll_interval = std::chrono::hours(1);  // one poll at start: routing alone is measured
     options.admission_wait = std::chrono::seconds(5);
-    auto g = Gateway::Start(loop_.executor(), pool_, workers_, options);
+    auto g = Gateway::Start(loop_.executor(), pool_, workers_, clock_, options);
     if (!g.ok()) {
       std::fprintf(stderr, "gateway_bench: %s\n", std::string(g.status().message()).c_str());
       std::exit(1);
@@ -116,6 +117,7 @@ class BenchGateway {
     PoolState s = g->Snapshot();
     co_return s;
   }
+  SteadyClock clock_;
   EventLoop loop_;
   WorkerPool workers_{1};
   StaticPool pool_;
