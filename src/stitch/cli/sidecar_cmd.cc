@@ -23,6 +23,7 @@
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/server_args.h"
+#include "stitch/cli/sidecar_flags.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/net/clock.h"
