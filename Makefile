@@ -58,7 +58,8 @@ demo: deps build
 
 bench: deps build python-install
 	@for b in $(BUILD)/bench/*_bench; do echo "== $$b"; "$$b" || exit 1; done
-	@echo "== bench/python_encode_bench.py"; $(PYTHON_VENV)/bin/python bench/python_encode_bench.py
+	@echo "== bench/python_encode_bench.py"; $(PYTHON_VENV)/bin/python bench/python_encode_bench.py \
+	  --floor-lib $(BUILD)/bench/libencode_floor.so
 
 format:
 	$(CLANG_FORMAT) -i $(SOURCES)
