@@ -6,12 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
@@ -478,8 +477,8 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
 
   StartFleet();
   ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
-  std::mutex mu;
-  std::condition_variable idle;
+  absl::Mutex mu;
+  absl::CondVar idle;  // the sidecar's address changed, or the test ends
   std::string url = url_;
   std::atomic<int64_t> latest{0};
   std::atomic<bool> stop{false};
@@ -504,11 +503,11 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
       }
       std::string target;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         target = url;
       }
       Generation g = Generate(target, constraint);
-      std::unique_lock<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       ++tally.requests;
       if (g.status == 409 || g.status == 503) {
         ++tally.retryable;
@@ -518,8 +517,7 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
         ++tally.unreachable;
         // Nobody listens there (the sidecar is being restarted): wait for
         // its new address rather than spin.
-        idle.wait_for(lock, std::chrono::milliseconds(20),
-                      [&] { return stop.load() || url != target; });
+        if (!stop.load() && url == target) idle.WaitWithTimeout(&mu, absl::Milliseconds(20));
         continue;
       }
       if (g.status != 200) {
@@ -541,7 +539,7 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
     }
   });
   auto answered = [&] {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     return tally.answered;
   };
   auto advance = [&](int64_t v) {
@@ -577,10 +575,10 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
   ASSERT_TRUE(sidecar_->WaitForExit(std::chrono::seconds(30)).has_value());
   StartSidecar(FleetOptions{});
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     url = url_;
   }
-  idle.notify_all();
+  idle.SignalAll();
   ASSERT_TRUE(ServesVersion(3)) << sidecar_->err();
   EXPECT_EQ(swaps(), swaps_before);
   EXPECT_THAT(sidecar_->err(), HasSubstr("verified the engine's weights: r1/weight_v000003"));

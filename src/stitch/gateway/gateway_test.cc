@@ -11,7 +11,6 @@
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -28,6 +27,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/json.h"
 #include "stitch/core/state.h"
@@ -99,7 +99,7 @@ class ScriptedReplica {
   void set_ready(bool ready) { ready_ = ready; }
   void set_version(int64_t v) { version_ = v; }
   void set_run(std::string run) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     run_ = std::move(run);
   }
   // Ends kHold: held requests, and every later one, are served.
@@ -119,7 +119,7 @@ class ScriptedReplica {
 
  private:
   std::string run() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return run_;
   }
   std::string Applied() const { return VersionRef{run(), version_}.ToString(); }
@@ -240,8 +240,8 @@ class ScriptedReplica {
   std::atomic<int> disconnects_{0};
   std::atomic<int> held_{0};
   std::atomic<bool> info_hangs_{false};
-  mutable std::mutex mu_;
-  std::string run_ = "r1";
+  mutable absl::Mutex mu_;
+  std::string run_ ABSL_GUARDED_BY(mu_) = "r1";
   // Loop thread only.
   bool released_ = false;
   std::set<boost::asio::steady_timer*> holds_;
