@@ -10,7 +10,7 @@ CLANG_FORMAT ?= clang-format
 CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps build test test-asan fuzz format format-check lint bench clean demo
+.PHONY: all deps build test test-asan fuzz format format-check lint thread-safety bench clean demo
 .PHONY: python-install python-test
 
 all: build
@@ -24,7 +24,7 @@ $(BUILD)/build.ninja: CMakeLists.txt
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: deps format-check build
+test: deps format-check build thread-safety
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 	$(MAKE) --no-print-directory python-test
 	$(MAKE) --no-print-directory fuzz
@@ -67,6 +67,13 @@ format:
 format-check:
 	@$(CLANG_FORMAT) --dry-run --Werror $(SOURCES) || \
 	  { echo "make: unformatted sources above; run 'make format'"; exit 1; }
+
+# Clang's thread-safety analysis, as an error, over every translation unit
+# that meets a mutex, with the build's own flags (-fsyntax-only: no second
+# build; units unchanged since they passed are skipped), so that
+# ABSL_GUARDED_BY means something whatever compiler builds the project.
+thread-safety: deps $(BUILD)/build.ninja
+	scripts/thread-safety --build $(BUILD) --jobs $(JOBS)
 
 lint: deps $(BUILD)/build.ninja
 	$(CLANG_TIDY) -p $(BUILD) --quiet $(filter %.cc,$(SOURCES))
