@@ -780,25 +780,7 @@ absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::st
   return std::move(response->body);
 }
 
-namespace {
-
-absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where, int64_t version,
-                                                  std::string_view text) {
-  auto corrupt = [&](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat(AbslView(where), ": version ", VersionDirName(version),
-                                            " has a bad index: ", why));
-  };
-  auto index = CheckpointIndex::Parse(text);
-  if (!index.ok()) return corrupt(index.status().message());
-  auto manifest = index->ToManifest();
-  if (!manifest.ok()) return corrupt(manifest.status().message());
-  if (manifest->version != version) {
-    return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
-  }
-  return manifest;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<VersionManifest> S3Store::ReadManifest(int64_t version) {
   if (absl::Status s = ValidateVersionNumber(version); !s.ok()) {
