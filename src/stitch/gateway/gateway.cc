@@ -5,8 +5,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
-#include "stitch/api/answers.h"
-#include "stitch/api/routes.h"
+#include "stitch/api/dispatch.h"
 #include "stitch/api/server_info.h"
 #include "stitch/gateway/relay.h"
 #include "stitch/gateway/replica_table.h"
@@ -43,36 +42,21 @@ struct Gateway::Impl {
       : options(std::move(gateway_options)),
         client(executor, UpstreamClientOptions(options)),
         table(executor, pool, workers, client, clock, TableOptions(options)),
-        relay(client, table, clock, options, counters) {}
+        relay(client, table, clock, options, counters) {
+    handlers.versioned = [this](HttpExchange& ex, ApiRoute) { return relay.Versioned(ex); };
+    handlers.other = [this](HttpExchange& ex) { return relay.Other(ex); };
+    handlers.blocked_why =
+        "only each replica's sidecar drives its engine, so the gateway refuses it";
+    handlers.on_blocked = [this] { ++counters.blocked; };
+  }
 
   const GatewayOptions options;
   GatewayCounters counters;
   HttpClient client;
   ReplicaTable table;
   Relay relay;
+  ApiHandlers handlers;
   std::unique_ptr<HttpServer> server;
-
-  awaitable<void> Handle(HttpExchange& exchange) {
-    const std::string_view path = TargetPath(exchange.request().target);
-    switch (ClassifyRoute(path).kind) {
-      case RouteClass::kVersioned:
-        if (exchange.request().method == "POST") {
-          co_await relay.Versioned(exchange);
-          co_return;
-        }
-        break;
-      case RouteClass::kBlocked: {
-        ++counters.blocked;
-        HttpResponse response = RouteBlockedResponse(
-            path, "only each replica's sidecar drives its engine, so the gateway refuses it");
-        (void)co_await exchange.Respond(std::move(response));
-        co_return;
-      }
-      case RouteClass::kOther:
-        break;
-    }
-    co_await relay.Other(exchange);
-  }
 
   GatewayCounters Counters() const {
     GatewayCounters c = counters;
@@ -164,7 +148,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
   router.Add("GET", "/replicas", [self](HttpExchange& ex) { return self->Replicas(ex); });
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->Metrics(ex); });
-  router.SetFallback([self](HttpExchange& ex) { return self->Handle(ex); });
+  router.SetFallback([self](HttpExchange& ex) { return DispatchApiRequest(ex, self->handlers); });
   auto server = HttpServer::Start(executor, self->options.server, router.AsHandler());
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "stitch/api/answers.h"
+#include "stitch/api/dispatch.h"
 #include "stitch/api/headers.h"
 #include "stitch/api/request.h"
 #include "stitch/api/response.h"
@@ -95,6 +96,12 @@ VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions o
       }()) {
   std::random_device seed;
   rid_prefix_ = absl::StrFormat("stitch-%08x-", seed());
+  handlers_.versioned = [this](HttpExchange& ex, ApiRoute route) {
+    return HandleVersioned(ex, route);
+  };
+  handlers_.other = [this](HttpExchange& ex) { return Forward(ex); };
+  handlers_.blocked_why = "the sidecar alone drives the engine, so it is not forwarded";
+  handlers_.on_blocked = [this] { ++counters_.route_blocked; };
 }
 
 VersionedProxy::~VersionedProxy() = default;
@@ -141,26 +148,7 @@ VersionedProxy::Verdict VersionedProxy::Vouch(Call& call, std::string& text, std
 }
 
 awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
-  const ClassifiedRoute route = ClassifyRoute(TargetPath(exchange.request().target));
-  switch (route.kind) {
-    case RouteClass::kVersioned:
-      if (exchange.request().method == "POST") {
-        co_await HandleVersioned(exchange, route.api);
-        co_return;
-      }
-      break;
-    case RouteClass::kBlocked: {
-      ++counters_.route_blocked;
-      HttpResponse response =
-          RouteBlockedResponse(TargetPath(exchange.request().target),
-                               "the sidecar alone drives the engine, so it is not forwarded");
-      (void)co_await exchange.Respond(std::move(response));
-      co_return;
-    }
-    case RouteClass::kOther:
-      break;
-  }
-  co_await Forward(exchange);
+  return DispatchApiRequest(exchange, handlers_);
 }
 
 void VersionedProxy::AbortUpstream(Call& call) {

@@ -49,6 +49,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "absl/status/statusor.h"
+#include "stitch/api/dispatch.h"
 #include "stitch/api/routes.h"
 #include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
@@ -140,6 +141,7 @@ class VersionedProxy {
   std::function<void(std::string_view)> on_unreachable_;
   std::function<void(std::string)> on_mislabel_;
   std::unordered_set<Call*> in_flight_;
+  ApiHandlers handlers_;
 };
 
 }  // namespace stitch
