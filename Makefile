@@ -82,10 +82,10 @@ clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-python
 
 # The Python package (pyproject.toml, sources in python/): built into the
-# project venv, incrementally in build-python/ (one compile job), then its
-# pytest suite.
+# project venv, incrementally in build-python/ ($(JOBS) compile jobs: it
+# builds net and api too, for the pool's wakes), then its pytest suite.
 PYTHON_VENV ?= .venv
-PYTHON_JOBS ?= 1
+PYTHON_JOBS ?= $(JOBS)
 python-install: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(PYTHON_JOBS) $(PYTHON_VENV)/bin/pip install --quiet \
 	  --no-build-isolation -C build-dir=build-python/{wheel_tag} .
