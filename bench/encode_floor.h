@@ -1,5 +1,5 @@
-// The encode floor of delta_bench, also built into the Python package for
-// bench/python_encode_bench.py (stitch._stitch.encode_floor): one thread, a
+// The encode floor of delta_bench, also built as a shared library for
+// bench/python_encode_bench.py (encode_floor_lib.cc): one thread, a
 // minimal fused loop of XOR, zstd level 1 and xxh3-128 over each tensor in
 // kChunkBytes chunks. Header-only: benchmarks are single files.
 #pragma once

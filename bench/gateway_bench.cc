@@ -7,6 +7,9 @@
 //      replica is a distinct origin): the per-request cost must not grow
 //      with the replica count; the 1000/10 ratio of mean latency and of
 //      throughput is printed.
+// Every gateway line also gives the CPU time the gateway's loop thread spent
+// per answered request (`gw cpu us`), the figure to compare across changes
+// on a noisy machine.
 //
 //   gateway_bench [--seconds S]
 #include <algorithm>
@@ -25,9 +28,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "http_load.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/client.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
@@ -46,7 +51,7 @@ awaitable<void> InstantReplica(HttpExchange& ex) {
     s.ready = true;
     s.applied = VersionRef{"bench", 1};
     s.run_id = "bench";
-    std::string body = s.ToJson();
+    std::string body = ServerInfoJson(s);
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
     co_return;
   }
@@ -58,10 +63,20 @@ awaitable<void> InstantReplica(HttpExchange& ex) {
 using bench::LoadResult;
 using Result = LoadResult;
 
-Result Measure(const HttpOrigin& origin, int connections, double seconds) {
+// `watch`: the gateway's loop thread, whose CPU time is measured (none for
+// the direct path).
+Result Measure(const HttpOrigin& origin, int connections, double seconds,
+               const std::vector<clockid_t>& watch = {}) {
   return bench::RunLoad(
       origin, connections, seconds,
-      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":1}})");
+      R"({"text":"hello","sampling_params":{"max_new_tokens":1},"weight_version":{"min_version":1}})",
+      watch);
+}
+
+// CPU microseconds of the watched thread per answered request; 0 unwatched.
+double CpuPerRequestUs(const Result& r) {
+  if (r.watched_cpu_s.empty() || r.latencies_us.empty()) return 0;
+  return r.watched_cpu_s[0] * 1e6 / static_cast<double>(r.latencies_us.size());
 }
 
 // A gateway over `replicas` instant-replica URLs, on its own loop.
@@ -71,18 +86,21 @@ class BenchGateway {
     GatewayOptions options;
     options.poll_interval = std::chrono::hours(1);  // one poll at start: routing alone is measured
     options.admission_wait = std::chrono::seconds(5);
-    auto g = Gateway::Start(loop_.executor(), pool_, workers_, options);
+    auto g = Gateway::Start(loop_.executor(), pool_, workers_, clock_, options);
     if (!g.ok()) {
       std::fprintf(stderr, "gateway_bench: %s\n", std::string(g.status().message()).c_str());
       std::exit(1);
     }
     gateway_ = *std::move(g);
+    cpu_clock_ = bench::LoopCpuClock(loop_);
   }
   ~BenchGateway() {
     loop_.BlockOn(gateway_->Shutdown());
     gateway_.reset();
   }
   HttpOrigin origin() const { return {"127.0.0.1", gateway_->port()}; }
+  // The gateway's loop thread's CPU clock.
+  std::vector<clockid_t> watch() const { return {cpu_clock_}; }
   // Waits until every replica is ready in the gateway's view.
   bool WaitReady(size_t n) {
     const auto deadline = Clock::now() + std::chrono::seconds(60);
@@ -99,10 +117,12 @@ class BenchGateway {
     PoolState s = g->Snapshot();
     co_return s;
   }
+  SteadyClock clock_;
   EventLoop loop_;
   WorkerPool workers_{1};
   StaticPool pool_;
   std::unique_ptr<Gateway> gateway_;
+  clockid_t cpu_clock_{};
 };
 
 int Main(int argc, char** argv) {
@@ -139,11 +159,12 @@ int Main(int argc, char** argv) {
 
   std::printf("gateway_bench: POST /generate, %.1f s per point, instant-answer replicas\n",
               seconds);
-  std::printf("%-28s %6s %10s %9s %9s %9s %7s\n", "path", "conns", "req/s", "mean us", "p50 us",
-              "p99 us", "errors");
+  std::printf("%-28s %6s %10s %9s %9s %9s %7s %10s\n", "path", "conns", "req/s", "mean us",
+              "p50 us", "p99 us", "errors", "gw cpu us");
   auto line = [](const char* path, int conns, Result& r) {
-    std::printf("%-28s %6d %10.0f %9.1f %9.1f %9.1f %7llu\n", path, conns, r.rps(), r.mean(),
-                r.quantile(0.5), r.quantile(0.99), static_cast<unsigned long long>(r.errors));
+    std::printf("%-28s %6d %10.0f %9.1f %9.1f %9.1f %7llu %10.1f\n", path, conns, r.rps(), r.mean(),
+                r.quantile(0.5), r.quantile(0.99), static_cast<unsigned long long>(r.errors),
+                CpuPerRequestUs(r));
     if (!r.first_error.empty()) std::printf("    first error: %s\n", r.first_error.c_str());
   };
 
@@ -153,7 +174,7 @@ int Main(int argc, char** argv) {
     ok = gateway.WaitReady(1) && ok;
     for (int conns : {1, 32}) {
       Result direct = Measure(HttpOrigin{"127.0.0.2", port}, conns, seconds);
-      Result through = Measure(gateway.origin(), conns, seconds);
+      Result through = Measure(gateway.origin(), conns, seconds, gateway.watch());
       line("direct to replica", conns, direct);
       line("gateway, 1 replica", conns, through);
       std::printf("    gateway/direct throughput %.2f, added mean latency %.1f us\n",
@@ -185,9 +206,9 @@ int Main(int argc, char** argv) {
   for (int round = 0; round < kRounds; ++round) {
     for (int k = 0; k < 3; ++k) {
       const std::string path = absl::StrCat("gateway, ", counts[k], " replicas");
-      Result one = Measure(gateways[k]->origin(), 1, seconds);
+      Result one = Measure(gateways[k]->origin(), 1, seconds, gateways[k]->watch());
       line(path.c_str(), 1, one);
-      Result r = Measure(gateways[k]->origin(), 32, seconds);
+      Result r = Measure(gateways[k]->origin(), 32, seconds, gateways[k]->watch());
       line(path.c_str(), 32, r);
       mean1_at[k] = std::min(mean1_at[k], one.mean());
       mean_at[k] = std::min(mean_at[k], r.mean());

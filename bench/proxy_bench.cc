@@ -56,10 +56,10 @@
 #include "http_load.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/net/client.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
-#include "stitch/replica/clock.h"
 #include "stitch/replica/sidecar.h"
 #include "stitch/store/mem_store.h"
 

@@ -8,8 +8,8 @@ random signs and mantissas and exponents of values between about 1e-4 and
 Rows:
   memcpy           copying the checkpoint once (np.copyto, one core)
   encode floor     delta_bench's fused single-threaded loop (XOR, zstd level
-                   1, xxh3-128 over 128 KiB chunks), the same C++ compiled
-                   into the extension (stitch._stitch.encode_floor)
+                   1, xxh3-128 over 128 KiB chunks), the same C++ built as
+                   build/bench/libencode_floor.so and called through ctypes
   numpy encoder    the straightforward Python encoder: per tensor
                    np.bitwise_xor, zstandard level 1, xxhash xxh3_128, then
                    safetensors files and the index (fsync'ed, like ours);
@@ -23,11 +23,13 @@ least 0.8x the encode floor per thread (floor time / (time x threads)).
 Exits 1 when a target is missed (--no-check: report only).
 
     python bench/python_encode_bench.py [--size-gib G] [--tensors N] [--reps R] [--dir DIR]
+                                        [--floor-lib build/bench/libencode_floor.so]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -42,7 +44,6 @@ import xxhash
 import zstandard
 
 import stitch
-from stitch import _stitch
 
 RUN = "bench"
 
@@ -56,6 +57,31 @@ def timed(fn):
     wall, cpu = time.perf_counter(), cpu_seconds()
     out = fn()
     return time.perf_counter() - wall, cpu_seconds() - cpu, out
+
+
+def load_encode_floor(path: str):
+    """encode_floor(base_u8, target_u8, tensor_bytes) -> (seconds, compressed bytes), from
+    the shared library bench/encode_floor_lib.cc builds."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        sys.exit(f"python_encode_bench: cannot load the encode floor {path} ({e}); run `make build` "
+                 "first, or give --floor-lib")
+    fn = lib.stitch_encode_floor
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                   ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_size_t)]
+    fn.restype = ctypes.c_int
+
+    def encode_floor(base_u8: np.ndarray, target_u8: np.ndarray, tensor_bytes: int):
+        if base_u8.nbytes != target_u8.nbytes or tensor_bytes <= 0:
+            raise ValueError("encode_floor needs equal sizes and tensor_bytes > 0")
+        seconds, compressed = ctypes.c_double(), ctypes.c_size_t()
+        if fn(base_u8.ctypes.data, target_u8.ctypes.data, base_u8.nbytes, tensor_bytes,
+              ctypes.byref(seconds), ctypes.byref(compressed)) != 0:
+            raise ValueError("encode_floor refused its sizes")
+        return seconds.value, compressed.value
+
+    return encode_floor
 
 
 def best(reps, fn):
@@ -133,7 +159,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where version directories go (default: $TMPDIR)")
     parser.add_argument("--no-check", action="store_true", help="report only; do not fail on targets")
+    parser.add_argument("--floor-lib", default=os.path.join("build", "bench", "libencode_floor.so"),
+                        help="the encode floor's shared library (built by `make build`)")
     a = parser.parse_args()
+    encode_floor = load_encode_floor(a.floor_lib)
     cores = os.cpu_count() or 1
     total = int(a.size_gib * (1 << 30))
     print(f"python_encode_bench: {a.size_gib:.2f} GiB of bf16 in {a.tensors} tensors, 1% of values "
@@ -152,7 +181,7 @@ def main() -> int:
         floor_bytes = [0]
 
         def floor(_):
-            seconds, floor_bytes[0] = _stitch.encode_floor(base_u8, target_u8, per * 2)
+            seconds, floor_bytes[0] = encode_floor(base_u8, target_u8, per * 2)
             return seconds
 
         floor_wall, floor_cpu = best(a.reps, floor)

@@ -19,6 +19,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 
+#include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/net/client.h"
@@ -170,7 +171,7 @@ class GatewayIntegrationTest : public ::testing::Test {
     return Eventually([&] {
       auto info = HttpFetch("GET", r.url + "/server_info");
       if (!info.ok() || info->status != 200) return false;
-      auto s = ReplicaState::FromJson(info->body);
+      auto s = ParseServerInfo(info->body);
       return s.ok() && s->ready && s->applied.has_value() && s->applied->version == version;
     });
   }
@@ -310,7 +311,7 @@ TEST_F(GatewayIntegrationTest, RoutesByVersionKeepsSessionsWaitsAndRetries) {
     while (std::chrono::steady_clock::now() < deadline &&
            long_request.wait_for(0s) != std::future_status::ready) {
       auto info = HttpFetch("GET", v1.url + "/server_info");
-      auto s = info.ok() ? ReplicaState::FromJson(info->body) : absl::StatusOr<ReplicaState>();
+      auto s = info.ok() ? ParseServerInfo(info->body) : absl::StatusOr<ReplicaState>();
       if (s.ok() && s->active_requests > 0) {
         v1.sidecar->Signal(SIGKILL);
         killed = true;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/net/client.h"
 #include "stitch/net/net_test_util.h"
@@ -158,7 +159,7 @@ TEST_F(S3CliTest, SidecarFollowsThePointerThroughS3) {
         [&] {
           auto r = HttpFetch("GET", *url + "/server_info");
           if (!r.ok() || r->status != 200) return false;
-          auto state = ReplicaState::FromJson(r->body);
+          auto state = ParseServerInfo(r->body);
           return state.ok() && state->ready && state->applied.has_value() &&
                  *state->applied == VersionRef{"r1", version} &&
                  state->sync_state == SyncState::kIdle;

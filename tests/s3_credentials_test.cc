@@ -16,13 +16,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
-#include <mutex>
 #include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/format/fileio.h"
 #include "stitch/net/client.h"
 #include "stitch/store/s3_credentials.h"
@@ -200,14 +200,14 @@ class RotatingProvider final : public AwsCredentialsProvider {
   absl::StatusOr<std::optional<AwsCredentials>> Current() override {
     if (calls_.fetch_add(1) % 5 == 4) inner_->Invalidate();
     auto c = inner_->Current();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (c.ok() && c->has_value()) keys_.insert((*c)->access_key_id);
     return c;
   }
   void Invalidate() override { inner_->Invalidate(); }
   std::string SourcesTried() const override { return inner_->SourcesTried(); }
   std::set<std::string> keys() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return keys_;
   }
   int calls() const { return calls_.load(); }
@@ -215,7 +215,7 @@ class RotatingProvider final : public AwsCredentialsProvider {
  private:
   const std::shared_ptr<AwsCredentialsProvider> inner_;
   std::atomic<int> calls_{0};
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::set<std::string> keys_;
 };
 

@@ -6,12 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,6 +24,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/net/client.h"
@@ -153,7 +153,7 @@ class SidecarIntegrationTest : public ::testing::Test {
   std::optional<ReplicaState> ServerInfo() {
     auto r = Call("GET", "/server_info");
     if (!r.ok() || r->status != 200) return std::nullopt;
-    auto state = ReplicaState::FromJson(r->body);
+    auto state = ParseServerInfo(r->body);
     if (!state.ok()) return std::nullopt;
     return *state;
   }
@@ -473,8 +473,8 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
 
   StartFleet();
   ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
-  std::mutex mu;
-  std::condition_variable idle;
+  absl::Mutex mu;
+  absl::CondVar idle;  // the sidecar's address changed, or the test ends
   std::string url = url_;
   std::atomic<int64_t> latest{0};
   std::atomic<bool> stop{false};
@@ -499,11 +499,11 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
       }
       std::string target;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         target = url;
       }
       Generation g = Generate(target, constraint);
-      std::unique_lock<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       ++tally.requests;
       if (g.status == 409 || g.status == 503) {
         ++tally.retryable;
@@ -513,8 +513,7 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
         ++tally.unreachable;
         // Nobody listens there (the sidecar is being restarted): wait for
         // its new address rather than spin.
-        idle.wait_for(lock, std::chrono::milliseconds(20),
-                      [&] { return stop.load() || url != target; });
+        if (!stop.load() && url == target) idle.WaitWithTimeout(&mu, absl::Milliseconds(20));
         continue;
       }
       if (g.status != 200) {
@@ -536,7 +535,7 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
     }
   });
   auto answered = [&] {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     return tally.answered;
   };
   auto advance = [&](int64_t v) {
@@ -572,10 +571,10 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
   ASSERT_TRUE(sidecar_->WaitForExit(std::chrono::seconds(30)).has_value());
   StartSidecar(FleetOptions{});
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     url = url_;
   }
-  idle.notify_all();
+  idle.SignalAll();
   ASSERT_TRUE(ServesVersion(3)) << sidecar_->err();
   EXPECT_EQ(swaps(), swaps_before);
   EXPECT_THAT(sidecar_->err(), HasSubstr("verified the engine's weights: r1/weight_v000003"));

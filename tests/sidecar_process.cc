@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <regex>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "tests/support/subprocess.h"
 
 namespace stitch::testing {
@@ -47,39 +49,34 @@ void ServerProcess::Drain(int out_fd, int err_fd) {
         --open;
         continue;
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       (i == 0 ? out_ : err_).append(buf, static_cast<size_t>(n));
-      cv_.notify_all();
+      output_.SignalAll();
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   drained_ = true;
-  cv_.notify_all();
+  output_.SignalAll();
 }
 
 std::optional<std::string> ServerProcess::WaitForUrl(std::chrono::milliseconds timeout) {
   static const std::regex kUrl(R"(http://[A-Za-z0-9.\[\]:-]+:[0-9]+)");
-  std::unique_lock<std::mutex> lock(mu_);
-  std::optional<std::string> url;
-  cv_.wait_for(lock, timeout, [&] {
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  absl::MutexLock lock(&mu_);
+  for (bool timed_out = false;; timed_out = output_.WaitWithDeadline(&mu_, deadline)) {
     std::smatch m;
-    if (std::regex_search(out_, m, kUrl)) {
-      url = m.str(0);
-      return true;
-    }
-    return drained_;
-  });
-  return url;
+    if (std::regex_search(out_, m, kUrl)) return m.str(0);
+    if (drained_ || timed_out) return std::nullopt;
+  }
 }
 
 bool ServerProcess::WaitForOutput(const std::string& text, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  bool found = false;
-  cv_.wait_for(lock, timeout, [&] {
-    found = out_.find(text) != std::string::npos;
-    return found || drained_;
-  });
-  return found;
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  absl::MutexLock lock(&mu_);
+  for (bool timed_out = false;; timed_out = output_.WaitWithDeadline(&mu_, deadline)) {
+    if (out_.find(text) != std::string::npos) return true;
+    if (drained_ || timed_out) return false;
+  }
 }
 
 void ServerProcess::Signal(int signal) {
@@ -105,12 +102,12 @@ std::optional<int> ServerProcess::WaitForExit(std::chrono::milliseconds timeout)
 }
 
 std::string ServerProcess::out() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return out_;
 }
 
 std::string ServerProcess::err() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return err_;
 }
 

@@ -5,12 +5,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stitch::testing {
 
@@ -51,11 +52,11 @@ class ServerProcess {
 
   int pid_ = -1;
   std::optional<int> exit_code_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::string out_;
-  std::string err_;
-  bool drained_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar output_;  // more output, or the end of it
+  std::string out_ ABSL_GUARDED_BY(mu_);
+  std::string err_ ABSL_GUARDED_BY(mu_);
+  bool drained_ ABSL_GUARDED_BY(mu_) = false;
   std::thread drain_;
   const std::string name_;
 };

@@ -11,8 +11,6 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/trampoline.h>
 
-#include <zstd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -31,7 +29,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "encode_floor.h"  // bench/
 #include "stitch/core/constraint.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
@@ -661,34 +658,6 @@ NB_MODULE(_stitch, m) {
 
   m.def("copy_bytes", &CopyBytes, "pairs"_a, "threads"_a = 0,
         "Copies each (source, destination) pair of flat uint8 arrays on `threads` workers.");
-
-  m.def(
-      "encode_floor",
-      [](const Bytes& base, const Bytes& target, size_t tensor_bytes) {
-        if (base.size() != target.size() || tensor_bytes == 0) {
-          RaiseInvalid("stitch: encode_floor needs equal sizes and tensor_bytes > 0");
-        }
-        std::vector<std::byte> x(kChunkBytes), out(ZSTD_CStreamOutSize()), frame;
-        bench::FloorEncoder floor(x, out);
-        double seconds = 0;
-        size_t compressed_bytes = 0;
-        {
-          nb::gil_scoped_release release;
-          const auto* b = reinterpret_cast<const std::byte*>(base.data());
-          const auto* t = reinterpret_cast<const std::byte*>(target.data());
-          const auto start = std::chrono::steady_clock::now();
-          for (size_t at = 0; at < base.size(); at += tensor_bytes) {
-            // A zstd error ends that tensor's frame early; the floor goes on.
-            (void)floor.Encode(b + at, t + at, std::min(tensor_bytes, base.size() - at), frame);
-            compressed_bytes += frame.size();
-          }
-          seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        }
-        return std::make_pair(seconds, compressed_bytes);
-      },
-      "base"_a, "target"_a, "tensor_bytes"_a,
-      "Seconds of bench/delta_bench's single-threaded encode floor over these bytes (for "
-      "bench/python_encode_bench.py), and the compressed size.");
 
   m.def(
       "write_full",

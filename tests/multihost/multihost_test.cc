@@ -72,6 +72,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/constraint.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
@@ -302,7 +303,7 @@ std::optional<ReplicaState> ServerInfo(const std::string& host) {
   options.timeout = 2s;
   auto r = HttpFetch("GET", ReplicaUrl(host) + "/server_info", {}, options);
   if (!r.ok() || r->status != 200) return std::nullopt;
-  auto state = ReplicaState::FromJson(r->body);
+  auto state = ParseServerInfo(r->body);
   if (!state.ok()) return std::nullopt;
   return *std::move(state);
 }

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/time/time.h"
+
 namespace stitch::testing {
 namespace {
 
@@ -97,13 +99,17 @@ LoopbackHttpServer::~LoopbackHttpServer() {
 std::string LoopbackHttpServer::url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
 std::vector<std::string> LoopbackHttpServer::requests() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return requests_;
 }
 
 bool LoopbackHttpServer::WaitForRequests(size_t n, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return requests_.size() >= n; });
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  absl::MutexLock lock(&mu_);
+  while (requests_.size() < n) {
+    if (arrived_.WaitWithDeadline(&mu_, deadline)) return requests_.size() >= n;
+  }
+  return true;
 }
 
 void LoopbackHttpServer::Serve() {
@@ -119,9 +125,9 @@ void LoopbackHttpServer::Serve() {
     if (conn < 0) continue;
     Request request = ReadRequest(conn, stop_pipe_[0]);
     if (!request.line.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       requests_.push_back(request.line);
-      cv_.notify_all();
+      arrived_.SignalAll();
     }
     if (options_.hang) {
       held.push_back(conn);

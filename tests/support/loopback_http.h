@@ -4,12 +4,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stitch::testing {
 
@@ -54,9 +55,9 @@ class LoopbackHttpServer {
   int listen_fd_ = -1;
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::vector<std::string> requests_;
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar arrived_;  // a request arrived
+  std::vector<std::string> requests_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -12,22 +12,15 @@
 #include <thread>
 #include <vector>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/json/array.hpp>
-#include <boost/json/object.hpp>
-#include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stitch/api/replica_client.h"
+#include "stitch/api/response.h"
+#include "stitch/api/server_info.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/core/errors.h"
-#include "stitch/core/json.h"
 #include "stitch/core/state.h"
-#include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/pool/pool.h"
 #include "stitch/store/store.h"
@@ -35,7 +28,6 @@
 namespace stitch {
 namespace {
 
-namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kProbeTimeout = std::chrono::seconds(3);
@@ -47,60 +39,30 @@ std::string TrimSlash(std::string url) {
 }
 
 // What one replica says about itself, from its answer to GET /server_info.
-ReplicaStatus StatusFrom(const std::string& url, const absl::StatusOr<HttpResponse>& response) {
+ReplicaStatus StatusFrom(const std::string& url, absl::StatusOr<ReplicaState> info) {
   ReplicaStatus s;
   s.url = url;
-  if (!response.ok()) {
-    s.last_error = std::string(response.status().message());
-    return s;
-  }
-  if (response->status != 200) {
-    s.last_error = absl::StrCat("/server_info answered HTTP ", response->status);
-    return s;
-  }
-  auto state = ReplicaState::FromJson(response->body);
-  if (!state.ok()) {
-    s.last_error = absl::StrCat("/server_info: ", state.status().message());
+  if (!info.ok()) {
+    s.last_error = std::string(info.status().message());
     return s;
   }
   s.reachable = true;
-  s.state = *std::move(state);
+  s.state = *std::move(info);
   s.in_flight = s.state.active_requests;
   if (!s.state.ready) s.last_error = s.state.reason;
   return s;
 }
 
-// Probes every URL on one event loop, kProbeConcurrency at a time: a probe
-// starts as soon as another ends, so a replica that does not answer holds
-// up only its own slot. The statuses keep the order of `urls`.
+// Probes every URL, kProbeConcurrency at a time: a replica that does not
+// answer holds up only its own slot. The statuses keep the order of `urls`.
 std::vector<ReplicaStatus> ProbeAll(const std::vector<std::string>& urls) {
-  std::vector<ReplicaStatus> out(urls.size());
-  boost::asio::io_context io(1);
-  ClientOptions options;
-  options.connect_timeout = kProbeTimeout;
-  options.request_timeout = kProbeTimeout;
-  {
-    HttpClient client(io.get_executor(), options);
-    size_t next = 0;  // the loop's thread only
-    for (size_t slot = 0; slot < std::min(kProbeConcurrency, urls.size()); ++slot) {
-      boost::asio::co_spawn(
-          io,
-          [&]() -> boost::asio::awaitable<void> {
-            while (next < urls.size()) {
-              const size_t i = next++;
-              // (Named arguments: GCC 12 destroys temporaries of a co_await
-              // expression twice.)
-              std::string method = "GET";
-              std::string url = urls[i] + "/server_info";
-              const absl::StatusOr<HttpResponse> response =
-                  co_await client.Fetch(std::move(method), std::move(url));
-              out[i] = StatusFrom(urls[i], response);
-            }
-          },
-          boost::asio::detached);
-    }
-    io.run();
-  }
+  ReplicaCallOptions options;
+  options.timeout = kProbeTimeout;
+  options.concurrency = kProbeConcurrency;
+  std::vector<absl::StatusOr<ReplicaState>> infos = ReadServerInfos(urls, options);
+  std::vector<ReplicaStatus> out;
+  out.reserve(urls.size());
+  for (size_t i = 0; i < urls.size(); ++i) out.push_back(StatusFrom(urls[i], std::move(infos[i])));
   return out;
 }
 
@@ -128,37 +90,9 @@ absl::StatusOr<PoolState> FromGateway(const std::string& gateway) {
     return absl::UnavailableError(
         absl::StrCat("gateway ", gateway, ": GET /replicas answered HTTP ", response->status));
   }
-  boost::system::error_code ec;
-  json::value doc = json::parse(response->body, ec);
-  const json::value* list =
-      ec || !doc.is_object() ? nullptr : doc.get_object().if_contains("replicas");
-  if (list == nullptr || !list->is_array()) {
-    return absl::DataLossError(
-        absl::StrCat("gateway ", gateway, ": /replicas is not a replica list"));
-  }
-  PoolState state;
-  for (const json::value& item : list->get_array()) {
-    if (!item.is_object()) continue;
-    const json::object& o = item.get_object();
-    ReplicaStatus s;
-    auto replica_state = ReplicaStateFromJsonValue(item);
-    if (replica_state.ok()) s.state = *std::move(replica_state);
-    if (const json::value* v = o.if_contains("url"); v != nullptr && v->is_string()) {
-      s.url = std::string(v->get_string());
-    }
-    if (const json::value* v = o.if_contains("reachable"); v != nullptr && v->is_bool()) {
-      s.reachable = v->get_bool();
-    }
-    if (const json::value* v = o.if_contains("in_flight"); v != nullptr && v->is_int64()) {
-      s.in_flight = v->get_int64();
-    }
-    if (const json::value* v = o.if_contains("stalled"); v != nullptr && v->is_bool()) {
-      s.stalled = v->get_bool();
-    }
-    if (const json::value* v = o.if_contains("last_error"); v != nullptr && v->is_string()) {
-      s.last_error = std::string(v->get_string());
-    }
-    state.replicas.push_back(std::move(s));
+  absl::StatusOr<PoolState> state = ParseReplicas(response->body);
+  if (!state.ok()) {
+    return absl::DataLossError(absl::StrCat("gateway ", gateway, ": ", state.status().message()));
   }
   return state;
 }
@@ -209,9 +143,7 @@ int RunStatus(const StatusFlags& flags) {
   }
 
   if (flags.json) {
-    json::value doc = PoolStateToJsonValue(*state);
-    if (pointer.has_value()) doc.get_object()["pointer"] = *pointer;
-    std::cout << json::serialize(doc) << "\n";
+    std::cout << ReplicasJson(*state, pointer.value_or("")) << "\n";
     return 0;
   }
   std::printf("%-32s %-5s %-26s %-10s %9s %10s %10s  %s\n", "URL", "READY", "APPLIED", "STATE",

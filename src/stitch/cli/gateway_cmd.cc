@@ -17,6 +17,7 @@
 #include "stitch/cli/server_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/gateway/gateway.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
@@ -90,8 +91,9 @@ int RunGateway(const GatewayFlags& flags) {
   options.session_table_bytes = flags.session_table_bytes;
 
   WorkerPool workers(2);
+  SteadyClock clock;
   auto loop = std::make_unique<EventLoop>();
-  auto gateway = Gateway::Start(loop->executor(), **pool, workers, options);
+  auto gateway = Gateway::Start(loop->executor(), **pool, workers, clock, options);
   if (!gateway.ok()) return ReportFailure(Annotate(gateway.status(), "gateway"));
   absl::Notification stop;
   auto signals = std::make_unique<boost::asio::signal_set>(loop->executor(), SIGINT, SIGTERM);

@@ -6,13 +6,11 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -20,15 +18,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/server_args.h"
+#include "stitch/cli/sidecar_flags.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
-#include "stitch/replica/clock.h"
 #include "stitch/replica/sidecar.h"
 #include "stitch/store/store.h"
 
@@ -61,26 +61,19 @@ class ShutdownDeadline {
  public:
   explicit ShutdownDeadline(int exit_code)
       : thread_([this, exit_code] {
-          std::unique_lock<std::mutex> lock(mu_);
-          if (!cv_.wait_for(lock, kShutdownGrace, [this] { return done_; })) {
+          if (!done_.WaitForNotificationWithTimeout(absl::FromChrono(kShutdownGrace))) {
             std::cerr << "stitch: sidecar: shutdown took longer than " << kShutdownGrace.count()
                       << " s; exiting now\n";
             std::_Exit(exit_code);
           }
         }) {}
   ~ShutdownDeadline() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
+    done_.Notify();
     thread_.join();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  absl::Notification done_;
   std::thread thread_;
 };
 

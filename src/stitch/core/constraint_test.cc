@@ -5,6 +5,7 @@
 #include <boost/json/parse.hpp>
 
 #include "stitch/core/json.h"
+#include "stitch/core/version.h"
 
 namespace stitch {
 namespace {

@@ -12,7 +12,6 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/core/constraint.h"
-#include "stitch/core/state.h"
 
 namespace stitch {
 
@@ -37,11 +36,6 @@ boost::json::value ConstraintToJsonValue(const VersionConstraint& c);
 // A JSON integer in [0, kMaxVersion] from `v`, or an error naming `field`.
 [[nodiscard]] absl::StatusOr<int64_t> VersionFromJsonValue(const boost::json::value& v,
                                                            std::string_view field);
-
-boost::json::value ReplicaStateToJsonValue(const ReplicaState& s);
-[[nodiscard]] absl::StatusOr<ReplicaState> ReplicaStateFromJsonValue(const boost::json::value& v);
-
-boost::json::value PoolStateToJsonValue(const PoolState& s);
 
 // Memory for the JSON documents of one request: their nodes come from an
 // inline buffer (then from blocks of growing size) and are freed all at

@@ -1,11 +1,7 @@
 #include "stitch/core/state.h"
 
-#include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/core/json.h"
 
 namespace stitch {
 
@@ -46,26 +42,10 @@ absl::StatusOr<CommitMode> ParseCommitMode(std::string_view name) {
       absl::StrCat("unknown commit mode \"", AbslView(name), "\" (expected in_place|quiesce)"));
 }
 
-std::string ReplicaState::ToJson() const {
-  return boost::json::serialize(ReplicaStateToJsonValue(*this));
-}
-
-absl::StatusOr<ReplicaState> ReplicaState::FromJson(std::string_view json) {
-  boost::system::error_code ec;
-  boost::json::value v = boost::json::parse(json, ec);
-  if (ec)
-    return absl::InvalidArgumentError(absl::StrCat("server_info is not JSON: ", ec.message()));
-  return ReplicaStateFromJsonValue(v);
-}
-
 int PoolState::ready_count() const {
   int n = 0;
   for (const ReplicaStatus& r : replicas) n += (r.reachable && r.state.ready) ? 1 : 0;
   return n;
-}
-
-std::string PoolState::ToJson() const {
-  return boost::json::serialize(PoolStateToJsonValue(*this));
 }
 
 }  // namespace stitch

@@ -1,6 +1,6 @@
 // Replica and pool state, as reported by a sidecar's /server_info and a
-// gateway's /replicas. Plain values; JSON forms in json.h (Boost.JSON) and as
-// text here.
+// gateway's /replicas. Plain values; their wire forms are the rollout API's
+// (api/server_info.h).
 #pragma once
 
 #include <cstdint>
@@ -46,9 +46,6 @@ struct ReplicaState {
   std::string sync_error;
   // Timings and counters of the last reconcile pass (stage_s, commit_s, ...).
   std::map<std::string, double> metrics;
-
-  std::string ToJson() const;
-  [[nodiscard]] static absl::StatusOr<ReplicaState> FromJson(std::string_view json);
 };
 
 // What a gateway knows about one replica.
@@ -65,7 +62,6 @@ struct PoolState {
   std::vector<ReplicaStatus> replicas;
 
   int ready_count() const;
-  std::string ToJson() const;
 };
 
 }  // namespace stitch

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -15,7 +14,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -26,6 +24,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "stitch/core/version.h"
 #include "stitch/demo/batch.h"
 #include "stitch/demo/fleet.h"
@@ -80,7 +80,7 @@ class Console {
 
   // A line of its own (an event): on a terminal, above the live line.
   void Line(const std::string& text) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (tty_) std::cout << "\r\033[K";
     std::cout << text << "\n";
     if (tty_ && !live_.empty()) std::cout << Fit(live_);
@@ -89,7 +89,7 @@ class Console {
 
   // Redraws the live line (terminals only).
   void Live(const std::string& text) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     live_ = text;
     if (!tty_) return;
     std::cout << "\r\033[K" << Fit(live_);
@@ -98,7 +98,7 @@ class Console {
 
   // Ends the live line with `text` as its final content.
   void Commit(const std::string& text) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     live_.clear();
     if (tty_) std::cout << "\r\033[K";
     std::cout << text << "\n";
@@ -115,8 +115,8 @@ class Console {
   }
 
   const bool tty_;
-  std::mutex mu_;
-  std::string live_;
+  absl::Mutex mu_;
+  std::string live_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string FleetText(const std::vector<ReplicaView>& views) {
@@ -137,13 +137,18 @@ struct RolloutOutcome {
 
 // One step's rollouts in flight.
 struct PendingBatch {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::optional<RolloutOutcome>> results;
+  // Set before the batch is launched, then only read.
   std::vector<std::vector<int32_t>> prompts;
-  int remaining = 0;
-  std::optional<absl::Status> error;
   int64_t min_version = 0;
+
+  absl::Mutex mu;
+  std::vector<std::optional<RolloutOutcome>> results ABSL_GUARDED_BY(mu);
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  std::optional<absl::Status> error ABSL_GUARDED_BY(mu);
+
+  bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return remaining == 0 || error.has_value();
+  }
 };
 
 // Sends rollout requests through the gateway from a fixed set of threads,
@@ -158,36 +163,37 @@ class RolloutDispatcher {
 
   ~RolloutDispatcher() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       closing_ = true;
     }
-    cv_.notify_all();
     for (std::thread& t : threads_) t.join();
   }
 
   std::shared_ptr<PendingBatch> Launch(std::vector<RolloutRequest> requests) {
     auto batch = std::make_shared<PendingBatch>();
-    batch->results.resize(requests.size());
-    batch->remaining = static_cast<int>(requests.size());
     for (const RolloutRequest& r : requests) batch->prompts.push_back(r.prompt);
     if (!requests.empty()) batch->min_version = requests.front().min_version.value_or(0);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i = 0; i < requests.size(); ++i) {
-        jobs_.push_back(Job{batch, i, std::move(requests[i])});
-      }
+      absl::MutexLock lock(&batch->mu);
+      batch->results.resize(requests.size());
+      batch->remaining = static_cast<int>(requests.size());
     }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      jobs_.push_back(Job{batch, i, std::move(requests[i])});
+    }
     return batch;
   }
 
   // Waits for every rollout of `batch`. The first rollout that failed every
-  // attempt fails the batch; Cancelled when `stop` is set.
+  // attempt fails the batch; Cancelled when `stop` is set (looked at every
+  // 100 ms).
   absl::StatusOr<std::vector<RolloutOutcome>> Wait(PendingBatch& batch) {
-    std::unique_lock<std::mutex> lock(batch.mu);
-    while (batch.remaining > 0 && !batch.error.has_value()) {
+    absl::MutexLock lock(&batch.mu);
+    while (!batch.Done()) {
       if (stop_->load()) return absl::CancelledError("demo: interrupted");
-      batch.cv.wait_for(lock, std::chrono::milliseconds(100));
+      batch.mu.AwaitWithTimeout(absl::Condition(&batch, &PendingBatch::Done),
+                                absl::Milliseconds(100));
     }
     if (batch.error.has_value()) return *batch.error;
     std::vector<RolloutOutcome> out;
@@ -204,25 +210,28 @@ class RolloutDispatcher {
     RolloutRequest request;
   };
 
+  bool HasWorkOrClosing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closing_ || !jobs_.empty();
+  }
+
   void Work() {
     for (;;) {
       Job job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return closing_ || !jobs_.empty(); });
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &RolloutDispatcher::HasWorkOrClosing));
         if (jobs_.empty()) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
       absl::StatusOr<RolloutOutcome> outcome = Run(job.request);
-      std::lock_guard<std::mutex> lock(job.batch->mu);
+      absl::MutexLock lock(&job.batch->mu);
       if (outcome.ok()) {
         job.batch->results[job.index] = *std::move(outcome);
       } else if (!job.batch->error.has_value()) {
         job.batch->error = outcome.status();
       }
       --job.batch->remaining;
-      job.batch->cv.notify_all();
     }
   }
 
@@ -267,10 +276,9 @@ class RolloutDispatcher {
   const std::string gateway_;
   const std::function<double()> now_;
   const std::atomic<bool>* stop_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  bool closing_ = false;
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> retries_{0};
   std::vector<std::thread> threads_;
 };
@@ -388,11 +396,11 @@ class Demo {
   double join_started_at_ = 0;
 
   // What the ticker shows for the step in progress.
-  std::mutex progress_mu_;
-  int64_t progress_step_ = 0;
-  std::string progress_phase_;
-  std::shared_ptr<PendingBatch> progress_batch_;
-  double last_reward_ = -1;
+  absl::Mutex progress_mu_;
+  int64_t progress_step_ ABSL_GUARDED_BY(progress_mu_) = 0;
+  std::string progress_phase_ ABSL_GUARDED_BY(progress_mu_);
+  std::shared_ptr<PendingBatch> progress_batch_ ABSL_GUARDED_BY(progress_mu_);
+  double last_reward_ ABSL_GUARDED_BY(progress_mu_) = -1;
   std::atomic<bool> ticker_stop_{false};
 };
 
@@ -497,13 +505,13 @@ void Demo::Ticker() {
   while (!ticker_stop_.load()) {
     std::string line;
     {
-      std::lock_guard<std::mutex> lock(progress_mu_);
+      absl::MutexLock lock(&progress_mu_);
       int done = 0;
       int total = 0;
-      if (progress_batch_ != nullptr) {
-        std::lock_guard<std::mutex> batch_lock(progress_batch_->mu);
-        total = static_cast<int>(progress_batch_->results.size());
-        done = total - progress_batch_->remaining;
+      if (PendingBatch* batch = progress_batch_.get(); batch != nullptr) {
+        absl::MutexLock batch_lock(&batch->mu);
+        total = static_cast<int>(batch->results.size());
+        done = total - batch->remaining;
       }
       line = absl::StrFormat("step %d/%d  %s", progress_step_, options_.steps, progress_phase_);
       if (total > 0) absl::StrAppendFormat(&line, " %d/%d", done, total);
@@ -538,7 +546,7 @@ absl::Status Demo::Train() {
     }
   } stop_ticker{this, &ticker};
   auto phase = [this](int64_t step, std::string what, std::shared_ptr<PendingBatch> batch) {
-    std::lock_guard<std::mutex> lock(progress_mu_);
+    absl::MutexLock lock(&progress_mu_);
     progress_step_ = step;
     progress_phase_ = std::move(what);
     progress_batch_ = std::move(batch);
@@ -612,7 +620,7 @@ absl::Status Demo::Train() {
     if (step == 1) record_.first_sample = Decode(generated.front().output_ids);
     record_.last_sample = Decode(generated.front().output_ids);
     {
-      std::lock_guard<std::mutex> lock(progress_mu_);
+      absl::MutexLock lock(&progress_mu_);
       last_reward_ = stats.mean_reward;
     }
     NoteTransitions();

@@ -11,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "stitch/api/replica_client.h"
 #include "stitch/core/state.h"
 #include "stitch/format/fileio.h"
 #include "stitch/net/client.h"
@@ -21,13 +23,11 @@ namespace {
 constexpr auto kProbeTimeout = std::chrono::seconds(1);
 
 std::optional<ReplicaState> Probe(const std::string& url) {
-  FetchOptions options;
+  ReplicaCallOptions options;
   options.timeout = kProbeTimeout;
-  auto response = HttpFetch("GET", url + "/server_info", {}, options);
-  if (!response.ok() || response->status != 200) return std::nullopt;
-  auto state = ReplicaState::FromJson(response->body);
-  if (!state.ok()) return std::nullopt;
-  return *std::move(state);
+  std::vector<absl::StatusOr<ReplicaState>> state = ReadServerInfos({url}, options);
+  if (!state[0].ok()) return std::nullopt;
+  return *std::move(state[0]);
 }
 
 std::string StateText(const ReplicaState& s) {
@@ -51,7 +51,7 @@ LocalFleet::LocalFleet(ProcessSupervisor& supervisor, FleetOptions options, Cloc
                        const std::atomic<bool>* cancel)
     : supervisor_(supervisor), options_(std::move(options)), epoch_(epoch), cancel_(cancel) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // The gateway starts on an empty pool rather than a missing file.
     (void)WritePoolFile();
   }
@@ -67,7 +67,7 @@ double LocalFleet::Now() const {
 std::filesystem::path LocalFleet::pool_file() const { return options_.dir / "replicas.txt"; }
 
 std::string LocalFleet::gateway_url() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return gateway_url_;
 }
 
@@ -84,7 +84,7 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   Member* member = nullptr;
   std::string name;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     name = absl::StrCat("r", next_index_++);
     auto m = std::make_unique<Member>();
     m->record.name = name;
@@ -94,7 +94,7 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
     members_.push_back(std::move(m));
   }
   auto fail = [&](absl::Status status) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     member->state = "failed";
     return status;
   };
@@ -111,7 +111,7 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
       logs / absl::StrCat("engine-", name, ".log"));
   if (!engine.ok()) return fail(engine.status());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     member->engine_pid = *engine;
   }
   auto engine_url = supervisor_.WaitForUrl(*engine, options_.start_timeout, cancel_);
@@ -144,12 +144,12 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
                                    logs / absl::StrCat("sidecar-", name, ".log"));
   if (!sidecar.ok()) return fail(sidecar.status());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     member->sidecar_pid = *sidecar;
   }
   auto url = supervisor_.WaitForUrl(*sidecar, options_.start_timeout, cancel_);
   if (!url.ok()) return fail(url.status());
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   member->record.url = *url;
   member->listed = true;
   member->state = "catching up";
@@ -162,14 +162,14 @@ void LocalFleet::StartReplicaInBackground() {
   background_ = std::thread([this] {
     auto started = StartReplica(true);
     if (!started.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       background_error_ = started.status();
     }
   });
 }
 
 std::optional<absl::Status> LocalFleet::BackgroundError() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return background_error_;
 }
 
@@ -186,7 +186,7 @@ absl::Status LocalFleet::StartGateway() {
   if (!pid.ok()) return pid.status();
   auto url = supervisor_.WaitForUrl(*pid, options_.start_timeout, cancel_);
   if (!url.ok()) return url.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   gateway_url_ = *url;
   return absl::OkStatus();
 }
@@ -198,7 +198,7 @@ absl::Status LocalFleet::WaitReady(int count, std::chrono::milliseconds timeout)
     std::string laggards;
     std::string gateway;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       gateway = gateway_url_;
       for (const auto& m : members_) {
         if (m->killed) continue;
@@ -233,7 +233,7 @@ absl::Status LocalFleet::Kill(const std::string& name) {
   int engine = -1;
   int sidecar = -1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& m : members_) {
       if (m->record.name != name || m->killed) continue;
       engine = m->engine_pid;
@@ -247,7 +247,7 @@ absl::Status LocalFleet::Kill(const std::string& name) {
   if (sidecar < 0) return absl::NotFoundError(absl::StrCat("demo: no live replica ", name));
   supervisor_.Signal(sidecar, SIGKILL);
   if (engine > 0) supervisor_.Signal(engine, SIGKILL);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return WritePoolFile();
 }
 
@@ -256,7 +256,7 @@ bool LocalFleet::WaitConverged(int64_t version, std::chrono::milliseconds timeou
   for (;;) {
     bool done = true;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& m : members_) {
         if (m->killed || m->state == "failed" || m->state.starts_with("exited")) continue;
         done &= m->applied.has_value() && *m->applied >= version;
@@ -269,7 +269,7 @@ bool LocalFleet::WaitConverged(int64_t version, std::chrono::milliseconds timeou
 }
 
 std::vector<ReplicaView> LocalFleet::Views() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<ReplicaView> out;
   for (const auto& m : members_) {
     out.push_back({m->record.name, m->applied.value_or(-1), m->ready, m->state});
@@ -297,7 +297,7 @@ void LocalFleet::MonitorLoop() {
   while (!stop_monitor_.load()) {
     std::vector<std::pair<Member*, std::string>> targets;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& m : members_) {
         if (m->killed || m->record.url.empty()) continue;
         targets.emplace_back(m.get(), m->record.url);
@@ -308,7 +308,7 @@ void LocalFleet::MonitorLoop() {
       std::optional<int> exited =
           state.has_value() ? std::nullopt : supervisor_.ExitStatus(member->sidecar_pid);
       const double now = Now();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       Member& m = *member;
       if (m.killed) continue;
       if (!state.has_value()) {
@@ -337,7 +337,7 @@ std::vector<DemoReplica> LocalFleet::Finish() {
   stop_monitor_.store(true);
   if (monitor_.joinable()) monitor_.join();
   if (background_.joinable()) background_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<DemoReplica> out;
   for (const auto& m : members_) {
     DemoReplica r = m->record;

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -25,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/demo/report.h"
 #include "stitch/demo/supervisor.h"
 
@@ -128,7 +128,7 @@ class LocalFleet {
   const Clock::time_point epoch_;
   const std::atomic<bool>* cancel_;
 
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
   std::string gateway_url_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> background_error_ ABSL_GUARDED_BY(mu_);

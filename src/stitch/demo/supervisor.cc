@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stitch {
 namespace {
@@ -63,18 +64,19 @@ ProcessSupervisor::ProcessSupervisor(std::string program)
 ProcessSupervisor::~ProcessSupervisor() {
   StopAll(std::chrono::seconds(5));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   spawner_.join();
 }
 
+bool ProcessSupervisor::HasWorkOrStopping() const { return stopping_ || !jobs_.empty(); }
+
 void ProcessSupervisor::SpawnLoop() {
   const pid_t parent = ::getpid();
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+    mu_.Await(absl::Condition(this, &ProcessSupervisor::HasWorkOrStopping));
     if (jobs_.empty()) return;
     SpawnJob* job = jobs_.front();
     jobs_.pop_front();
@@ -111,7 +113,6 @@ void ProcessSupervisor::SpawnLoop() {
       ::setpgid(pid, pid);
       job->result = static_cast<int>(pid);
     }
-    cv_.notify_all();
   }
 }
 
@@ -128,14 +129,14 @@ absl::StatusOr<int> ProcessSupervisor::Start(const std::string& name,
   job.log_fd = fd;
   absl::StatusOr<int> pid;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) {
       ::close(fd);
       return absl::CancelledError("demo: the supervisor is stopping");
     }
     jobs_.push_back(&job);
-    cv_.notify_all();
-    cv_.wait(lock, [&job] { return job.result.has_value(); });
+    mu_.Await(absl::Condition(
+        +[](SpawnJob* j) { return j->result.has_value(); }, &job));
     pid = *job.result;
     if (pid.ok()) {
       children_[*pid] = Child{name, log, std::nullopt};
@@ -158,7 +159,7 @@ std::optional<int> ProcessSupervisor::Reap(int pid) {
 }
 
 std::optional<int> ProcessSupervisor::ExitStatus(int pid) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Reap(pid);
 }
 
@@ -168,7 +169,7 @@ absl::StatusOr<std::string> ProcessSupervisor::WaitForUrl(int pid,
   std::filesystem::path log;
   std::string name;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = children_.find(pid);
     if (it == children_.end()) return absl::NotFoundError("demo: no such child");
     log = it->second.log;
@@ -204,25 +205,29 @@ absl::StatusOr<int> ProcessSupervisor::WaitForExit(int pid, std::chrono::millise
 }
 
 void ProcessSupervisor::Signal(int pid, int signal) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (Reap(pid).has_value()) return;
   ::kill(-pid, signal);
 }
 
 void ProcessSupervisor::StopAll(std::chrono::milliseconds grace) {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-    if (!Reap(*it).has_value()) ::kill(-*it, SIGTERM);
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      if (!Reap(*it).has_value()) ::kill(-*it, SIGTERM);
+    }
   }
   const auto deadline = std::chrono::steady_clock::now() + grace;
   for (;;) {
     bool running = false;
-    for (int pid : order_) running |= !Reap(pid).has_value();
+    {
+      absl::MutexLock lock(&mu_);
+      for (int pid : order_) running |= !Reap(pid).has_value();
+    }
     if (!running || std::chrono::steady_clock::now() >= deadline) break;
-    lock.unlock();
     std::this_thread::sleep_for(kPollEvery);
-    lock.lock();
   }
+  absl::MutexLock lock(&mu_);
   for (int pid : order_) {
     if (Reap(pid).has_value()) continue;
     ::kill(-pid, SIGKILL);

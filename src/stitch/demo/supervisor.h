@@ -16,13 +16,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -30,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stitch {
 
@@ -83,11 +82,11 @@ class ProcessSupervisor {
   };
 
   void SpawnLoop();
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<int> Reap(int pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string program_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
   std::map<int, Child> children_ ABSL_GUARDED_BY(mu_);
   std::vector<int> order_ ABSL_GUARDED_BY(mu_);  // pids, oldest first
   std::deque<SpawnJob*> jobs_ ABSL_GUARDED_BY(mu_);

@@ -1,13 +1,10 @@
 #include "stitch/engine/engine.h"
 
-#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/string.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/core/json.h"
 
 namespace stitch {
 
@@ -66,87 +63,6 @@ absl::StatusOr<EngineReport> ParseEngineReport(std::string_view body) {
     report.fingerprint = *parsed;
   }
   return report;
-}
-
-std::optional<std::string> ResponseWeightLabel(const boost::json::value& body) {
-  const boost::json::value* item = &body;
-  if (body.is_array()) {
-    if (body.get_array().empty()) return std::nullopt;
-    item = &body.get_array().front();
-  }
-  if (!item->is_object()) return std::nullopt;
-  for (std::string_view holder : {"meta_info", "metadata"}) {
-    const boost::json::value* h = item->get_object().if_contains(holder);
-    if (h == nullptr || !h->is_object()) continue;
-    const boost::json::value* label = h->get_object().if_contains("weight_version");
-    if (label == nullptr) continue;
-    if (label->is_string()) return std::string(label->get_string());
-    if (label->is_int64()) return std::to_string(label->get_int64());
-    return std::string();
-  }
-  return std::nullopt;
-}
-
-std::optional<int64_t> StampedEndVersion(std::string_view body) {
-  JsonArena arena;
-  boost::system::error_code ec;
-  boost::json::value doc = boost::json::parse(body, ec, arena.storage());
-  if (ec) return std::nullopt;
-  const boost::json::value* item = &doc;
-  if (doc.is_array()) {
-    if (doc.get_array().empty()) return std::nullopt;
-    item = &doc.get_array().front();
-  }
-  if (!item->is_object()) return std::nullopt;
-  const boost::json::object& o = item->get_object();
-  const boost::json::value* end = o.if_contains("weight_version_end");
-  if (end == nullptr) {
-    if (const boost::json::value* meta = o.if_contains("meta_info");
-        meta != nullptr && meta->is_object()) {
-      end = meta->get_object().if_contains("weight_version_end");
-    }
-  }
-  if (end == nullptr || !end->is_int64()) return std::nullopt;
-  return end->get_int64();
-}
-
-std::string CacheIsolationPrefix(const VersionRef& serving) {
-  return absl::StrCat("wv", serving.version, ";", serving.run_id, "/");
-}
-
-namespace {
-
-// Prepends the isolation prefix to the caller's own string value of `key`.
-// A non-string value is replaced: the engine would refuse it anyway, and a
-// request must never reach the cache untagged.
-void PrefixKey(boost::json::object& body, std::string_view key, const std::string& prefix) {
-  std::string value = prefix;
-  if (const boost::json::value* own = body.if_contains(key); own != nullptr && own->is_string()) {
-    value.append(own->get_string().data(), own->get_string().size());
-  }
-  body[key] = value;
-}
-
-}  // namespace
-
-void Engine::TagRequest(ApiRoute route, boost::json::object& body,
-                        const VersionRef& serving) const {
-  PrefixKey(body, route == ApiRoute::kGenerate ? "extra_key" : "cache_salt",
-            CacheIsolationPrefix(serving));
-}
-
-void Engine::StampResponse(ApiRoute route, boost::json::object& body, VersionStamp stamp) const {
-  if (route != ApiRoute::kGenerate) {
-    body["weight_version_start"] = stamp.start;
-    body["weight_version_end"] = stamp.end;
-    return;
-  }
-  boost::json::value& meta = body["meta_info"];
-  if (!meta.is_object()) meta = boost::json::object();
-  boost::json::object& m = meta.get_object();
-  m["weight_version_start"] = stamp.start;
-  m["weight_version_end"] = stamp.end;
-  m["weight_version"] = std::to_string(stamp.end);
 }
 
 }  // namespace stitch

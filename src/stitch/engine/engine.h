@@ -10,8 +10,9 @@
 //   ResetToBoot(boot)               a run change, while paused and drained
 //   Health(timeout), Report(timeout) the watchdog's probe: alive, and what
 //                                   weights it says it holds
-// and, on the data plane, TagRequest / StampResponse for every versioned
-// request, Abort for requests whose client went away.
+// and, on the data plane, Abort for requests whose client went away. How
+// versioned requests are tagged and their responses stamped is the rollout
+// API's, the same for every engine (api/request.h, api/response.h).
 //
 // Errors: every method returns a Status the caller must look at.
 //   InitializeDestination  any error is terminal for the replica
@@ -22,8 +23,7 @@
 //
 // Threading: methods are called on one event-loop thread (the one whose
 // executor the adapter was built with); the coroutines they return never
-// block it (blocking work goes to a worker pool). TagRequest and
-// StampResponse are plain functions, safe from any thread.
+// block it (blocking work goes to a worker pool).
 #pragma once
 
 #include <chrono>
@@ -41,11 +41,6 @@
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
 #include "stitch/format/checksum.h"
-
-namespace boost::json {
-class object;
-class value;
-}  // namespace boost::json
 
 namespace stitch {
 
@@ -83,21 +78,6 @@ struct StagePlan {
   std::filesystem::path source_dir;
 };
 
-// The versions a response reports: the version at generation start
-// (captured at admission) and at its end.
-struct VersionStamp {
-  int64_t start = 0;
-  int64_t end = 0;
-};
-
-// The versioned routes of the proxy, which decide how requests are tagged
-// and responses stamped.
-enum class ApiRoute {
-  kGenerate,         // SGLang's native /generate
-  kCompletions,      // OpenAI /v1/completions
-  kChatCompletions,  // OpenAI /v1/chat/completions
-};
-
 // What an engine says about the weights it serves (Engine::Report): the
 // sidecar compares it with what it loaded to verify the engine, and to
 // notice a restart or a change of weights it did not make.
@@ -127,22 +107,6 @@ std::optional<VersionRef> ParseEngineLabel(std::string_view label);
 // `weights_fingerprint` (32 hex digits). InvalidArgument when the body is
 // not a JSON object or a present field has the wrong type.
 [[nodiscard]] absl::StatusOr<EngineReport> ParseEngineReport(std::string_view body);
-
-// The weight label an engine put on a generation response (or one streamed
-// event): `meta_info.weight_version` on /generate (the first document of a
-// batch), `metadata.weight_version` on the OpenAI routes; nullopt when it
-// carries none (OpenAI streams of SGLang, engines that report nothing).
-// `body` is the parsed document: an object, or an array for a batch.
-std::optional<std::string> ResponseWeightLabel(const boost::json::value& body);
-
-// The end version Engine::StampResponse stamped on a response body:
-// meta_info.weight_version_end (/generate) or weight_version_end (OpenAI
-// routes), of the first document of a batch; nullopt when there is none.
-std::optional<int64_t> StampedEndVersion(std::string_view body);
-
-// The prefix that isolates one serving version in the engine's prefix cache:
-// "wv<version>;<run_id>/".
-std::string CacheIsolationPrefix(const VersionRef& serving);
 
 class Engine {
  public:
@@ -190,20 +154,6 @@ class Engine {
 
   // Best effort: asks the engine to end the requests with these ids.
   virtual boost::asio::awaitable<void> Abort(std::vector<std::string> rids) = 0;
-
-  // Tags a versioned request so that the engine's prefix cache never mixes
-  // versions: SGLang's /generate gets `extra_key`, the OpenAI routes
-  // `cache_salt`, each "<CacheIsolationPrefix(serving)><the caller's own
-  // value>".
-  virtual void TagRequest(ApiRoute route, boost::json::object& body,
-                          const VersionRef& serving) const;
-
-  // Stamps a response object (or one streamed event) with `stamp`:
-  // `weight_version_start` and `weight_version_end` as integers, inside
-  // `meta_info` for /generate (where `meta_info.weight_version` becomes the
-  // end version as a string, as SGLang reports it), at the top level for the
-  // OpenAI routes.
-  virtual void StampResponse(ApiRoute route, boost::json::object& body, VersionStamp stamp) const;
 };
 
 }  // namespace stitch

@@ -31,110 +31,6 @@ json::object Parse(const std::string& text) {
   return v.is_object() ? v.get_object() : json::object();
 }
 
-// Tagging and stamping ------------------------------------------------------
-
-class PlainEngine final : public Engine {
- public:
-  std::string_view name() const override { return "plain"; }
-  boost::asio::awaitable<absl::Status> InitializeDestination(const VersionRef&) override {
-    co_return absl::OkStatus();
-  }
-  boost::asio::awaitable<absl::Status> Stage(const StagePlan&) override {
-    co_return absl::OkStatus();
-  }
-  boost::asio::awaitable<absl::Status> Commit(const VersionRef&, CommitOptions) override {
-    co_return absl::OkStatus();
-  }
-  boost::asio::awaitable<absl::Status> Pause() override { co_return absl::OkStatus(); }
-  boost::asio::awaitable<absl::Status> Resume() override { co_return absl::OkStatus(); }
-  boost::asio::awaitable<absl::Status> FlushCache() override { co_return absl::OkStatus(); }
-  boost::asio::awaitable<absl::Status> ResetToBoot(const VersionRef&) override {
-    co_return absl::OkStatus();
-  }
-  boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds) override {
-    co_return absl::OkStatus();
-  }
-  boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(std::chrono::milliseconds) override {
-    co_return EngineReport{};
-  }
-  boost::asio::awaitable<void> Abort(std::vector<std::string>) override { co_return; }
-};
-
-TEST(EngineTaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
-  PlainEngine engine;
-  json::object body = Parse(R"({"text":"hi","extra_key":"user-7"})");
-  engine.TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 7});
-  EXPECT_EQ(body.at("extra_key").as_string(), "wv7;r1/user-7");
-  EXPECT_FALSE(body.contains("cache_salt"));
-
-  json::object bare = Parse(R"({"text":"hi"})");
-  engine.TagRequest(ApiRoute::kGenerate, bare, VersionRef{"r1", 12});
-  EXPECT_EQ(bare.at("extra_key").as_string(), "wv12;r1/");
-}
-
-TEST(EngineTaggingTest, OpenAiRoutesGetACacheSalt) {
-  PlainEngine engine;
-  for (ApiRoute route : {ApiRoute::kCompletions, ApiRoute::kChatCompletions}) {
-    json::object body = Parse(R"({"prompt":"hi","cache_salt":"s"})");
-    engine.TagRequest(route, body, VersionRef{"run-b", 3});
-    EXPECT_EQ(body.at("cache_salt").as_string(), "wv3;run-b/s");
-    EXPECT_FALSE(body.contains("extra_key"));
-  }
-}
-
-TEST(EngineTaggingTest, DifferentVersionsNeverShareACacheKey) {
-  PlainEngine engine;
-  json::object a = Parse(R"({"extra_key":"k"})");
-  json::object b = Parse(R"({"extra_key":"k"})");
-  json::object c = Parse(R"({"extra_key":"k"})");
-  engine.TagRequest(ApiRoute::kGenerate, a, VersionRef{"r1", 1});
-  engine.TagRequest(ApiRoute::kGenerate, b, VersionRef{"r1", 11});
-  engine.TagRequest(ApiRoute::kGenerate, c, VersionRef{"r2", 1});
-  EXPECT_NE(a.at("extra_key"), b.at("extra_key"));
-  EXPECT_NE(a.at("extra_key"), c.at("extra_key"));
-}
-
-TEST(EngineStampingTest, GenerateIsStampedInsideMetaInfo) {
-  PlainEngine engine;
-  json::object body = Parse(R"({"text":"x","meta_info":{"id":"a","weight_version":"9"}})");
-  engine.StampResponse(ApiRoute::kGenerate, body, VersionStamp{4, 5});
-  const json::object& meta = body.at("meta_info").as_object();
-  EXPECT_EQ(meta.at("weight_version_start").as_int64(), 4);
-  EXPECT_EQ(meta.at("weight_version_end").as_int64(), 5);
-  EXPECT_EQ(meta.at("weight_version").as_string(), "5");
-  EXPECT_EQ(meta.at("id").as_string(), "a");
-  EXPECT_FALSE(body.contains("weight_version_start"));
-
-  json::object no_meta = Parse(R"({"text":"x"})");
-  engine.StampResponse(ApiRoute::kGenerate, no_meta, VersionStamp{2, 2});
-  EXPECT_EQ(no_meta.at("meta_info").at("weight_version_end").as_int64(), 2);
-}
-
-TEST(EngineStampingTest, OpenAiRoutesAreStampedAtTheTopLevel) {
-  PlainEngine engine;
-  json::object body = Parse(R"({"id":"cmpl","choices":[]})");
-  engine.StampResponse(ApiRoute::kChatCompletions, body, VersionStamp{7, 8});
-  EXPECT_EQ(body.at("weight_version_start").as_int64(), 7);
-  EXPECT_EQ(body.at("weight_version_end").as_int64(), 8);
-  EXPECT_FALSE(body.contains("meta_info"));
-}
-
-TEST(EngineStampingTest, TheStampedEndVersionIsReadBack) {
-  PlainEngine engine;
-  for (ApiRoute route : {ApiRoute::kGenerate, ApiRoute::kCompletions}) {
-    json::object body = Parse(R"({"text":"x","meta_info":{"id":"a"}})");
-    engine.StampResponse(route, body, VersionStamp{3, 6});
-    EXPECT_EQ(StampedEndVersion(json::serialize(body)), 6);
-  }
-  // A batch: the first document's.
-  EXPECT_EQ(StampedEndVersion(R"([{"meta_info":{"weight_version_end":2}},{}])"), 2);
-  // Nothing stamped, or not a stamp.
-  EXPECT_EQ(StampedEndVersion(R"({"text":"x","meta_info":{}})"), std::nullopt);
-  EXPECT_EQ(StampedEndVersion(R"({"weight_version_end":"2"})"), std::nullopt);
-  EXPECT_EQ(StampedEndVersion("[]"), std::nullopt);
-  EXPECT_EQ(StampedEndVersion("not json"), std::nullopt);
-}
-
 // What engines say they hold -------------------------------------------------
 
 TEST(EngineReportTest, LabelsAreVersionsOnlyWhenTheyNameOne) {
@@ -175,23 +71,6 @@ TEST(EngineReportTest, ModelInfoIsReadWithTheIdentityFirst) {
   EXPECT_FALSE(ParseEngineReport("[]").ok());
   EXPECT_FALSE(ParseEngineReport(R"({"weight_version": [1]})").ok());
   EXPECT_FALSE(ParseEngineReport(R"({"weights_fingerprint": "xyz"})").ok());
-}
-
-TEST(EngineReportTest, ResponseLabelsAreReadWhereEachRoutePutsThem) {
-  auto label = [](std::string_view text) {
-    boost::system::error_code ec;
-    json::value v = json::parse(text, ec);
-    EXPECT_FALSE(ec);
-    return ResponseWeightLabel(v);
-  };
-  EXPECT_EQ(label(R"({"meta_info": {"weight_version": "5"}})"), "5");
-  EXPECT_EQ(label(R"([{"meta_info": {"weight_version": "r/weight_v000005"}}, {}])"),
-            "r/weight_v000005");
-  EXPECT_EQ(label(R"({"choices": [], "metadata": {"weight_version": "5"}})"), "5");
-  EXPECT_EQ(label(R"({"meta_info": {"weight_version": 5}})"), "5");
-  EXPECT_EQ(label(R"({"meta_info": {"weight_version": null}})"), "");
-  EXPECT_EQ(label(R"({"choices": []})"), std::nullopt);
-  EXPECT_EQ(label(R"({"meta_info": {}})"), std::nullopt);
 }
 
 // The SGLang adapters ---------------------------------------------------------

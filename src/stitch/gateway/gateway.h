@@ -44,6 +44,13 @@
 //                  stalls, sessions, request body bytes, and per-replica
 //                  in-flight, ready, stalled and version
 //
+// Time (polls, probe timeouts, waits for the fleet, the stall watch) comes
+// from the injected Clock.
+//
+// Inside: a replica table (replica_table.h: discovery, probes, stalls), a
+// pure chooser (chooser.h), and a relay (relay.h: forwarding, streams,
+// retries, waits). docs/gateway.md is the operator's view.
+//
 // Threading: everything runs on one event loop; Pool calls (blocking) run on
 // a worker pool. Choosing a replica costs the same whatever the pool's size:
 // ready replicas are indexed by applied version, rebuilt only when a
@@ -60,6 +67,7 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/core/state.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/pool/pool.h"
@@ -113,11 +121,11 @@ struct GatewayCounters {
 
 class Gateway {
  public:
-  // Starts listening and polling. `pool` and `workers` must outlive the
-  // gateway; `executor` is its event loop. Errors: those of
+  // Starts listening and polling. `pool`, `workers` and `clock` must outlive
+  // the gateway; `executor` is its event loop. Errors: those of
   // HttpServer::Start. Call on any thread but the loop's.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Gateway>> Start(
-      boost::asio::any_io_executor executor, Pool& pool, WorkerPool& workers,
+      boost::asio::any_io_executor executor, Pool& pool, WorkerPool& workers, Clock& clock,
       GatewayOptions options);
 
   // REQUIRES: Shutdown() completed, or the executor's loop stopped for good.
@@ -135,7 +143,7 @@ class Gateway {
 
   // What the gateway knows now. On the executor only.
   PoolState Snapshot() const;
-  const GatewayCounters& counters() const;
+  GatewayCounters counters() const;
 
   struct Impl;
 

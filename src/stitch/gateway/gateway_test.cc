@@ -1,5 +1,7 @@
 // The gateway against scripted replicas (HTTP servers in this process that speak
-// the sidecar's /server_info, /wake and versioned /generate contract).
+// the sidecar's /server_info, /wake and versioned /generate contract), on a
+// manual clock: polls, probe timeouts, waits for the fleet and stalls happen
+// only when a test moves the gateway's time.
 #include "stitch/gateway/gateway.h"
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,9 +27,12 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/json.h"
 #include "stitch/core/state.h"
 #include "stitch/net/client.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
 #include "stitch/net/server.h"
@@ -95,7 +99,7 @@ class ScriptedReplica {
   void set_ready(bool ready) { ready_ = ready; }
   void set_version(int64_t v) { version_ = v; }
   void set_run(std::string run) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     run_ = std::move(run);
   }
   // Ends kHold: held requests, and every later one, are served.
@@ -115,7 +119,7 @@ class ScriptedReplica {
 
  private:
   std::string run() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return run_;
   }
   std::string Applied() const { return VersionRef{run(), version_}.ToString(); }
@@ -129,7 +133,7 @@ class ScriptedReplica {
     s.ready = ready_;
     s.applied = VersionRef{run(), version_};
     s.run_id = run();
-    std::string body = s.ToJson();
+    std::string body = ServerInfoJson(s);
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
   }
   awaitable<void> Wake(HttpExchange& ex) {
@@ -236,8 +240,8 @@ class ScriptedReplica {
   std::atomic<int> disconnects_{0};
   std::atomic<int> held_{0};
   std::atomic<bool> info_hangs_{false};
-  mutable std::mutex mu_;
-  std::string run_ = "r1";
+  mutable absl::Mutex mu_;
+  std::string run_ ABSL_GUARDED_BY(mu_) = "r1";
   // Loop thread only.
   bool released_ = false;
   std::set<boost::asio::steady_timer*> holds_;
@@ -280,7 +284,8 @@ class GatewayTest : public ::testing::Test {
     auto pool = MakePool(spec, WakeOptions{.timeout = 2000ms});
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
-    auto gateway = Gateway::Start(loop_.executor(), *pool_, workers_, options);
+    poll_interval_ = options.poll_interval;
+    auto gateway = Gateway::Start(loop_.executor(), *pool_, workers_, clock_, options);
     ASSERT_TRUE(gateway.ok()) << gateway.status();
     gateway_ = *std::move(gateway);
   }
@@ -310,8 +315,27 @@ class GatewayTest : public ::testing::Test {
   }
   PoolState Snapshot() { return loop_.BlockOn(ReadSnapshot(gateway_.get())); }
   GatewayCounters Counters() { return loop_.BlockOn(ReadCounters(gateway_.get())); }
+  // Waits for `condition` while the gateway's clock moves `step` at a time:
+  // the gateway does nothing on its own clock that the test did not allow.
+  // False after the real-time safety deadline.
+  bool AdvanceUntil(const std::function<bool()>& condition, Clock::Duration step) {
+    return Eventually([&] {
+      if (condition()) return true;
+      clock_.Advance(step);
+      return false;
+    });
+  }
+  // Polls until `n` replicas are ready.
   bool ReadyCount(int n) {
-    return Eventually([&] { return Snapshot().ready_count() == n; });
+    return AdvanceUntil([&] { return Snapshot().ready_count() == n; }, poll_interval_);
+  }
+  // The next request's answer, sent from another thread.
+  std::future<Answer> GenerateAsync(const std::string& constraint, bool stream = false) {
+    return std::async(std::launch::async,
+                      [this, constraint, stream] { return Generate(constraint, "", stream); });
+  }
+  static bool Ready(const std::future<Answer>& answer) {
+    return answer.wait_for(0s) == std::future_status::ready;
   }
 
   static std::string Body(const std::string& constraint, bool stream = false) {
@@ -376,6 +400,8 @@ class GatewayTest : public ::testing::Test {
   }
 
   EventLoop loop_;
+  ManualClock clock_{loop_.executor()};
+  Clock::Duration poll_interval_ = 50ms;
   WorkerPool workers_{2};
   std::vector<std::unique_ptr<ScriptedReplica>> replicas_;
   std::unique_ptr<Pool> pool_;
@@ -496,7 +522,9 @@ TEST_F(GatewayTest, AnUnreachableLastReplicaIsARetryable503) {
     SCOPED_TRACE(stream ? "streamed" : "plain");
     RestartWithOneReplica(ScriptedReplica::Mode::kDieMidRequest, Options(100ms, 60s));
     ASSERT_TRUE(ReadyCount(1));
-    Answer a = Generate(R"({"min_version":1})", "", stream);
+    std::future<Answer> pending = GenerateAsync(R"({"min_version":1})", stream);
+    ASSERT_TRUE(AdvanceUntil([&] { return Ready(pending); }, 50ms));  // the wait for another
+    Answer a = pending.get();
     EXPECT_EQ(a.status, 503) << a.text;
     EXPECT_EQ(a.retry_after, "1");
     EXPECT_THAT(a.text, HasSubstr("ReplicaUnavailable"));
@@ -533,7 +561,8 @@ TEST_F(GatewayTest, WaitsForTheFleetToCatchUp) {
   ASSERT_TRUE(Eventually([&] { return Counters().waited == 1; }));
   EXPECT_TRUE(Eventually([&] { return replica.wakes() >= 1; })) << "the fleet is woken";
   EXPECT_EQ(pending.wait_for(0s), std::future_status::timeout);
-  replica.set_version(2);  // the publish lands
+  replica.set_version(2);  // the publish lands; the waiting request's polls see it
+  ASSERT_TRUE(AdvanceUntil([&] { return Ready(pending); }, 200ms));
   Answer a = pending.get();
   EXPECT_EQ(a.status, 200) << a.text;
   EXPECT_EQ(a.version, 2);
@@ -544,9 +573,11 @@ TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {
   AddReplica(true, 1);
   StartGateway(StaticSpec(), Options(300ms, 50ms));
   ASSERT_TRUE(ReadyCount(1));
-  const auto start = std::chrono::steady_clock::now();
-  Answer a = Generate(R"({"exact_version":5})");
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  const Clock::TimePoint start = clock_.Now();
+  std::future<Answer> pending = GenerateAsync(R"({"exact_version":5})");
+  ASSERT_TRUE(AdvanceUntil([&] { return Ready(pending); }, 50ms));
+  EXPECT_GE(clock_.Now() - start, 300ms) << "it waited the admission wait";
+  Answer a = pending.get();
   EXPECT_EQ(a.status, 409) << a.text;
   EXPECT_EQ(a.body["type"].as_string(), "WeightVersionNotReady");
   EXPECT_EQ(a.body["target_version"].as_int64(), 5);
@@ -628,7 +659,7 @@ TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {
   StartGateway("file:" + file.string());
   ASSERT_TRUE(ReadyCount(1));
   { std::ofstream(file, std::ios::app) << joining.url() << "\n"; }
-  ASSERT_TRUE(Eventually([&] { return Snapshot().replicas.size() == 2; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Snapshot().replicas.size() == 2; }, 50ms));
   for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("").replica, first.url());
   EXPECT_EQ(joining.generates(), 0);
   joining.set_ready(true);
@@ -704,7 +735,7 @@ TEST_F(GatewayTest, AStalledReplicaGetsNoNewWorkUntilItAnswers) {
   frozen.set_mode(ScriptedReplica::Mode::kHold);
   auto stuck = SendRaw("", "s-1");
   ASSERT_TRUE(Eventually([&] { return frozen.held() == 1; }));
-  ASSERT_TRUE(Eventually([&] { return Stalled(frozen); }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Stalled(frozen); }, 60ms));
   EXPECT_TRUE(StatusOf(frozen)->state.ready) << "its /server_info still says ready";
   EXPECT_THAT(StatusOf(frozen)->last_error, HasSubstr("stalled"));
   const std::string metrics = MetricsText();
@@ -740,7 +771,7 @@ TEST_F(GatewayTest, AStalledReplicaWithNothingOutstandingGetsOneRequestAtATime) 
   {
     auto stuck = SendRaw("");
     ASSERT_TRUE(Eventually([&] { return frozen.held() == 1; }));
-    ASSERT_TRUE(Eventually([&] { return Stalled(frozen); }));
+    ASSERT_TRUE(AdvanceUntil([&] { return Stalled(frozen); }, 60ms));
   }  // its client leaves
   ASSERT_TRUE(Eventually([&] { return frozen.disconnects() == 1; }));
   other.set_ready(true);
@@ -777,7 +808,7 @@ TEST_F(GatewayTest, AReplicaWhoseProbeTimesOutLeavesRotation) {
   StartGateway(StaticSpec(), options);
   ASSERT_TRUE(ReadyCount(2));
   frozen.set_info_hangs(true);
-  ASSERT_TRUE(Eventually([&] { return !StatusOf(frozen)->reachable; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return !StatusOf(frozen)->reachable; }, 50ms));
   EXPECT_EQ(Snapshot().ready_count(), 1);
   const int before = frozen.generates();
   for (int i = 0; i < 20; ++i) EXPECT_EQ(Generate("").replica, other.url());
@@ -818,7 +849,7 @@ TEST_F(GatewayTest, AFrozenReplicaCostsOnlyItsShare) {
   };
   const double healthy = rate();
   frozen.set_mode(ScriptedReplica::Mode::kHold);
-  ASSERT_TRUE(Eventually([&] { return Stalled(frozen); }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Stalled(frozen); }, 60ms));
   const int64_t caught = StatusOf(frozen)->in_flight;
   const double degraded = rate();
   EXPECT_EQ(StatusOf(frozen)->in_flight, caught) << "no new work after the stall was seen";
@@ -889,9 +920,11 @@ TEST_F(GatewayTest, AnExactVersionThatMayStillBeServedIsWaitedFor) {
     replicas_.clear();
     StartGateway(k.setup(), Options(300ms, 50ms));
     ASSERT_TRUE(Eventually([&] { return Snapshot().ready_count() >= 1; }));
-    const auto start = std::chrono::steady_clock::now();
-    Answer a = Generate(R"({"exact_version":2})");
-    EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+    const Clock::TimePoint start = clock_.Now();
+    std::future<Answer> pending = GenerateAsync(R"({"exact_version":2})");
+    ASSERT_TRUE(AdvanceUntil([&] { return Ready(pending); }, 50ms));
+    EXPECT_GE(clock_.Now() - start, 300ms) << "it waited the admission wait";
+    Answer a = pending.get();
     EXPECT_EQ(a.status, 409) << a.text;
     EXPECT_EQ(Counters().waited, 1u);
     EXPECT_EQ(Counters().unservable, 0u);

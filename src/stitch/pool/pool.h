@@ -45,7 +45,8 @@ struct WakeOptions {
 };
 
 // POSTs `<url>/wake` (empty JSON body) to each of `urls` concurrently, as
-// Pool::Wake describes. Shared by the Pool adapters.
+// Pool::Wake describes, with the rollout API's replica client
+// (api/replica_client.h). Shared by the Pool adapters.
 int WakeReplicas(const std::vector<std::string>& urls, const WakeOptions& options);
 
 // Discovers `pool`'s replicas and wakes them with WakeReplicas; a failed

@@ -5,10 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <thread>
 
 #include <boost/asio/awaitable.hpp>
@@ -16,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
@@ -384,12 +383,11 @@ void RawHttpRequest::Close() {
 // --- SchedulerGate ------------------------------------------------------------
 
 struct SchedulerGate::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool armed = false;
-  bool held = false;
-  bool released = false;
-  std::function<bool()> when;
+  absl::Mutex mu;
+  bool armed ABSL_GUARDED_BY(mu) = false;
+  bool held ABSL_GUARDED_BY(mu) = false;
+  bool released ABSL_GUARDED_BY(mu) = false;
+  std::function<bool()> when ABSL_GUARDED_BY(mu);
 };
 
 std::shared_ptr<SchedulerGate::State> SchedulerGate::MakeState() {
@@ -400,38 +398,36 @@ std::function<void()> SchedulerGate::Hook() {
   return [s = state_] {
     std::function<bool()> when;
     {
-      std::lock_guard<std::mutex> lock(s->mu);
+      absl::MutexLock lock(&s->mu);
       if (!s->armed) return;
       when = s->when;
     }
     if (!when()) return;
-    std::unique_lock<std::mutex> lock(s->mu);
+    absl::MutexLock lock(&s->mu);
     s->armed = false;
     s->held = true;
-    s->cv.notify_all();
-    s->cv.wait(lock, [&] { return s->released; });
+    s->mu.Await(absl::Condition(&s->released));
     s->held = false;
     s->released = false;
   };
 }
 
 void SchedulerGate::Arm(std::function<bool()> when) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   state_->when = std::move(when);
   state_->armed = true;
   state_->released = false;
 }
 
 bool SchedulerGate::WaitHeld(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(state_->mu);
-  return state_->cv.wait_for(lock, timeout, [&] { return state_->held; });
+  absl::MutexLock lock(&state_->mu);
+  return state_->mu.AwaitWithTimeout(absl::Condition(&state_->held), absl::FromChrono(timeout));
 }
 
 void SchedulerGate::Release() {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   state_->armed = false;
   state_->released = true;
-  state_->cv.notify_all();
 }
 
 }  // namespace stitch::testing

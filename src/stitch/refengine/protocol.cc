@@ -556,18 +556,6 @@ absl::Status ParseChat(const json::object& body, const ModelConfig& config, ApiR
   return r.status();
 }
 
-std::string_view RouteName(ApiRoute route) {
-  switch (route) {
-    case ApiRoute::kGenerate:
-      return "/generate";
-    case ApiRoute::kCompletions:
-      return "/v1/completions";
-    case ApiRoute::kChatCompletions:
-      return "/v1/chat/completions";
-  }
-  return "";
-}
-
 // --- Responses ------------------------------------------------------------
 
 json::value SglangFinishReason(const std::optional<FinishReason>& finish,
@@ -720,7 +708,7 @@ std::string VersionText(const VersionRef& v) { return v.ToString(); }
 
 absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body,
                                            const ModelConfig& config) {
-  absl::StatusOr<json::object> object = ParseObject(body, RouteName(route));
+  absl::StatusOr<json::object> object = ParseObject(body, RoutePath(route));
   if (!object.ok()) return object.status();
   ApiRequest request;
   request.route = route;

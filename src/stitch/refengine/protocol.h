@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/api/routes.h"
 #include "stitch/core/version.h"
 #include "stitch/refengine/config.h"
 #include "stitch/refengine/faults.h"
@@ -33,12 +34,6 @@
 #include "stitch/refengine/staging.h"
 
 namespace stitch {
-
-enum class ApiRoute {
-  kGenerate,         // POST /generate (SGLang)
-  kCompletions,      // POST /v1/completions (OpenAI)
-  kChatCompletions,  // POST /v1/chat/completions (OpenAI)
-};
 
 struct ApiRequest {
   ApiRoute route = ApiRoute::kGenerate;

@@ -2,8 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "stitch/refengine/engine_test_util.h"
 #include "stitch/refengine/tokenizer.h"
@@ -36,7 +35,7 @@ class Collector {
  public:
   GenerationSink Sink() {
     return [this](GenerationUpdate u) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const GeneratedToken& t : u.tokens) {
         tokens_.push_back(t);
         versions_.push_back(u.weight_version.version);
@@ -51,41 +50,41 @@ class Collector {
   }
   bool Wait() { return done_.WaitForNotificationWithTimeout(kWait); }
   std::vector<int32_t> ids() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::vector<int32_t> out;
     for (const GeneratedToken& t : tokens_) out.push_back(t.id);
     return out;
   }
   std::vector<double> logprobs() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::vector<double> out;
     for (const GeneratedToken& t : tokens_) out.push_back(t.logprob);
     return out;
   }
   std::vector<int64_t> versions() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return versions_;
   }
   size_t size() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return tokens_.size();
   }
   std::string text() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return text_;
   }
   FinishReason finish() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return finish_.value_or(FinishReason{});
   }
 
  private:
-  mutable std::mutex mu_;
-  std::vector<GeneratedToken> tokens_;
-  std::vector<int64_t> versions_;
-  std::string text_;
-  std::vector<std::string> chunks_;
-  std::optional<FinishReason> finish_;
+  mutable absl::Mutex mu_;
+  std::vector<GeneratedToken> tokens_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> versions_ ABSL_GUARDED_BY(mu_);
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> chunks_ ABSL_GUARDED_BY(mu_);
+  std::optional<FinishReason> finish_ ABSL_GUARDED_BY(mu_);
   absl::Notification done_;
 };
 

@@ -602,9 +602,9 @@ HttpRouter EngineServer::Impl::Routes() {
   auto generation = [this](ApiRoute route) {
     return [this, route](HttpExchange& ex) { return Generate(ex, route); };
   };
-  router.Add("POST", "/generate", generation(ApiRoute::kGenerate));
-  router.Add("POST", "/v1/completions", generation(ApiRoute::kCompletions));
-  router.Add("POST", "/v1/chat/completions", generation(ApiRoute::kChatCompletions));
+  for (ApiRoute route : kApiRoutes) {
+    router.Add("POST", std::string(RoutePath(route)), generation(route));
+  }
   router.Add("POST", "/pause_generation", [this](HttpExchange& ex) { return Pause(ex); });
   router.Add("POST", "/continue_generation", [this](HttpExchange& ex) { return Continue(ex); });
   router.Add("GET", "/flush_cache", [this](HttpExchange& ex) { return FlushCache(ex); });

@@ -5,11 +5,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/replica/loop_signal.h"
+#include "stitch/net/loop_signal.h"
 
 namespace stitch {
-
-using replica_internal::LoopSignal;
 
 AdmissionGate::AdmissionGate(const boost::asio::any_io_executor& loop)
     : reopened_(std::make_unique<LoopSignal>(loop)),

@@ -49,15 +49,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "stitch/api/response.h"
 #include "stitch/core/constraint.h"
 #include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
 
 namespace stitch {
 
-namespace replica_internal {
 class LoopSignal;
-}
 
 // Which requests a commit waits for.
 enum class DrainScope {
@@ -235,8 +234,8 @@ class AdmissionGate {
   uint64_t rejected_terminal_total_ = 0;
   uint64_t rejected_unverified_total_ = 0;
   std::function<void()> on_reject_;
-  std::unique_ptr<replica_internal::LoopSignal> reopened_;
-  std::unique_ptr<replica_internal::LoopSignal> released_;
+  std::unique_ptr<LoopSignal> reopened_;
+  std::unique_ptr<LoopSignal> released_;
   std::optional<DrainScope> draining_;
 };
 

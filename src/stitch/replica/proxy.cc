@@ -12,9 +12,13 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stitch/api/answers.h"
+#include "stitch/api/dispatch.h"
+#include "stitch/api/headers.h"
+#include "stitch/api/request.h"
+#include "stitch/api/response.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
 #include "stitch/net/sse.h"
@@ -25,88 +29,6 @@ namespace json = boost::json;
 using boost::asio::awaitable;
 
 namespace {
-
-constexpr std::string_view kBlockedRoutes[] = {
-    "/abort_request",
-    "/continue_generation",
-    "/flush_cache",
-    "/init_weights_update_group",
-    "/load_lora_adapter",
-    "/pause_generation",
-    "/release_memory_occupation",
-    "/resume_memory_occupation",
-    "/set_internal_state",
-    "/stage_weight_update",
-    "/start_profile",
-    "/stop_profile",
-    "/unload_lora_adapter",
-    "/update_weight_version",
-    "/update_weights_from_cpu",
-    "/update_weights_from_disk",
-    "/update_weights_from_distributed",
-    "/update_weights_from_ipc",
-    "/update_weights_from_tensor",
-};
-
-// Request headers that must not reach the engine: the library owns framing,
-// the engine's Host is not the client's, and a compressed answer could not
-// be stamped.
-bool DropRequestHeader(std::string_view name) {
-  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "host") ||
-         absl::EqualsIgnoreCase(AbslView(name), "accept-encoding") ||
-         absl::EqualsIgnoreCase(AbslView(name), "content-type") ||
-         absl::EqualsIgnoreCase(AbslView(name), "expect");
-}
-
-bool DropResponseHeader(std::string_view name) {
-  return IsFramingHeader(name) || absl::EqualsIgnoreCase(AbslView(name), "content-length") ||
-         absl::EqualsIgnoreCase(AbslView(name), "content-encoding");
-}
-
-// Whether a /generate body asks for a batch (a list of prompts).
-size_t BatchSize(const json::object& body) {
-  if (const json::value* text = body.if_contains("text"); text != nullptr && text->is_array()) {
-    return text->get_array().size();
-  }
-  if (const json::value* ids = body.if_contains("input_ids"); ids != nullptr && ids->is_array()) {
-    const json::array& a = ids->get_array();
-    if (!a.empty() && a.front().is_array()) return a.size();
-  }
-  return 0;
-}
-
-// Gives a response object the client's own request id back: `meta_info.id`
-// (/generate) or the OpenAI `id` ("cmpl-<rid>", "chatcmpl-<rid>"), when it
-// names the id the engine was given.
-void RestoreRid(ApiRoute route, json::object& item, const std::string& upstream,
-                const std::string& client) {
-  if (route == ApiRoute::kGenerate) {
-    json::value* meta = item.if_contains("meta_info");
-    if (meta == nullptr || !meta->is_object()) return;
-    json::value* id = meta->get_object().if_contains("id");
-    if (id != nullptr && id->is_string() && id->get_string() == upstream) *id = client;
-    return;
-  }
-  json::value* id = item.if_contains("id");
-  if (id == nullptr || !id->is_string()) return;
-  std::string_view text(id->get_string().data(), id->get_string().size());
-  if (!text.ends_with(upstream)) return;
-  *id = absl::StrCat(AbslView(text.substr(0, text.size() - upstream.size())), client);
-}
-
-// Applies `fn` to the response object, or to each object of a batch.
-template <typename F>
-void ForEachItem(json::value& doc, F fn) {
-  if (doc.is_object()) {
-    fn(doc.get_object(), size_t{0});
-  } else if (doc.is_array()) {
-    size_t i = 0;
-    for (json::value& item : doc.get_array()) {
-      if (item.is_object()) fn(item.get_object(), i);
-      ++i;
-    }
-  }
-}
 
 // Replaces the data of one server-sent event, keeping its other fields.
 std::string WithData(const std::string& event, const std::string& data) {
@@ -123,84 +45,21 @@ std::string WithData(const std::string& event, const std::string& data) {
   return out;
 }
 
-size_t Digits(size_t n) {
-  size_t digits = 1;
-  while (n >= 10) {
-    n /= 10;
-    ++digits;
+// Applies `fn` to the response object, or to each object of a batch.
+template <typename F>
+void ForEachItem(json::value& doc, F fn) {
+  if (doc.is_object()) {
+    fn(doc.get_object(), size_t{0});
+  } else if (doc.is_array()) {
+    size_t i = 0;
+    for (json::value& item : doc.get_array()) {
+      if (item.is_object()) fn(item.get_object(), i);
+      ++i;
+    }
   }
-  return digits;
 }
 
 }  // namespace
-
-RouteClass ClassifyRoute(std::string_view path, ApiRoute* route) {
-  if (path == "/generate") {
-    *route = ApiRoute::kGenerate;
-    return RouteClass::kVersioned;
-  }
-  if (path == "/v1/completions") {
-    *route = ApiRoute::kCompletions;
-    return RouteClass::kVersioned;
-  }
-  if (path == "/v1/chat/completions") {
-    *route = ApiRoute::kChatCompletions;
-    return RouteClass::kVersioned;
-  }
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-  for (std::string_view blocked : kBlockedRoutes) {
-    if (path == blocked) return RouteClass::kBlocked;
-  }
-  return RouteClass::kOther;
-}
-
-absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body, json::value& doc) {
-  absl::StatusOr<json::value> parsed = ParseVersionedBodyJson(body, doc.storage());
-  if (!parsed.ok()) return parsed.status();
-  doc = *std::move(parsed);
-  if (!doc.is_object()) {
-    return absl::InvalidArgumentError("the request body must be a JSON object");
-  }
-  const json::object& o = doc.get_object();
-  VersionedAsk ask;
-  if (const json::value* wv = o.if_contains("weight_version"); wv != nullptr) {
-    auto c = ConstraintFromJsonValue(*wv);
-    if (!c.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("weight_version: ", c.status().message()));
-    }
-    ask.constraint = *c;
-  }
-  const json::value* stream = o.if_contains("stream");
-  ask.stream = stream != nullptr && stream->is_bool() && stream->get_bool();
-  return ask;
-}
-
-std::string NotReadyBody(const VersionConstraint& constraint,
-                         const std::optional<VersionRef>& applied, std::string_view message) {
-  json::object conflict;
-  conflict["type"] = "WeightVersionNotReady";
-  if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
-    conflict["target_version"] = *t;
-  } else {
-    conflict["target_version"] = nullptr;
-  }
-  if (applied.has_value()) {
-    conflict["applied"] = applied->ToString();
-    conflict["applied_version"] = applied->version;
-  } else {
-    conflict["applied"] = nullptr;
-    conflict["applied_version"] = nullptr;
-  }
-  conflict["message"] = message;
-  return json::serialize(conflict);
-}
-
-HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why) {
-  return JsonResponse(
-      403,
-      JsonErrorBody("RouteBlocked",
-                    absl::StrCat(AbslView(path), " is an engine control route: ", AbslView(why))));
-}
 
 struct VersionedProxy::Call {
   ApiRoute route = ApiRoute::kGenerate;
@@ -237,6 +96,12 @@ VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions o
       }()) {
   std::random_device seed;
   rid_prefix_ = absl::StrFormat("stitch-%08x-", seed());
+  handlers_.versioned = [this](HttpExchange& ex, ApiRoute route) {
+    return HandleVersioned(ex, route);
+  };
+  handlers_.other = [this](HttpExchange& ex) { return Forward(ex); };
+  handlers_.blocked_why = "the sidecar alone drives the engine, so it is not forwarded";
+  handlers_.on_blocked = [this] { ++counters_.route_blocked; };
 }
 
 VersionedProxy::~VersionedProxy() = default;
@@ -276,33 +141,14 @@ VersionedProxy::Verdict VersionedProxy::Vouch(Call& call, std::string& text, std
     if (i < call.client_rids.size() && !call.client_rids[i].empty()) {
       RestoreRid(call.route, item, call.rids[i], call.client_rids[i]);
     }
-    engine_.StampResponse(call.route, item, stamp);
+    StampResponse(call.route, item, stamp);
   });
   text = json::serialize(doc);
   return Verdict::kStamped;
 }
 
 awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
-  ApiRoute route;
-  switch (ClassifyRoute(TargetPath(exchange.request().target), &route)) {
-    case RouteClass::kVersioned:
-      if (exchange.request().method == "POST") {
-        co_await HandleVersioned(exchange, route);
-        co_return;
-      }
-      break;
-    case RouteClass::kBlocked: {
-      ++counters_.route_blocked;
-      HttpResponse response =
-          RouteBlockedResponse(TargetPath(exchange.request().target),
-                               "the sidecar alone drives the engine, so it is not forwarded");
-      (void)co_await exchange.Respond(std::move(response));
-      co_return;
-    }
-    case RouteClass::kOther:
-      break;
-  }
-  co_await Forward(exchange);
+  return DispatchApiRequest(exchange, handlers_);
 }
 
 void VersionedProxy::AbortUpstream(Call& call) {
@@ -318,12 +164,9 @@ awaitable<void> VersionedProxy::EngineUnavailable(HttpExchange& exchange, Call* 
   }
   if (on_unreachable_) on_unreachable_(why);
   ++counters_.engine_unavailable;
-  HttpResponse response = JsonResponse(
-      503, JsonErrorBody("EngineUnavailable",
-                         absl::StrCat("the engine behind this replica is unavailable (",
-                                      AbslView(why), "); retry, possibly on another replica"),
-                         true));
-  response.headers.Set("Retry-After", "1");
+  HttpResponse response = UnavailableResponse(
+      Unavailable::kEngine, absl::StrCat("the engine behind this replica is unavailable (",
+                                         AbslView(why), "); retry, possibly on another replica"));
   (void)co_await exchange.Respond(std::move(response));
 }
 
@@ -331,18 +174,15 @@ awaitable<void> VersionedProxy::Unvouched(HttpExchange& exchange, Call& call,
                                           std::string_view why) {
   call.ticket.reset();
   ++counters_.unvouched;
-  HttpResponse response = JsonResponse(
-      503, JsonErrorBody("EngineUnavailable",
-                         absl::StrCat("this response cannot be labelled with a version: ",
-                                      AbslView(why), "; retry, possibly on another replica"),
-                         true));
-  response.headers.Set("Retry-After", "1");
+  HttpResponse response = UnavailableResponse(
+      Unavailable::kEngine, absl::StrCat("this response cannot be labelled with a version: ",
+                                         AbslView(why), "; retry, possibly on another replica"));
   (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> VersionedProxy::BadRequest(HttpExchange& exchange, std::string message) {
   ++counters_.bad_requests;
-  HttpResponse response = JsonResponse(400, JsonErrorBody("BadRequest", message));
+  HttpResponse response = BadRequestResponse(message);
   (void)co_await exchange.Respond(std::move(response));
 }
 
@@ -360,58 +200,18 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   }
   json::object& body = parsed.get_object();
   const VersionConstraint constraint = ask->constraint;
-  body.erase("weight_version");
+  StripConstraint(body);
 
   Call call;
   call.route = route;
-  const size_t batch = route == ApiRoute::kGenerate ? BatchSize(body) : 0;
-  const json::value* given = body.if_contains("rid");
-  if (given != nullptr && given->is_null()) given = nullptr;
-  if (batch > 0) {
-    if (given != nullptr) {
-      if (!given->is_array() || given->get_array().size() != batch) {
-        std::string message =
-            absl::StrCat("rid must be a list of ", batch, " strings, one per prompt of the batch");
-        co_await BadRequest(exchange, std::move(message));
-        co_return;
-      }
-      for (const json::value& r : given->get_array()) {
-        if (!r.is_string()) {
-          std::string message = "rid must be a list of strings, one per prompt of the batch";
-          co_await BadRequest(exchange, std::move(message));
-          co_return;
-        }
-        call.client_rids.emplace_back(r.get_string().data(), r.get_string().size());
-      }
-    } else {
-      call.client_rids.resize(batch);
-    }
-    const std::string base = NextRid();
-    const size_t width = Digits(batch - 1);
-    json::array rids(body.storage());
-    for (size_t i = 0; i < batch; ++i) {
-      std::string index = std::to_string(i);
-      std::string rid = absl::StrCat(base, "-", std::string(width - index.size(), '0'), index);
-      if (!call.client_rids[i].empty()) absl::StrAppend(&rid, "-", call.client_rids[i]);
-      rids.emplace_back(rid);
-      call.rids.push_back(std::move(rid));
-    }
-    body["rid"] = std::move(rids);
-  } else {
-    if (given != nullptr && !given->is_string()) {
-      std::string message = "rid must be a string";
-      co_await BadRequest(exchange, std::move(message));
-      co_return;
-    }
-    std::string client = given != nullptr
-                             ? std::string(given->get_string().data(), given->get_string().size())
-                             : std::string();
-    std::string rid = NextRid();
-    if (!client.empty()) absl::StrAppend(&rid, "-", client);
-    body["rid"] = rid;
-    call.rids.push_back(std::move(rid));
-    call.client_rids.push_back(std::move(client));
+  absl::StatusOr<EngineRids> rids = AssignEngineRids(route, body, NextRid());
+  if (!rids.ok()) {
+    std::string message(rids.status().message());
+    co_await BadRequest(exchange, std::move(message));
+    co_return;
   }
+  call.rids = std::move(rids->engine);
+  call.client_rids = std::move(rids->client);
 
   // Admission: decided at once unless a commit holds it closed.
   std::optional<absl::StatusOr<AdmissionGate::Ticket>> admitted = gate_.TryAdmit(constraint);
@@ -422,14 +222,12 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
     const absl::Status& s = admitted->status();
     if (GetErrorKind(s) == ErrorKind::kVersionNotReady) {
       HttpResponse response =
-          JsonResponse(409, NotReadyBody(constraint, gate_.serving(), std::string(s.message())));
+          NotReadyResponse(constraint, gate_.serving(), std::string(s.message()));
       (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;
     } else {
-      HttpResponse response =
-          JsonResponse(503, JsonErrorBody("ReplicaUnavailable", std::string(s.message()), true));
-      response.headers.Set("Retry-After", "1");
+      HttpResponse response = UnavailableResponse(Unavailable::kReplica, std::string(s.message()));
       (void)co_await exchange.Respond(std::move(response));
     }
     co_return;
@@ -437,11 +235,11 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   call.ticket.emplace(**std::move(admitted));
   const InFlight registered(in_flight_, &call);
 
-  engine_.TagRequest(route, body, call.ticket->start());
+  TagRequest(route, body, call.ticket->start());
   HttpRequest& up = call.upstream;
   up.method = "POST";
   up.target = exchange.request().target;
-  up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+  up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kRewritten);
   up.headers.Set("Content-Type", "application/json");
   up.body = json::serialize(parsed);
 
@@ -466,7 +264,8 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
     co_await EngineUnavailable(exchange, &call, why);
     co_return;
   }
-  HttpResponse out{response->status, CopyHeaders(std::move(response->headers), &DropResponseHeader),
+  HttpResponse out{response->status,
+                   ResponseHeadersToRelay(std::move(response->headers), BodyRelay::kRewritten),
                    std::move(response->body)};
   if (out.status == 200) {
     std::string why;
@@ -501,9 +300,7 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     co_await EngineUnavailable(exchange, &call, why);
     co_return;
   }
-  const std::optional<std::string_view> type = stream->headers().Get("content-type");
-  const bool events = type.has_value() && type->find("text/event-stream") != std::string_view::npos;
-  if (stream->status() != 200 || !events) {
+  if (stream->status() != 200 || !IsEventStream(stream->headers())) {
     // An error answer (or a server that ignored `stream`): relay it whole.
     auto body = co_await stream->ReadAll();
     if (!body.ok()) {
@@ -516,7 +313,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       co_await EngineUnavailable(exchange, &call, why);
       co_return;
     }
-    HttpResponse out{stream->status(), CopyHeaders(stream->headers(), &DropResponseHeader),
+    HttpResponse out{stream->status(),
+                     ResponseHeadersToRelay(stream->headers(), BodyRelay::kRewritten),
                      *std::move(body)};
     std::string why;
     if (out.status == 200 && Vouch(call, out.body, &why) == Verdict::kUnvouched) {
@@ -529,8 +327,8 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     co_return;
   }
 
-  if (absl::Status begun =
-          co_await exchange.BeginStream(200, CopyHeaders(stream->headers(), &DropResponseHeader));
+  if (absl::Status begun = co_await exchange.BeginStream(
+          200, ResponseHeadersToRelay(stream->headers(), BodyRelay::kRewritten));
       !begun.ok()) {
     AbortUpstream(call);
     ++counters_.client_disconnects;
@@ -549,9 +347,9 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       // without a proper end of body, so that the client sees the stream as
       // incomplete.
       ++counters_.engine_unavailable;
-      std::string event = SseEvent(
-          JsonErrorBody("EngineUnavailable",
-                        absl::StrCat("the engine stream broke: ", chunk.status().message()), true));
+      std::string event =
+          UnavailableEvent(Unavailable::kEngine,
+                           absl::StrCat("the engine stream broke: ", chunk.status().message()));
       (void)co_await exchange.WriteChunk(std::move(event));
       co_return;
     }
@@ -575,12 +373,11 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
       AbortUpstream(call);
       call.ticket.reset();
       ++counters_.unvouched;
-      absl::StrAppend(&out, SseEvent(JsonErrorBody(
-                                "EngineUnavailable",
-                                absl::StrCat("the rest of this stream cannot be labelled with a "
-                                             "version: ",
-                                             why, "; retry, possibly on another replica"),
-                                true)));
+      absl::StrAppend(&out,
+                      UnavailableEvent(Unavailable::kEngine,
+                                       absl::StrCat("the rest of this stream cannot be "
+                                                    "labelled with a version: ",
+                                                    why, "; retry, possibly on another replica")));
       (void)co_await exchange.WriteChunk(std::move(out));
       co_return;
     }
@@ -604,7 +401,7 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   HttpRequest up;
   up.method = exchange.request().method;
   up.target = exchange.request().target;
-  up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+  up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kRewritten);
   if (std::optional<std::string_view> type = exchange.request().headers.Get("content-type")) {
     up.headers.Set("Content-Type", *type);
   }
@@ -617,7 +414,8 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
     co_await EngineUnavailable(exchange, nullptr, why);
     co_return;
   }
-  HttpResponse out{response->status, CopyHeaders(std::move(response->headers), &DropResponseHeader),
+  HttpResponse out{response->status,
+                   ResponseHeadersToRelay(std::move(response->headers), BodyRelay::kRewritten),
                    std::move(response->body)};
   (void)co_await exchange.Respond(std::move(out));
 }

@@ -14,10 +14,10 @@
 //   - the request is admitted by the gate (409 WeightVersionNotReady with
 //     `target_version`, `applied`, `message` when its constraint is unmet;
 //     while a commit holds admission closed it waits);
-//   - the engine tags it for prefix-cache isolation (Engine::TagRequest);
+//   - it is tagged for prefix-cache isolation (TagRequest, api/request.h);
 //   - the response, or each event of a `stream: true` response as it
-//     arrives, is stamped with the start and end versions
-//     (Engine::StampResponse); the ticket is held until the response ends;
+//     arrives, is stamped with the start and end versions (StampResponse,
+//     api/response.h); the ticket is held until the response ends;
 //   - before stamping, the weight label the engine put on the response (or
 //     event) must be one the engine held while the request ran
 //     (AdmissionGate::CheckEngineLabel), and the ticket must still be
@@ -26,7 +26,8 @@
 //     event, and a wrong label is reported to the mislabel listener (which
 //     withdraws trust in the engine).
 // Engine control routes are never forwarded: 403 RouteBlocked. Every other
-// route is forwarded as is, without admission.
+// route is forwarded as is, without admission. Routes, bodies, refusals and
+// which headers pass are the rollout API's (src/stitch/api/).
 // When the engine cannot be reached or drops the connection: 503
 // EngineUnavailable with `retryable: true` and `Retry-After: 1`, after a
 // best-effort abort of the request, and the unreachable listener is told. When the client
@@ -48,17 +49,13 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "absl/status/statusor.h"
-#include "stitch/core/constraint.h"
-#include "stitch/core/version.h"
+#include "stitch/api/dispatch.h"
+#include "stitch/api/routes.h"
 #include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/http.h"
 #include "stitch/net/server.h"
 #include "stitch/replica/admission_gate.h"
-
-namespace boost::json {
-class value;
-}
 
 namespace stitch {
 
@@ -85,35 +82,6 @@ struct ProxyCounters {
   uint64_t forwarded = 0;           // other routes, forwarded as is
   uint64_t unvouched = 0;           // 503: weights changed or were mislabelled mid-request
 };
-
-// Which route a request path is: a versioned route, an engine control route
-// (blocked), or another one (forwarded).
-enum class RouteClass { kVersioned, kBlocked, kOther };
-RouteClass ClassifyRoute(std::string_view path, ApiRoute* route);
-
-// The parts of the contract above that the gateway answers the same way.
-//
-// What the JSON body of a versioned route asks for besides the generation.
-struct VersionedAsk {
-  VersionConstraint constraint;  // empty without `weight_version`
-  bool stream = false;           // `stream: true`
-};
-// Parses the body of a versioned route into `doc` (an object; its
-// `weight_version` is left in it). InvalidArgument, with the message of the
-// 400 BadRequest to answer, when the body is not a JSON object, its
-// constraint is malformed or gives both versions, or `weight_version` or one
-// of its fields is given twice (ParseVersionedBodyJson in core/json.h).
-[[nodiscard]] absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body,
-                                                              boost::json::value& doc);
-
-// The body of a 409 WeightVersionNotReady: the constraint's target, the
-// version served (`applied`, null when none) and `message`.
-std::string NotReadyBody(const VersionConstraint& constraint,
-                         const std::optional<VersionRef>& applied, std::string_view message);
-
-// The 403 RouteBlocked answer to an engine control route: "<path> is an
-// engine control route: <why>".
-HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why);
 
 class VersionedProxy {
  public:
@@ -173,6 +141,7 @@ class VersionedProxy {
   std::function<void(std::string_view)> on_unreachable_;
   std::function<void(std::string)> on_mislabel_;
   std::unordered_set<Call*> in_flight_;
+  ApiHandlers handlers_;
 };
 
 }  // namespace stitch

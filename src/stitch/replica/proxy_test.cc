@@ -14,6 +14,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/api/server_info.h"
 #include "stitch/engine/fake_sglang_server.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
@@ -510,7 +511,7 @@ TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
   EXPECT_NE(health.body.find("initializing"), std::string::npos) << health.body;
   HttpResponse info = Send("GET", "/server_info");
   EXPECT_EQ(info.status, 200);
-  auto state = ReplicaState::FromJson(info.body);
+  auto state = ParseServerInfo(info.body);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_FALSE(state->ready);
   EXPECT_FALSE(state->update_destination_ready);
@@ -530,7 +531,7 @@ TEST_F(ProxyTest, WakeAnswersWithServerInfo) {
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   HttpResponse r = Send("POST", "/wake");
   EXPECT_EQ(r.status, 200);
-  auto state = ReplicaState::FromJson(r.body);
+  auto state = ParseServerInfo(r.body);
   ASSERT_TRUE(state.ok()) << state.status() << r.body;
   EXPECT_EQ(state->run_id, "r1");
   EXPECT_EQ(state->applied, (VersionRef{"r1", 0}));

@@ -13,13 +13,12 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
 #include "stitch/format/weights_checksums.h"
-#include "stitch/replica/loop_signal.h"
+#include "stitch/net/loop_signal.h"
 #include "stitch/store/materialize_chain.h"
 
 namespace stitch {
 
 using boost::asio::awaitable;
-using replica_internal::LoopSignal;
 
 namespace {
 

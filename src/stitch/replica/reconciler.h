@@ -84,16 +84,14 @@
 #include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
 #include "stitch/format/weights_checksums.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/replica/admission_gate.h"
-#include "stitch/replica/clock.h"
 #include "stitch/store/store.h"
 
 namespace stitch {
 
-namespace replica_internal {
 class LoopSignal;
-}
 
 struct ReconcilerOptions {
   // The run of the boot checkpoint the engine starts with, and its version.
@@ -256,8 +254,8 @@ class Reconciler {
 
   std::function<void(const absl::Status&)> on_terminal_;
   std::function<void()> on_distrust_;
-  std::unique_ptr<replica_internal::LoopSignal> wake_;
-  std::unique_ptr<replica_internal::LoopSignal> ended_;
+  std::unique_ptr<LoopSignal> wake_;
+  std::unique_ptr<LoopSignal> ended_;
   bool wake_pending_ = false;
   bool started_ = false;
   bool stopping_ = false;

@@ -1,12 +1,12 @@
 #include "stitch/replica/sidecar.h"
 
-#include <cmath>
 #include <utility>
 
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/api/server_info.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/prometheus.h"
 
@@ -14,120 +14,6 @@ namespace stitch {
 
 namespace json = boost::json;
 using boost::asio::awaitable;
-
-namespace {
-
-absl::Status Refuse(std::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat("sidecar: ", AbslView(message)));
-}
-
-absl::StatusOr<Clock::Duration> Seconds(double seconds, std::string_view flag) {
-  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e7) {
-    return Refuse(absl::StrCat(AbslView(flag), " must be a number of seconds >= 0 (got ", seconds,
-                               "); 0 disables it"));
-  }
-  return std::chrono::duration_cast<Clock::Duration>(std::chrono::duration<double>(seconds));
-}
-
-}  // namespace
-
-absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
-  SidecarConfig config;
-  if (flags.store.empty()) {
-    return Refuse("--store is required: give the store URI the trainer publishes to");
-  }
-  config.store_uri = flags.store;
-  if (flags.run_id.empty()) {
-    return Refuse("--run-id must not be empty: give the run the base checkpoint belongs to");
-  }
-  if (absl::Status s = ValidateRunId(flags.run_id); !s.ok()) {
-    return Refuse(absl::StrCat("--run-id: ", s.message()));
-  }
-  if (flags.boot_version < 0 || flags.boot_version > kMaxVersion) {
-    return Refuse(absl::StrCat("--boot-version must be between 0 and ", kMaxVersion, " (got ",
-                               flags.boot_version,
-                               "): give the version the base checkpoint holds"));
-  }
-  if (flags.engine == "sglang") {
-    config.engine = EngineKind::kSglang;
-  } else if (flags.engine == "sglang-stock") {
-    config.engine = EngineKind::kSglangStock;
-  } else {
-    return Refuse(
-        absl::StrCat("--engine must be sglang or sglang-stock (got \"", flags.engine, "\")"));
-  }
-  auto url = ParseHttpUrl(flags.engine_url);
-  if (!url.ok()) return Refuse(absl::StrCat("--engine-url: ", url.status().message()));
-  config.engine_url = flags.engine_url;
-  config.engine_http = *url;
-  if (flags.base_checkpoint.empty()) {
-    return Refuse(
-        "--base-checkpoint is required: give the checkpoint directory the engine was started "
-        "with");
-  }
-  auto mode = ParseUpdateDestination(flags.update_mode);
-  if (!mode.ok()) return Refuse(absl::StrCat("--update-mode: ", mode.status().message()));
-  config.update_mode = *mode;
-  if (config.engine == EngineKind::kSglangStock && config.update_mode == UpdateDestination::kCpu) {
-    return Refuse(
-        "--update-mode cpu needs an engine that stages by itself: --engine sglang-stock loads "
-        "versions only from disk (use --update-mode disk, or --engine sglang)");
-  }
-  if (flags.local_checkpoint.empty()) {
-    if (config.engine == EngineKind::kSglangStock) {
-      return Refuse(
-          "--engine sglang-stock needs --local-checkpoint: give the directory the sidecar stages "
-          "versions into");
-    }
-    if (config.update_mode == UpdateDestination::kDisk) {
-      return Refuse(
-          "--update-mode disk needs --local-checkpoint: give the directory the engine stages "
-          "versions into (or use --update-mode cpu)");
-    }
-  }
-  config.local_checkpoint = flags.local_checkpoint;
-  auto commit = ParseCommitMode(flags.commit_mode);
-  if (!commit.ok()) return Refuse(absl::StrCat("--commit-mode: ", commit.status().message()));
-
-  auto reconcile = Seconds(flags.reconcile_interval_s, "--reconcile-interval");
-  if (!reconcile.ok()) return reconcile.status();
-  auto outage = Seconds(flags.store_outage_limit_s, "--store-outage-limit");
-  if (!outage.ok()) return outage.status();
-  auto watchdog = Seconds(flags.watchdog_interval_s, "--watchdog-interval");
-  if (!watchdog.ok()) return watchdog.status();
-  if (flags.watchdog_threshold < 1 || flags.watchdog_threshold > 1000000) {
-    return Refuse(absl::StrCat("--watchdog-threshold must be at least 1 (got ",
-                               flags.watchdog_threshold,
-                               "): it is how many failed health checks in a row end the replica"));
-  }
-  if (flags.port < 0 || flags.port > 65535) {
-    return Refuse(absl::StrCat("--port must be between 0 and 65535 (got ", flags.port,
-                               "); 0 picks a free port"));
-  }
-  if (flags.host.empty()) return Refuse("--host must not be empty: give an address to listen on");
-
-  config.reconciler.run_id = flags.run_id;
-  config.reconciler.boot_version = flags.boot_version;
-  config.reconciler.base_checkpoint_dir = flags.base_checkpoint;
-  config.reconciler.commit_mode = *commit;
-  config.reconciler.flush_cache_on_commit = flags.flush_cache_on_commit;
-  config.reconciler.reconcile_interval = *reconcile;
-  config.reconciler.store_outage_limit = *outage;
-  config.watchdog.interval = *watchdog;
-  config.watchdog.threshold = static_cast<int>(flags.watchdog_threshold);
-  config.watchdog.probe_timeout = std::max<std::chrono::milliseconds>(
-      std::chrono::milliseconds(100),
-      std::min<std::chrono::milliseconds>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(*watchdog),
-          std::chrono::seconds(5)));
-  config.reconciler.report_timeout =
-      std::max<std::chrono::milliseconds>(config.watchdog.probe_timeout, std::chrono::seconds(5));
-  config.server.host = flags.host;
-  config.server.port = static_cast<uint16_t>(flags.port);
-  return config;
-}
-
-// Sidecar ------------------------------------------------------------------------
 
 Sidecar::~Sidecar() = default;
 
@@ -213,13 +99,13 @@ awaitable<void> Sidecar::Health(HttpExchange& exchange) {
 }
 
 awaitable<void> Sidecar::ServerInfo(HttpExchange& exchange) {
-  HttpResponse response = JsonResponse(200, reconciler_->State().ToJson());
+  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
   (void)co_await exchange.Respond(std::move(response));
 }
 
 awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   reconciler_->Wake();
-  HttpResponse response = JsonResponse(200, reconciler_->State().ToJson());
+  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
   (void)co_await exchange.Respond(std::move(response));
 }
 

@@ -28,10 +28,10 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/engine/engine.h"
+#include "stitch/net/clock.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/replica/admission_gate.h"
-#include "stitch/replica/clock.h"
 #include "stitch/replica/metrics.h"
 #include "stitch/replica/proxy.h"
 #include "stitch/replica/reconciler.h"
@@ -39,53 +39,6 @@
 #include "stitch/store/store.h"
 
 namespace stitch {
-
-// The `stitch sidecar` flags, as given.
-struct SidecarFlags {
-  std::string store;
-  std::string run_id;
-  std::string engine = "sglang";
-  std::string engine_url;
-  std::string base_checkpoint;
-  std::string local_checkpoint;
-  std::string update_mode = "disk";
-  std::string commit_mode = "in_place";
-  int64_t boot_version = 0;
-  bool flush_cache_on_commit = false;
-  double reconcile_interval_s = 5;
-  double store_outage_limit_s = 30;
-  double watchdog_interval_s = 1;
-  int64_t watchdog_threshold = 15;
-  std::string host = "127.0.0.1";
-  int64_t port = 0;
-};
-
-enum class EngineKind {
-  kSglang,       // stages by itself (/stage_weight_update)
-  kSglangStock,  // the sidecar stages into --local-checkpoint
-};
-
-// The flags, checked and parsed.
-struct SidecarConfig {
-  std::string store_uri;
-  EngineKind engine = EngineKind::kSglang;
-  std::string engine_url;
-  HttpUrl engine_http;
-  std::filesystem::path local_checkpoint;
-  UpdateDestination update_mode = UpdateDestination::kDisk;
-  ReconcilerOptions reconciler;
-  WatchdogOptions watchdog;
-  ServerOptions server;
-};
-
-// Checks the flags for consistency without touching anything. Errors are
-// InvalidArgument with one line naming the flag and saying what to do: an
-// empty or invalid run id, a negative boot version, disk mode (or the stock
-// engine) without --local-checkpoint, cpu mode with the stock engine (it
-// loads versions only from disk), an unknown engine, mode or commit mode, a
-// bad engine URL, negative intervals, a threshold below 1, a port out of
-// range, a missing --store or --base-checkpoint.
-[[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);
 
 class Sidecar {
  public:

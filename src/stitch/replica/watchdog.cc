@@ -12,12 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/replica/loop_signal.h"
+#include "stitch/net/loop_signal.h"
 
 namespace stitch {
 
 using boost::asio::awaitable;
-using replica_internal::LoopSignal;
 
 struct Watchdog::Task {
   boost::asio::cancellation_signal cancel;

@@ -19,13 +19,11 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "absl/status/status.h"
-#include "stitch/replica/clock.h"
+#include "stitch/net/clock.h"
 
 namespace stitch {
 
-namespace replica_internal {
 class LoopSignal;
-}
 
 struct WatchdogOptions {
   // Zero disables the periodic probes (ProbeNow() still probes).
@@ -74,8 +72,8 @@ class Watchdog {
 
   struct Task;
   std::unique_ptr<Task> task_;
-  std::unique_ptr<replica_internal::LoopSignal> ended_;
-  std::unique_ptr<replica_internal::LoopSignal> now_;
+  std::unique_ptr<LoopSignal> ended_;
+  std::unique_ptr<LoopSignal> now_;
   bool probe_now_ = false;
   bool stopping_ = false;
   uint64_t probes_ = 0;

@@ -23,6 +23,7 @@
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/store/pointer_cas.h"
+#include "stitch/store/version_dir.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -417,18 +418,7 @@ absl::StatusOr<VersionManifest> FsStore::ReadManifest(int64_t version) {
     }
     return Annotate(text.status(), where_);
   }
-  auto corrupt = [&](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat(where_, ": version ", VersionDirName(version), " has a bad index: ", why));
-  };
-  auto index = CheckpointIndex::Parse(*text);
-  if (!index.ok()) return corrupt(index.status().message());
-  auto manifest = index->ToManifest();
-  if (!manifest.ok()) return corrupt(manifest.status().message());
-  if (manifest->version != version) {
-    return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
-  }
-  return manifest;
+  return ManifestFromIndex(where_, version, *text);
 }
 
 absl::StatusOr<fs::path> FsStore::Materialize(int64_t version) {

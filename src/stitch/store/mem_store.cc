@@ -179,19 +179,11 @@ absl::StatusOr<VersionManifest> MemStore::ReadManifest(int64_t version) {
     auto index = it->second.find(std::string(kIndexFileName));
     if (index != it->second.end()) index_json = index->second;
   }
-  auto corrupt = [&](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat(where_, ": version ", VersionDirName(version), " has a bad index: ", why));
-  };
-  if (index_json.empty()) return corrupt("it is missing");
-  auto index = CheckpointIndex::Parse(index_json);
-  if (!index.ok()) return corrupt(index.status().message());
-  auto manifest = index->ToManifest();
-  if (!manifest.ok()) return corrupt(manifest.status().message());
-  if (manifest->version != version) {
-    return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
+  if (index_json.empty()) {
+    return absl::DataLossError(absl::StrCat(where_, ": version ", VersionDirName(version),
+                                            " has a bad index: it is missing"));
   }
-  return manifest;
+  return ManifestFromIndex(where_, version, index_json);
 }
 
 absl::StatusOr<fs::path> MemStore::Materialize(int64_t version) {

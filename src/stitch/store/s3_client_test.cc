@@ -14,13 +14,13 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/core/errors.h"
 #include "stitch/store/s3_sha256.h"
 #include "tests/support/loopback_http.h"
@@ -55,11 +55,11 @@ class ScriptedServer {
   }
   std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
   std::vector<std::string> heads() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return heads_;
   }
   std::vector<std::string> bodies() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return bodies_;
   }
 
@@ -96,7 +96,7 @@ class ScriptedServer {
         }
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         heads_.push_back(end == std::string::npos ? data : data.substr(0, end));
         bodies_.push_back(end == std::string::npos ? "" : data.substr(end + 4));
       }
@@ -126,9 +126,9 @@ class ScriptedServer {
   int stop_[2] = {-1, -1};
   int port_ = 0;
   std::thread thread_;
-  std::mutex mu_;
-  std::vector<std::string> heads_;
-  std::vector<std::string> bodies_;
+  absl::Mutex mu_;
+  std::vector<std::string> heads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> bodies_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Fixture {

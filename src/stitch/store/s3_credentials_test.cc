@@ -10,11 +10,11 @@
 
 #include <atomic>
 #include <fstream>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/store/s3_client.h"
 #include "stitch/store/s3_uri.h"
 #include "tests/support/loopback_http.h"
@@ -179,11 +179,11 @@ TEST(AwsCredentialsTest, WebIdentityNeedsBothVariablesAndAReadableToken) {
 TEST(AwsCredentialsTest, ContainerCredentialsSendTheTokenFromItsFileEachTime) {
   Clock clock;
   KeyService keys(clock);
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<std::string> heads;
   LoopbackHttpServer::Options o;
   o.handler = [&](const LoopbackHttpServer::Request& r) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     heads.push_back(r.head);
     return keys.Keys();
   };
@@ -208,7 +208,7 @@ TEST(AwsCredentialsTest, ContainerCredentialsSendTheTokenFromItsFileEachTime) {
   auto again = chain->Current();
   ASSERT_TRUE(again.ok() && again->has_value()) << again.status();
   EXPECT_EQ((*again)->access_key_id, "AKID2");
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   ASSERT_EQ(heads.size(), 2u);
   EXPECT_THAT(heads[0], HasSubstr("GET /v2/credentials/abc HTTP/1.1"));
   EXPECT_THAT(heads[0], ::testing::EndsWith("\r\nAuthorization: first-token"));
@@ -232,7 +232,7 @@ struct Imds {
     server = std::make_unique<LoopbackHttpServer>(o);
   }
   LoopbackHttpServer::Reply Answer(const LoopbackHttpServer::Request& r) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     lines.push_back(r.line);
     if (r.line == "PUT /latest/api/token") {
       if (token_status != 200) return {token_status, ""};
@@ -254,7 +254,7 @@ struct Imds {
   }
   KeyService keys;
   int token_status;
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<std::string> lines;
   std::unique_ptr<LoopbackHttpServer> server;
 };
@@ -269,7 +269,7 @@ TEST(AwsCredentialsTest, InstanceMetadataUsesSessionTokens) {
   EXPECT_EQ((*c)->access_key_id, "AKID1");
   EXPECT_EQ((*c)->source, "EC2 instance metadata (role the-role)");
   EXPECT_EQ(InstanceMetadataRegion(imds.server->url()), "eu-north-1");
-  std::lock_guard<std::mutex> lock(imds.mu);
+  absl::MutexLock lock(&imds.mu);
   EXPECT_EQ(imds.lines.front(), "PUT /latest/api/token");
 }
 
@@ -304,7 +304,7 @@ class RefreshTest : public ::testing::Test {
     return c.ok() && c->has_value() ? (*c)->access_key_id : "";
   }
   size_t Asked() {
-    std::lock_guard<std::mutex> lock(imds_.mu);
+    absl::MutexLock lock(&imds_.mu);
     return imds_.lines.size();
   }
   Clock clock_;
@@ -397,11 +397,11 @@ class CountingProvider final : public AwsCredentialsProvider {
 };
 
 TEST(S3ClientCredentialsTest, AnExpiredTokenAnswerIsRetriedOnceWithFreshCredentials) {
-  std::mutex mu;
+  absl::Mutex mu;
   std::vector<std::string> heads;
   LoopbackHttpServer::Options o;
   o.handler = [&](const LoopbackHttpServer::Request& r) -> LoopbackHttpServer::Reply {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     heads.push_back(r.head);
     if (heads.size() <= 2) {
       return {400, "<Error><Code>ExpiredToken</Code><Message>expired</Message></Error>"};
@@ -428,7 +428,7 @@ TEST(S3ClientCredentialsTest, AnExpiredTokenAnswerIsRetriedOnceWithFreshCredenti
   auto second = (*client)->Send(r);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->status, 200);
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   ASSERT_EQ(heads.size(), 3u);
   EXPECT_THAT(heads[0], HasSubstr("Credential=ASIA1/"));
   EXPECT_THAT(heads[1], HasSubstr("Credential=ASIA2/"));

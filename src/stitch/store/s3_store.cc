@@ -9,7 +9,6 @@
 #include <boost/json.hpp>
 #include <cerrno>
 #include <map>
-#include <mutex>
 #include <set>
 #include <span>
 #include <system_error>
@@ -21,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
 #include "stitch/format/fileio.h"
@@ -252,7 +252,7 @@ absl::Status S3Store::ParallelFor(size_t n, const std::function<absl::Status(siz
   }
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex mu;
+  absl::Mutex mu;
   absl::Status first;
   auto work = [&] {
     while (!failed.load()) {
@@ -260,7 +260,7 @@ absl::Status S3Store::ParallelFor(size_t n, const std::function<absl::Status(siz
       if (i >= n) return;
       absl::Status s = fn(i);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         if (first.ok()) first = std::move(s);
         failed.store(true);
       }
@@ -798,25 +798,7 @@ absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::st
   return std::move(response->body);
 }
 
-namespace {
-
-absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where, int64_t version,
-                                                  std::string_view text) {
-  auto corrupt = [&](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat(AbslView(where), ": version ", VersionDirName(version),
-                                            " has a bad index: ", why));
-  };
-  auto index = CheckpointIndex::Parse(text);
-  if (!index.ok()) return corrupt(index.status().message());
-  auto manifest = index->ToManifest();
-  if (!manifest.ok()) return corrupt(manifest.status().message());
-  if (manifest->version != version) {
-    return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
-  }
-  return manifest;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<VersionManifest> S3Store::ReadManifest(int64_t version) {
   if (absl::Status s = ValidateVersionNumber(version); !s.ok()) {
@@ -909,7 +891,7 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
     if (!fresh) missing.push_back(i);
   }
 
-  std::mutex record_mu;
+  absl::Mutex record_mu;
   absl::Status status = ParallelFor(missing.size(), [&](size_t m) -> absl::Status {
     const StoredFile& want = (*stored)[missing[m]];
     const std::string key = VersionKey(version, want.name);
@@ -964,7 +946,7 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
     struct stat st;
     if (::stat(final_path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", final_path);
     downloaded_.fetch_add(1);
-    std::lock_guard<std::mutex> guard(record_mu);
+    absl::MutexLock guard(&record_mu);
     record[want.name] = CachedFile{want.size, want.sha256, MtimeNs(st)};
     return absl::OkStatus();
   });

@@ -178,4 +178,20 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
   return out;
 }
 
+absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where, int64_t version,
+                                                  std::string_view text) {
+  auto corrupt = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(AbslView(where), ": version ", VersionDirName(version),
+                                            " has a bad index: ", why));
+  };
+  auto index = CheckpointIndex::Parse(text);
+  if (!index.ok()) return corrupt(index.status().message());
+  auto manifest = index->ToManifest();
+  if (!manifest.ok()) return corrupt(manifest.status().message());
+  if (manifest->version != version) {
+    return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
+  }
+  return manifest;
+}
+
 }  // namespace stitch

@@ -56,6 +56,14 @@ inline constexpr size_t kMaxOtherFiles = 10000;
 [[nodiscard]] absl::StatusOr<VersionDirContents> ReadVersionDir(const std::filesystem::path& dir,
                                                                 int64_t version);
 
+// The manifest of published version `version` from the text of its stored
+// index. DataLoss "<where>: version weight_vNNNNNN has a bad index: <why>"
+// when the index does not parse, describes no valid manifest, or records
+// another metadata.version. Shared by every store's ReadManifest.
+[[nodiscard]] absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where,
+                                                                int64_t version,
+                                                                std::string_view text);
+
 // OK when `name` (relative, a safe payload file name) names a regular file
 // inside `dir` reached through real directories: no component below `dir`
 // is a symbolic link, and the file is no FIFO, socket, device or directory.

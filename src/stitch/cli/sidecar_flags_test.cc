@@ -1,8 +1,10 @@
+// The `stitch sidecar` flags: consistent ones are accepted, each kind of
+// inconsistency is refused with one line naming the flag.
+#include "stitch/cli/sidecar_flags.h"
+
 #include <string>
 
 #include <gtest/gtest.h>
-
-#include "stitch/replica/sidecar.h"
 
 namespace stitch {
 namespace {

@@ -1,15 +1,18 @@
-// Time for the replica's periodic work (the reconciler's backstop, the
-// watchdog), injected so that tests advance it by hand and never sleep.
+// Time for periodic and deadline-bound work on an event loop (the sidecar's
+// backstop and watchdog, the gateway's probes, waits and stall watch),
+// injected so that tests advance it by hand and never sleep.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stitch {
 
@@ -61,11 +64,13 @@ class ManualClock final : public Clock {
   struct Sleeper;
 
  private:
+  void Unregister(Sleeper* sleeper);
+
   boost::asio::any_io_executor loop_;
-  mutable std::mutex mu_;
-  TimePoint now_;                   // guarded by mu_
-  std::vector<Sleeper*> sleepers_;  // guarded by mu_
-  uint64_t sleeps_started_ = 0;     // guarded by mu_
+  mutable absl::Mutex mu_;
+  TimePoint now_ ABSL_GUARDED_BY(mu_);
+  std::vector<Sleeper*> sleepers_ ABSL_GUARDED_BY(mu_);
+  uint64_t sleeps_started_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace stitch

@@ -1,4 +1,4 @@
-#include "stitch/replica/clock.h"
+#include "stitch/net/clock.h"
 
 #include <algorithm>
 
@@ -32,18 +32,23 @@ ManualClock::ManualClock(boost::asio::any_io_executor loop)
 ManualClock::~ManualClock() = default;
 
 Clock::TimePoint ManualClock::Now() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return now_;
 }
 
 size_t ManualClock::sleepers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return sleepers_.size();
 }
 
 uint64_t ManualClock::sleeps_started() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return sleeps_started_;
+}
+
+void ManualClock::Unregister(Sleeper* sleeper) {
+  absl::MutexLock lock(&mu_);
+  std::erase(sleepers_, sleeper);
 }
 
 boost::asio::awaitable<void> ManualClock::SleepUntil(TimePoint deadline) {
@@ -51,7 +56,7 @@ boost::asio::awaitable<void> ManualClock::SleepUntil(TimePoint deadline) {
                   boost::asio::steady_timer(co_await boost::asio::this_coro::executor,
                                             boost::asio::steady_timer::time_point::max())};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++sleeps_started_;
     if (now_ >= deadline) co_return;
     sleepers_.push_back(&sleeper);
@@ -60,23 +65,20 @@ boost::asio::awaitable<void> ManualClock::SleepUntil(TimePoint deadline) {
   struct Unregister {
     ManualClock* clock;
     Sleeper* sleeper;
-    ~Unregister() {
-      std::lock_guard<std::mutex> lock(clock->mu_);
-      std::erase(clock->sleepers_, sleeper);
-    }
+    ~Unregister() { clock->Unregister(sleeper); }
   } unregister{this, &sleeper};
   co_await sleeper.timer.async_wait(kAwait);
 }
 
 void ManualClock::Advance(Duration d) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     now_ += d;
   }
   // Sleepers unregister on the loop thread only, so the pointers stay valid
   // while this runs there.
   boost::asio::post(loop_, [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (Sleeper* s : sleepers_) {
       if (s->deadline <= now_) s->timer.cancel();
     }

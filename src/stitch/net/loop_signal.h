@@ -1,5 +1,5 @@
-// Internal to src/stitch/replica: a condition for coroutines confined to one
-// event loop. Pulls in Asio's timer; include it from .cc files only.
+// A condition for coroutines confined to one event loop. Pulls in Asio's
+// timer; include it from .cc files only (headers forward-declare the class).
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -9,7 +9,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
-namespace stitch::replica_internal {
+namespace stitch {
 
 // Waiters suspend until the next NotifyAll() and then re-check whatever
 // condition they wait for. Loop thread only.
@@ -34,4 +34,4 @@ class LoopSignal {
   boost::asio::steady_timer timer_;
 };
 
-}  // namespace stitch::replica_internal
+}  // namespace stitch

@@ -1,0 +1,41 @@
+# The `layering` test: every #include "stitch/<folder>/..." in a folder's
+# library sources (tests and test helpers aside) names the folder itself or
+# one its line of stitch_layers.cmake lists. Run as
+#   cmake -DSTITCH_ROOT=<repository> -P cmake/check_layers.cmake
+cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/stitch_layers.cmake)
+
+set(violations 0)
+file(GLOB folders LIST_DIRECTORIES true RELATIVE ${STITCH_ROOT}/src/stitch ${STITCH_ROOT}/src/stitch/*)
+foreach(folder IN LISTS folders)
+  if(NOT IS_DIRECTORY ${STITCH_ROOT}/src/stitch/${folder})
+    continue()
+  endif()
+  if(NOT folder IN_LIST STITCH_FOLDERS)
+    message(SEND_ERROR "src/stitch/${folder} is not in cmake/stitch_layers.cmake: add it with the "
+      "folders it may use")
+    math(EXPR violations "${violations} + 1")
+    continue()
+  endif()
+  file(GLOB sources ${STITCH_ROOT}/src/stitch/${folder}/*.h ${STITCH_ROOT}/src/stitch/${folder}/*.cc)
+  foreach(source IN LISTS sources)
+    get_filename_component(base ${source} NAME)
+    if(base MATCHES "_test\\.cc$|_test_util\\.(h|cc)$|^fake_|^testing_|^test_")
+      continue()
+    endif()
+    file(STRINGS ${source} includes REGEX "^[ \t]*#[ \t]*include[ \t]+\"stitch/")
+    foreach(line IN LISTS includes)
+      string(REGEX MATCH "\"stitch/([a-z_]+)/" _ "${line}")
+      set(used ${CMAKE_MATCH_1})
+      if(NOT used STREQUAL folder AND NOT used IN_LIST STITCH_MAY_USE_${folder})
+        message(SEND_ERROR "src/stitch/${folder}/${base}: ${line}: ${folder} may not use ${used} "
+          "(cmake/stitch_layers.cmake); speak through a folder it may use")
+        math(EXPR violations "${violations} + 1")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(violations GREATER 0)
+  message(FATAL_ERROR "layering: ${violations} include(s) against the dependency direction")
+endif()
+message(STATUS "layering: every folder includes only what cmake/stitch_layers.cmake allows")

@@ -1,0 +1,25 @@
+# Which folders of src/stitch each folder may use (include and link), in
+# dependency order: the picture in docs/design.md ("Code"). stitch_library()
+# refuses a link to a folder not listed here, and the `layering` test an
+# #include of one, so the direction cannot be broken quietly: changing it
+# means changing this table. A new folder declares its line here first.
+set(STITCH_FOLDERS core format store net api pool engine replica gateway publish refengine demo
+    cli)
+set(STITCH_MAY_USE_core "")
+set(STITCH_MAY_USE_format core)
+set(STITCH_MAY_USE_store format core)
+set(STITCH_MAY_USE_net core)
+# The versioned rollout API: what sidecars, gateways and engines say to each
+# other over HTTP, and nothing of any of them.
+set(STITCH_MAY_USE_api net core)
+set(STITCH_MAY_USE_pool api core)
+set(STITCH_MAY_USE_engine net format core)
+set(STITCH_MAY_USE_replica api engine store net format core)
+# The gateway meets replicas only over HTTP: never the sidecar (replica) or
+# the engine port (engine).
+set(STITCH_MAY_USE_gateway api pool net core)
+set(STITCH_MAY_USE_publish pool store format core)
+set(STITCH_MAY_USE_refengine api net format core)
+set(STITCH_MAY_USE_demo refengine publish pool api net store format core)
+set(STITCH_MAY_USE_cli demo refengine publish gateway replica engine pool api net store format
+    core)

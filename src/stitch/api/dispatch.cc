@@ -1,0 +1,26 @@
+#include "stitch/api/dispatch.h"
+
+#include <utility>
+
+#include "stitch/api/answers.h"
+
+namespace stitch {
+
+boost::asio::awaitable<void> DispatchApiRequest(HttpExchange& exchange,
+                                                const ApiHandlers& handlers) {
+  const std::string_view path = TargetPath(exchange.request().target);
+  const ClassifiedRoute route = ClassifyRoute(path);
+  if (route.kind == RouteClass::kVersioned && exchange.request().method == "POST") {
+    co_await handlers.versioned(exchange, route.api);
+    co_return;
+  }
+  if (route.kind == RouteClass::kBlocked) {
+    if (handlers.on_blocked) handlers.on_blocked();
+    HttpResponse response = RouteBlockedResponse(path, handlers.blocked_why);
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
+  co_await handlers.other(exchange);
+}
+
+}  // namespace stitch

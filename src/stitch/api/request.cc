@@ -1,0 +1,143 @@
+#include "stitch/api/request.h"
+
+#include <utility>
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/json.h"
+
+namespace stitch {
+
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::string_view kConstraintField = "weight_version";
+
+// How many prompts a /generate body asks for at once (a list of prompts);
+// 0 for a single prompt.
+size_t BatchSize(const json::object& body) {
+  if (const json::value* text = body.if_contains("text"); text != nullptr && text->is_array()) {
+    return text->get_array().size();
+  }
+  if (const json::value* ids = body.if_contains("input_ids"); ids != nullptr && ids->is_array()) {
+    const json::array& a = ids->get_array();
+    if (!a.empty() && a.front().is_array()) return a.size();
+  }
+  return 0;
+}
+
+size_t Digits(size_t n) {
+  size_t digits = 1;
+  while (n >= 10) {
+    n /= 10;
+    ++digits;
+  }
+  return digits;
+}
+
+// Prepends the isolation prefix to the caller's own string value of `key`.
+// A non-string value is replaced: the engine would refuse it anyway, and a
+// request must never reach the cache untagged.
+void PrefixKey(json::object& body, std::string_view key, const std::string& prefix) {
+  std::string value = prefix;
+  if (const json::value* own = body.if_contains(key); own != nullptr && own->is_string()) {
+    value.append(own->get_string().data(), own->get_string().size());
+  }
+  body[key] = value;
+}
+
+}  // namespace
+
+absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body, json::value& doc) {
+  absl::StatusOr<json::value> parsed = ParseVersionedBodyJson(body, doc.storage());
+  if (!parsed.ok()) return parsed.status();
+  doc = *std::move(parsed);
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError("the request body must be a JSON object");
+  }
+  const json::object& o = doc.get_object();
+  VersionedAsk ask;
+  if (const json::value* wv = o.if_contains(kConstraintField); wv != nullptr) {
+    auto c = ConstraintFromJsonValue(*wv);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("weight_version: ", c.status().message()));
+    }
+    ask.constraint = *c;
+  }
+  const json::value* stream = o.if_contains("stream");
+  ask.stream = stream != nullptr && stream->is_bool() && stream->get_bool();
+  return ask;
+}
+
+absl::StatusOr<VersionedAsk> ReadVersionedAsk(std::string_view body) {
+  JsonArena arena;
+  json::value parsed(arena.storage());
+  return ParseVersionedBody(body, parsed);
+}
+
+void StripConstraint(json::object& body) { body.erase(kConstraintField); }
+
+absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, json::object& body,
+                                            std::string_view base) {
+  EngineRids rids;
+  const size_t batch = route == ApiRoute::kGenerate ? BatchSize(body) : 0;
+  const json::value* given = body.if_contains("rid");
+  if (given != nullptr && given->is_null()) given = nullptr;
+  if (batch > 0) {
+    if (given != nullptr) {
+      if (!given->is_array() || given->get_array().size() != batch) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rid must be a list of ", batch, " strings, one per prompt of the batch"));
+      }
+      for (const json::value& r : given->get_array()) {
+        if (!r.is_string()) {
+          return absl::InvalidArgumentError(
+              "rid must be a list of strings, one per prompt of the batch");
+        }
+        rids.client.emplace_back(r.get_string().data(), r.get_string().size());
+      }
+    } else {
+      rids.client.resize(batch);
+    }
+    const size_t width = Digits(batch - 1);
+    json::array ids(body.storage());
+    for (size_t i = 0; i < batch; ++i) {
+      std::string index = std::to_string(i);
+      std::string rid =
+          absl::StrCat(AbslView(base), "-", std::string(width - index.size(), '0'), index);
+      if (!rids.client[i].empty()) absl::StrAppend(&rid, "-", rids.client[i]);
+      ids.emplace_back(rid);
+      rids.engine.push_back(std::move(rid));
+    }
+    body["rid"] = std::move(ids);
+    return rids;
+  }
+  if (given != nullptr && !given->is_string()) {
+    return absl::InvalidArgumentError("rid must be a string");
+  }
+  std::string client = given != nullptr
+                           ? std::string(given->get_string().data(), given->get_string().size())
+                           : std::string();
+  std::string rid(base);
+  if (!client.empty()) absl::StrAppend(&rid, "-", client);
+  body["rid"] = rid;
+  rids.engine.push_back(std::move(rid));
+  rids.client.push_back(std::move(client));
+  return rids;
+}
+
+std::string CacheIsolationPrefix(const VersionRef& serving) {
+  return absl::StrCat("wv", serving.version, ";", serving.run_id, "/");
+}
+
+void TagRequest(ApiRoute route, json::object& body, const VersionRef& serving) {
+  PrefixKey(body, route == ApiRoute::kGenerate ? "extra_key" : "cache_salt",
+            CacheIsolationPrefix(serving));
+}
+
+}  // namespace stitch

@@ -1,0 +1,75 @@
+// A versioned request on its way to an engine: what its body asks for, the
+// request ids the engine sees, and the tags that keep versions apart in the
+// engine's prefix cache (docs/sidecar.md, "HTTP API").
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stitch/api/routes.h"
+#include "stitch/core/constraint.h"
+#include "stitch/core/version.h"
+
+namespace boost::json {
+class object;
+class value;
+}  // namespace boost::json
+
+namespace stitch {
+
+// What the JSON body of a versioned route asks for besides the generation.
+struct VersionedAsk {
+  VersionConstraint constraint;  // empty without `weight_version`
+  bool stream = false;           // `stream: true`
+};
+
+// Parses the body of a versioned route into `doc` (an object; its
+// `weight_version` is left in it: StripConstraint removes it).
+// InvalidArgument, with the message of the 400 BadRequest to answer, when
+// the body is not a JSON object, its constraint is malformed or gives both
+// versions, or `weight_version` or one of its fields is given twice
+// (ParseVersionedBodyJson in core/json.h).
+[[nodiscard]] absl::StatusOr<VersionedAsk> ParseVersionedBody(std::string_view body,
+                                                              boost::json::value& doc);
+
+// The same, for a hop that passes the body on unchanged: the parsed
+// document is freed before it returns.
+[[nodiscard]] absl::StatusOr<VersionedAsk> ReadVersionedAsk(std::string_view body);
+
+// Removes `weight_version`: it is the sidecar's to consume, never the
+// engine's.
+void StripConstraint(boost::json::object& body);
+
+// The request ids of one versioned request: what the engine sees, one per
+// prompt (several for a batched /generate), and the client's own for each
+// ("" where it gave none).
+struct EngineRids {
+  std::vector<std::string> engine;
+  std::vector<std::string> client;
+};
+
+// Gives the request ids of its own to `body` (its `rid`), built on `base`,
+// an id of fixed width never given before ("stitch-<8 hex>-<16 hex>"): for
+// one prompt "<base>" followed by "-<the client's rid>" when it gave one;
+// for each prompt of a batched /generate "<base>-<index>" (zero-padded to
+// one width) and then "-<the client's rid>" for that prompt. All ids are of
+// one width up to the client's part, so that none is a prefix of another:
+// engines abort every request whose id starts with the one given.
+// InvalidArgument, with the message of the 400 to answer, when `rid` is not
+// a string (a list of one string per prompt for a batch).
+[[nodiscard]] absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, boost::json::object& body,
+                                                          std::string_view base);
+
+// The prefix that isolates one serving version in an engine's prefix cache:
+// "wv<version>;<run_id>/".
+std::string CacheIsolationPrefix(const VersionRef& serving);
+
+// Tags a versioned request so that the engine's prefix cache never mixes
+// versions: /generate gets SGLang's `extra_key`, the OpenAI routes
+// `cache_salt` (vLLM's), each "<CacheIsolationPrefix(serving)><the caller's
+// own value>". A caller's value that is not a string is replaced.
+void TagRequest(ApiRoute route, boost::json::object& body, const VersionRef& serving);
+
+}  // namespace stitch

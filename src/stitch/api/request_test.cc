@@ -1,0 +1,139 @@
+#include "stitch/api/request.h"
+
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+namespace stitch {
+namespace {
+
+namespace json = boost::json;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+json::object Parse(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  EXPECT_FALSE(ec) << text;
+  return v.is_object() ? v.get_object() : json::object();
+}
+
+// Tagging ---------------------------------------------------------------------
+
+TEST(TaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
+  json::object body = Parse(R"({"text":"hi","extra_key":"user-7"})");
+  TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 7});
+  EXPECT_EQ(body.at("extra_key").as_string(), "wv7;r1/user-7");
+  EXPECT_FALSE(body.contains("cache_salt"));
+
+  json::object bare = Parse(R"({"text":"hi"})");
+  TagRequest(ApiRoute::kGenerate, bare, VersionRef{"r1", 12});
+  EXPECT_EQ(bare.at("extra_key").as_string(), "wv12;r1/");
+}
+
+TEST(TaggingTest, OpenAiRoutesGetACacheSalt) {
+  for (ApiRoute route : {ApiRoute::kCompletions, ApiRoute::kChatCompletions}) {
+    json::object body = Parse(R"({"prompt":"hi","cache_salt":"s"})");
+    TagRequest(route, body, VersionRef{"run-b", 3});
+    EXPECT_EQ(body.at("cache_salt").as_string(), "wv3;run-b/s");
+    EXPECT_FALSE(body.contains("extra_key"));
+  }
+}
+
+TEST(TaggingTest, DifferentVersionsNeverShareACacheKey) {
+  json::object a = Parse(R"({"extra_key":"k"})");
+  json::object b = Parse(R"({"extra_key":"k"})");
+  json::object c = Parse(R"({"extra_key":"k"})");
+  TagRequest(ApiRoute::kGenerate, a, VersionRef{"r1", 1});
+  TagRequest(ApiRoute::kGenerate, b, VersionRef{"r1", 11});
+  TagRequest(ApiRoute::kGenerate, c, VersionRef{"r2", 1});
+  EXPECT_NE(a.at("extra_key"), b.at("extra_key"));
+  EXPECT_NE(a.at("extra_key"), c.at("extra_key"));
+}
+
+// Versioned bodies ----------------------------------------------------------------
+
+TEST(VersionedBodyTest, TheConstraintAndStreamAreRead) {
+  json::value doc;
+  auto ask =
+      ParseVersionedBody(R"({"text":"x","weight_version":{"min_version":3},"stream":true})", doc);
+  ASSERT_TRUE(ask.ok()) << ask.status();
+  EXPECT_EQ(ask->constraint.min_version, 3);
+  EXPECT_TRUE(ask->stream);
+  ASSERT_TRUE(doc.is_object());
+  StripConstraint(doc.get_object());
+  EXPECT_FALSE(doc.get_object().contains("weight_version"));
+  EXPECT_TRUE(doc.get_object().contains("text"));
+
+  auto plain = ReadVersionedAsk(R"({"text":"x","stream":"yes"})");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->constraint.empty());
+  EXPECT_FALSE(plain->stream);
+}
+
+TEST(VersionedBodyTest, BadBodiesAreRefusedWithTheMessageOfThe400) {
+  EXPECT_THAT(ReadVersionedAsk("not json").status().message(), HasSubstr("JSON object"));
+  EXPECT_THAT(ReadVersionedAsk("[1]").status().message(), HasSubstr("JSON object"));
+  EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{"exact_version":"x"}})").status().message(),
+              HasSubstr("weight_version"));
+  EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{"exact_version":1,"min_version":1}})")
+                  .status()
+                  .message(),
+              HasSubstr("both"));
+  EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{},"weight_version":{}})").status().message(),
+              HasSubstr("twice"));
+}
+
+// Request ids ---------------------------------------------------------------------
+
+TEST(EngineRidsTest, OnePromptGetsTheBaseAndTheClientsRidAfterIt) {
+  json::object body = Parse(R"({"text":"x","rid":"mine"})");
+  auto rids = AssignEngineRids(ApiRoute::kGenerate, body, "stitch-0000000a-0000000000000001");
+  ASSERT_TRUE(rids.ok()) << rids.status();
+  EXPECT_THAT(rids->engine, ElementsAre("stitch-0000000a-0000000000000001-mine"));
+  EXPECT_THAT(rids->client, ElementsAre("mine"));
+  EXPECT_EQ(body.at("rid").as_string(), "stitch-0000000a-0000000000000001-mine");
+
+  json::object none = Parse(R"({"prompt":"x","rid":null})");
+  rids = AssignEngineRids(ApiRoute::kCompletions, none, "base");
+  ASSERT_TRUE(rids.ok());
+  EXPECT_THAT(rids->engine, ElementsAre("base"));
+  EXPECT_THAT(rids->client, ElementsAre(""));
+}
+
+TEST(EngineRidsTest, ABatchGetsZeroPaddedIndicesOfOneWidth) {
+  json::object body = Parse(
+      R"({"text":["a","b","c","d","e","f","g","h","i","j","k"],
+          "rid":["r0","","r2","r3","r4","r5","r6","r7","r8","r9","r10"]})");
+  auto rids = AssignEngineRids(ApiRoute::kGenerate, body, "b");
+  ASSERT_TRUE(rids.ok()) << rids.status();
+  ASSERT_EQ(rids->engine.size(), 11u);
+  EXPECT_EQ(rids->engine[0], "b-00-r0");
+  EXPECT_EQ(rids->engine[1], "b-01");
+  EXPECT_EQ(rids->engine[10], "b-10-r10");
+  EXPECT_EQ(body.at("rid").as_array().size(), 11u);
+
+  json::object ids = Parse(R"({"input_ids":[[1],[2]]})");
+  rids = AssignEngineRids(ApiRoute::kGenerate, ids, "b");
+  ASSERT_TRUE(rids.ok());
+  EXPECT_THAT(rids->engine, ElementsAre("b-0", "b-1"));
+}
+
+TEST(EngineRidsTest, RidsOfTheWrongShapeAreRefused) {
+  json::object number = Parse(R"({"text":"x","rid":7})");
+  EXPECT_EQ(AssignEngineRids(ApiRoute::kGenerate, number, "b").status().message(),
+            "rid must be a string");
+  json::object short_list = Parse(R"({"text":["a","b"],"rid":["x"]})");
+  EXPECT_THAT(AssignEngineRids(ApiRoute::kGenerate, short_list, "b").status().message(),
+              HasSubstr("a list of 2 strings"));
+  json::object mixed = Parse(R"({"text":["a","b"],"rid":["x",1]})");
+  EXPECT_THAT(AssignEngineRids(ApiRoute::kGenerate, mixed, "b").status().message(),
+              HasSubstr("list of strings"));
+}
+
+}  // namespace
+}  // namespace stitch

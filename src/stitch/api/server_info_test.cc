@@ -1,0 +1,116 @@
+#include "stitch/api/server_info.h"
+
+#include <gtest/gtest.h>
+#include <boost/json/parse.hpp>
+
+namespace stitch {
+namespace {
+
+TEST(ServerInfoTest, JsonRoundTrip) {
+  ReplicaState s;
+  s.ready = true;
+  s.applied = VersionRef{"run-a", 7};
+  s.sync_state = SyncState::kStaging;
+  s.reason = "staging v8";
+  s.run_id = "run-a";
+  s.commit_mode = CommitMode::kQuiesce;
+  s.active_requests = 3;
+  s.update_destination_ready = true;
+  s.metrics["stage_s"] = 0.25;
+  auto back = ParseServerInfo(ServerInfoJson(s));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->ready);
+  EXPECT_EQ(back->applied, s.applied);
+  EXPECT_EQ(back->sync_state, SyncState::kStaging);
+  EXPECT_EQ(back->reason, "staging v8");
+  EXPECT_EQ(back->commit_mode, CommitMode::kQuiesce);
+  EXPECT_EQ(back->active_requests, 3);
+  EXPECT_TRUE(back->update_destination_ready);
+  EXPECT_DOUBLE_EQ(back->metrics.at("stage_s"), 0.25);
+}
+
+TEST(ServerInfoTest, JsonFieldsFollowTheContract) {
+  ReplicaState s;
+  auto v = boost::json::parse(ServerInfoJson(s));
+  const auto& o = v.as_object();
+  for (const char* key :
+       {"ready", "applied", "sync_state", "reason", "run_id", "commit_mode", "active_requests",
+        "update_destination_ready", "update_destination_error", "terminal_error", "metrics"}) {
+    EXPECT_TRUE(o.contains(key)) << key;
+  }
+  EXPECT_TRUE(o.at("applied").is_null());
+  EXPECT_EQ(o.at("sync_state").as_string(), "IDLE");
+  EXPECT_EQ(o.at("commit_mode").as_string(), "in_place");
+}
+
+TEST(ServerInfoTest, BadJsonIsRejectedWithTheField) {
+  auto s = ParseServerInfo(R"({"ready": "yes"})");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("ready"), std::string::npos);
+  s = ParseServerInfo(R"({"applied": "garbage"})");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("applied"), std::string::npos);
+  s = ParseServerInfo(R"({"sync_state": "NAPPING"})");
+  ASSERT_FALSE(s.ok());
+  s = ParseServerInfo("not json");
+  ASSERT_FALSE(s.ok());
+}
+
+PoolState ThreeReplicas() {
+  PoolState p;
+  ReplicaStatus a;
+  a.url = "http://a";
+  a.reachable = true;
+  a.state.ready = true;
+  a.state.applied = VersionRef{"r", 4};
+  a.in_flight = 2;
+  ReplicaStatus b = a;
+  b.url = "http://b";
+  b.reachable = false;
+  b.last_error = "connection refused";
+  ReplicaStatus c = a;
+  c.url = "http://c";
+  c.state.ready = false;
+  c.stalled = true;
+  p.replicas = {a, b, c};
+  return p;
+}
+
+TEST(ReplicasTest, CountsReadyReachableReplicas) {
+  PoolState p = ThreeReplicas();
+  EXPECT_EQ(p.ready_count(), 1);
+  auto v = boost::json::parse(ReplicasJson(p));
+  EXPECT_EQ(v.at("ready").as_int64(), 1);
+  EXPECT_EQ(v.at("replicas").as_array().size(), 3u);
+  EXPECT_EQ(v.at("replicas").as_array()[0].at("url").as_string(), "http://a");
+  EXPECT_FALSE(v.as_object().contains("pointer"));
+  auto with_pointer = boost::json::parse(ReplicasJson(p, "r/weight_v000004"));
+  EXPECT_EQ(with_pointer.at("pointer").as_string(), "r/weight_v000004");
+}
+
+TEST(ReplicasTest, WhatAGatewayKnowsIsReadBack) {
+  const PoolState p = ThreeReplicas();
+  auto back = ParseReplicas(ReplicasJson(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->replicas.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const ReplicaStatus& want = p.replicas[i];
+    const ReplicaStatus& got = back->replicas[i];
+    EXPECT_EQ(got.url, want.url);
+    EXPECT_EQ(got.reachable, want.reachable);
+    EXPECT_EQ(got.state.ready, want.state.ready);
+    EXPECT_EQ(got.state.applied, want.state.applied);
+    EXPECT_EQ(got.in_flight, want.in_flight);
+    EXPECT_EQ(got.stalled, want.stalled);
+    EXPECT_EQ(got.last_error, want.last_error);
+  }
+  EXPECT_FALSE(ParseReplicas(R"({"ready": 0})").ok());
+  EXPECT_FALSE(ParseReplicas("not json").ok());
+  auto lenient = ParseReplicas(R"({"replicas": [1, {"url": "http://x", "ready": "no"}]})");
+  ASSERT_TRUE(lenient.ok());
+  ASSERT_EQ(lenient->replicas.size(), 1u);
+  EXPECT_EQ(lenient->replicas[0].url, "http://x");
+}
+
+}  // namespace
+}  // namespace stitch

@@ -1,0 +1,133 @@
+// The gateway's choice of replica, as pure logic: the replicas it knows
+// (ReplicaEntry), the routing index built from them, and the chooser that
+// picks one for a request. No I/O and no clock: the replica table
+// (replica_table.h) keeps the entries current, the relay (relay.h) asks.
+//
+// A choice costs the same whatever the pool's size: ready replicas are
+// indexed by applied version, and the index is rebuilt only when a
+// replica's readiness, version or preference changes.
+//
+// Not thread-safe: the gateway's event loop owns all of it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "stitch/api/replica_client.h"
+#include "stitch/core/constraint.h"
+#include "stitch/core/state.h"
+#include "stitch/core/version.h"
+
+namespace stitch {
+
+// One replica as the gateway knows it: what its /server_info said, what
+// the answers relayed from it taught, and what this gateway has
+// outstanding on it.
+struct ReplicaEntry {
+  std::string url;
+  ReplicaEndpoint endpoint;
+  bool discovered = true;  // false once the pool dropped it
+  bool reachable = false;
+  ReplicaState state;
+  int64_t in_flight = 0;  // requests outstanding from this gateway
+  std::string last_error;
+  bool probing = false;
+  // When it last sent anything back (an answer, a response header, stream
+  // bytes), or began a busy spell; and whether it stayed busy without doing
+  // so for the stall timeout.
+  std::chrono::steady_clock::time_point last_progress;
+  bool stalled = false;
+
+  bool routable() const { return discovered && reachable && state.ready; }
+  // Whether new work may go to it while another replica would do: not
+  // stalled, or stalled with nothing outstanding (one request at a time then
+  // finds out whether it recovered).
+  bool preferred() const { return !stalled || in_flight == 0; }
+  std::optional<int64_t> version() const {
+    if (!state.applied.has_value()) return std::nullopt;
+    return state.applied->version;
+  }
+};
+
+// Shared: a request in flight keeps its replica alive after the pool
+// dropped it, and so do the session table and the routing index.
+using ReplicaPtr = std::shared_ptr<ReplicaEntry>;
+// The replicas of the pool, by URL.
+using ReplicaMap = std::map<std::string, ReplicaPtr>;
+
+// Some replicas: all of them, and by applied version.
+class ReplicaIndex {
+ public:
+  void Clear();
+  void Add(const ReplicaPtr& r);
+
+  const std::vector<ReplicaPtr>& all() const { return all_; }
+  const std::map<int64_t, std::vector<ReplicaPtr>>& by_version() const { return by_version_; }
+
+ private:
+  std::vector<ReplicaPtr> all_;
+  std::map<int64_t, std::vector<ReplicaPtr>> by_version_;
+};
+
+// What requests may be routed to: the routable replicas, those of them
+// preferred, and the oldest version applied across the pool.
+class RoutingIndex {
+ public:
+  // Indexes `replicas` as they are now.
+  void Rebuild(const ReplicaMap& replicas);
+
+  const ReplicaIndex& routable() const { return routable_; }
+  // The preferred routable replicas; null when that is every one of them.
+  const ReplicaIndex* preferred() const { return all_preferred_ ? nullptr : &preferred_; }
+  // The newest version a routable replica has applied.
+  std::optional<VersionRef> newest_routable() const;
+  // The oldest version applied, when every replica of the pool has applied
+  // one and all of one run; nullopt otherwise.
+  const std::optional<VersionRef>& oldest_applied() const { return oldest_applied_; }
+
+  // Whether no replica can serve `c` any more: an exact version below every
+  // replica's applied version, all of one run. Versions only move forward
+  // within a run, and a replica that joins or restarts catches up to the
+  // pointer, which is past it too. A replica not probed yet (no applied
+  // version) or a mix of runs (a run change under way) leaves it open.
+  bool NeverServable(const VersionConstraint& c) const;
+
+ private:
+  ReplicaIndex routable_;
+  ReplicaIndex preferred_;
+  bool all_preferred_ = true;
+  std::optional<VersionRef> oldest_applied_;
+};
+
+class Chooser {
+ public:
+  explicit Chooser(uint32_t seed) : rng_(seed) {}
+
+  // The replica for a request with constraint `c`, or null when none
+  // satisfies it (or all that do are in `tried`, which holds its replicas
+  // alive so that one dropped from the pool during a retry cannot lend its
+  // address to a new one): the session's `home` (may be null) while it is
+  // routable, preferred and satisfies `c`; else a choice among the
+  // preferred replicas; else among all routable ones (a stalled replica
+  // still serves what no other one can). A choice is the less loaded of two
+  // distinct random replicas that satisfy `c` (fewest requests outstanding
+  // from this gateway), or of all of them when both picks were tried.
+  // Cost: O(distinct versions), not O(replicas).
+  ReplicaPtr Choose(const RoutingIndex& index, const VersionConstraint& c, const ReplicaPtr& home,
+                    std::span<const ReplicaPtr> tried);
+
+ private:
+  ReplicaPtr ChooseFrom(const ReplicaIndex& index, const VersionConstraint& c,
+                        std::span<const ReplicaPtr> tried);
+
+  std::minstd_rand rng_;
+};
+
+}  // namespace stitch

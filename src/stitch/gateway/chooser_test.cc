@@ -1,0 +1,128 @@
+// The chooser and the routing index on their own: no sockets, no clock.
+#include "stitch/gateway/chooser.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace stitch {
+namespace {
+
+class ChooserTest : public ::testing::Test {
+ protected:
+  // A routable replica at `version` of run "r".
+  ReplicaPtr Add(const std::string& name, int64_t version, int64_t in_flight = 0) {
+    auto r = std::make_shared<ReplicaEntry>();
+    r->url = "http://" + name;
+    r->reachable = true;
+    r->state.ready = true;
+    r->state.applied = VersionRef{"r", version};
+    r->in_flight = in_flight;
+    replicas_[r->url] = r;
+    return r;
+  }
+  const RoutingIndex& Index() {
+    index_.Rebuild(replicas_);
+    return index_;
+  }
+  ReplicaPtr Choose(const VersionConstraint& c, const ReplicaPtr& home = nullptr,
+                    const std::vector<ReplicaPtr>& tried = {}) {
+    return chooser_.Choose(Index(), c, home, tried);
+  }
+  // The replicas `c` lands on over many choices.
+  std::set<std::string> Spread(const VersionConstraint& c) {
+    std::set<std::string> seen;
+    for (int i = 0; i < 200; ++i) {
+      if (ReplicaPtr r = Choose(c); r != nullptr) seen.insert(r->url);
+    }
+    return seen;
+  }
+
+  ReplicaMap replicas_;
+  RoutingIndex index_;
+  Chooser chooser_{42};
+};
+
+TEST_F(ChooserTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
+  Add("v1", 1);
+  Add("v2", 2);
+  Add("v3", 3);
+  EXPECT_EQ(Spread(VersionConstraint::Exact(2)), std::set<std::string>{"http://v2"});
+  EXPECT_EQ(Spread(VersionConstraint::AtLeast(2)),
+            (std::set<std::string>{"http://v2", "http://v3"}));
+  EXPECT_EQ(Spread(VersionConstraint{}).size(), 3u);
+  EXPECT_EQ(Choose(VersionConstraint::Exact(4)), nullptr);
+  EXPECT_EQ(Choose(VersionConstraint::AtLeast(4)), nullptr);
+}
+
+TEST_F(ChooserTest, OnlyRoutableReplicasAreChosen) {
+  Add("ready", 1);
+  Add("not-ready", 1)->state.ready = false;
+  Add("unreachable", 1)->reachable = false;
+  Add("dropped", 1)->discovered = false;
+  EXPECT_EQ(Spread(VersionConstraint{}), std::set<std::string>{"http://ready"});
+}
+
+// With two qualifying replicas the two random picks are both of them, so
+// the less loaded one always wins.
+TEST_F(ChooserTest, TheTwoChoicesAreTwoDistinctReplicas) {
+  Add("busy", 1, /*in_flight=*/7);
+  Add("idle", 1);
+  EXPECT_EQ(Spread(VersionConstraint{}), std::set<std::string>{"http://idle"});
+}
+
+TEST_F(ChooserTest, ASessionStaysHomeWhileItQualifies) {
+  ReplicaPtr home = Add("home", 2, /*in_flight=*/9);
+  Add("other", 2);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(Choose(VersionConstraint{}, home), home);
+  EXPECT_NE(Choose(VersionConstraint::Exact(3), home), home) << "it does not satisfy";
+  Add("v3", 3);
+  EXPECT_EQ(Choose(VersionConstraint::Exact(3), home)->url, "http://v3");
+  EXPECT_NE(Choose(VersionConstraint{}, home, {home}), home) << "tried already";
+  home->state.ready = false;
+  EXPECT_NE(Choose(VersionConstraint{}, home), home) << "out of rotation";
+}
+
+TEST_F(ChooserTest, TriedReplicasAreNeverChosenAgain) {
+  ReplicaPtr a = Add("a", 1);
+  ReplicaPtr b = Add("b", 1);
+  ReplicaPtr c = Add("c", 1);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Choose(VersionConstraint{}, nullptr, {a, b}), c);
+  EXPECT_EQ(Choose(VersionConstraint{}, nullptr, {a, b, c}), nullptr);
+}
+
+// A stalled replica with requests outstanding serves only what no other
+// replica can; with nothing outstanding it takes its turn again.
+TEST_F(ChooserTest, AStalledReplicaServesOnlyWhatNoOtherCan) {
+  ReplicaPtr stalled = Add("stalled", 2, /*in_flight=*/1);
+  stalled->stalled = true;
+  ReplicaPtr fresh = Add("fresh", 1, /*in_flight=*/50);
+  EXPECT_EQ(Spread(VersionConstraint{}), std::set<std::string>{"http://fresh"});
+  EXPECT_EQ(Choose(VersionConstraint{}, stalled), fresh) << "even for its own session";
+  EXPECT_EQ(Choose(VersionConstraint::Exact(2)), stalled) << "no other replica serves v2";
+  stalled->in_flight = 0;
+  fresh->in_flight = 0;
+  EXPECT_EQ(Spread(VersionConstraint{}).size(), 2u);
+}
+
+TEST_F(ChooserTest, AnExactVersionThePoolPassedCanNeverBeServed) {
+  Add("a", 3);
+  Add("b", 4)->state.ready = false;  // not routable, but it has applied v4
+  EXPECT_TRUE(Index().NeverServable(VersionConstraint::Exact(2)));
+  EXPECT_FALSE(Index().NeverServable(VersionConstraint::Exact(3)));
+  EXPECT_FALSE(Index().NeverServable(VersionConstraint::AtLeast(1)));
+  EXPECT_EQ(Index().oldest_applied(), (VersionRef{"r", 3}));
+  EXPECT_EQ(Index().newest_routable(), (VersionRef{"r", 3}));
+
+  Add("other-run", 9)->state.applied = VersionRef{"r2", 9};
+  EXPECT_FALSE(Index().NeverServable(VersionConstraint::Exact(2))) << "a run change under way";
+  replicas_.erase("http://other-run");
+  Add("unprobed", 0)->state.applied.reset();
+  EXPECT_FALSE(Index().NeverServable(VersionConstraint::Exact(2))) << "one never probed";
+}
+
+}  // namespace
+}  // namespace stitch
