@@ -53,6 +53,7 @@ TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
     const std::string n = std::to_string(step);
     EXPECT_THAT(r.out, HasSubstr(n + "/6  published v" + n + " ")) << r.out;
   }
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("stitch demo: dashboard http://[0-9.]+:[0-9]+/ui "));
   EXPECT_THAT(r.out, HasSubstr("join: starting replica r2"));
   EXPECT_THAT(r.out, HasSubstr("kill: SIGKILL to replica r1"));
   EXPECT_THAT(r.out, HasSubstr("3 started, 1 joined, 1 killed"));

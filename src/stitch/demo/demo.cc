@@ -459,6 +459,8 @@ absl::Status Demo::SetUp() {
   if (absl::Status s = fleet_->StartGateway(); !s.ok()) return s;
   console_.Line(absl::StrCat("stitch demo: gateway ", fleet_->gateway_url(),
                              " over file:", fleet_->pool_file().string()));
+  console_.Line(absl::StrCat("stitch demo: dashboard ", fleet_->gateway_url(),
+                             "/ui (open it in a browser while the demo runs; --keep keeps it up)"));
   if (absl::Status s = fleet_->WaitReady(options_.replicas, kFleetReadyTimeout); !s.ok()) return s;
   for (const ReplicaView& v : fleet_->Views()) seen_ready_[v.name] = v.ready;
   console_.Line(absl::StrFormat("stitch demo: %d replicas ready at v%d after %.1f s: %s",
@@ -681,8 +683,9 @@ void Demo::Keep() {
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) self = "stitch";
   console_.Line(absl::StrCat(
-      "\nThe fleet keeps running (--keep); Ctrl-C stops it.\n  gateway  ", gateway, "\n  store    ",
-      (dir_ / "store").string(), "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway,
+      "\nThe fleet keeps running (--keep); Ctrl-C stops it.\n  gateway    ", gateway,
+      "\n  dashboard  ", gateway, "/ui\n  store      ", (dir_ / "store").string(),
+      "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway,
       "/generate -d '{\"text\": \"Once upon a time\", \"sampling_params\": {\"max_new_tokens\": "
       "16}, \"weight_version\": {\"min_version\": ",
       record_.final_version(), "}}'\n  curl -s ", gateway,
