@@ -178,7 +178,7 @@ TEST_F(DashboardBrowserTest, ThePageShowsReplicasThePointerAndAKilledReplica) {
     EXPECT_EQ(r->status, 200) << r->body;
   }
 
-  const std::filesystem::path artifacts = testing::ArtifactsDir(STITCH_ARTIFACTS_DIR_DEFAULT);
+  const std::filesystem::path artifacts = testing::ArtifactsDir();
   ProcessResult shot = testing::Screenshot(gateway_url_ + "/ui", kPageBudget,
                                            artifacts / "dashboard.png", 1400, 1500, tmp_ / "p1");
   EXPECT_EQ(shot.exit_code, 0) << shot.err;

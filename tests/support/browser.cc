@@ -51,8 +51,8 @@ ProcessResult Screenshot(const std::string& url, std::chrono::milliseconds budge
   return RunProcess(argv, kBrowserTimeout);
 }
 
-std::filesystem::path ArtifactsDir(const std::filesystem::path& fallback) {
-  std::filesystem::path dir = fallback;
+std::filesystem::path ArtifactsDir() {
+  std::filesystem::path dir = STITCH_ARTIFACTS_DIR_DEFAULT;
   if (const char* env = std::getenv("STITCH_ARTIFACTS_DIR"); env != nullptr && *env != '\0') {
     dir = env;
   }

@@ -28,8 +28,8 @@ ProcessResult Screenshot(const std::string& url, std::chrono::milliseconds budge
                          const std::filesystem::path& profile);
 
 // Where tests keep what a person may want to look at after a run
-// (screenshots): $STITCH_ARTIFACTS_DIR (CTest sets <build>/artifacts),
-// created if needed; else `fallback`.
-std::filesystem::path ArtifactsDir(const std::filesystem::path& fallback);
+// (screenshots): $STITCH_ARTIFACTS_DIR, else <build>/artifacts; created if
+// needed.
+std::filesystem::path ArtifactsDir();
 
 }  // namespace stitch::testing

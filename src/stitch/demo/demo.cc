@@ -54,6 +54,8 @@ constexpr int kExitInterrupted = 130;
 constexpr const char* kRunId = "demo";
 constexpr int kRolloutThreads = 16;
 constexpr int kMaxAttempts = 6;
+// Completions the report shows per sampled step (one per prompt).
+constexpr size_t kSamplesPerStep = 3;
 constexpr auto kRolloutTimeout = std::chrono::seconds(90);
 constexpr auto kFleetReadyTimeout = std::chrono::seconds(90);
 constexpr auto kConvergeTimeout = std::chrono::seconds(30);
@@ -433,6 +435,8 @@ absl::Status Demo::SetUp() {
   if (!loaded.ok()) return loaded.status();
   TrainerOptions trainer_options;
   trainer_options.learning_rate = options_.learning_rate;
+  trainer_options.entropy_bonus = options_.entropy_bonus;
+  trainer_options.entropy_floor = options_.entropy_floor;
   auto trainer = LmHeadTrainer::Create(loaded->first, loaded->second, trainer_options);
   if (!trainer.ok()) return trainer.status();
   trainer_ = *std::move(trainer);
@@ -619,8 +623,14 @@ absl::Status Demo::Train() {
     s.dropped = stats.dropped;
     s.crossed = stats.crossed;
     record_.steps.push_back(s);
-    if (step == 1) record_.first_sample = Decode(generated.front().output_ids);
-    record_.last_sample = Decode(generated.front().output_ids);
+    if (step == 1 || step == (steps + 1) / 2 || step == steps) {
+      std::vector<std::string> texts;
+      const auto group = static_cast<size_t>(options_.group_size);
+      for (size_t i = 0; i < generated.size() && texts.size() < kSamplesPerStep; i += group) {
+        texts.push_back(Decode(generated[i].output_ids));
+      }
+      record_.samples.emplace_back(step, std::move(texts));
+    }
     {
       absl::MutexLock lock(&progress_mu_);
       last_reward_ = stats.mean_reward;
