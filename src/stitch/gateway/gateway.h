@@ -43,6 +43,9 @@
 //   GET /metrics   Prometheus text: routed, retried, waited, rejected,
 //                  stalls, sessions, request body bytes, and per-replica
 //                  in-flight, ready, stalled and version
+//   GET /ui        the dashboard: a self-contained page (dashboard_page.h)
+//   GET /ui/state  what it draws: the fleet's bounded history as JSON
+//                  (fleet_history.h), serialized at most every 250 ms
 //
 // Time (polls, probe timeouts, waits for the fleet, the stall watch) comes
 // from the injected Clock.
