@@ -85,11 +85,8 @@ void FleetHistory::Observe(const ReplicaEntry& r) {
     Record(r.url, lane, Event{now, std::move(state), version, std::move(message)});
   }
 
-  if (r.discovered && r.reachable) {
-    applied_[r.url] = version;
-  } else {
-    applied_.erase(r.url);
-  }
+  SetApplied(r.url, r.discovered && r.reachable ? std::optional<int64_t>(version.value_or(-1))
+                                                : std::nullopt);
   if (r.reachable && r.state.pointer.has_value() &&
       (!pointer_.has_value() || r.state.pointer->version > *pointer_)) {
     pointer_ = r.state.pointer->version;
@@ -101,21 +98,31 @@ void FleetHistory::Observe(const ReplicaEntry& r) {
   CheckRollouts();
 }
 
-void FleetHistory::CheckRollouts() {
-  if (rollouts_.empty() || rollouts_.back().fleet.has_value() || applied_.empty()) return;
-  std::optional<int64_t> oldest;
-  for (const auto& [url, v] : applied_) {
-    if (!v.has_value()) return;
-    oldest = oldest.has_value() ? std::min(*oldest, *v) : *v;
+void FleetHistory::SetApplied(const std::string& url, std::optional<int64_t> version) {
+  auto it = applied_.find(url);
+  if (it != applied_.end()) {
+    if (version == it->second) return;
+    auto count = applied_counts_.find(it->second);
+    if (--count->second == 0) applied_counts_.erase(count);
+    applied_.erase(it);
   }
+  if (version.has_value()) {
+    applied_.emplace(url, *version);
+    ++applied_counts_[*version];
+  }
+}
+
+void FleetHistory::CheckRollouts() {
+  if (rollouts_.empty() || rollouts_.back().fleet.has_value() || applied_counts_.empty()) return;
+  const int64_t oldest = applied_counts_.begin()->first;  // -1 while one has applied nothing
   const double now = Now();
   for (auto it = rollouts_.rbegin(); it != rollouts_.rend() && !it->fleet.has_value(); ++it) {
-    if (it->version <= *oldest) it->fleet = Rounded(now - it->seen);
+    if (it->version <= oldest) it->fleet = Rounded(now - it->seen);
   }
 }
 
 void FleetHistory::Gone(const std::string& url) {
-  applied_.erase(url);
+  SetApplied(url, std::nullopt);
   auto it = lanes_.find(url);
   if (it == lanes_.end() || it->second.state == "gone") return;
   Lane& lane = it->second;

@@ -136,9 +136,12 @@ class FleetHistory {
   std::optional<int64_t> pointer_;
   std::deque<std::pair<double, int64_t>> pointer_moves_;
   std::deque<Rollout> rollouts_;
-  // What the last Observe saw of every replica's applied version, to tell
-  // when the whole fleet caught up with a rollout.
-  std::map<std::string, std::optional<int64_t>> applied_;
+  // What the last Observe saw of every reachable replica's applied version
+  // (-1: none), and how many replicas are at each, to tell in O(log n) when
+  // the whole fleet caught up with a rollout.
+  std::map<std::string, int64_t> applied_;
+  std::map<int64_t, int> applied_counts_;
+  void SetApplied(const std::string& url, std::optional<int64_t> version);
 };
 
 }  // namespace stitch

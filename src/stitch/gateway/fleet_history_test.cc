@@ -143,6 +143,40 @@ TEST_F(FleetHistoryTest, CountersOlderThanTheWindowAreForgotten) {
   EXPECT_EQ(seconds[0].at("t").as_int64(), 61);
 }
 
+// What one dashboard poll costs does not grow with uptime: 256 replicas
+// that each changed version every second for longer than the window still
+// make a bounded state.
+TEST(FleetHistoryBounds, AFleetOf256ThatChangedForLongStaysSmall) {
+  EventLoop loop;
+  ManualClock clock(loop.executor());
+  FleetHistory history(clock);  // the gateway's defaults
+  ReplicaMap replicas;
+  for (int i = 0; i < 256; ++i) {
+    auto r = std::make_shared<ReplicaEntry>();
+    r->url = "http://10.0.0." + std::to_string(i) + ":30000";
+    r->reachable = true;
+    r->state.ready = true;
+    replicas[r->url] = r;
+  }
+  for (int64_t v = 1; v <= 400; ++v) {  // past the 300 s window
+    clock.Advance(1s);
+    for (auto& [url, r] : replicas) {
+      r->state.applied = VersionRef{"r1", v};
+      r->state.pointer = VersionRef{"r1", v};
+      history.Observe(*r);
+      history.Served(v);
+    }
+    history.Sample(replicas);
+  }
+  const std::string state = history.Json(replicas);
+  EXPECT_LT(state.size(), size_t{600} << 10) << state.size() << " bytes";
+  const json::object doc = json::parse(state).as_object();
+  EXPECT_EQ(doc.at("replicas").as_array().size(), 256u);
+  EXPECT_EQ(doc.at("replicas").as_array().at(0).at("events").as_array().size(), 16u);
+  EXPECT_LE(doc.at("seconds").as_array().size(), 300u);
+  EXPECT_LE(doc.at("samples").as_array().size(), 301u);
+}
+
 TEST_F(FleetHistoryTest, AReplicaThePoolDroppedIsGone) {
   ReplicaPtr a = Add("http://a", 1);
   history_.Observe(*a);
