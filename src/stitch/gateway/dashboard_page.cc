@@ -32,6 +32,8 @@ tbody tr{cursor:pointer}
 .legend span{margin-right:10px;white-space:nowrap}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:middle}
 #problem{color:#ffb4b4}
+.scroll{max-height:520px;overflow:auto}
+thead th{position:sticky;top:0;background:#fff}
 </style></head><body>
 <header><h1>stitch gateway</h1>
 <span>pointer <span class="big" id="pointer">?</span></span>
@@ -50,9 +52,9 @@ tbody tr{cursor:pointer}
 <section><h2>409, 503 and retries per second</h2><svg id="errors" height="110"></svg>
 <div class="legend"><span><i style="background:#d9822b"></i>409</span><span><i style="background:#c23030"></i>503</span><span><i style="background:#7157d9"></i>retries</span></div></section>
 <section><h2>Time from publish to the whole fleet</h2><table><thead><tr><th>version</th><th>seen</th><th>whole fleet after</th></tr></thead><tbody id="rollouts"></tbody></table></section>
-<section class="wide"><h2>Replicas <span class="muted">(click a row to follow it above)</span></h2>
-<table><thead><tr><th>replica</th><th>state</th><th>version</th><th>behind</th><th>in flight</th><th>joined</th><th>last staged</th><th>last committed</th><th>stage / commit s</th><th>last error</th></tr></thead>
-<tbody id="replicas"></tbody></table></section>
+<section class="wide"><h2>Replicas <span class="muted">(click a row to follow it above; the filter applies here too)</span></h2>
+<div class="scroll"><table><thead><tr><th>replica</th><th>state</th><th>version</th><th>behind</th><th>in flight</th><th>joined</th><th>last staged</th><th>last committed</th><th>stage / commit s</th><th>last error</th></tr></thead>
+<tbody id="replicas"></tbody></table></div></section>
 <section class="wide"><h2>State changes, newest first</h2><ol id="events" reversed></ol></section>
 </main>
 <script>
