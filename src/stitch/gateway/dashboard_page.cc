@@ -27,7 +27,7 @@ td.err{white-space:normal;color:#a22;max-width:420px}
 tr.sel{background:#fff4c2}
 tbody tr{cursor:pointer}
 .st{display:inline-block;padding:0 6px;border-radius:8px;color:#fff;font-size:11px}
-#events{max-height:220px;overflow:auto;margin:0;padding-left:18px;font-size:12px}
+#events{max-height:220px;overflow:auto;margin:0;padding-left:36px;font-size:12px}
 .muted{color:#777}
 .legend span{margin-right:10px;white-space:nowrap}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:middle}
@@ -84,7 +84,7 @@ function drawFleet(d){
   let band="",lower=[];
   for(const s of d.samples){if(s[2]===null)continue;band+=(band?"L":"M")+x(s[0])+","+y(s[3]);lower.unshift(x(s[0])+","+y(s[2]));}
   if(band)svg.appendChild(el("path",{d:band+"L"+lower.join("L")+"Z",fill:"#2e9b57",opacity:0.3}));
-  let old="";for(const s of d.samples){if(s[2]!==null)old+=(old?"L":"M")+x(s[0])+","+y(s[2]);}
+  let old="",po=null;for(const s of d.samples){if(s[2]===null)continue;if(po!==null)old+="L"+x(s[0])+","+y(po);old+=(old?"L":"M")+x(s[0])+","+y(s[2]);po=s[2];}
   if(old)svg.appendChild(el("path",{d:old,fill:"none",stroke:"#2e9b57","stroke-width":1.5}));
   let p="";let prev=null;for(const m of d.pointer_moves){if(m[0]<t0)continue;if(prev!==null)p+="L"+x(m[0])+","+y(prev);p+=(p?"L":"M")+x(m[0])+","+y(m[1]);prev=m[1];}
   if(prev!==null){p+="L"+x(t1)+","+y(prev);svg.appendChild(el("path",{d:p,fill:"none",stroke:"#1d2330","stroke-dasharray":"5 3","stroke-width":1.5}));}
