@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/sse.h"
 
 namespace stitch {
@@ -443,6 +444,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   up.method = "POST";
   up.target = exchange.request().target;
   up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+  PresentEngineToken(up.headers);
   up.headers.Set("Content-Type", "application/json");
   up.body = json::serialize(parsed);
 
@@ -600,12 +602,24 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
   (void)co_await exchange.EndStream();
 }
 
+void VersionedProxy::PresentEngineToken(HttpHeaders& headers) const {
+  // A client's Authorization was for the sidecar (when it checks one) and
+  // never reaches the engine; the engine gets its own token, if any.
+  if (options_.own_authorization || !options_.engine_token.empty()) {
+    headers.Remove("authorization");
+  }
+  if (!options_.engine_token.empty()) {
+    headers.Set("Authorization", BearerValue(options_.engine_token));
+  }
+}
+
 awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   ++counters_.forwarded;
   HttpRequest up;
   up.method = exchange.request().method;
   up.target = exchange.request().target;
   up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+  PresentEngineToken(up.headers);
   if (std::optional<std::string_view> type = exchange.request().headers.Get("content-type")) {
     up.headers.Set("Content-Type", *type);
   }
