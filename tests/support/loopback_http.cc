@@ -34,9 +34,13 @@ int BindLoopback(int* port) {
   return fd;
 }
 
-// Reads one request (headers and a Content-Length body); returns its request
-// line, or "" when the peer closed first or `stop_fd` became readable.
-std::string ReadRequest(int fd, int stop_fd) {
+struct Received {
+  std::string line;           // "" when the peer closed first or stop_fd became readable
+  std::string authorization;  // the Authorization header's value, "" when absent
+};
+
+// Reads one request (headers and a Content-Length body).
+Received ReadRequest(int fd, int stop_fd) {
   std::string data;
   char buf[4096];
   size_t header_end = std::string::npos;
@@ -46,12 +50,12 @@ std::string ReadRequest(int fd, int stop_fd) {
     pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      return "";
+      return {};
     }
-    if (fds[1].revents != 0) return "";
+    if (fds[1].revents != 0) return {};
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return "";
+    if (n <= 0) return {};
     data.append(buf, static_cast<size_t>(n));
     if (header_end == std::string::npos) {
       header_end = data.find("\r\n\r\n");
@@ -65,10 +69,19 @@ std::string ReadRequest(int fd, int stop_fd) {
       }
     }
   }
+  Received out;
   std::string line = data.substr(0, data.find("\r\n"));
   // "POST /wake HTTP/1.1" -> "POST /wake"
   size_t last_space = line.rfind(' ');
-  return last_space == std::string::npos ? line : line.substr(0, last_space);
+  out.line = last_space == std::string::npos ? line : line.substr(0, last_space);
+  std::string lower = data.substr(0, header_end);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (size_t at = lower.find("\r\nauthorization:"); at != std::string::npos) {
+    size_t begin = at + 16;
+    while (begin < data.size() && data[begin] == ' ') ++begin;
+    out.authorization = data.substr(begin, data.find("\r\n", begin) - begin);
+  }
+  return out;
 }
 
 }  // namespace
@@ -96,6 +109,11 @@ std::vector<std::string> LoopbackHttpServer::requests() const {
   return requests_;
 }
 
+std::vector<std::string> LoopbackHttpServer::authorizations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return authorizations_;
+}
+
 bool LoopbackHttpServer::WaitForRequests(size_t n, std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_for(lock, timeout, [&] { return requests_.size() >= n; });
@@ -112,10 +130,11 @@ void LoopbackHttpServer::Serve() {
     if (fds[1].revents != 0) break;
     int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
-    std::string line = ReadRequest(conn, stop_pipe_[0]);
-    if (!line.empty()) {
+    Received received = ReadRequest(conn, stop_pipe_[0]);
+    if (!received.line.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      requests_.push_back(line);
+      requests_.push_back(received.line);
+      authorizations_.push_back(received.authorization);
       cv_.notify_all();
     }
     if (options_.hang) {

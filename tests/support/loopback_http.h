@@ -30,6 +30,8 @@ class LoopbackHttpServer {
 
   // The request lines received so far ("POST /wake").
   std::vector<std::string> requests() const;
+  // The Authorization header of each of them ("" when absent).
+  std::vector<std::string> authorizations() const;
 
   // Waits until at least `n` requests arrived or `timeout` passed; returns
   // whether they did.
@@ -45,6 +47,7 @@ class LoopbackHttpServer {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::vector<std::string> requests_;
+  std::vector<std::string> authorizations_;
   std::thread thread_;
 };
 

@@ -24,6 +24,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
 #include "stitch/engine/engine.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/prometheus.h"
@@ -309,6 +310,7 @@ struct Gateway::Impl {
     HttpRequest request;
     request.method = "GET";
     request.target = r->prefix + "/server_info";
+    PresentToken(request.headers);
     CallOptions call;
     call.timeout = options.probe_timeout;
     absl::StatusOr<HttpResponse> response =
@@ -375,6 +377,19 @@ struct Gateway::Impl {
   }
 
   // --- requests ---------------------------------------------------------------
+  // With a token of its own, the gateway shows the replicas that token; the
+  // client's Authorization was for the gateway.
+  void PresentToken(HttpHeaders& headers) const {
+    if (options.auth_token.empty()) return;
+    headers.Set("Authorization", BearerValue(options.auth_token));
+  }
+
+  HttpHeaders UpstreamHeaders(const HttpHeaders& from) const {
+    HttpHeaders headers = CopyHeaders(from, &DropRequestHeader);
+    PresentToken(headers);
+    return headers;
+  }
+
   awaitable<void> Handle(HttpExchange& exchange) {
     ApiRoute route;
     const std::string_view path = TargetPath(exchange.request().target);
@@ -421,7 +436,7 @@ struct Gateway::Impl {
       session = std::string(*s);
     }
 
-    const HttpHeaders headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+    const HttpHeaders headers = UpstreamHeaders(exchange.request().headers);
     const std::string& target = exchange.request().target;
     const std::string payload = std::move(exchange.request().body);
 
@@ -607,7 +622,7 @@ struct Gateway::Impl {
     HttpRequest up;
     up.method = exchange.request().method;
     up.target = r->prefix + exchange.request().target;
-    up.headers = CopyHeaders(exchange.request().headers, &DropRequestHeader);
+    up.headers = UpstreamHeaders(exchange.request().headers);
     up.body = std::move(exchange.request().body);
     ++r->in_flight;
     absl::StatusOr<HttpResponse> response =
@@ -710,9 +725,13 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
   Impl* self = impl.get();
   HttpRouter router;
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
-  router.Add("GET", "/replicas", [self](HttpExchange& ex) { return self->Replicas(ex); });
+  router.Add("GET", "/replicas",
+             RequireBearerToken(self->options.auth_token,
+                                [self](HttpExchange& ex) { return self->Replicas(ex); }));
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->Metrics(ex); });
-  router.SetFallback([self](HttpExchange& ex) { return self->Handle(ex); });
+  router.SetFallback(
+      RequireBearerToken(self->options.auth_data_plane ? self->options.auth_token : std::string(),
+                         [self](HttpExchange& ex) { return self->Handle(ex); }));
   auto server = HttpServer::Start(executor, self->options.server, router.AsHandler());
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);

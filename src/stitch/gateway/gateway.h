@@ -26,6 +26,9 @@
 //                  state, in_flight, last_error of each replica
 //   GET /metrics   Prometheus text: routed, retried, waited, rejected, and
 //                  per-replica in-flight, ready and version
+// With a bearer token (GatewayOptions::auth_token) /replicas needs it, with
+// auth_data_plane every route but /health and /metrics does, and the
+// gateway presents it to the replicas in place of the client's.
 //
 // Threading: everything runs on one event loop; Pool calls (blocking) run on
 // a worker pool. Choosing a replica costs the same whatever the pool's size:
@@ -67,6 +70,9 @@ struct GatewayOptions {
   std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);
   // Replicas tried per request (the first included).
   int max_attempts = 3;
+  // The fleet's bearer token (net/auth.h); empty: none.
+  std::string auth_token;
+  bool auth_data_plane = false;
 };
 
 // Counters for /metrics and tests.

@@ -50,6 +50,10 @@ int WakeReplicas(const std::vector<std::string>& urls, const WakeOptions& option
   std::unique_ptr<CURLM, MultiDeleter> multi(curl_multi_init());
   std::unique_ptr<curl_slist, SlistDeleter> headers(
       curl_slist_append(nullptr, "Content-Type: application/json"));
+  if (headers && !options.bearer_token.empty()) {
+    const std::string authorization = absl::StrCat("Authorization: Bearer ", options.bearer_token);
+    curl_slist_append(headers.get(), authorization.c_str());
+  }
   if (!multi || !headers) {
     spdlog::warn("wake: cannot initialize libcurl; skipping {} replica(s)", urls.size());
     return 0;
