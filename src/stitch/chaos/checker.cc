@@ -43,12 +43,19 @@ int64_t Mean(const std::vector<int64_t>& v, size_t begin, size_t end) {
 struct Window {
   double from = 0;
   double to = 0;
+  FaultKind kind = FaultKind::kEngineKill;
 };
 
 }  // namespace
 
 double KindFigures::availability() const {
   return requests == 0 ? 1.0 : static_cast<double>(answered) / static_cast<double>(requests);
+}
+
+double KindFigures::alone_availability() const {
+  return alone_requests == 0
+             ? 1.0
+             : static_cast<double>(alone_answered) / static_cast<double>(alone_requests);
 }
 
 ChaosFigures CheckHistory(const std::vector<HistoryEntry>& history, const CheckOptions& options) {
@@ -104,7 +111,7 @@ ChaosFigures CheckHistory(const std::vector<HistoryEntry>& history, const CheckO
   std::vector<std::string> violations, unpublished, mislabelled, failed;
   std::vector<Window> windows;
   for (const FaultEntry* e : faults) {
-    if (!e->skipped) windows.push_back({e->applied_s, e->ended_s});
+    if (!e->skipped) windows.push_back({e->applied_s, e->ended_s, e->fault.kind});
   }
   for (const RequestRecord* r : requests) {
     ++f.requests;
@@ -202,6 +209,13 @@ ChaosFigures CheckHistory(const std::vector<HistoryEntry>& history, const CheckO
         }
         ++k.requests;
         if (r->outcome == Outcome::kAnswered) ++k.answered;
+        const bool alone = std::none_of(windows.begin(), windows.end(), [&](const Window& w) {
+          return w.kind != kind && r->sent_s >= w.from && r->sent_s <= w.to;
+        });
+        if (alone) {
+          ++k.alone_requests;
+          if (r->outcome == Outcome::kAnswered) ++k.alone_answered;
+        }
       }
       std::optional<double> recovered;
       for (const RequestRecord* p : probes) {
@@ -327,7 +341,7 @@ std::string FormatFigures(const ChaosFigures& f) {
   auto pct = [](int64_t part, int64_t whole) {
     return whole == 0 ? 100.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
   };
-  absl::StrAppendFormat(&out, "chaos: seed %d, %.1f min, %s store, %d replicas, %d faults\n",
+  absl::StrAppendFormat(&out, "chaos: seed %d, %g min, %s store, %d replicas, %d faults\n",
                         f.run.seed, f.run.minutes, f.run.store, f.run.replicas,
                         f.run.schedule.size());
   absl::StrAppendFormat(
@@ -356,8 +370,8 @@ std::string FormatFigures(const ChaosFigures& f) {
                         "%d, failed %d; pointer seen at %d values, %d incomplete\n",
                         f.final_version, f.published_full, f.published_delta, f.publishes_killed,
                         f.publishes_failed, f.pointer_values, f.pointer_incomplete);
-  absl::StrAppendFormat(&out, "faults       %-18s %8s %9s %13s %16s\n", "kind", "injected",
-                        "requests", "availability", "recover mean/max");
+  absl::StrAppendFormat(&out, "faults       %-18s %8s %9s %13s %15s %16s\n", "kind", "injected",
+                        "requests", "availability", "(kind alone)", "recover mean/max");
   for (const KindFigures& k : f.kinds) {
     std::string recovery = "-";
     if (!k.recovery_s.empty()) {
@@ -369,8 +383,13 @@ std::string FormatFigures(const ChaosFigures& f) {
     if (k.not_recovered > 0) absl::StrAppend(&recovery, " (", k.not_recovered, " not)");
     std::string injected = absl::StrCat(k.injected);
     if (k.skipped > 0) absl::StrAppend(&injected, "+", k.skipped, "s");
-    absl::StrAppendFormat(&out, "             %-18s %8s %9d %12.1f%% %16s\n", FaultKindName(k.kind),
-                          injected, k.requests, 100.0 * k.availability(), recovery);
+    const std::string alone =
+        k.alone_requests == 0
+            ? std::string("-")
+            : absl::StrFormat("%.1f%% of %d", 100.0 * k.alone_availability(), k.alone_requests);
+    absl::StrAppendFormat(&out, "             %-18s %8s %9d %12.1f%% %15s %16s\n",
+                          FaultKindName(k.kind), injected, k.requests, 100.0 * k.availability(),
+                          alone, recovery);
   }
   absl::StrAppendFormat(&out, "             %-18s %8s %9d %12.1f%%\n", "(no fault active)", "-",
                         f.calm_requests, pct(f.calm_answered, f.calm_requests));

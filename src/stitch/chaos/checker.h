@@ -36,10 +36,13 @@ struct KindFigures {
   int skipped = 0;       // faults that could not be applied
   int64_t requests = 0;  // sent while one of its faults was active (left by the client excluded)
   int64_t answered = 0;
+  int64_t alone_requests = 0;  // of which while no fault of another kind was active
+  int64_t alone_answered = 0;
   std::vector<double> recovery_s;  // one per applied fault that recovered
   int not_recovered = 0;
 
-  double availability() const;  // answered / requests, 1 when none
+  double availability() const;        // answered / requests, 1 when none
+  double alone_availability() const;  // alone_answered / alone_requests, 1 when none
 };
 
 struct GrowthFigures {

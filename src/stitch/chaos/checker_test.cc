@@ -109,6 +109,7 @@ TEST(CheckerTest, ACleanHistoryPassesWithItsFigures) {
   EXPECT_EQ(f.kinds[0].kind, FaultKind::kEngineKill);
   EXPECT_EQ(f.kinds[0].requests, 3);
   EXPECT_DOUBLE_EQ(f.kinds[0].availability(), 1.0 / 3.0);
+  EXPECT_EQ(f.kinds[0].alone_requests, 3);
   // Recovery: the earliest success of a probe sent after the end (15.2 +
   // 0.9 = 16.1 against 15.5 + 0.2 = 15.7).
   ASSERT_EQ(f.kinds[0].recovery_s.size(), 1u);
@@ -175,6 +176,24 @@ TEST(CheckerTest, OtherFailuresIncompletePointersAndLeftoversFail) {
   EXPECT_THAT(text, HasSubstr("6 FAILED"));
   EXPECT_THAT(text, HasSubstr("pid 77"));
   EXPECT_THAT(text, HasSubstr("missing model.safetensors"));
+}
+
+TEST(CheckerTest, OverlappingFaultsOfAnotherKindAreLeftOutOfTheAloneFigures) {
+  std::vector<HistoryEntry> h = CleanHistory();
+  Fault gateway;
+  gateway.id = 2;
+  gateway.kind = FaultKind::kGatewayKill;
+  // Overlaps the engine kill (10 s to 15 s) from 13.5 s on.
+  h.insert(h.end() - 1, Applied(gateway, 13.5, 14.5));
+  const ChaosFigures f = CheckHistory(h);
+  ASSERT_EQ(f.kinds.size(), 2u);
+  EXPECT_EQ(f.kinds[0].kind, FaultKind::kEngineKill);
+  EXPECT_EQ(f.kinds[0].requests, 3);
+  EXPECT_EQ(f.kinds[0].alone_requests, 2);  // request 5 (14 s) overlaps
+  EXPECT_EQ(f.kinds[1].kind, FaultKind::kGatewayKill);
+  EXPECT_EQ(f.kinds[1].requests, 1);
+  EXPECT_EQ(f.kinds[1].alone_requests, 0);
+  EXPECT_THAT(FormatFigures(f), HasSubstr("50.0% of 2"));
 }
 
 TEST(CheckerTest, AFaultNoProbeRecoveredFromFails) {
