@@ -241,7 +241,6 @@ class Run {
     o.config = ChaosModel();
     o.seed = options.seed;
     for (const char* p : kPrompts) o.prompts.push_back(EncodeText(p, BosMode::kPrepend));
-    o.max_new_tokens = 10;
     return o;
   }
   double Now() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
@@ -380,8 +379,12 @@ absl::Status Run::SetUp() {
 absl::Status Run::Load() {
   if (absl::Status s = fleet_->Start(); !s.ok()) return s;
   if (absl::Status s = fleet_->WaitReady(kReadyTimeout); !s.ok()) return s;
-  Say(absl::StrFormat("fleet ready after %.1f s: gateway %s, %d replicas", Now(),
-                      fleet_->gateway_url(), options_.replicas));
+  std::string modes;
+  for (int r = 0; r < options_.replicas; ++r) {
+    absl::StrAppend(&modes, r == 0 ? "" : ", ", "r", r, " ", ReplicaMode(r));
+  }
+  Say(absl::StrFormat("fleet ready after %.1f s: gateway %s, replicas staging %s", Now(),
+                      fleet_->gateway_url(), modes));
 
   auto now = [this] { return Now(); };
   watcher_ = std::make_unique<PointerWatcher>(*store_, oracle_, dir_ / "base", *history_, now);

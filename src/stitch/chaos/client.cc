@@ -28,6 +28,9 @@ namespace json = boost::json;
 using boost::asio::awaitable;
 
 constexpr size_t kErrorExcerpt = 240;
+// The lengths of answers asked for.
+constexpr int64_t kShortAnswer = 10;
+constexpr int64_t kLongAnswer = 48;
 
 // Our own SplitMix64: the request mix of a lane is the same on every machine.
 class Rng {
@@ -253,6 +256,7 @@ struct RolloutLoad::Impl {
     r.stream = rng.Uniform() < 0.35;
     if (gateway && rng.Uniform() < 0.3) r.session = absl::StrCat("s", rng.Below(8));
     r.prompt = static_cast<int>(rng.Below(oracle.options().prompts.size()));
+    r.max_tokens = rng.Uniform() < 0.2 ? kLongAnswer : kShortAnswer;
     r.pointer = targets.pointer();
     const double kind = rng.Uniform();
     const int64_t lag = static_cast<int64_t>(rng.Below(3));
@@ -275,6 +279,7 @@ struct RolloutLoad::Impl {
     r.route = "generate";
     r.probe = true;
     r.prompt = static_cast<int>(rng.Below(oracle.options().prompts.size()));
+    r.max_tokens = kShortAnswer;
     r.pointer = targets.pointer();
     r.constraint = VersionConstraint::AtLeast(r.pointer);
     return plan;
@@ -286,7 +291,7 @@ struct RolloutLoad::Impl {
     for (int32_t id : oracle.options().prompts[static_cast<size_t>(r.prompt)]) {
       prompt.emplace_back(id);
     }
-    const int64_t tokens = oracle.options().max_new_tokens;
+    const int64_t tokens = r.max_tokens;
     if (r.route == "generate") {
       body["input_ids"] = std::move(prompt);
       json::object sampling;
@@ -407,8 +412,8 @@ struct RolloutLoad::Impl {
   void Judge(RequestRecord& r) {
     if (r.outcome != Outcome::kAnswered || !r.start.has_value() || !r.end.has_value()) return;
     const Judgement j = r.route == "generate"
-                            ? oracle.JudgeTokens(r.prompt, r.tokens, *r.start, *r.end)
-                            : oracle.JudgeText(r.prompt, r.text, *r.start, *r.end);
+                            ? oracle.JudgeTokens(r.prompt, r.max_tokens, r.tokens, *r.start, *r.end)
+                            : oracle.JudgeText(r.prompt, r.max_tokens, r.text, *r.start, *r.end);
     r.verdict = j.verdict;
     r.versions = j.versions;
     r.switch_at = j.switch_at;

@@ -62,6 +62,11 @@ bool Healthy(const std::string& url) {
 
 }  // namespace
 
+std::string ReplicaMode(int replica) {
+  static constexpr const char* kModes[] = {"cpu", "disk", "stock"};
+  return kModes[replica % 3];
+}
+
 ChaosFleet::ChaosFleet(ProcessSupervisor& supervisor, ChaosFleetOptions options,
                        const std::atomic<bool>* cancel)
     : supervisor_(supervisor), options_(std::move(options)), cancel_(cancel) {
@@ -126,6 +131,9 @@ std::vector<std::string> ChaosFleet::Args(const Proc& p) const {
       launch.local_checkpoint = options_.dir / "replicas" / absl::StrCat("r", p.replica) / "local";
       launch.reconcile_interval_s = options_.reconcile_interval_s;
       launch.port = p.port;
+      const std::string mode = ReplicaMode(p.replica);
+      launch.engine = mode == "stock" ? "sglang-stock" : "sglang";
+      launch.update_mode = mode == "cpu" ? "cpu" : "disk";
       launch.extra = options_.sidecar_args;
       return SidecarArgs(launch);
     }

@@ -1,5 +1,7 @@
 // The chaos run's fleet on loopback: N reference engines with their
-// sidecars, listed in a `file:` pool, a `stitch gateway` over it, and, for
+// sidecars (replica r0 stages in memory, r1 on disk, r2 through the sidecar
+// as for a stock SGLang, and so on in turn: ReplicaMode), listed in a `file:`
+// pool, a `stitch gateway` over it, and, for
 // the S3 configuration, an S3 server (moto, tests/s3_moto.py) whose data
 // survives its restarts. Every process can be killed, stopped and continued,
 // and restarted on the port it had, so that clients and the pool keep their
@@ -56,6 +58,11 @@ struct ChaosFleetOptions {
 
 // Which process of the fleet.
 enum class Role { kEngine, kSidecar, kGateway, kS3 };
+
+// How replica `replica` stages versions: "cpu" (the engine stages in
+// memory), "disk" (the engine stages into the local checkpoint) or "stock"
+// (the sidecar stages with the delta codec, the engine loads from disk).
+std::string ReplicaMode(int replica);
 
 // A running process, for the resource sampler.
 struct FleetProcess {

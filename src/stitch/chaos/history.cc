@@ -84,6 +84,7 @@ json::object ToObject(const RequestRecord& r) {
   if (r.start.has_value()) o["start"] = *r.start;
   if (r.end.has_value()) o["end"] = *r.end;
   o["prompt"] = r.prompt;
+  o["max_tokens"] = r.max_tokens;
   if (!r.tokens.empty()) o["tokens"] = Numbers(r.tokens);
   if (!r.text.empty()) o["text"] = r.text;
   if (r.stream) o["events"] = r.events;
@@ -388,6 +389,7 @@ absl::StatusOr<HistoryEntry> ParseHistoryLine(std::string_view line) {
     q.start = r.OptionalInt("start");
     q.end = r.OptionalInt("end");
     q.prompt = static_cast<int>(r.Int("prompt"));
+    q.max_tokens = r.Int("max_tokens");
     q.tokens = r.IntList<int32_t>("tokens");
     q.text = r.String("text");
     q.events = static_cast<int>(r.Int("events"));

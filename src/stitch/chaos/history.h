@@ -64,6 +64,7 @@ struct RequestRecord {
   std::optional<int64_t> start;  // weight_version_start
   std::optional<int64_t> end;    // weight_version_end
   int prompt = -1;
+  int64_t max_tokens = 0;       // tokens asked for (greedy, ignore_eos)
   std::vector<int32_t> tokens;  // route generate: output_ids
   std::string text;             // route completions: the text
   int events = 0;               // streamed events received

@@ -28,6 +28,7 @@ RequestRecord Answer() {
   r.start = 5;
   r.end = 6;
   r.prompt = 3;
+  r.max_tokens = 3;
   r.tokens = {72, 105, 257};
   r.events = 4;
   r.verdict = Verdict::kCrossed;
@@ -61,6 +62,7 @@ TEST(HistoryTest, ARequestRoundTrips) {
   EXPECT_EQ(back.start, r.start);
   EXPECT_EQ(back.end, r.end);
   EXPECT_EQ(back.tokens, r.tokens);
+  EXPECT_EQ(back.max_tokens, 3);
   EXPECT_EQ(back.events, r.events);
   EXPECT_EQ(back.verdict, r.verdict);
   EXPECT_EQ(back.versions, r.versions);

@@ -90,10 +90,10 @@ std::shared_ptr<const ModelWeights> Oracle::Weights(int64_t version) {
 
 Checksum128 Oracle::Fingerprint(int64_t version) { return Weights(version)->fingerprint(); }
 
-std::vector<int32_t> Oracle::Greedy(int64_t version, int prompt) {
+std::vector<int32_t> Oracle::Greedy(int64_t version, int prompt, int64_t tokens) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = greedy_.find({version, prompt});
+    auto it = greedy_.find({version, prompt, tokens});
     if (it != greedy_.end()) return it->second;
   }
   std::shared_ptr<const ModelWeights> weights = Weights(version);
@@ -101,29 +101,30 @@ std::vector<int32_t> Oracle::Greedy(int64_t version, int prompt) {
   auto seq = Sequence::Create(options_.config, options_.prompts.at(static_cast<size_t>(prompt)),
                               ::stitch::Greedy());
   if (seq.ok()) {
-    for (int64_t n = 0; n < options_.max_new_tokens && seq->CanAdvance(); ++n) {
+    for (int64_t n = 0; n < tokens && seq->CanAdvance(); ++n) {
       std::optional<int32_t> t = Step(*weights, *seq);
       if (!t.has_value()) break;
       out.push_back(*t);
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  greedy_[{version, prompt}] = out;
+  greedy_[{version, prompt, tokens}] = out;
   return out;
 }
 
-Judgement Oracle::JudgeTokens(int prompt, std::span<const int32_t> tokens, int64_t start,
-                              int64_t end) {
+Judgement Oracle::JudgeTokens(int prompt, int64_t length, std::span<const int32_t> tokens,
+                              int64_t start, int64_t end) {
   Observed observed;
   observed.tokens = tokens;
-  return Judge(prompt, observed, start, end);
+  return Judge(prompt, length, observed, start, end);
 }
 
-Judgement Oracle::JudgeText(int prompt, std::string_view text, int64_t start, int64_t end) {
+Judgement Oracle::JudgeText(int prompt, int64_t length, std::string_view text, int64_t start,
+                            int64_t end) {
   Observed observed;
   observed.text = text;
   observed.by_text = true;
-  return Judge(prompt, observed, start, end);
+  return Judge(prompt, length, observed, start, end);
 }
 
 bool Oracle::Equal(const Observed& observed, const std::vector<int32_t>& candidate) const {
@@ -132,14 +133,15 @@ bool Oracle::Equal(const Observed& observed, const std::vector<int32_t>& candida
                     candidate.end());
 }
 
-Judgement Oracle::Judge(int prompt, const Observed& observed, int64_t start, int64_t end) {
+Judgement Oracle::Judge(int prompt, int64_t length, const Observed& observed, int64_t start,
+                        int64_t end) {
   Judgement j;
   if (prompt < 0 || static_cast<size_t>(prompt) >= options_.prompts.size() || start < 0 ||
       end < start) {
     j.verdict = Verdict::kMismatch;
     return j;
   }
-  if (start == end && Equal(observed, Greedy(start, prompt))) {
+  if (start == end && Equal(observed, Greedy(start, prompt, length))) {
     j.verdict = Verdict::kSame;
     j.versions = {start};
     return j;
@@ -149,7 +151,7 @@ Judgement Oracle::Judge(int prompt, const Observed& observed, int64_t start, int
     // first. A token explored is one forward step of one sequence.
     std::vector<std::shared_ptr<const ModelWeights>> weights;
     for (int64_t v = start; v <= end; ++v) weights.push_back(Weights(v));
-    const int64_t m = options_.max_new_tokens;
+    const int64_t m = length;
     int64_t budget = options_.search_budget;
     bool exhausted = false;
     std::vector<int64_t> path;  // version of each token so far
@@ -209,7 +211,7 @@ Judgement Oracle::Judge(int prompt, const Observed& observed, int64_t start, int
   for (int64_t v = std::max<int64_t>(0, start - kDiagnosticRange); v <= end + kDiagnosticRange;
        ++v) {
     if (v >= start && v <= end) continue;
-    if (Equal(observed, Greedy(v, prompt))) {
+    if (Equal(observed, Greedy(v, prompt, length))) {
       j.matches = v;
       break;
     }

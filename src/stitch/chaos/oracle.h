@@ -11,7 +11,7 @@
 // another: a request that crosses an in-place commit continues exactly as
 // the next version's greedy continuation of prompt plus prefix.
 //
-// Answers are greedy (temperature 0, ignore_eos, max_new_tokens tokens), so
+// Answers are greedy (temperature 0, ignore_eos, a given number of tokens), so
 // the weights that produced one can be told exactly: the reference engine
 // computes every number the same way whatever the batch (docs/engine.md,
 // "Determinism"), and the judge runs the same forward pass (refengine's
@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -43,7 +44,6 @@ struct OracleOptions {
   ModelConfig config;  // REQUIRES: config.Validate() is OK, LM head untied
   uint64_t seed = 0;
   std::vector<std::vector<int32_t>> prompts;  // token ids, BOS first
-  int64_t max_new_tokens = 10;
   // Nodes (single-token forward steps) one judgement may explore before it
   // gives up and says kUnjudged.
   int64_t search_budget = 20000;
@@ -70,10 +70,12 @@ class Oracle {
   // WeightsFingerprint of its tensors: what an engine reports once it holds
   // them, and what the store's bytes of that version must give.
   Checksum128 Fingerprint(int64_t version);
-  // The greedy output of `version` for prompt `prompt` (computed once).
-  std::vector<int32_t> Greedy(int64_t version, int prompt);
+  // The greedy output of `version` for prompt `prompt`, `tokens` tokens
+  // long (fewer when the context fills up; computed once).
+  std::vector<int32_t> Greedy(int64_t version, int prompt, int64_t tokens);
 
-  // Judges an answer to prompt `prompt` stamped [start, end] (start <= end):
+  // Judges an answer to prompt `prompt` (`length` tokens asked for)
+  // stamped [start, end] (start <= end):
   // its output ids (route generate) or its text (route completions, compared
   // with the byte tokenizer's decoding). kSame when start == end and it is
   // start's greedy output; kCrossed when start < end and a non-decreasing
@@ -81,8 +83,10 @@ class Oracle {
   // produces it (the first such, preferring fewer switches); kUnjudged when
   // the search ran out of budget; kMismatch otherwise, with `matches` set to
   // a version within 8 of the labels whose greedy output it is, if any.
-  Judgement JudgeTokens(int prompt, std::span<const int32_t> tokens, int64_t start, int64_t end);
-  Judgement JudgeText(int prompt, std::string_view text, int64_t start, int64_t end);
+  Judgement JudgeTokens(int prompt, int64_t length, std::span<const int32_t> tokens, int64_t start,
+                        int64_t end);
+  Judgement JudgeText(int prompt, int64_t length, std::string_view text, int64_t start,
+                      int64_t end);
 
  private:
   struct Observed {
@@ -90,7 +94,7 @@ class Oracle {
     std::string_view text;
     bool by_text = false;
   };
-  Judgement Judge(int prompt, const Observed& observed, int64_t start, int64_t end);
+  Judgement Judge(int prompt, int64_t length, const Observed& observed, int64_t start, int64_t end);
   bool Equal(const Observed& observed, const std::vector<int32_t>& candidate) const;
 
   const OracleOptions options_;
@@ -100,7 +104,8 @@ class Oracle {
   // Most recently used last.
   std::vector<std::pair<int64_t, std::shared_ptr<const ModelWeights>>> weights_
       ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<int64_t, int>, std::vector<int32_t>> greedy_ ABSL_GUARDED_BY(mu_);
+  // By (version, prompt, length).
+  std::map<std::tuple<int64_t, int, int64_t>, std::vector<int32_t>> greedy_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stitch

@@ -18,7 +18,6 @@ OracleOptions Options() {
   o.seed = 11;
   o.prompts = {EncodeText("Once upon a time", BosMode::kPrepend),
                EncodeText("GET /generate", BosMode::kPrepend)};
-  o.max_new_tokens = kTokens;
   return o;
 }
 
@@ -50,26 +49,28 @@ TEST(OracleTest, VersionsDifferOnlyInTheLmHeadAndGiveDistinctAnswers) {
   for (int64_t v = 1; v < 8; ++v) {
     EXPECT_NE(oracle.Fingerprint(v), oracle.Fingerprint(v - 1));
     for (int p = 0; p < 2; ++p) {
-      EXPECT_EQ(oracle.Greedy(v, p).size(), static_cast<size_t>(kTokens));
-      EXPECT_NE(oracle.Greedy(v, p), oracle.Greedy(v - 1, p)) << "v" << v << " prompt " << p;
+      EXPECT_EQ(oracle.Greedy(v, p, kTokens).size(), static_cast<size_t>(kTokens));
+      EXPECT_NE(oracle.Greedy(v, p, kTokens), oracle.Greedy(v - 1, p, kTokens))
+          << "v" << v << " prompt " << p;
     }
   }
 }
 
 TEST(OracleTest, GreedyIsWhatTheReferenceGenerationGives) {
   Oracle oracle(Options());
-  EXPECT_EQ(oracle.Greedy(3, 1), testing::Ids(testing::ReferenceGenerate(
-                                     *oracle.Weights(3), oracle.options().prompts[1], Greedy())));
+  EXPECT_EQ(oracle.Greedy(3, 1, kTokens),
+            testing::Ids(testing::ReferenceGenerate(*oracle.Weights(3), oracle.options().prompts[1],
+                                                    Greedy())));
 }
 
 TEST(OracleTest, AnAnswerOnOneVersionIsThatVersionsGreedyOutput) {
   Oracle oracle(Options());
-  const std::vector<int32_t> v4 = oracle.Greedy(4, 0);
-  EXPECT_EQ(oracle.JudgeTokens(0, v4, 4, 4).verdict, Verdict::kSame);
-  const Judgement wrong = oracle.JudgeTokens(0, v4, 5, 5);
+  const std::vector<int32_t> v4 = oracle.Greedy(4, 0, kTokens);
+  EXPECT_EQ(oracle.JudgeTokens(0, kTokens, v4, 4, 4).verdict, Verdict::kSame);
+  const Judgement wrong = oracle.JudgeTokens(0, kTokens, v4, 5, 5);
   EXPECT_EQ(wrong.verdict, Verdict::kMismatch);
   EXPECT_EQ(wrong.matches, 4);
-  const Judgement noise = oracle.JudgeTokens(0, std::vector<int32_t>(kTokens, 'x'), 4, 4);
+  const Judgement noise = oracle.JudgeTokens(0, kTokens, std::vector<int32_t>(kTokens, 'x'), 4, 4);
   EXPECT_EQ(noise.verdict, Verdict::kMismatch);
   EXPECT_FALSE(noise.matches.has_value());
 }
@@ -78,12 +79,12 @@ TEST(OracleTest, ACrossingIsExplainedAtEverySwitchPoint) {
   Oracle oracle(Options());
   for (int64_t first = 0; first <= kTokens; ++first) {
     const std::vector<int32_t> tokens = Crossing(oracle, 1, 6, 7, first);
-    const Judgement j = oracle.JudgeTokens(1, tokens, 6, 7);
+    const Judgement j = oracle.JudgeTokens(1, kTokens, tokens, 6, 7);
     ASSERT_EQ(j.verdict, Verdict::kCrossed) << "switch at " << first;
     // Replaying the explanation gives the same tokens.
     ASSERT_FALSE(j.versions.empty());
     if (j.versions.size() == 1) {
-      EXPECT_EQ(oracle.Greedy(j.versions[0], 1), tokens);
+      EXPECT_EQ(oracle.Greedy(j.versions[0], 1, kTokens), tokens);
     } else {
       ASSERT_EQ(j.versions, (std::vector<int64_t>{6, 7}));
       ASSERT_EQ(j.switch_at.size(), 1u);
@@ -116,22 +117,39 @@ TEST(OracleTest, TwoCommitsInOneRequestAreExplained) {
     }
   }
   const std::vector<int32_t> tokens(seq->generated().begin(), seq->generated().end());
-  const Judgement j = oracle.JudgeTokens(0, tokens, 2, 4);
+  const Judgement j = oracle.JudgeTokens(0, kTokens, tokens, 2, 4);
   EXPECT_EQ(j.verdict, Verdict::kCrossed);
   EXPECT_EQ(j.versions, (std::vector<int64_t>{2, 3, 4}));
   EXPECT_EQ(j.switch_at, (std::vector<int>{3, 7}));
   // The same answer labelled as if it never left v3 is not explained.
-  EXPECT_EQ(oracle.JudgeTokens(0, tokens, 3, 4).verdict, Verdict::kMismatch);
+  EXPECT_EQ(oracle.JudgeTokens(0, kTokens, tokens, 3, 4).verdict, Verdict::kMismatch);
+}
+
+TEST(OracleTest, LongerAnswersAreJudgedAtTheirOwnLength) {
+  Oracle oracle(Options());
+  constexpr int64_t kLong = 48;
+  testing::ReferenceOptions greedy = Greedy();
+  greedy.max_new_tokens = kLong;
+  const std::vector<int32_t> tokens = testing::Ids(testing::SplitGenerate(
+      *oracle.Weights(2), *oracle.Weights(3), oracle.options().prompts[0], greedy, 30, false));
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(kLong));
+  const Judgement j = oracle.JudgeTokens(0, kLong, tokens, 2, 3);
+  EXPECT_EQ(j.verdict, Verdict::kCrossed);
+  EXPECT_EQ(oracle.Greedy(2, 0, kLong).size(), static_cast<size_t>(kLong));
+  EXPECT_EQ(oracle.JudgeTokens(0, kLong, oracle.Greedy(3, 0, kLong), 3, 3).verdict, Verdict::kSame);
+  // The first tokens of a long answer are the short one.
+  const std::vector<int32_t> shorter = oracle.Greedy(3, 0, kTokens);
+  EXPECT_TRUE(std::equal(shorter.begin(), shorter.end(), oracle.Greedy(3, 0, kLong).begin()));
 }
 
 TEST(OracleTest, TextAnswersAreJudgedByTheirDecoding) {
   Oracle oracle(Options());
-  const std::string same = DecodeTokens(oracle.Greedy(9, 0));
-  EXPECT_EQ(oracle.JudgeText(0, same, 9, 9).verdict, Verdict::kSame);
-  EXPECT_EQ(oracle.JudgeText(0, same, 8, 8).verdict, Verdict::kMismatch);
+  const std::string same = DecodeTokens(oracle.Greedy(9, 0, kTokens));
+  EXPECT_EQ(oracle.JudgeText(0, kTokens, same, 9, 9).verdict, Verdict::kSame);
+  EXPECT_EQ(oracle.JudgeText(0, kTokens, same, 8, 8).verdict, Verdict::kMismatch);
   const std::string crossed = DecodeTokens(Crossing(oracle, 0, 8, 9, 4));
-  EXPECT_EQ(oracle.JudgeText(0, crossed, 8, 9).verdict, Verdict::kCrossed);
-  EXPECT_EQ(oracle.JudgeText(0, crossed + "x", 8, 9).verdict, Verdict::kMismatch);
+  EXPECT_EQ(oracle.JudgeText(0, kTokens, crossed, 8, 9).verdict, Verdict::kCrossed);
+  EXPECT_EQ(oracle.JudgeText(0, kTokens, crossed + "x", 8, 9).verdict, Verdict::kMismatch);
 }
 
 TEST(OracleTest, ASearchOutOfBudgetIsUnjudgedNeverAPass) {
@@ -139,7 +157,7 @@ TEST(OracleTest, ASearchOutOfBudgetIsUnjudgedNeverAPass) {
   o.search_budget = 3;
   Oracle oracle(o);
   const std::vector<int32_t> tokens = Crossing(oracle, 0, 1, 2, 5);
-  EXPECT_EQ(oracle.JudgeTokens(0, tokens, 1, 2).verdict, Verdict::kUnjudged);
+  EXPECT_EQ(oracle.JudgeTokens(0, kTokens, tokens, 1, 2).verdict, Verdict::kUnjudged);
 }
 
 }  // namespace

@@ -46,9 +46,12 @@ struct SidecarLaunch {
   double reconcile_interval_s = 0.5;
   double watchdog_interval_s = 1;
   int port = 0;
+  // --engine and --update-mode: an engine that stages in memory by default.
+  std::string engine = "sglang";
+  std::string update_mode = "cpu";
   std::vector<std::string> extra;  // appended as given
 };
-// `stitch sidecar` in front of a reference engine that stages in memory.
+// `stitch sidecar` in front of a reference engine.
 std::vector<std::string> SidecarArgs(const SidecarLaunch& launch);
 
 // `stitch gateway` over `pool_spec` on 127.0.0.1:`port`.
