@@ -524,13 +524,22 @@ EndEntry Run::Finish() {
   // Stop everything, then look for what is left.
   std::set<int> groups;
   std::vector<FleetProcess> started;
-  if (fleet_ != nullptr) started = fleet_->AllStarted();
+  std::vector<FleetProcess> running;
+  if (fleet_ != nullptr) {
+    started = fleet_->AllStarted();
+    running = fleet_->Processes();
+    for (const std::string& note : fleet_->Notes()) end.notes.push_back(note);
+  }
   for (const FleetProcess& p : started) groups.insert(p.pid);
   fleet_ = nullptr;  // its supervision first, so that nothing is restarted
   supervisor_.StopAll(kStopGrace);
-  for (const FleetProcess& p : started) {
+  // An orderly stop on SIGTERM exits 0; anything else is worth a look.
+  for (const FleetProcess& p : running) {
     std::optional<int> status = supervisor_.ExitStatus(p.pid);
-    (void)status;
+    if (status.value_or(0) != 0) {
+      end.notes.push_back(
+          absl::StrCat(p.name, " exited with status ", *status, " when stopped with SIGTERM"));
+    }
   }
   // Orphans that already ended are reaped here (this process is their
   // subreaper); the living ones are reported.

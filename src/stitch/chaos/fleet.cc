@@ -359,15 +359,22 @@ std::string ChaosFleet::s3_endpoint() const {
 }
 
 std::vector<FleetProcess> ChaosFleet::Processes() const {
+  std::vector<FleetProcess> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto add = [&](const Proc& p) {
+      if (p.pid > 0) all.push_back({p.name, p.instance, p.pid});
+    };
+    for (const auto& p : engines_) add(*p);
+    for (const auto& p : sidecars_) add(*p);
+    add(*gateway_);
+    add(*s3_);
+  }
+  // A process that ended is left out: its pid may soon name another one.
   std::vector<FleetProcess> out;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto add = [&](const Proc& p) {
-    if (p.pid > 0) out.push_back({p.name, p.instance, p.pid});
-  };
-  for (const auto& p : engines_) add(*p);
-  for (const auto& p : sidecars_) add(*p);
-  add(*gateway_);
-  add(*s3_);
+  for (const FleetProcess& p : all) {
+    if (!supervisor_.ExitStatus(p.pid).has_value()) out.push_back(p);
+  }
   return out;
 }
 

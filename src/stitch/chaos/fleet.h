@@ -107,6 +107,7 @@ class ChaosFleet {
   std::filesystem::path pool_file() const { return options_.dir / "replicas.txt"; }
   int replicas() const { return options_.replicas; }
 
+  // The processes running now.
   std::vector<FleetProcess> Processes() const;
   // Every pid started so far (alive or not), and its process name.
   std::vector<FleetProcess> AllStarted() const;
