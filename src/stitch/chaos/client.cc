@@ -30,7 +30,7 @@ using boost::asio::awaitable;
 constexpr size_t kErrorExcerpt = 240;
 // The lengths of answers asked for.
 constexpr int64_t kShortAnswer = 10;
-constexpr int64_t kLongAnswer = 48;
+constexpr int64_t kLongAnswer = 160;
 
 // Our own SplitMix64: the request mix of a lane is the same on every machine.
 class Rng {

@@ -7,7 +7,7 @@
 // /v1/completions, whole or streamed, with no constraint, a min_version
 // (the pointer minus 0 to 2) or an exact_version (the pointer, sometimes
 // the one before), some through the gateway with a session header, most 10
-// tokens long and some 48 (so that more of them cross a commit). Answers are
+// tokens long and some 160 (so that more of them cross a commit). Answers are
 // greedy, so the oracle can tell which weights produced them.
 //
 // Recovery probes run beside them: every `probe_every` one /generate with
