@@ -110,6 +110,7 @@ void ChaosTrainer::ArmKill(double fraction) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     kill_armed_ = true;
+    publish_now_ = true;
     kill_fraction_ = fraction;
     kill_report_.reset();
   }
@@ -124,6 +125,7 @@ std::optional<std::string> ChaosTrainer::KillReport() {
 void ChaosTrainer::Disarm() {
   std::lock_guard<std::mutex> lock(mu_);
   kill_armed_ = false;
+  publish_now_ = false;
 }
 
 std::optional<int64_t> ChaosTrainer::Pointer() {
@@ -166,8 +168,9 @@ void ChaosTrainer::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::duration<double>(options_.interval_s),
-                   [this] { return stopping_ || kill_armed_; });
+                   [this] { return stopping_ || publish_now_; });
       if (stopping_) return;
+      publish_now_ = false;
     }
     // A publish that was killed or failed may have moved the pointer anyway.
     if (std::optional<int64_t> pointer = Pointer(); pointer.has_value() && *pointer >= next) {

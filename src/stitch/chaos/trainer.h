@@ -102,6 +102,9 @@ class ChaosTrainer {
   std::condition_variable cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool kill_armed_ ABSL_GUARDED_BY(mu_) = false;
+  // An armed kill starts one publish at once; if that one ends before its
+  // kill, the kill waits for the next regular publish.
+  bool publish_now_ ABSL_GUARDED_BY(mu_) = false;
   double kill_fraction_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<std::string> kill_report_ ABSL_GUARDED_BY(mu_);
   int64_t published_ ABSL_GUARDED_BY(mu_) = 0;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <iostream>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -38,12 +39,16 @@ int RunChaosCommand(ChaosFlags& flags) {
         "chaos: --seed must be a non-negative integer or \"random\" (got \"", flags.seed, "\")")));
     return kExitRefused;
   }
-  if (!(options.minutes >= 0.25 && options.minutes <= 24 * 60) ||
-      (options.store != "fs" && options.store != "s3") || options.replicas < 2 ||
-      options.replicas > 16) {
-    ReportFailure(absl::InvalidArgumentError(
-        "chaos: --minutes must be between 0.25 and 1440, --store fs or s3, and --replicas "
-        "between 2 and 16"));
+  std::string refused;
+  if (!(options.minutes >= 0.25 && options.minutes <= 24 * 60)) {
+    refused = absl::StrCat("--minutes must be between 0.25 and 1440 (got ", options.minutes, ")");
+  } else if (options.store != "fs" && options.store != "s3") {
+    refused = absl::StrCat("--store must be fs or s3 (got \"", options.store, "\")");
+  } else if (options.replicas < 2 || options.replicas > 16) {
+    refused = absl::StrCat("--replicas must be between 2 and 16 (got ", options.replicas, ")");
+  }
+  if (!refused.empty()) {
+    ReportFailure(absl::InvalidArgumentError(absl::StrCat("chaos: ", refused)));
     return kExitRefused;
   }
   if (options.store == "s3" && (::access(options.python.c_str(), X_OK) != 0 ||
