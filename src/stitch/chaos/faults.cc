@@ -212,7 +212,7 @@ std::string FaultInjector::Undo(const Fault& fault) {
       std::optional<std::string> killed = targets_.trainer->KillReport();
       if (killed.has_value()) return *killed;
       targets_.trainer->Disarm();
-      return "no publish ran while it was armed";
+      return "no publish was killed: none ran as long as its kill point while armed";
     }
     case FaultKind::kClientDisconnect:
       targets_.load->SetLeaving(false);
