@@ -184,9 +184,14 @@ function render(){
   drawFleet(d);drawLanes(d);drawServed(d);drawStaleness(d);drawErrors(d);drawTable(d);drawRollouts(d);drawEvents(d);
   document.body.dataset.updates=String(++updates);
 }
+// A fleet with a bearer token: open /ui#token=TOKEN (the fragment never
+// leaves the browser); the script presents it as /replicas wants it.
+const token=new URLSearchParams(location.hash.slice(1)).get("token");
 async function poll(){
-  try{const r=await fetch("/ui/state",{cache:"no-store"});if(!r.ok)throw new Error("HTTP "+r.status);last=await r.json();$("problem").textContent="";render();}
-  catch(e){$("problem").textContent="gateway unreachable: "+e.message;}
+  try{const r=await fetch("/ui/state",{cache:"no-store",headers:token?{Authorization:"Bearer "+token}:{}});
+    if(r.status===401)throw new Error("this gateway needs the fleet's bearer token: open /ui#token=TOKEN");
+    if(!r.ok)throw new Error("HTTP "+r.status);last=await r.json();$("problem").textContent="";render();}
+  catch(e){$("problem").textContent="no state from the gateway: "+e.message;}
   setTimeout(poll,1000);
 }
 $("filter").oninput=render;

@@ -685,6 +685,25 @@ TEST_F(GatewayTest, TheDashboardPageAndItsStateAreServed) {
   EXPECT_GE(conflicts, 1);
 }
 
+TEST_F(GatewayTest, TheDashboardsStateNeedsTheFleetsTokenLikeReplicas) {
+  AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.auth_token = "s3cret";
+  StartGateway(StaticSpec(), options);
+  auto page = HttpFetch("GET", gateway_->url() + "/ui");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->status, 200);  // the page holds no data
+  auto refused = HttpFetch("GET", gateway_->url() + "/ui/state");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 401);
+  FetchOptions with_token;
+  with_token.headers.Set("Authorization", "Bearer s3cret");
+  auto state = HttpFetch("GET", gateway_->url() + "/ui/state", "", with_token);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->status, 200);
+  EXPECT_TRUE(Parse(state->body).contains("replicas")) << state->body;
+}
+
 TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {
   testing::TempDir tmp;
   ScriptedReplica& first = AddReplica(true, 1);
