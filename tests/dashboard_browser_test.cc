@@ -1,8 +1,9 @@
 // The gateway's dashboard (/ui) in a real browser: headless Chromium loads
 // it from a `stitch gateway` process in front of two real replicas (engine
 // and sidecar, one filesystem store), after a publish and a kill, and the
-// test reads what the page's script drew. Screenshots are kept under
-// <build>/artifacts.
+// test reads what the page's script drew; then from a gateway closed by the
+// fleet's token, without it and with it in the URL's fragment. Screenshots
+// are kept under <build>/artifacts.
 #include <signal.h>
 
 #include <chrono>
@@ -146,7 +147,7 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
-TEST_F(DashboardBrowserTest, ThePageShowsReplicasThePointerAndAKilledReplica) {
+TEST_F(DashboardBrowserTest, ThePageShowsReplicasThePointerAKillAndAsksForTheToken) {
   StartReplica(0);
   StartReplica(1);
   ASSERT_EQ(replicas_.size(), 2u);
@@ -217,6 +218,23 @@ TEST_F(DashboardBrowserTest, ThePageShowsReplicasThePointerAndAKilledReplica) {
                              1400, 1500, tmp_ / "p3");
   EXPECT_EQ(shot.exit_code, 0) << shot.err;
   EXPECT_GT(std::filesystem::file_size(artifacts / "dashboard-kill.png"), 10000u);
+
+  // A gateway closed by the fleet's token: the page says what it needs, and
+  // draws the fleet once the token is in its URL's fragment.
+  const std::filesystem::path token_file = tmp_ / "token";
+  std::ofstream(token_file) << "dashboard-token\n";
+  ServerProcess closed({testing::StitchBinary(), "gateway", "--pool", "file:" + pool_file, "--host",
+                        "127.0.0.1", "--port", "0", "--poll-interval", "0.2", "--auth-token-file",
+                        token_file.string()});
+  auto closed_url = closed.WaitForUrl(kStartTimeout);
+  ASSERT_TRUE(closed_url.has_value()) << closed.err();
+  dom = testing::DumpDom(*closed_url + "/ui", kPageBudget, tmp_ / "p4");
+  ASSERT_EQ(dom.exit_code, 0) << dom.err;
+  EXPECT_THAT(dom.out, HasSubstr("needs the fleet's bearer token"));
+  EXPECT_EQ(Count(dom.out, "<tr data-url=\""), 0u);
+  dom = testing::DumpDom(*closed_url + "/ui#token=dashboard-token", kPageBudget, tmp_ / "p5");
+  ASSERT_EQ(dom.exit_code, 0) << dom.err;
+  EXPECT_EQ(Count(dom.out, "<tr data-url=\""), 2u) << dom.out;
 }
 
 }  // namespace
