@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/chaos/schedule.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/http.h"
@@ -30,22 +31,8 @@ constexpr size_t kErrorExcerpt = 240;
 constexpr int64_t kShortAnswer = 10;
 constexpr int64_t kLongAnswer = 160;
 
-// Our own SplitMix64: the request mix of a lane is the same on every machine.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  uint64_t Below(uint64_t n) { return Next() % n; }
-
- private:
-  uint64_t state_;
-};
+// The request mix of a lane is the same on every machine.
+using Rng = SplitMix64;
 
 std::optional<int64_t> IntField(const json::object& o, std::string_view name) {
   const json::value* v = o.if_contains(json::string_view(name.data(), name.size()));

@@ -16,6 +16,26 @@
 
 namespace stitch {
 
+// SplitMix64: small, fast, and the same numbers on every machine, so that a
+// seed replays the same schedule and the same request mix.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // In [0, 1), 53 bits.
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  // In [0, n). REQUIRES: n > 0.
+  uint64_t Below(uint64_t n) { return Next() % n; }
+
+ private:
+  uint64_t state_;
+};
+
 enum class FaultKind {
   kEngineKill,        // kill -9 an engine; restarted on its port when the fault ends
   kEngineStop,        // SIGSTOP an engine; SIGCONT when the fault ends

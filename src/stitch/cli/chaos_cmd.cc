@@ -18,6 +18,7 @@
 #include "stitch/chaos/chaos.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/stop_signals.h"
 
 namespace stitch {
 namespace {
@@ -61,23 +62,9 @@ int RunChaosCommand(ChaosFlags& flags) {
   }
   std::cout << "chaos: seed " << options.seed << " (replay: " << ReplayCommand(options) << ")"
             << std::endl;
-  // Ctrl-C and SIGTERM reach only the thread below, which asks the run to
-  // stop; the run then stops every process it started. Blocked before any
-  // thread exists, so that every thread inherits the mask (the children
-  // unblock them again).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  static std::atomic<bool> stop{false};
-  std::thread([signals] {
-    for (;;) {
-      int received = 0;
-      if (sigwait(&signals, &received) == 0) stop.store(true);
-    }
-  }).detach();
-  return RunChaos(options, stop);
+  // Ctrl-C and SIGTERM ask the run to stop; it then stops every process it
+  // started.
+  return RunChaos(options, StopOnSignals());
 }
 
 }  // namespace
