@@ -239,15 +239,19 @@ absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const json::value& v) 
                      json::serialize(v)));
   }
   for (const auto& [key, value] : v.get_object()) {
-    if (key != "min_version" && key != "exact_version") {
-      return absl::InvalidArgumentError(absl::StrCat("weight_version has unknown field \"",
-                                                     AbslView(key),
-                                                     "\" (expected min_version or exact_version)"));
+    std::optional<int64_t>* field = key == "min_version"     ? &c.min_version
+                                    : key == "exact_version" ? &c.exact_version
+                                    : key == "max_staleness" ? &c.max_staleness
+                                                             : nullptr;
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight_version has unknown field \"", AbslView(key),
+                       "\" (expected min_version, exact_version or max_staleness)"));
     }
     if (value.is_null()) continue;
     auto n = VersionFromJsonValue(value, absl::StrCat("weight_version.", AbslView(key)));
     if (!n.ok()) return n.status();
-    (key == "min_version" ? c.min_version : c.exact_version) = *n;
+    *field = *n;
   }
   if (c.exact_version && c.min_version) {
     return absl::InvalidArgumentError(
@@ -271,6 +275,7 @@ json::value ConstraintToJsonValue(const VersionConstraint& c) {
   } else if (c.min_version) {
     o["min_version"] = *c.min_version;
   }
+  if (c.max_staleness) o["max_staleness"] = *c.max_staleness;
   return o;
 }
 
