@@ -614,6 +614,18 @@ json::object Usage(const GenerationProgress& p) {
   return u;
 }
 
+json::array Spans(const GenerationProgress& p) {
+  json::array spans;
+  spans.reserve(p.spans.size());
+  for (const auto& [offset, version] : p.spans) {
+    json::array pair;
+    pair.emplace_back(offset);
+    pair.emplace_back(version);
+    spans.emplace_back(std::move(pair));
+  }
+  return spans;
+}
+
 json::object Metadata(const GenerationProgress& p) {
   json::object m;
   m["weight_version"] = WeightVersionString(p.weight_version);
@@ -635,6 +647,7 @@ json::object GenerateObject(const ApiRequest& request, const GenerationProgress&
   meta["completion_tokens"] = completion;
   meta["cached_tokens"] = 0;
   meta["weight_version"] = WeightVersionString(p.weight_version);
+  meta["weight_version_spans"] = Spans(p);
   if (request.return_logprob) {
     json::array logprobs;
     logprobs.reserve(p.tokens.size());
@@ -729,6 +742,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body
 }
 
 void GenerationProgress::Apply(GenerationUpdate update) {
+  if (!update.tokens.empty() &&
+      (spans.empty() || spans.back().second != update.weight_version.version)) {
+    spans.emplace_back(static_cast<int64_t>(tokens.size()), update.weight_version.version);
+  }
   tokens.insert(tokens.end(), update.tokens.begin(), update.tokens.end());
   text += update.text;
   weight_version = std::move(update.weight_version);
@@ -764,6 +781,7 @@ std::string FormatResponse(const ApiRequest& request, const GenerationProgress& 
   o["choices"] = std::move(choices);
   o["usage"] = Usage(p);
   o["metadata"] = Metadata(p);
+  o["weight_version_spans"] = Spans(p);
   return json::serialize(o);
 }
 
@@ -808,6 +826,7 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
       choices.emplace_back(std::move(choice));
       o["choices"] = std::move(choices);
       o["metadata"] = Metadata(p);
+      o["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(o));
       cursor->role_sent = true;
     }
