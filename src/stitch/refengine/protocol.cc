@@ -835,6 +835,7 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
           OpenAiEnvelope(request, p, context, chat ? "chat.completion.chunk" : "text_completion");
       u["choices"] = json::array();
       u["usage"] = Usage(p);
+      u["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(u));
     }
   }

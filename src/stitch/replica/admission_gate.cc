@@ -30,6 +30,7 @@ AdmissionGate::Ticket::Ticket(Ticket&& other) noexcept
       start_(std::move(other.start_)),
       start_label_(std::move(other.start_label_)),
       epoch_(other.epoch_),
+      flips_(other.flips_),
       exact_(other.exact_) {}
 
 AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept {
@@ -39,6 +40,7 @@ AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept
     start_ = std::move(other.start_);
     start_label_ = std::move(other.start_label_);
     epoch_ = other.epoch_;
+    flips_ = other.flips_;
     exact_ = other.exact_;
   }
   return *this;
@@ -94,7 +96,7 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
   ++active_;
   ++vouched_;
   if (constraint.is_exact()) ++active_exact_;
-  return Ticket(this, serving_, engine_label_, epoch_, constraint.is_exact());
+  return Ticket(this, serving_, engine_label_, epoch_, flip_count_, constraint.is_exact());
 }
 
 absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_view label) const {
@@ -116,6 +118,33 @@ absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_v
     return disagree("a version it did not hold while the request ran");
   }
   return absl::OkStatus();
+}
+
+std::optional<int64_t> AdmissionGate::ServedForLabel(const Ticket& ticket, int64_t label) const {
+  const uint64_t since = flip_count_ - ticket.flips_;
+  if (since > flips_.size()) return std::nullopt;  // forgotten
+  std::optional<int64_t> served;
+  bool ambiguous = false;
+  auto consider = [&](int64_t engine_label, int64_t version) {
+    if (engine_label != label) return;
+    if (served.has_value() && *served != version) ambiguous = true;
+    served = version;
+  };
+  consider(ticket.start_label_.version, ticket.start_.version);
+  for (size_t i = flips_.size() - since; i < flips_.size(); ++i) {
+    consider(flips_[i].first, flips_[i].second);
+  }
+  if (ambiguous) return std::nullopt;
+  return served;
+}
+
+void AdmissionGate::RecordFlip() {
+  // Enough for any request to look back over the commits it lived through;
+  // an older one gets "unknown" spans rather than a guess.
+  constexpr size_t kRemembered = 256;
+  flips_.emplace_back(engine_label_.version, serving_.version);
+  if (flips_.size() > kRemembered) flips_.pop_front();
+  ++flip_count_;
 }
 
 std::optional<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::TryAdmit(
@@ -165,6 +194,7 @@ void AdmissionGate::CommitWindow::Flip(const VersionRef& serving, const VersionR
   gate_->pending_label_.reset();
   gate_->trusted_ = true;
   gate_->distrust_reason_.clear();
+  gate_->RecordFlip();
 }
 
 void AdmissionGate::Trust(const VersionRef& serving, const VersionRef& engine_label) {
@@ -172,6 +202,7 @@ void AdmissionGate::Trust(const VersionRef& serving, const VersionRef& engine_la
   engine_label_ = engine_label;
   trusted_ = true;
   distrust_reason_.clear();
+  RecordFlip();
   reopened_->NotifyAll();
 }
 

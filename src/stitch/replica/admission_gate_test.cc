@@ -261,6 +261,41 @@ TEST_F(AdmissionGateTest, EngineLabelsAreCheckedAgainstWhatTheEngineHeldDuringTh
   });
 }
 
+TEST_F(AdmissionGateTest, EngineLabelsMapToTheServedVersionsTheyStoodForDuringTheRequest) {
+  Run([&]() -> awaitable<void> {
+    auto t = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(t.has_value() && t->ok());
+    const AdmissionGate::Ticket& ticket = **t;
+    EXPECT_FALSE(gate_->ChangedSince(ticket));
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 5), 5);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 6), std::nullopt);
+    // Two in-place commits while it runs.
+    for (int64_t v : {6, 7}) {
+      auto window = co_await gate_->Close(DrainScope::kExactPins);
+      CO_ASSERT(window.ok());
+      window->Flip(VersionRef{"r1", v});
+    }
+    EXPECT_TRUE(gate_->ChangedSince(ticket));
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 5), 5);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 6), 6);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 7), 7);
+    // An empty delta: served 8 on the weights labelled 7. Label 7 now stands
+    // for two versions, so it names neither.
+    {
+      auto window = co_await gate_->Close(DrainScope::kExactPins);
+      CO_ASSERT(window.ok());
+      window->Flip(VersionRef{"r1", 8}, VersionRef{"r1", 7});
+    }
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 7), std::nullopt);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 6), 6);
+    // A request admitted after it knows label 7 as 8 only.
+    auto later = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(later.has_value() && later->ok());
+    EXPECT_EQ(gate_->ServedForLabel(**later, 7), 8);
+    EXPECT_FALSE(gate_->ChangedSince(**later));
+  });
+}
+
 TEST_F(AdmissionGateTest, AdmissionsWaitingForACommitAreRefusedWhenTrustIsWithdrawn) {
   Run([&]() -> awaitable<void> {
     auto window = co_await gate_->Close(DrainScope::kAll);
