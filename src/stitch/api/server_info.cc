@@ -26,6 +26,11 @@ json::object ReplicaStateObject(const ReplicaState& s) {
     o["applied"] = nullptr;
     o["applied_version"] = nullptr;
   }
+  if (s.pointer_version) {
+    o["pointer_version"] = *s.pointer_version;
+  } else {
+    o["pointer_version"] = nullptr;
+  }
   o["sync_state"] = SyncStateName(s.sync_state);
   o["reason"] = s.reason;
   o["run_id"] = s.run_id;
@@ -101,6 +106,12 @@ absl::StatusOr<ReplicaState> ReplicaStateFrom(const json::value& v) {
       return TypeError("active_requests", "an integer >= 0");
     }
     s.active_requests = f->get_int64();
+  }
+  if (const json::value* f = o.if_contains("pointer_version"); f && !f->is_null()) {
+    if (!f->is_int64() || f->get_int64() < 0) {
+      return TypeError("pointer_version", "an integer >= 0 or null");
+    }
+    s.pointer_version = f->get_int64();
   }
   if (const json::value* f = o.if_contains("metrics"); f && !f->is_null()) {
     if (!f->is_object()) return TypeError("metrics", "an object");

@@ -12,7 +12,8 @@
 
 namespace stitch {
 
-// {"ready", "applied" (an identity or null), "applied_version", "sync_state",
+// {"ready", "applied" (an identity or null), "applied_version",
+// "pointer_version" (the store's pointer as last read, or null), "sync_state",
 // "reason", "run_id", "commit_mode", "active_requests",
 // "update_destination_ready", "update_destination_error", "terminal_error",
 // "sync_error", "metrics": {name: number}}.

@@ -15,6 +15,7 @@
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/server_args.h"
+#include "stitch/core/constraint.h"
 #include "stitch/core/errors.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/clock.h"
@@ -33,6 +34,7 @@ struct GatewayFlags {
   std::string host = "0.0.0.0";
   int port = 8080;
   std::string session_header = "X-Session-Id";
+  std::string default_constraint;
   double admission_wait_s = 30;
   double poll_interval_s = 1;
   int max_attempts = 3;
@@ -82,6 +84,14 @@ int RunGateway(const GatewayFlags& flags) {
   options.server.host = flags.host;
   options.server.port = static_cast<uint16_t>(flags.port);
   options.session_header = flags.session_header;
+  if (!flags.default_constraint.empty()) {
+    absl::StatusOr<VersionConstraint> c = ParseConstraintSpec(flags.default_constraint);
+    if (!c.ok()) {
+      ReportFailure(Annotate(c.status(), "gateway: --default-constraint"));
+      return kExitRefused;
+    }
+    options.default_constraint = *c;
+  }
   options.admission_wait = Millis(flags.admission_wait_s);
   options.poll_interval = Millis(flags.poll_interval_s);
   options.max_attempts = flags.max_attempts;
@@ -134,6 +144,9 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--session-header", flags.session_header,
                   "Requests with the same value of this header stay on one replica")
       ->capture_default_str();
+  cmd->add_option("--default-constraint", flags.default_constraint,
+                  "Constraint of requests that carry none, e.g. max_staleness:1 or "
+                  "min_version:3,max_staleness:1 (or its JSON form); routed by and passed on");
   cmd->add_option("--admission-wait", flags.admission_wait_s,
                   "Seconds a request waits for a replica that satisfies its constraint before "
                   "the gateway answers 409")

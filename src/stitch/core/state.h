@@ -33,6 +33,10 @@ struct ReplicaState {
   // What the replica serves; nullopt while it has not verified which
   // weights its engine holds (it then serves nothing versioned).
   std::optional<VersionRef> applied;
+  // The store's pointer as the replica last read it (its version); nullopt
+  // before the first read, or when the store has no pointer. Requests with
+  // max_staleness are judged against it.
+  std::optional<int64_t> pointer_version;
   SyncState sync_state = SyncState::kIdle;
   std::string reason;
   std::string run_id;

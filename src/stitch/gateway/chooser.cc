@@ -26,8 +26,12 @@ void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
   preferred_.Clear();
   all_preferred_ = true;
   oldest_applied_.reset();
+  newest_pointer_.reset();
   bool one_run = !replicas.empty();
   for (const auto& [url, r] : replicas) {
+    if (std::optional<int64_t> p = r->state.pointer_version; p.has_value() && r->reachable) {
+      newest_pointer_ = std::max(newest_pointer_.value_or(*p), *p);
+    }
     const std::optional<VersionRef>& applied = r->state.applied;
     if (!applied.has_value() ||
         (oldest_applied_.has_value() && applied->run_id != oldest_applied_->run_id)) {
@@ -50,6 +54,14 @@ void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
 std::optional<VersionRef> RoutingIndex::newest_routable() const {
   if (routable_.by_version().empty()) return std::nullopt;
   return routable_.by_version().rbegin()->second.front()->state.applied;
+}
+
+VersionConstraint RoutingIndex::RoutingConstraint(const VersionConstraint& c) const {
+  if (!c.max_staleness.has_value()) return c;
+  VersionConstraint routed = c;
+  routed.max_staleness.reset();
+  if (!c.is_exact()) routed.min_version = c.Floor(newest_pointer_);
+  return routed;
 }
 
 bool RoutingIndex::NeverServable(const VersionConstraint& c) const {

@@ -91,6 +91,15 @@ class RoutingIndex {
   // The oldest version applied, when every replica of the pool has applied
   // one and all of one run; nullopt otherwise.
   const std::optional<VersionRef>& oldest_applied() const { return oldest_applied_; }
+  // The newest store pointer a replica of the pool reported reading.
+  std::optional<int64_t> newest_pointer() const { return newest_pointer_; }
+
+  // The constraint to route `c` by: its max_staleness turned into the
+  // min_version it implies with the pointer at newest_pointer() (a replica
+  // judges by its own view, never newer than that, so it accepts what this
+  // admits). A pool that reports no pointer routes by min and exact alone
+  // and leaves staleness to the replicas.
+  VersionConstraint RoutingConstraint(const VersionConstraint& c) const;
 
   // Whether no replica can serve `c` any more: an exact version below every
   // replica's applied version, all of one run. Versions only move forward
@@ -104,6 +113,7 @@ class RoutingIndex {
   ReplicaIndex preferred_;
   bool all_preferred_ = true;
   std::optional<VersionRef> oldest_applied_;
+  std::optional<int64_t> newest_pointer_;
 };
 
 class Chooser {

@@ -58,6 +58,24 @@ TEST_F(ChooserTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
   EXPECT_EQ(Choose(VersionConstraint::AtLeast(4)), nullptr);
 }
 
+TEST_F(ChooserTest, MaxStalenessRoutesByTheNewestPointerThePoolRead) {
+  Add("v1", 1);
+  Add("v2", 2)->state.pointer_version = 3;
+  Add("v3", 3)->state.pointer_version = 2;  // a replica that read the pointer earlier
+  const VersionConstraint fresh = VersionConstraint::Fresh(1);
+  EXPECT_EQ(Index().newest_pointer(), 3);
+  EXPECT_EQ(Index().RoutingConstraint(fresh), VersionConstraint::AtLeast(2));
+  EXPECT_EQ(Spread(Index().RoutingConstraint(fresh)),
+            (std::set<std::string>{"http://v2", "http://v3"}));
+  VersionConstraint both = VersionConstraint::AtLeast(3);
+  both.max_staleness = 2;
+  EXPECT_EQ(Index().RoutingConstraint(both), VersionConstraint::AtLeast(3));
+  // A pool that reports no pointer leaves staleness to the replicas.
+  replicas_.clear();
+  Add("v1", 1);
+  EXPECT_EQ(Index().RoutingConstraint(fresh), VersionConstraint{});
+}
+
 TEST_F(ChooserTest, OnlyRoutableReplicasAreChosen) {
   Add("ready", 1);
   Add("not-ready", 1)->state.ready = false;

@@ -64,7 +64,8 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     (void)co_await exchange.Respond(std::move(refused));
     co_return;
   }
-  const VersionConstraint constraint = ask->constraint;
+  const bool defaulted = ask->constraint.empty() && !options_.default_constraint.empty();
+  const VersionConstraint constraint = defaulted ? options_.default_constraint : ask->constraint;
   const bool stream = ask->stream;
   std::string session;
   if (auto s = exchange.request().headers.Get(options_.session_header); s.has_value()) {
@@ -82,7 +83,17 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
   const HttpHeaders headers =
       RequestHeadersToForward(exchange.request().headers, BodyRelay::kUnchanged);
   const std::string& target = exchange.request().target;
-  const std::string payload = std::move(exchange.request().body);
+  std::string payload = std::move(exchange.request().body);
+  if (defaulted) {
+    // The replica enforces the default as if the client had sent it.
+    absl::StatusOr<std::string> with = WithConstraint(payload, constraint);
+    if (!with.ok()) {
+      HttpResponse refused = BadRequestResponse(std::string(with.status().message()));
+      (void)co_await exchange.Respond(std::move(refused));
+      co_return;
+    }
+    payload = *std::move(with);
+  }
 
   const Clock::TimePoint deadline = clock_.Now() + options_.admission_wait;
   std::vector<ReplicaPtr> tried;
@@ -94,10 +105,11 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     if (!session.empty()) {
       if (const ReplicaPtr* h = sessions_.Find(session); h != nullptr) home = *h;
     }
-    ReplicaPtr replica = chooser_.Choose(table_.index(), constraint, home, tried);
+    const VersionConstraint routed = table_.index().RoutingConstraint(constraint);
+    ReplicaPtr replica = chooser_.Choose(table_.index(), routed, home, tried);
     if (replica == nullptr) {
       if (static_cast<int>(tried.size()) >= options_.max_attempts) break;
-      if (table_.index().NeverServable(constraint)) {
+      if (table_.index().NeverServable(routed)) {
         why = NotServed::kNeverServable;
         break;
       }
@@ -159,7 +171,11 @@ HttpResponse Relay::NotReady(const VersionConstraint& constraint, NotServed why)
         static_cast<int>(index.routable().all().size()),
         static_cast<int>(table_.replicas().size()));
   }
-  return NotReadyResponse(constraint, index.newest_routable(), message);
+  std::optional<VersionConstraint::Bound> failed;
+  if (std::optional<VersionRef> newest = index.newest_routable(); newest.has_value()) {
+    failed = constraint.Unmet(newest->version, index.newest_pointer());
+  }
+  return NotReadyResponse(constraint, index.newest_routable(), message, failed);
 }
 
 HttpResponse Relay::Unreachable(ReplicaEntry& r, const absl::Status& status) {

@@ -275,8 +275,9 @@ awaitable<void> ReplicaTable::Probe(ReplicaPtr r) {
                     .count(),
                 " ms"));
   if (state.ok()) {
-    const bool changed =
-        !r->reachable || r->state.ready != state->ready || r->state.applied != state->applied;
+    const bool changed = !r->reachable || r->state.ready != state->ready ||
+                         r->state.applied != state->applied ||
+                         r->state.pointer_version != state->pointer_version;
     r->reachable = true;
     r->state = *std::move(state);
     r->last_error = r->state.ready ? "" : r->state.reason;

@@ -1,5 +1,6 @@
 #include "stitch/replica/admission_gate.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -76,20 +77,26 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
     if (constraint.empty()) return absl::UnavailableError(why);
     return WithKind(absl::FailedPreconditionError(why), ErrorKind::kVersionNotReady);
   }
-  if (!constraint.SatisfiedBy(serving_.version)) {
+  if (std::optional<VersionConstraint::Bound> unmet = Unmet(constraint); unmet.has_value()) {
     ++rejected_not_ready_total_;
     if (on_reject_) on_reject_();
     // An exact pin below the served version will never be served here again
     // (versions only move forward); another replica may still hold it.
-    const bool passed = constraint.is_exact() && *constraint.exact_version < serving_.version;
+    const bool passed =
+        *unmet == VersionConstraint::Bound::kExact && *constraint.exact_version < serving_.version;
     std::string why =
         passed ? std::string("; it has moved past that version, retry on another replica")
         : behind_reason_.empty()
             ? std::string("; it is catching up, retry shortly")
             : absl::StrCat("; it cannot catch up (", behind_reason_, "), retry on another replica");
-    return WithKind(absl::FailedPreconditionError(
-                        absl::StrCat("this replica serves ", serving_.ToString(),
-                                     ", which does not satisfy ", constraint.ToString(), why)),
+    const std::string bound =
+        *unmet == VersionConstraint::Bound::kStaleness
+            ? absl::StrCat("max_staleness ", *constraint.max_staleness,
+                           " (the store's pointer is at ", pointer_->ToString(), ")")
+            : std::string(BoundName(*unmet));
+    return WithKind(absl::FailedPreconditionError(absl::StrCat(
+                        "this replica serves ", serving_.ToString(), ", which does not satisfy ",
+                        constraint.ToString(), ": ", bound, " failed", why)),
                     ErrorKind::kVersionNotReady);
   }
   ++admitted_total_;
@@ -97,6 +104,20 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
   ++vouched_;
   if (constraint.is_exact()) ++active_exact_;
   return Ticket(this, serving_, engine_label_, epoch_, flip_count_, constraint.is_exact());
+}
+
+std::optional<VersionConstraint::Bound> AdmissionGate::Unmet(
+    const VersionConstraint& constraint) const {
+  std::optional<int64_t> pointer;
+  if (pointer_.has_value()) {
+    const bool same_run =
+        pointer_->run_id == serving_.run_id || pointer_->run_id.empty() || serving_.run_id.empty();
+    // The pointer of another run is one this replica has not reached at all.
+    pointer = same_run ? pointer_->version
+                       : std::max(pointer_->version, serving_.version) +
+                             constraint.max_staleness.value_or(0) + 1;
+  }
+  return constraint.Unmet(serving_.version, pointer);
 }
 
 absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_view label) const {

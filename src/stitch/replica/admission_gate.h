@@ -191,10 +191,19 @@ class AdmissionGate {
   // applied), added to the 409 of unmet constraints; "" when nothing is
   // wrong.
   void SetBehindReason(std::string why) { behind_reason_ = std::move(why); }
+  // The store's pointer as last read (nullopt: none yet, or no pointer), by
+  // which requests with max_staleness are judged.
+  void SetPointer(std::optional<VersionRef> pointer) { pointer_ = std::move(pointer); }
+  const std::optional<VersionRef>& pointer() const { return pointer_; }
 
   // Closes admission for good: waiting and future admissions fail with
   // Unavailable carrying `why`. Requests already admitted keep their tickets.
   void Terminate(absl::Status why);
+
+  // The first bound of `constraint` the served version fails, judged
+  // against the pointer as last read (SetPointer); a pointer of another run
+  // counts as beyond any staleness. nullopt when it holds.
+  std::optional<VersionConstraint::Bound> Unmet(const VersionConstraint& constraint) const;
 
   // The served version; meaningful only while trusted().
   const VersionRef& serving() const { return serving_; }
@@ -241,6 +250,7 @@ class AdmissionGate {
   std::string last_distrust_reason_;
   std::optional<std::string> hold_reason_;
   std::string behind_reason_;
+  std::optional<VersionRef> pointer_;
   uint64_t epoch_ = 0;
   // The latest (engine label, served version) pairs set by Flip and Trust,
   // newest last, and how many there were in all.

@@ -83,6 +83,35 @@ TEST_F(AdmissionGateTest, RejectionIsVersionNotReadyAndAWake) {
   });
 }
 
+TEST_F(AdmissionGateTest, MaxStalenessIsJudgedAgainstThePointerAsLastRead) {
+  Run([&]() -> awaitable<void> {
+    VersionConstraint fresh = VersionConstraint::Fresh(1);
+    // No pointer read yet: nothing to be behind.
+    auto t = gate_->TryAdmit(fresh);
+    CO_ASSERT(t.has_value() && t->ok());
+    gate_->SetPointer(VersionRef{"r1", 6});
+    t = gate_->TryAdmit(fresh);
+    CO_ASSERT(t.has_value() && t->ok());
+    gate_->SetPointer(VersionRef{"r1", 7});
+    t = gate_->TryAdmit(fresh);
+    CO_ASSERT(t.has_value() && !t->ok());
+    EXPECT_EQ(GetErrorKind(t->status()), ErrorKind::kVersionNotReady);
+    EXPECT_NE(t->status().message().find("max_staleness 1"), std::string::npos) << t->status();
+    EXPECT_NE(t->status().message().find("r1/weight_v000007"), std::string::npos) << t->status();
+    EXPECT_EQ(gate_->Unmet(fresh), VersionConstraint::Bound::kStaleness);
+    // With min_version too: the first failing bound is named.
+    VersionConstraint both = VersionConstraint::AtLeast(6);
+    both.max_staleness = 3;
+    EXPECT_EQ(gate_->Unmet(both), VersionConstraint::Bound::kMin);
+    both.min_version = 5;
+    EXPECT_EQ(gate_->Unmet(both), std::nullopt);
+    // A pointer of another run is beyond any staleness.
+    gate_->SetPointer(VersionRef{"r2", 1});
+    EXPECT_EQ(gate_->Unmet(VersionConstraint::Fresh(100)), VersionConstraint::Bound::kStaleness);
+    EXPECT_EQ(wakes_, 1);
+  });
+}
+
 TEST_F(AdmissionGateTest, CloseWaitsForExactPinsOnlyWhenInPlace) {
   Run([&]() -> awaitable<void> {
     LoopLatch release_pin(loop_->executor());

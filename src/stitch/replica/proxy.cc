@@ -289,7 +289,8 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
     const absl::Status& s = admitted->status();
     if (GetErrorKind(s) == ErrorKind::kVersionNotReady) {
       HttpResponse response =
-          NotReadyResponse(constraint, gate_.serving(), std::string(s.message()));
+          NotReadyResponse(constraint, gate_.serving(), std::string(s.message()),
+                           gate_.trusted() ? gate_.Unmet(constraint) : std::nullopt);
       (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;

@@ -316,6 +316,28 @@ TEST_F(ProxyTest, UnmetConstraintGets409WithItsBodyAndWakesTheReconciler) {
       << metrics.body;
 }
 
+TEST_F(ProxyTest, AStaleReplicaRefusesMaxStalenessWith409NamingTheBound) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  OnLoop([&] {
+    sidecar_->gate().SetPointer(VersionRef{"r1", 2});
+    return true;
+  });
+  HttpResponse r =
+      Send("POST", "/generate", R"({"text":"hi","weight_version":{"max_staleness":1}})");
+  ASSERT_EQ(r.status, 409) << r.body;
+  json::object body = Parse(r.body);
+  EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
+  EXPECT_EQ(body.at("failed_bound").as_string(), "max_staleness");
+  EXPECT_TRUE(body.at("target_version").is_null());
+  EXPECT_NE(r.body.find("max_staleness 1"), std::string::npos) << r.body;
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+  HttpResponse min =
+      Send("POST", "/generate", R"({"text":"hi","weight_version":{"min_version":4}})");
+  ASSERT_EQ(min.status, 409) << min.body;
+  EXPECT_EQ(Parse(min.body).at("failed_bound").as_string(), "min_version");
+}
+
 TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
   Start(fake_.url());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));

@@ -166,6 +166,7 @@ ReplicaState Reconciler::State() const {
   ReplicaState s;
   s.ready = ready();
   s.applied = gate_.known_serving();
+  if (gate_.pointer().has_value()) s.pointer_version = gate_.pointer()->version;
   s.sync_state = sync_state_;
   s.reason = reason();
   if (s.reason.empty()) s.reason = reason_;
@@ -538,6 +539,7 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
   }
   reads_failing_since_.reset();
   read_started_.reset();
+  gate_.SetPointer(*head);
   if (lost && clock_.Now() - started >= options_.store_outage_limit) {
     // This answer may have left the store when the outage began (a response
     // held up in the network): what the store says now takes a fresh read.
