@@ -94,6 +94,21 @@ absl::StatusOr<std::string> WithConstraint(std::string_view body,
   return json::serialize(doc);
 }
 
+std::string PromptPrefix(std::string_view body, size_t n) {
+  JsonArena arena;
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec, arena.storage());
+  if (ec || !doc.is_object()) return "";
+  for (std::string_view field : {"text", "input_ids", "prompt", "messages"}) {
+    const json::value* v = doc.get_object().if_contains(field);
+    if (v == nullptr || v->is_null()) continue;
+    std::string text = v->is_string() ? std::string(v->get_string()) : json::serialize(*v);
+    if (text.size() > n) text.resize(n);
+    return text;
+  }
+  return "";
+}
+
 void StripConstraint(json::object& body) { body.erase(kConstraintField); }
 
 absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, json::object& body,

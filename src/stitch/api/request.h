@@ -44,6 +44,12 @@ struct VersionedAsk {
 [[nodiscard]] absl::StatusOr<std::string> WithConstraint(std::string_view body,
                                                          const VersionConstraint& constraint);
 
+// The first `n` bytes of a request's prompt as its JSON text: of the first
+// of `text`, `input_ids`, `prompt`, `messages` that `body` has (a chat's
+// earlier turns come first, so a session's requests share this prefix);
+// "" when it has none or is not a JSON object.
+std::string PromptPrefix(std::string_view body, size_t n);
+
 // Removes `weight_version`: it is the sidecar's to consume, never the
 // engine's.
 void StripConstraint(boost::json::object& body);

@@ -660,6 +660,33 @@ TEST_F(GatewayTest, ItsOwn409NamesTheStalenessBound) {
   EXPECT_THAT(std::string(a.body["message"].as_string()), HasSubstr("<= 2 behind the pointer"));
 }
 
+TEST_F(GatewayTest, PrefixAffinityKeepsAPromptOnOneReplica) {
+  for (int i = 0; i < 4; ++i) AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.affinity_prefix_bytes = 16;
+  StartGateway(StaticSpec(), std::move(options));
+  ASSERT_TRUE(ReadyCount(4));
+  // Bodies differ after the first 16 bytes of the prompt: one group.
+  std::set<std::string> group;
+  for (int i = 0; i < 20; ++i) {
+    auto r =
+        HttpFetch("POST", gateway_->url() + "/generate",
+                  absl::StrCat(R"({"text":"a shared system prompt, then sample )", i, R"("})"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200);
+    group.insert(std::string(*r->headers.Get("X-Stitch-Replica")));
+  }
+  EXPECT_EQ(group.size(), 1u);
+  std::set<std::string> spread;
+  for (int i = 0; i < 60; ++i) {
+    auto r = HttpFetch("POST", gateway_->url() + "/generate",
+                       absl::StrCat(R"({"text":")", i, R"( another prompt"})"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    spread.insert(std::string(*r->headers.Get("X-Stitch-Replica")));
+  }
+  EXPECT_GT(spread.size(), 1u);
+}
+
 TEST_F(GatewayTest, StreamsArePassedThrough) {
   AddReplica(true, 3);
   StartGateway(StaticSpec());

@@ -95,6 +95,9 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     payload = *std::move(with);
   }
 
+  const std::string prompt_prefix = options_.affinity_prefix_bytes > 0
+                                        ? PromptPrefix(payload, options_.affinity_prefix_bytes)
+                                        : std::string();
   const Clock::TimePoint deadline = clock_.Now() + options_.admission_wait;
   std::vector<ReplicaPtr> tried;
   std::optional<HttpResponse> last_failure;
@@ -106,7 +109,18 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
       if (const ReplicaPtr* h = sessions_.Find(session); h != nullptr) home = *h;
     }
     const VersionConstraint routed = table_.index().RoutingConstraint(constraint);
-    ReplicaPtr replica = chooser_.Choose(table_.index(), routed, home, tried);
+    std::optional<Affinity> affinity;
+    if (options_.affinity_prefix_bytes > 0) {
+      // The version it will be served on: its pin, else what the pool serves.
+      std::optional<int64_t> version = routed.exact_version;
+      if (!version.has_value()) {
+        if (std::optional<VersionRef> newest = table_.index().newest_routable()) {
+          version = newest->version;
+        }
+      }
+      affinity = Affinity{AffinityKey(version, prompt_prefix), options_.affinity_load_factor};
+    }
+    ReplicaPtr replica = chooser_.Choose(table_.index(), routed, home, tried, affinity);
     if (replica == nullptr) {
       if (static_cast<int>(tried.size()) >= options_.max_attempts) break;
       if (table_.index().NeverServable(routed)) {
