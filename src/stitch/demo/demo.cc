@@ -616,6 +616,7 @@ absl::Status Demo::Train() {
     s.rollouts = static_cast<int64_t>(generated.size());
     s.dropped = stats.dropped;
     s.crossed = stats.crossed;
+    s.crossed_exact = stats.crossed_exact;
     record_.steps.push_back(s);
     if (step == 1) record_.first_sample = Decode(generated.front().output_ids);
     record_.last_sample = Decode(generated.front().output_ids);

@@ -525,14 +525,17 @@ std::string FormatSummary(const DemoRecord& record, const DemoSummary& summary,
   s += line + "\n";
   int64_t dropped = 0;
   int64_t crossed = 0;
+  int64_t crossed_exact = 0;
   for (const DemoStep& step : record.steps) {
     dropped += step.dropped;
     crossed += step.crossed;
+    crossed_exact += step.crossed_exact;
   }
+  absl::StrAppendFormat(&s, "staleness      %d samples dropped as too stale\n", dropped);
   absl::StrAppendFormat(&s,
-                        "staleness      %d samples dropped as too stale, %d half-weighted "
-                        "(generated across a weight change)\n",
-                        dropped, crossed);
+                        "commits        %d rollouts crossed a commit mid-generation: %d weighted "
+                        "per token from their version spans, %d half-weighted (spans unknown)\n",
+                        crossed, crossed_exact, crossed - crossed_exact);
   absl::StrAppendFormat(&s, "retries        %d by the gateway, %d by the demo\n",
                         record.gateway_retries, record.client_retries);
   absl::StrAppendFormat(&s, "violations     %d constraint violations\n", summary.violations);
