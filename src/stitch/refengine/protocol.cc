@@ -1,5 +1,6 @@
 #include "stitch/refengine/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
@@ -611,6 +612,9 @@ json::object Usage(const GenerationProgress& p) {
   u["prompt_tokens"] = p.prompt_tokens;
   u["completion_tokens"] = completion;
   u["total_tokens"] = p.prompt_tokens + completion;
+  json::object details;
+  details["cached_tokens"] = p.cached_tokens;
+  u["prompt_tokens_details"] = std::move(details);
   return u;
 }
 
@@ -645,7 +649,7 @@ json::object GenerateObject(const ApiRequest& request, const GenerationProgress&
   meta["finish_reason"] = SglangFinishReason(p.finish, completion);
   meta["prompt_tokens"] = p.prompt_tokens;
   meta["completion_tokens"] = completion;
-  meta["cached_tokens"] = 0;
+  meta["cached_tokens"] = p.cached_tokens;
   meta["weight_version"] = WeightVersionString(p.weight_version);
   meta["weight_version_spans"] = Spans(p);
   if (request.return_logprob) {
@@ -749,6 +753,7 @@ void GenerationProgress::Apply(GenerationUpdate update) {
   tokens.insert(tokens.end(), update.tokens.begin(), update.tokens.end());
   text += update.text;
   weight_version = std::move(update.weight_version);
+  cached_tokens = std::max(cached_tokens, update.cached_tokens);
   if (update.finish.has_value()) finish = std::move(update.finish);
 }
 

@@ -66,6 +66,7 @@ struct GenerationProgress {
   // update that brought it (the weights of the step that sampled it). Empty
   // while no token was generated.
   std::vector<std::pair<int64_t, int64_t>> spans;
+  int64_t cached_tokens = 0;  // prompt tokens from the prefix cache
   std::optional<FinishReason> finish;
   double e2e_latency_seconds = 0;  // set by the caller when finished
 

@@ -219,6 +219,52 @@ class EngineServerTest : public ::testing::Test {
   int swap_errors_ ABSL_GUARDED_BY(plan_mu_) = 0;
 };
 
+TEST_F(EngineServerTest, ThePrefixCacheServesASharedPromptWithTheSameTokens) {
+  EngineOptions options;
+  options.scheduler.prefix_cache_bytes = size_t{64} << 20;
+  Start(std::move(options));
+  const std::string prompt = "A long shared system prompt, then";
+  HttpResponse first = Post("/generate", GenerateBody(prompt, 12, 0, 0, R"( "extra_key": "g",)"));
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(JsonGet(first.body, "meta_info.cached_tokens"), "0");
+  // The same prompt again (a GRPO group's next sample): all but its last
+  // token come from the cache, and the tokens are the reference's.
+  HttpResponse again = Post("/generate", GenerateBody(prompt, 12, 0, 0, R"( "extra_key": "g",)"));
+  ASSERT_EQ(again.status, 200) << again.body;
+  const auto ids = EncodeText(prompt, BosMode::kPrepend);
+  EXPECT_EQ(JsonGet(again.body, "meta_info.cached_tokens"), absl::StrCat(ids.size() - 1));
+  const auto ref = ReferenceGenerate(*Weights(0), ids, Greedy(12));
+  EXPECT_THAT(JsonInts(again.body, "output_ids"), ElementsAreArray(Wide(Ids(ref))));
+  EXPECT_THAT(JsonNumbers(again.body, "meta_info.output_token_logprobs", 0),
+              ElementsAreArray(SameDoubles(Logprobs(ref))));
+  // The next turn of a conversation: the prompt and the answer are cached.
+  std::vector<int32_t> turn = ids;
+  for (const SampledToken& t : ref) turn.push_back(t.id);
+  turn.push_back('?');
+  HttpResponse next =
+      Post("/generate",
+           absl::StrCat(R"({"input_ids": )", IdsJson(turn),
+                        R"(, "extra_key": "g", "return_logprob": true, "sampling_params": )",
+                        R"({"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}})"));
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(JsonGet(next.body, "meta_info.cached_tokens"), absl::StrCat(ids.size() + 11));
+  EXPECT_THAT(JsonInts(next.body, "output_ids"),
+              ElementsAreArray(Wide(Ids(ReferenceGenerate(*Weights(0), turn, Greedy(6))))));
+  // Another cache key shares nothing.
+  HttpResponse other = Post("/generate", GenerateBody(prompt, 4, 0, 0, R"( "extra_key": "h",)"));
+  EXPECT_EQ(JsonGet(other.body, "meta_info.cached_tokens"), "0");
+  // New weights empty the cache: nothing computed by the old ones is reused.
+  std::promise<absl::Status> swapped;
+  server_->mutable_scheduler().SwapWeights(
+      Weights(1), VersionRef{"run-a", 1}, [] {},
+      [&](absl::StatusOr<SwapResult> r) { swapped.set_value(r.status()); });
+  ASSERT_TRUE(swapped.get_future().get().ok());
+  HttpResponse after = Post("/generate", GenerateBody(prompt, 12, 0, 0, R"( "extra_key": "g",)"));
+  EXPECT_EQ(JsonGet(after.body, "meta_info.cached_tokens"), "0");
+  EXPECT_THAT(JsonInts(after.body, "output_ids"),
+              ElementsAreArray(Wide(Ids(ReferenceGenerate(*Weights(1), ids, Greedy(12))))));
+}
+
 TEST_F(EngineServerTest, SpansNameEachInPlaceCommitInsideOneGenerationExactly) {
   StartSwappingAtPlannedSteps();
   // Whole /generate: two commits inside one generation.
