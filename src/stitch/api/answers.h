@@ -10,8 +10,10 @@
 //       EngineUnavailable       the engine behind a replica cannot serve
 //       ReplicaUnavailable      a replica cannot serve
 //       NoReadyReplica          no replica of a gateway's pool is ready
-// Bodies are JSON objects with `type` and `message` (net/http.h,
-// JsonErrorBody); the 409 adds what is served.
+// Bodies are the original Python Stitch's shapes: the 409 is a flat object
+// ({"type", "target_version", "applied", "message"}, `applied` the served
+// version number), every other answer `{"error": {"type", "message",
+// "retryable"?}}` (net/http.h, JsonErrorBody).
 #pragma once
 
 #include <optional>
@@ -28,11 +30,11 @@ namespace stitch {
 HttpResponse BadRequestResponse(std::string_view message);
 
 // The body of a 409 WeightVersionNotReady: the constraint's target
-// (`target_version`, null without one), the version served (`applied` as an
-// identity and `applied_version` as a number, both null when none),
-// `failed_bound` (the bound of the constraint that failed: "exact_version",
-// "min_version" or "max_staleness"; null when no one bound is to blame) and
-// `message`.
+// (`target_version`, null without one), the version served (`applied`, its
+// number, as the original answers; `applied_identity`, with its run; both
+// null when none), `failed_bound` (the bound of the constraint that failed:
+// "exact_version", "min_version" or "max_staleness"; null when no one bound
+// is to blame) and `message`.
 std::string NotReadyBody(const VersionConstraint& constraint,
                          const std::optional<VersionRef>& applied, std::string_view message,
                          std::optional<VersionConstraint::Bound> failed = std::nullopt);

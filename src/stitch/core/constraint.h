@@ -8,10 +8,11 @@
 //                           alone or with one of the above (every bound
 //                           given must hold)
 //   {} or null              anything
-// A null field counts as absent. Both versions at once, or a field given
-// twice, is an InvalidArgument error (rather than one silently winning).
-// Values must be JSON integers in [0, kMaxVersion]; anything else is a clear
-// InvalidArgument error.
+// A null field counts as absent. A field given twice is an InvalidArgument
+// error (rather than one silently winning); so is an exact_version below a
+// min_version given with it (no version is both). Values are integers in
+// [0, kMaxVersion], also as digits in a string ("7") or a whole number
+// (7.0); anything else is a clear InvalidArgument error.
 #pragma once
 
 #include <cstdint>

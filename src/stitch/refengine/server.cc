@@ -22,6 +22,7 @@
 #include "stitch/format/index.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/http.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/net/server.h"
 #include "stitch/net/sse.h"
 #include "stitch/net/worker_pool.h"
@@ -628,6 +629,9 @@ HttpRouter EngineServer::Impl::Routes() {
   };
   router.Add("GET", "/model_info", model_info);
   router.Add("GET", "/get_model_info", model_info);
+  router.Add("GET", "/metrics", [this](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.Respond(PrometheusResponse(FormatMetrics(Status())));
+  });
   router.Add("GET", "/v1/models", [this](HttpExchange& ex) -> awaitable<void> {
     const std::string body = FormatModelList(Status());
     co_await RespondJson(ex, 200, body);
