@@ -200,7 +200,7 @@ boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::Adm
   }
   ++active_;
   ++vouched_;
-  co_return Ticket(this, serving_, engine_label_, epoch_, /*exact=*/false);
+  co_return Ticket(this, serving_, engine_label_, epoch_, flip_count_, /*exact=*/false);
 }
 
 void AdmissionGate::Release(bool exact, uint64_t epoch) {
