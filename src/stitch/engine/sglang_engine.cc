@@ -10,6 +10,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/format/delta_apply.h"
 #include "stitch/format/fileio.h"
+#include "stitch/net/auth.h"
 
 namespace stitch {
 
@@ -102,6 +103,8 @@ awaitable<absl::Status> SglangHttpEngine::Call(std::string_view path, std::strin
   request.method = "POST";
   request.target = std::string(path);
   request.headers.Set("Content-Type", "application/json");
+  if (!options_.api_key.empty())
+    request.headers.Set("Authorization", BearerValue(options_.api_key));
   request.body = std::move(body);
   CallOptions call;
   call.timeout = timeout;
@@ -140,6 +143,8 @@ awaitable<absl::StatusOr<HttpResponse>> SglangHttpEngine::Get(std::string_view p
                                                               std::chrono::milliseconds timeout) {
   HttpRequest request;
   request.target = std::string(path);
+  if (!options_.api_key.empty())
+    request.headers.Set("Authorization", BearerValue(options_.api_key));
   CallOptions call;
   call.timeout = timeout;
   auto response = co_await client_.Send(url_.origin, std::move(request), call);
