@@ -379,10 +379,11 @@ NB_MODULE(_stitch, m) {
       .def(
           "__init__",
           [](VersionConstraint* self, std::optional<int64_t> min_version,
-             std::optional<int64_t> exact_version) {
-            new (self) VersionConstraint{min_version, exact_version};
+             std::optional<int64_t> exact_version, std::optional<int64_t> max_staleness) {
+            new (self) VersionConstraint{min_version, exact_version, max_staleness};
           },
-          "min_version"_a = nb::none(), "exact_version"_a = nb::none())
+          "min_version"_a = nb::none(), "exact_version"_a = nb::none(),
+          "max_staleness"_a = nb::none())
       .def_static("exact", &VersionConstraint::Exact, "version"_a)
       .def_static("at_least", &VersionConstraint::AtLeast, "version"_a)
       .def_static(
@@ -393,16 +394,24 @@ NB_MODULE(_stitch, m) {
           "json"_a)
       .def_static(
           "for_request",
-          [](std::optional<int64_t> latest, int64_t lag, std::optional<int64_t> exact) {
-            return Check(MakeRequestConstraint(latest, lag, exact), "InvalidArgument");
+          [](std::optional<int64_t> latest, int64_t lag, std::optional<int64_t> exact,
+             std::optional<int64_t> max_staleness) {
+            return Check(MakeRequestConstraint(latest, lag, exact, max_staleness),
+                         "InvalidArgument");
           },
-          "latest"_a = nb::none(), "lag"_a = 0, "exact"_a = nb::none())
+          "latest"_a = nb::none(), "lag"_a = 0, "exact"_a = nb::none(),
+          "max_staleness"_a = nb::none())
       .def_rw("min_version", &VersionConstraint::min_version)
       .def_rw("exact_version", &VersionConstraint::exact_version)
+      .def_rw("max_staleness", &VersionConstraint::max_staleness)
       .def_prop_ro("empty", &VersionConstraint::empty)
       .def_prop_ro("is_exact", &VersionConstraint::is_exact)
       .def_prop_ro("target", &VersionConstraint::target)
-      .def("satisfied_by", &VersionConstraint::SatisfiedBy, "applied"_a.none())
+      .def(
+          "satisfied_by",
+          [](const VersionConstraint& c, std::optional<int64_t> applied,
+             std::optional<int64_t> pointer) { return c.SatisfiedBy(applied, pointer); },
+          "applied"_a.none(), "pointer"_a.none() = nb::none())
       .def_static(
           "from_payload",
           [](nb::handle payload) {
@@ -415,6 +424,7 @@ NB_MODULE(_stitch, m) {
             nb::dict fields = nb::borrow<nb::dict>(raw);
             c.min_version = PayloadInt(fields, "min_version");
             c.exact_version = PayloadInt(fields, "exact_version");
+            c.max_staleness = PayloadInt(fields, "max_staleness");
             return c;
           },
           "payload"_a.none(),
@@ -578,10 +588,11 @@ NB_MODULE(_stitch, m) {
   m.def(
       "constrain_request_body",
       [](const std::string& body, std::optional<int64_t> latest, int64_t lag,
-         std::optional<int64_t> exact) {
-        return Check(ConstrainRequestBodyToLatest(body, latest, lag, exact), "InvalidArgument");
+         std::optional<int64_t> exact, std::optional<int64_t> max_staleness) {
+        return Check(ConstrainRequestBodyToLatest(body, latest, lag, exact, max_staleness),
+                     "InvalidArgument");
       },
-      "body"_a, "latest"_a.none(), "lag"_a, "exact"_a.none());
+      "body"_a, "latest"_a.none(), "lag"_a, "exact"_a.none(), "max_staleness"_a.none());
 
   m.def(
       "apply_chain",

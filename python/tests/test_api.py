@@ -54,6 +54,21 @@ def test_constrain_request_sets_constraint_and_affinity():
     assert unconstrained == {"x": 1}
 
 
+def test_constrain_request_sets_max_staleness_alone_or_with_min_version():
+    fresh, _ = stitch.constrain_request({}, max_staleness=1)
+    assert fresh["weight_version"] == {"max_staleness": 1}
+    both, _ = stitch.constrain_request({}, latest=7, lag=2, max_staleness=0)
+    assert both["weight_version"] == {"min_version": 5, "max_staleness": 0}
+    c = stitch.VersionConstraint.for_request(max_staleness=2)
+    assert c.max_staleness == 2 and not c.empty
+    with pytest.raises(ValueError):
+        stitch.constrain_request({}, max_staleness=-1)
+    from stitch.publish import constrain_request as constrain_in_place
+    payload, headers = {}, {}
+    constrain_in_place(payload, headers, latest=3, max_staleness=1)
+    assert payload["weight_version"] == {"min_version": 3, "max_staleness": 1}
+
+
 def test_claim_publish_and_read_pointer(tmp_path):
     store = stitch.open_store(f"file://{tmp_path}/store", "run-1")
     assert store.run_id == "run-1"

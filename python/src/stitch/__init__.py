@@ -125,12 +125,16 @@ def _log_already_published(store: Store, ref: VersionRef) -> None:
 def constrain_request(payload: Mapping[str, Any], headers: Optional[MutableMapping[str, str]] = None,
                       latest: Optional[int] = None, lag: int = 0, exact: Optional[int] = None,
                       session_id: Optional[str] = None,
-                      affinity_header: Optional[str] = None) -> Tuple[dict, dict]:
+                      affinity_header: Optional[str] = None,
+                      max_staleness: Optional[int] = None) -> Tuple[dict, dict]:
     """Returns a copy of a rollout request's JSON ``payload`` constrained to
     version ``exact`` when given, else ``latest - lag`` or newer when
-    ``latest`` is known, and a copy of ``headers`` with ``session_id`` under
-    ``affinity_header`` when both are given."""
-    body = _stitch.constrain_request_body(json.dumps(payload), latest, int(lag), exact)
+    ``latest`` is known, and, with ``max_staleness``, to a replica at most
+    that many versions behind the store's pointer as it last read it; and a
+    copy of ``headers`` with ``session_id`` under ``affinity_header`` when
+    both are given."""
+    body = _stitch.constrain_request_body(json.dumps(payload), latest, int(lag), exact,
+                                          None if max_staleness is None else int(max_staleness))
     new_headers = dict(headers or {})
     if session_id is not None and affinity_header:
         new_headers[affinity_header] = str(session_id)

@@ -65,21 +65,30 @@ def wake_pool(pool: Any, ref: VersionRef) -> None:
 
 def constrain_request(payload: MutableMapping[str, Any], headers: MutableMapping[str, str], *,
                       latest: Optional[int] = None, lag: int = 0, exact: Optional[int] = None,
-                      session_id: Any = None, affinity_header: Optional[str] = None) -> None:
+                      session_id: Any = None, affinity_header: Optional[str] = None,
+                      max_staleness: Optional[int] = None) -> None:
     """Constrains one rollout request in place: ``payload["weight_version"]``
     pins ``exact`` when given, else demands ``latest - lag`` or newer (at
-    least 0) when ``latest`` is known, else is removed (any version); and
-    ``headers[affinity_header]`` carries ``session_id`` when both are given.
-    Raises InvalidArgument for a negative lag or version."""
+    least 0) when ``latest`` is known, and with ``max_staleness`` a replica
+    at most that many versions behind the pointer it last read; else it is
+    removed (any version); and ``headers[affinity_header]`` carries
+    ``session_id`` when both are given. Raises InvalidArgument for a
+    negative lag, version or staleness."""
     constraint = VersionConstraint.for_request(
         latest=None if latest is None else int(latest), lag=int(lag),
-        exact=None if exact is None else int(exact))
+        exact=None if exact is None else int(exact),
+        max_staleness=None if max_staleness is None else int(max_staleness))
     if constraint.empty:
         payload.pop("weight_version", None)
-    elif constraint.exact_version is not None:
-        payload["weight_version"] = {"exact_version": constraint.exact_version}
     else:
-        payload["weight_version"] = {"min_version": constraint.min_version}
+        body: dict = {}
+        if constraint.exact_version is not None:
+            body["exact_version"] = constraint.exact_version
+        elif constraint.min_version is not None:
+            body["min_version"] = constraint.min_version
+        if constraint.max_staleness is not None:
+            body["max_staleness"] = constraint.max_staleness
+        payload["weight_version"] = body
     if affinity_header and session_id is not None:
         headers[affinity_header] = str(session_id)
 

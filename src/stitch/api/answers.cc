@@ -36,7 +36,8 @@ HttpResponse BadRequestResponse(std::string_view message) {
 }
 
 std::string NotReadyBody(const VersionConstraint& constraint,
-                         const std::optional<VersionRef>& applied, std::string_view message) {
+                         const std::optional<VersionRef>& applied, std::string_view message,
+                         std::optional<VersionConstraint::Bound> failed) {
   json::object conflict;
   conflict["type"] = "WeightVersionNotReady";
   if (std::optional<int64_t> t = constraint.target(); t.has_value()) {
@@ -51,13 +52,19 @@ std::string NotReadyBody(const VersionConstraint& constraint,
     conflict["applied"] = nullptr;
     conflict["applied_identity"] = nullptr;
   }
+  if (failed.has_value()) {
+    conflict["failed_bound"] = std::string(BoundName(*failed));
+  } else {
+    conflict["failed_bound"] = nullptr;
+  }
   conflict["message"] = message;
   return json::serialize(conflict);
 }
 
 HttpResponse NotReadyResponse(const VersionConstraint& constraint,
-                              const std::optional<VersionRef>& applied, std::string_view message) {
-  return JsonResponse(409, NotReadyBody(constraint, applied, message));
+                              const std::optional<VersionRef>& applied, std::string_view message,
+                              std::optional<VersionConstraint::Bound> failed) {
+  return JsonResponse(409, NotReadyBody(constraint, applied, message, failed));
 }
 
 std::optional<VersionRef> NotReadyApplied(std::string_view body) {

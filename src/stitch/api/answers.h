@@ -32,11 +32,15 @@ HttpResponse BadRequestResponse(std::string_view message);
 // The body of a 409 WeightVersionNotReady: the constraint's target
 // (`target_version`, null without one), the version served (`applied`, its
 // number, as the original answers; `applied_identity`, with its run; both
-// null when none) and `message`.
+// null when none), `failed_bound` (the bound of the constraint that failed:
+// "exact_version", "min_version" or "max_staleness"; null when no one bound
+// is to blame) and `message`.
 std::string NotReadyBody(const VersionConstraint& constraint,
-                         const std::optional<VersionRef>& applied, std::string_view message);
+                         const std::optional<VersionRef>& applied, std::string_view message,
+                         std::optional<VersionConstraint::Bound> failed = std::nullopt);
 HttpResponse NotReadyResponse(const VersionConstraint& constraint,
-                              const std::optional<VersionRef>& applied, std::string_view message);
+                              const std::optional<VersionRef>& applied, std::string_view message,
+                              std::optional<VersionConstraint::Bound> failed = std::nullopt);
 
 // The version a 409 WeightVersionNotReady body says is served; nullopt when
 // the body is not such a body or names none.

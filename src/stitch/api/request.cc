@@ -4,6 +4,8 @@
 
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +90,33 @@ absl::StatusOr<VersionedAsk> ReadVersionedAsk(std::string_view body) {
   JsonArena arena;
   json::value parsed(arena.storage());
   return ParseVersionedBody(body, parsed);
+}
+
+absl::StatusOr<std::string> WithConstraint(std::string_view body,
+                                           const VersionConstraint& constraint) {
+  JsonArena arena;
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec, arena.storage());
+  if (ec || !doc.is_object()) {
+    return absl::InvalidArgumentError("the request body is not a JSON object");
+  }
+  doc.get_object()[kConstraintField] = ConstraintToJsonValue(constraint);
+  return json::serialize(doc);
+}
+
+std::string PromptPrefix(std::string_view body, size_t n) {
+  JsonArena arena;
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec, arena.storage());
+  if (ec || !doc.is_object()) return "";
+  for (std::string_view field : {"text", "input_ids", "prompt", "messages"}) {
+    const json::value* v = doc.get_object().if_contains(field);
+    if (v == nullptr || v->is_null()) continue;
+    std::string text = v->is_string() ? std::string(v->get_string()) : json::serialize(*v);
+    if (text.size() > n) text.resize(n);
+    return text;
+  }
+  return "";
 }
 
 void StripConstraint(json::object& body) { body.erase(kConstraintField); }

@@ -38,6 +38,18 @@ struct VersionedAsk {
 // document is freed before it returns.
 [[nodiscard]] absl::StatusOr<VersionedAsk> ReadVersionedAsk(std::string_view body);
 
+// `body` (a JSON object) with its `weight_version` set to `constraint`'s
+// JSON form: how a gateway passes on a default constraint it applied.
+// InvalidArgument when `body` is not a JSON object.
+[[nodiscard]] absl::StatusOr<std::string> WithConstraint(std::string_view body,
+                                                         const VersionConstraint& constraint);
+
+// The first `n` bytes of a request's prompt as its JSON text: of the first
+// of `text`, `input_ids`, `prompt`, `messages` that `body` has (a chat's
+// earlier turns come first, so a session's requests share this prefix);
+// "" when it has none or is not a JSON object.
+std::string PromptPrefix(std::string_view body, size_t n);
+
 // Removes `weight_version`: it is the sidecar's to consume, never the
 // engine's.
 void StripConstraint(boost::json::object& body);

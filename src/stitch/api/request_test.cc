@@ -24,6 +24,22 @@ json::object Parse(const std::string& text) {
 
 // Tagging ---------------------------------------------------------------------
 
+TEST(PromptPrefixTest, TheFirstBytesOfWhicheverPromptFieldIsGiven) {
+  EXPECT_EQ(PromptPrefix(R"({"text":"hello world"})", 5), "hello");
+  EXPECT_EQ(PromptPrefix(R"({"input_ids":[1,2,3]})", 4), "[1,2");
+  EXPECT_EQ(PromptPrefix(R"({"prompt":"hi"})", 10), "hi");
+  EXPECT_EQ(PromptPrefix(R"({"messages":[{"role":"user","content":"a"}]})", 9), R"([{"role":)");
+  EXPECT_EQ(PromptPrefix(R"({"x":1})", 5), "");
+  EXPECT_EQ(PromptPrefix("not json", 5), "");
+}
+
+TEST(WithConstraintTest, SetsWeightVersionAndKeepsTheRest) {
+  auto body = WithConstraint(R"({"text":"hi"})", VersionConstraint::Fresh(1));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(*body, R"({"text":"hi","weight_version":{"max_staleness":1}})");
+  EXPECT_FALSE(WithConstraint("[1]", VersionConstraint::Fresh(1)).ok());
+}
+
 TEST(TaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
   json::object body = Parse(R"({"text":"hi","extra_key":"user-7"})");
   TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 7});

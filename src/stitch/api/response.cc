@@ -42,6 +42,111 @@ void StampResponse(ApiRoute route, json::object& item, VersionStamp stamp) {
   m["weight_version"] = std::to_string(stamp.start);
 }
 
+namespace {
+
+// The object holding the versions on `route`: meta_info on /generate (made
+// when `create`), the item itself otherwise; null when absent.
+const json::object* VersionHolder(ApiRoute route, const json::object& item) {
+  if (route != ApiRoute::kGenerate) return &item;
+  const json::value* meta = item.if_contains("meta_info");
+  return meta != nullptr && meta->is_object() ? &meta->get_object() : nullptr;
+}
+
+}  // namespace
+
+void StampSpans(ApiRoute route, json::object& item, const std::optional<VersionSpans>& spans) {
+  json::object* holder = &item;
+  if (route == ApiRoute::kGenerate) {
+    json::value& meta = item["meta_info"];
+    if (!meta.is_object()) meta = json::object();
+    holder = &meta.get_object();
+  }
+  if (!spans.has_value()) {
+    (*holder)["weight_version_spans"] = "unknown";
+    return;
+  }
+  json::array out;
+  out.reserve(spans->size());
+  for (const VersionSpan& span : *spans) {
+    json::array pair;
+    pair.emplace_back(span.offset);
+    pair.emplace_back(span.version);
+    out.emplace_back(std::move(pair));
+  }
+  (*holder)["weight_version_spans"] = std::move(out);
+}
+
+absl::StatusOr<std::optional<VersionSpans>> ReportedSpans(ApiRoute route,
+                                                          const json::object& item) {
+  const json::object* holder = VersionHolder(route, item);
+  const json::value* v = holder != nullptr ? holder->if_contains("weight_version_spans") : nullptr;
+  if (v == nullptr || v->is_null() || (v->is_string() && v->get_string() == "unknown")) {
+    return std::nullopt;
+  }
+  auto bad = [](std::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the engine's weight_version_spans ", AbslView(why),
+                     " (expected [offset, version] pairs, offsets rising from 0)"));
+  };
+  if (!v->is_array()) return bad("is not a list");
+  VersionSpans spans;
+  for (const json::value& pair : v->get_array()) {
+    if (!pair.is_array() || pair.get_array().size() != 2 || !pair.get_array()[0].is_int64() ||
+        !pair.get_array()[1].is_int64()) {
+      return bad("holds something that is not a pair of integers");
+    }
+    const VersionSpan span{pair.get_array()[0].get_int64(), pair.get_array()[1].get_int64()};
+    if (span.version < 0) return bad("holds a negative version");
+    if (spans.empty() ? span.offset != 0 : span.offset <= spans.back().offset) {
+      return bad("has offsets that do not rise from 0");
+    }
+    spans.push_back(span);
+  }
+  return spans;
+}
+
+std::optional<int64_t> ReportedCompletionTokens(ApiRoute route, const json::object& item) {
+  if (route == ApiRoute::kGenerate) {
+    if (const json::object* meta = VersionHolder(route, item)) {
+      const json::value* n = meta->if_contains("completion_tokens");
+      if (n != nullptr && n->is_int64()) return n->get_int64();
+    }
+    const json::value* ids = item.if_contains("output_ids");
+    if (ids != nullptr && ids->is_array()) return static_cast<int64_t>(ids->get_array().size());
+    return std::nullopt;
+  }
+  const json::value* usage = item.if_contains("usage");
+  if (usage == nullptr || !usage->is_object()) return std::nullopt;
+  const json::value* n = usage->get_object().if_contains("completion_tokens");
+  if (n == nullptr || !n->is_int64()) return std::nullopt;
+  return n->get_int64();
+}
+
+void SpanDeriver::Observe(std::optional<int64_t> label, std::optional<int64_t> tokens) {
+  if (lost_) return;
+  if (!label.has_value() || !tokens.has_value() || *tokens < tokens_ || *label < floor_) {
+    lost_ = true;
+    return;
+  }
+  const int64_t fresh = *tokens - tokens_;
+  if (fresh > 0) {
+    // The new tokens carry labels in [floor_, label], in order, the newest
+    // exactly `label`.
+    if (fresh > 1 && *label != floor_) {
+      lost_ = true;
+      return;
+    }
+    if (spans_.empty() || spans_.back().version != *label) spans_.push_back({tokens_, *label});
+  }
+  tokens_ = *tokens;
+  floor_ = *label;
+}
+
+std::optional<VersionSpans> SpanDeriver::spans() const {
+  if (lost_) return std::nullopt;
+  return spans_;
+}
+
 std::optional<int64_t> StampedEndVersion(std::string_view body) {
   JsonArena arena;
   boost::system::error_code ec;

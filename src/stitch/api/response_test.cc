@@ -89,5 +89,79 @@ TEST(RestoreRidTest, TheClientsOwnIdComesBackWhereTheEnginesWas) {
   EXPECT_EQ(other.at("meta_info").at("id").as_string(), "someone-else");
 }
 
+TEST(SpansTest, StampedAsPairsOrUnknownBesideTheVersions) {
+  json::object generate = Parse(R"({"text":"x"})");
+  StampSpans(ApiRoute::kGenerate, generate, VersionSpans{{0, 4}, {37, 5}});
+  EXPECT_EQ(json::serialize(generate.at("meta_info").at("weight_version_spans")), "[[0,4],[37,5]]");
+  json::object chat = Parse(R"({"id":"c"})");
+  StampSpans(ApiRoute::kChatCompletions, chat, std::nullopt);
+  EXPECT_EQ(chat.at("weight_version_spans").as_string(), "unknown");
+}
+
+TEST(SpansTest, ReportedSpansAreReadWhereTheyAreStampedAndChecked) {
+  auto read = ReportedSpans(ApiRoute::kGenerate,
+                            Parse(R"({"meta_info":{"weight_version_spans":[[0,1],[3,2]]}})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (VersionSpans{{0, 1}, {3, 2}}));
+  read = ReportedSpans(ApiRoute::kCompletions, Parse(R"({"weight_version_spans":[]})"));
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(*read, VersionSpans{});
+  read = ReportedSpans(ApiRoute::kCompletions, Parse(R"({"text":"x"})"));
+  ASSERT_TRUE(read.ok());
+  EXPECT_FALSE(read->has_value());
+  for (const char* bad :
+       {R"({"weight_version_spans":[[1,1]]})", R"({"weight_version_spans":[[0,1],[0,2]]})",
+        R"({"weight_version_spans":[[0,-1]]})", R"({"weight_version_spans":[[0,"1"]]})",
+        R"({"weight_version_spans":{"0":1}})"}) {
+    EXPECT_FALSE(ReportedSpans(ApiRoute::kCompletions, Parse(bad)).ok()) << bad;
+  }
+}
+
+TEST(SpansTest, CompletionTokensComeFromMetaInfoOutputIdsOrUsage) {
+  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kGenerate,
+                                     Parse(R"({"meta_info":{"completion_tokens":7}})")),
+            7);
+  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kGenerate, Parse(R"({"output_ids":[1,2]})")), 2);
+  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kChatCompletions,
+                                     Parse(R"({"usage":{"completion_tokens":3}})")),
+            3);
+  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kChatCompletions, Parse(R"({"choices":[]})")),
+            std::nullopt);
+}
+
+TEST(SpanDeriverTest, OneTokenEventsGiveExactSpansAcrossSeveralCommits) {
+  SpanDeriver d(4);
+  d.Observe(4, 1);
+  d.Observe(4, 2);
+  d.Observe(5, 3);  // the third token is the first under 5
+  d.Observe(5, 3);  // no new token
+  d.Observe(7, 4);
+  EXPECT_EQ(d.spans(), (VersionSpans{{0, 4}, {2, 5}, {3, 7}}));
+}
+
+TEST(SpanDeriverTest, SeveralTokensUnderTheLabelTheyStartedOnAreExact) {
+  SpanDeriver d(4);
+  d.Observe(4, 10);  // a whole response labelled as at admission
+  EXPECT_EQ(d.spans(), (VersionSpans{{0, 4}}));
+  d.Observe(6, 10);  // the label moved between tokens
+  d.Observe(6, 15);
+  EXPECT_EQ(d.spans(), (VersionSpans{{0, 4}, {10, 6}}));
+}
+
+TEST(SpanDeriverTest, SeveralTokensUnderANewLabelHideWhereItChanged) {
+  SpanDeriver d(4);
+  d.Observe(4, 2);
+  d.Observe(5, 5);
+  EXPECT_EQ(d.spans(), std::nullopt);
+  d.Observe(5, 6);  // once lost, never guessed again
+  EXPECT_EQ(d.spans(), std::nullopt);
+  SpanDeriver silent(4);
+  silent.Observe(std::nullopt, 3);
+  EXPECT_EQ(silent.spans(), std::nullopt);
+  SpanDeriver uncounted(4);
+  uncounted.Observe(4, std::nullopt);
+  EXPECT_EQ(uncounted.spans(), std::nullopt);
+}
+
 }  // namespace
 }  // namespace stitch

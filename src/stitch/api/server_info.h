@@ -16,7 +16,8 @@ namespace stitch {
 // "reason", "run_id", "commit_mode", "active_requests",
 // "update_destination_ready", "update_destination_error", "terminal_error",
 // "sync_error", "metrics": {name: number}, "pointer" (the store's pointer as
-// the replica last read it: an identity or null), "pointer_version"}.
+// the replica last read it: an identity or null; max_staleness is judged
+// against it), "pointer_version"}.
 std::string ServerInfoJson(const ReplicaState& state);
 
 // Reads ServerInfoJson's form; absent fields keep their defaults, unknown

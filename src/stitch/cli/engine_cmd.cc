@@ -122,6 +122,7 @@ struct ServeArgs {
   int64_t max_running = 64;
   int64_t max_queued = 256;
   int64_t prefill_chunk = 512;
+  uint64_t prefix_cache_bytes = 0;
   double stall_timeout_seconds = 10;
   int worker_threads = 2;
   std::string api_key;
@@ -140,6 +141,7 @@ int RunServe(const ServeArgs& args) {
   options.scheduler.max_running = args.max_running;
   options.scheduler.max_queued = args.max_queued;
   options.scheduler.prefill_chunk = args.prefill_chunk;
+  options.scheduler.prefix_cache_bytes = args.prefix_cache_bytes;
   options.scheduler.stall_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(args.stall_timeout_seconds * 1000.0));
   options.worker_threads = args.worker_threads;
@@ -194,6 +196,13 @@ void AddServeOptions(CLI::App& engine, ServeArgs& args) {
   engine
       .add_option("--prefill-chunk", args.prefill_chunk,
                   "Prompt tokens one request feeds per step (0: all at once)")
+      ->capture_default_str();
+  engine
+      .add_option("--prefix-cache-bytes", args.prefix_cache_bytes,
+                  "Memory for the prefix cache: finished generations' keys and values, reused by "
+                  "prompts that start with the same tokens under the same cache key and weights "
+                  "(bytes, or with a unit: 256MiB; 0: off)")
+      ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   engine
       .add_option("--stall-timeout", args.stall_timeout_seconds,

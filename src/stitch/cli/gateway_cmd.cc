@@ -15,6 +15,7 @@
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/server_args.h"
+#include "stitch/core/constraint.h"
 #include "stitch/core/errors.h"
 #include "stitch/gateway/gateway.h"
 #include "stitch/net/auth.h"
@@ -34,6 +35,9 @@ struct GatewayFlags {
   std::string host = kDefaultListenHost;
   int port = 8080;
   std::string session_header = "X-Session-Id";
+  std::string default_constraint;
+  uint64_t affinity_prefix_bytes = 0;
+  double affinity_load_factor = 1.25;
   double admission_wait_s = 30;
   double poll_interval_s = 1;
   int max_attempts = 3;
@@ -98,6 +102,22 @@ int RunGateway(const GatewayFlags& flags) {
   options.server.host = flags.host;
   options.server.port = static_cast<uint16_t>(flags.port);
   options.session_header = flags.session_header;
+  if (!(flags.affinity_load_factor >= 1)) {
+    ReportFailure(absl::InvalidArgumentError(
+        absl::StrCat("gateway: --affinity-load-factor ", flags.affinity_load_factor,
+                     " is below 1; no replica could then take its share")));
+    return kExitRefused;
+  }
+  options.affinity_prefix_bytes = flags.affinity_prefix_bytes;
+  options.affinity_load_factor = flags.affinity_load_factor;
+  if (!flags.default_constraint.empty()) {
+    absl::StatusOr<VersionConstraint> c = ParseConstraintSpec(flags.default_constraint);
+    if (!c.ok()) {
+      ReportFailure(Annotate(c.status(), "gateway: --default-constraint"));
+      return kExitRefused;
+    }
+    options.default_constraint = *c;
+  }
   options.admission_wait = Millis(flags.admission_wait_s);
   options.poll_interval = Millis(flags.poll_interval_s);
   options.max_attempts = flags.max_attempts;
@@ -151,6 +171,17 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--session-header", flags.session_header,
                   "Requests with the same value of this header stay on one replica")
+      ->capture_default_str();
+  cmd->add_option("--default-constraint", flags.default_constraint,
+                  "Constraint of requests that carry none, e.g. max_staleness:1 or "
+                  "min_version:3,max_staleness:1 (or its JSON form); routed by and passed on");
+  cmd->add_option("--affinity-prefix-bytes", flags.affinity_prefix_bytes,
+                  "Route requests whose version and first N bytes of prompt agree to one "
+                  "replica (its prefix cache), within the load bound; 0 turns affinity off")
+      ->capture_default_str();
+  cmd->add_option("--affinity-load-factor", flags.affinity_load_factor,
+                  "Prefix affinity never gives a replica more than this factor above the mean "
+                  "outstanding requests (>= 1)")
       ->capture_default_str();
   cmd->add_option("--admission-wait", flags.admission_wait_s,
                   "Seconds a request waits for a replica that satisfies its constraint before "

@@ -210,5 +210,94 @@ TEST(MakeRequestConstraint, NegativeInputsAreErrors) {
   EXPECT_FALSE(MakeRequestConstraint(-5, 0, std::nullopt).ok());
 }
 
+TEST(VersionConstraint, MaxStalenessIsJudgedAgainstThePointer) {
+  const VersionConstraint fresh = VersionConstraint::Fresh(1);
+  EXPECT_FALSE(fresh.empty());
+  EXPECT_TRUE(fresh.SatisfiedBy(9, 10));
+  EXPECT_TRUE(fresh.SatisfiedBy(10, 10));
+  EXPECT_EQ(fresh.Unmet(8, 10), VersionConstraint::Bound::kStaleness);
+  // A replica with nothing applied serves nothing constrained.
+  EXPECT_EQ(fresh.Unmet(std::nullopt, 10), VersionConstraint::Bound::kStaleness);
+  // Without a pointer (the store has none) there is nothing to be behind.
+  EXPECT_TRUE(fresh.SatisfiedBy(0, std::nullopt));
+  // Zero: only the pointer's version itself.
+  EXPECT_EQ(VersionConstraint::Fresh(0).Unmet(9, 10), VersionConstraint::Bound::kStaleness);
+}
+
+TEST(VersionConstraint, EveryBoundGivenMustHoldAndTheFirstFailingIsNamed) {
+  VersionConstraint c = VersionConstraint::AtLeast(7);
+  c.max_staleness = 2;
+  EXPECT_TRUE(c.SatisfiedBy(8, 10));
+  EXPECT_EQ(c.Unmet(6, 7), VersionConstraint::Bound::kMin);
+  EXPECT_EQ(c.Unmet(7, 10), VersionConstraint::Bound::kStaleness);
+  EXPECT_EQ(BoundName(*c.Unmet(7, 10)), "max_staleness");
+  VersionConstraint pinned = VersionConstraint::Exact(5);
+  pinned.max_staleness = 0;
+  EXPECT_EQ(pinned.Unmet(5, 6), VersionConstraint::Bound::kStaleness);
+  EXPECT_EQ(pinned.Unmet(6, 6), VersionConstraint::Bound::kExact);
+  EXPECT_EQ(BoundName(VersionConstraint::Bound::kExact), "exact_version");
+  EXPECT_EQ(BoundName(VersionConstraint::Bound::kMin), "min_version");
+}
+
+TEST(VersionConstraint, FloorIsTheLowestVersionMeetingMinAndStaleness) {
+  VersionConstraint c = VersionConstraint::Fresh(2);
+  EXPECT_EQ(c.Floor(10), 8);
+  EXPECT_EQ(c.Floor(1), 0);
+  EXPECT_EQ(c.Floor(std::nullopt), std::nullopt);
+  c.min_version = 9;
+  EXPECT_EQ(c.Floor(10), 9);
+  EXPECT_EQ(c.Floor(std::nullopt), 9);
+  EXPECT_EQ(VersionConstraint{}.Floor(10), std::nullopt);
+}
+
+TEST(VersionConstraint, MaxStalenessJsonForms) {
+  auto c = VersionConstraint::FromJson(R"({"max_staleness": 1})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, VersionConstraint::Fresh(1));
+  c = VersionConstraint::FromJson(R"({"min_version": 4, "max_staleness": 0})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->min_version, 4);
+  EXPECT_EQ(c->max_staleness, 0);
+  auto back = VersionConstraint::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+  EXPECT_EQ(boost::json::parse(c->ToJson()), ConstraintToJsonValue(*c));
+  EXPECT_EQ(c->ToString(), ">= v4 and <= 0 behind the pointer");
+  EXPECT_EQ(VersionConstraint::Fresh(3).ToString(), "<= 3 behind the pointer");
+  for (const char* bad :
+       {R"({"max_staleness": -1})", R"({"max_staleness": 1, "max_staleness": 2})"}) {
+    EXPECT_FALSE(VersionConstraint::FromJson(bad).ok()) << bad;
+  }
+}
+
+TEST(ParseConstraintSpec, NamePairsOrJson) {
+  auto c = ParseConstraintSpec("max_staleness:1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, VersionConstraint::Fresh(1));
+  c = ParseConstraintSpec(" min_version:3, max_staleness:2 ");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->min_version, 3);
+  EXPECT_EQ(c->max_staleness, 2);
+  c = ParseConstraintSpec(R"({"exact_version": 5})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, VersionConstraint::Exact(5));
+  for (const char* bad : {"max_staleness", "max_staleness:x", "staleness:1", "max_staleness:-1",
+                          "min_version:3,exact_version:2", ""}) {
+    auto refused = ParseConstraintSpec(bad);
+    EXPECT_FALSE(refused.ok()) << bad;
+  }
+}
+
+TEST(MakeRequestConstraint, MaxStalenessRidesAlong) {
+  auto c = MakeRequestConstraint(10, 2, std::nullopt, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->min_version, 8);
+  EXPECT_EQ(c->max_staleness, 1);
+  c = MakeRequestConstraint(std::nullopt, 0, std::nullopt, 0);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, VersionConstraint::Fresh(0));
+  EXPECT_FALSE(MakeRequestConstraint(std::nullopt, 0, std::nullopt, -1).ok());
+}
+
 }  // namespace
 }  // namespace stitch

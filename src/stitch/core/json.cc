@@ -236,15 +236,19 @@ absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const json::value& v) 
                      json::serialize(v)));
   }
   for (const auto& [key, value] : v.get_object()) {
-    if (key != "min_version" && key != "exact_version") {
-      return absl::InvalidArgumentError(absl::StrCat("weight_version has unknown field \"",
-                                                     AbslView(key),
-                                                     "\" (expected min_version or exact_version)"));
+    std::optional<int64_t>* field = key == "min_version"     ? &c.min_version
+                                    : key == "exact_version" ? &c.exact_version
+                                    : key == "max_staleness" ? &c.max_staleness
+                                                             : nullptr;
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight_version has unknown field \"", AbslView(key),
+                       "\" (expected min_version, exact_version or max_staleness)"));
     }
     if (value.is_null()) continue;
     auto n = ConstraintVersion(value, absl::StrCat("weight_version.", AbslView(key)));
     if (!n.ok()) return n.status();
-    (key == "min_version" ? c.min_version : c.exact_version) = *n;
+    *field = *n;
   }
   // Both given: the exact version must satisfy the minimum too, or no
   // version can serve the request; neither is ever dropped in silence.
@@ -272,6 +276,7 @@ json::value ConstraintToJsonValue(const VersionConstraint& c) {
   } else if (c.min_version) {
     o["min_version"] = *c.min_version;
   }
+  if (c.max_staleness) o["max_staleness"] = *c.max_staleness;
   return o;
 }
 

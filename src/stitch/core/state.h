@@ -47,8 +47,13 @@ struct ReplicaState {
   // Timings and counters of the last reconcile pass (stage_s, commit_s, ...).
   std::map<std::string, double> metrics;
   // The store's pointer as the replica last read it; nullopt before its
-  // first successful read, or when the store has no pointer.
+  // first successful read, or when the store has no pointer. Requests with
+  // max_staleness are judged against it.
   std::optional<VersionRef> pointer;
+
+  std::optional<int64_t> pointer_version() const {
+    return pointer.has_value() ? std::optional<int64_t>(pointer->version) : std::nullopt;
+  }
 };
 
 // What a gateway knows about one replica.

@@ -1,5 +1,7 @@
 #include "stitch/demo/batch.h"
 
+#include <algorithm>
+
 namespace stitch {
 
 std::vector<Rollout> BuildBatch(std::span<const std::vector<int32_t>> prompts,
@@ -22,8 +24,24 @@ std::vector<Rollout> BuildBatch(std::span<const std::vector<int32_t>> prompts,
     r.advantage = advantages[i];
     r.weight = StalenessWeight(generated[i].version_start, generated[i].version_end,
                                trainer_version, max_lag);
-    if (r.weight == 0) ++local.dropped;
-    if (generated[i].version_start != generated[i].version_end) ++local.crossed;
+    if (const std::optional<VersionSpans>& spans = generated[i].spans; spans.has_value()) {
+      // The sidecar placed every version exactly: weigh each token by its own.
+      std::vector<std::pair<int64_t, int64_t>> pairs;
+      for (const VersionSpan& s : *spans) pairs.emplace_back(s.offset, s.version);
+      r.token_weights = TokenStalenessWeights(pairs, r.completion.size(), trainer_version, max_lag);
+      r.weight = 1;
+      if (spans->size() > 1) ++local.crossed_exact;
+      if (std::all_of(r.token_weights.begin(), r.token_weights.end(),
+                      [](double w) { return w == 0; })) {
+        ++local.dropped;
+      }
+    } else if (r.weight == 0) {
+      ++local.dropped;
+    }
+    const bool crossed = generated[i].spans.has_value()
+                             ? generated[i].spans->size() > 1
+                             : generated[i].version_start != generated[i].version_end;
+    if (crossed) ++local.crossed;
     local.mean_reward += rewards[i];
     batch.push_back(std::move(r));
   }

@@ -14,13 +14,16 @@ namespace stitch {
 
 struct BatchStats {
   double mean_reward = 0;
-  int64_t dropped = 0;  // too stale: weight 0
-  int64_t crossed = 0;  // generated across a weight change
+  int64_t dropped = 0;        // too stale: weight 0
+  int64_t crossed = 0;        // generated across a weight change (a commit mid-generation)
+  int64_t crossed_exact = 0;  // of those, weighted per token from exact spans
 };
 
 // prompts[i] produced generated[i]; consecutive runs of `group_size`
 // rollouts share a prompt. The trainer is at `trainer_version` and accepts
-// samples up to `max_lag` versions behind (StalenessWeight).
+// samples up to `max_lag` versions behind: per token when the response's
+// spans say which version generated which tokens (TokenStalenessWeights),
+// else per sample (StalenessWeight).
 // REQUIRES: prompts.size() == generated.size(), a multiple of group_size > 0.
 std::vector<Rollout> BuildBatch(std::span<const std::vector<int32_t>> prompts,
                                 std::span<const GeneratedRollout> generated, int group_size,

@@ -622,6 +622,7 @@ absl::Status Demo::Train() {
     s.rollouts = static_cast<int64_t>(generated.size());
     s.dropped = stats.dropped;
     s.crossed = stats.crossed;
+    s.crossed_exact = stats.crossed_exact;
     record_.steps.push_back(s);
     if (step == 1 || step == (steps + 1) / 2 || step == steps) {
       std::vector<std::string> texts;

@@ -57,6 +57,20 @@ double StalenessWeight(int64_t version_start, int64_t version_end, int64_t train
   return version_start == version_end ? 1.0 : 0.5;
 }
 
+std::vector<double> TokenStalenessWeights(std::span<const std::pair<int64_t, int64_t>> spans,
+                                          size_t tokens, int64_t trainer_version, int64_t max_lag) {
+  std::vector<double> weights(tokens, 0.0);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto from = static_cast<size_t>(std::max<int64_t>(0, spans[i].first));
+    const size_t to = i + 1 < spans.size()
+                          ? static_cast<size_t>(std::max<int64_t>(0, spans[i + 1].first))
+                          : tokens;
+    const double w = spans[i].second >= trainer_version - max_lag ? 1.0 : 0.0;
+    for (size_t t = from; t < std::min(to, tokens); ++t) weights[t] = w;
+  }
+  return weights;
+}
+
 absl::StatusOr<std::unique_ptr<LmHeadTrainer>> LmHeadTrainer::Create(
     const ModelConfig& config, std::vector<HostTensor> tensors, TrainerOptions options) {
   if (config.tie_word_embeddings) {
@@ -158,7 +172,8 @@ double LmHeadTrainer::ObjectiveOn(std::span<const Rollout> batch,
       const double ratio = std::exp(logp[y] - r.behaviour_logprobs[t]);
       const double a = r.advantage;
       const double clipped = std::clamp(ratio, 1 - eps, 1 + eps);
-      const double scale = r.weight / static_cast<double>(tokens);
+      const double w = r.token_weights.empty() ? r.weight : r.token_weights[t];
+      const double scale = w / static_cast<double>(tokens);
       const bool unclipped_active = ratio * a <= clipped * a;
       objective += scale * (unclipped_active ? ratio * a : clipped * a);
       const double beta = options_.entropy_bonus;

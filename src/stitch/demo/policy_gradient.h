@@ -13,7 +13,9 @@
 //   r_t = exp(log pi(y_t | h_t) - behaviour_logprob_t)
 //
 // with A_s the group-relative advantage, T the number of completion tokens in
-// the batch and w_s the staleness weight of the sample (StalenessWeight).
+// the batch and w_s the staleness weight of the sample (StalenessWeight), or
+// w_{s,t} per token when the versions of the tokens are known
+// (TokenStalenessWeights).
 // Not thread-safe; one trainer per thread.
 #pragma once
 
@@ -52,6 +54,14 @@ std::vector<double> GroupRelativeAdvantages(std::span<const double> rewards, int
 double StalenessWeight(int64_t version_start, int64_t version_end, int64_t trainer_version,
                        int64_t max_lag);
 
+// The per-token form of StalenessWeight, for a sample whose tokens' versions
+// are known exactly (`spans`: [offset, version] pairs from offset 0, as the
+// sidecar reports them): token t weighs 1 when its version is at most
+// `max_lag` behind `trainer_version`, else 0. No halving: each token's
+// behaviour log-probability comes from the one policy its span names.
+std::vector<double> TokenStalenessWeights(std::span<const std::pair<int64_t, int64_t>> spans,
+                                          size_t tokens, int64_t trainer_version, int64_t max_lag);
+
 // One rollout as the engine returned it.
 struct Rollout {
   std::vector<int32_t> prompt;             // as sent (BOS first)
@@ -59,6 +69,9 @@ struct Rollout {
   std::vector<double> behaviour_logprobs;  // one per completion token
   double advantage = 0;
   double weight = 1;  // StalenessWeight
+  // Per completion token (TokenStalenessWeights) when the versions of the
+  // tokens are known; empty: `weight` for every token.
+  std::vector<double> token_weights;
 };
 
 struct TrainerOptions {

@@ -659,14 +659,17 @@ std::string FormatSummary(const DemoRecord& record, const DemoSummary& summary,
   s += line + "\n";
   int64_t dropped = 0;
   int64_t crossed = 0;
+  int64_t crossed_exact = 0;
   for (const DemoStep& step : record.steps) {
     dropped += step.dropped;
     crossed += step.crossed;
+    crossed_exact += step.crossed_exact;
   }
+  absl::StrAppendFormat(&s, "staleness      %d samples dropped as too stale\n", dropped);
   absl::StrAppendFormat(&s,
-                        "staleness      %d samples dropped as too stale, %d half-weighted "
-                        "(generated across a weight change)\n",
-                        dropped, crossed);
+                        "commits        %d rollouts crossed a commit mid-generation: %d weighted "
+                        "per token from their version spans, %d half-weighted (spans unknown)\n",
+                        crossed, crossed_exact, crossed - crossed_exact);
   s += "served         versions behind the pointer when served:";
   for (size_t i = 0; i < summary.staleness.size(); ++i) {
     absl::StrAppend(&s, " ", i, i + 1 == summary.staleness.size() ? "+" : "", ":",

@@ -28,8 +28,9 @@ struct DemoStep {
   double publish_s = 0;     // encode + durable publish
   double mean_reward = 0;   // of the batch the step learned from
   int64_t rollouts = 0;
-  int64_t dropped = 0;  // too stale: weight 0
-  int64_t crossed = 0;  // generated across a weight change
+  int64_t dropped = 0;        // too stale: weight 0
+  int64_t crossed = 0;        // generated across a weight change
+  int64_t crossed_exact = 0;  // of those, weighted per token from exact spans
 };
 
 // One change seen on a replica's /server_info (applied version or

@@ -161,7 +161,18 @@ TEST(FormatSummary, ShowsTheTableAndTheChecks) {
   EXPECT_THAT(text, HasSubstr("all passed"));
   EXPECT_THAT(text, HasSubstr("v0:1 v1:1 v2:1 v4:1"));
   EXPECT_THAT(text, HasSubstr("p50 400 ms, p95 1000 ms"));
-  EXPECT_THAT(text, HasSubstr("0 samples dropped as too stale, 0 half-weighted"));
+  EXPECT_THAT(text, HasSubstr("0 samples dropped as too stale"));
+  EXPECT_THAT(text, HasSubstr("0 rollouts crossed a commit mid-generation"));
+}
+
+TEST(FormatSummary, CountsTheRolloutsThatCrossedACommit) {
+  DemoRecord record = SampleRecord();
+  record.steps[0].crossed = 3;
+  record.steps[0].crossed_exact = 2;
+  record.steps[1].crossed = 1;
+  std::string text = FormatSummary(record, Summarize(record), {});
+  EXPECT_THAT(text, HasSubstr("4 rollouts crossed a commit mid-generation: 2 weighted per token "
+                              "from their version spans, 2 half-weighted (spans unknown)"));
 }
 
 TEST(RenderHtmlReport, IsSelfContainedWithChartsAndEscapedText) {

@@ -76,6 +76,9 @@ absl::StatusOr<GeneratedRollout> ParseGenerateResponse(std::string_view body) {
   }
   out.version_start = *start;
   out.version_end = *end;
+  absl::StatusOr<std::optional<VersionSpans>> spans = ReportedSpans(ApiRoute::kGenerate, root);
+  if (!spans.ok()) return Bad(std::string(spans.status().message()));
+  out.spans = *std::move(spans);
   const boost::json::value* logprobs = info.if_contains("output_token_logprobs");
   if (logprobs == nullptr || !logprobs->is_array()) {
     return Bad("meta_info lacks output_token_logprobs (send return_logprob)");

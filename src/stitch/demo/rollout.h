@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/api/response.h"
 
 namespace stitch {
 
@@ -30,6 +31,9 @@ struct GeneratedRollout {
   std::vector<double> logprobs;  // behaviour log-probabilities, one per output id
   int64_t version_start = 0;     // meta_info.weight_version_start (stamped by the sidecar)
   int64_t version_end = 0;       // meta_info.weight_version_end
+  // meta_info.weight_version_spans: which version generated which tokens;
+  // nullopt when the sidecar could not tell ("unknown") or sent none.
+  std::optional<VersionSpans> spans;
 };
 
 // Parses a /generate response. InvalidArgument, naming the field, when the

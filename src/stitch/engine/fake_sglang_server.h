@@ -13,7 +13,8 @@
 //     `weight_version` of POST /update_weights_from_disk and the
 //     `new_version` of POST /update_weight_version set it, GET /model_info
 //     (/get_model_info) reports it, and generations carry it
-//     (`meta_info.weight_version` on /generate and its events,
+//     (`meta_info.weight_version` on /generate and its events, which
+//     also count their tokens, one per event, in `completion_tokens`,
 //     `metadata.weight_version` on non-streamed OpenAI answers);
 //   - anything else: 200 {"success": true, "message": "ok"}.
 // Thread-safe: tests call it from their own thread while it serves.
@@ -235,6 +236,7 @@ class FakeSglangServer {
       if (path == "/generate") {
         boost::json::object meta;
         meta["weight_version"] = weight_version();
+        meta["completion_tokens"] = i + 1;  // one token per event, as counted by SGLang
         event["meta_info"] = std::move(meta);
       }
       std::string chunk = SseEvent(boost::json::serialize(event));

@@ -1,6 +1,9 @@
 #include "stitch/gateway/chooser.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 namespace stitch {
 namespace {
@@ -9,7 +12,30 @@ bool Tried(std::span<const ReplicaPtr> tried, const ReplicaEntry* r) {
   return std::any_of(tried.begin(), tried.end(), [r](const ReplicaPtr& t) { return t.get() == r; });
 }
 
+uint64_t Mix(uint64_t x) {
+  // splitmix64's finaliser: FNV-1a alone spreads short inputs poorly.
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
 }  // namespace
+
+uint64_t StableHash(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char ch : bytes) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 0x100000001b3ULL;
+  }
+  return Mix(h);
+}
+
+uint64_t AffinityKey(std::optional<int64_t> version, std::string_view prompt_prefix) {
+  return Mix(StableHash(prompt_prefix) ^ Mix(static_cast<uint64_t>(version.value_or(-1))));
+}
 
 void ReplicaIndex::Clear() {
   all_.clear();
@@ -26,8 +52,13 @@ void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
   preferred_.Clear();
   all_preferred_ = true;
   oldest_applied_.reset();
+  newest_pointer_.reset();
+  ring_.clear();
   bool one_run = !replicas.empty();
   for (const auto& [url, r] : replicas) {
+    if (std::optional<int64_t> p = r->state.pointer_version(); p.has_value() && r->reachable) {
+      newest_pointer_ = std::max(newest_pointer_.value_or(*p), *p);
+    }
     const std::optional<VersionRef>& applied = r->state.applied;
     if (!applied.has_value() ||
         (oldest_applied_.has_value() && applied->run_id != oldest_applied_->run_id)) {
@@ -37,6 +68,9 @@ void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
     }
     if (!r->routable()) continue;
     routable_.Add(r);
+    for (int i = 0; i < kRingPoints; ++i) {
+      ring_.emplace_back(StableHash(absl::StrCat(r->url, "#", i)), r);
+    }
     if (r->preferred()) {
       preferred_.Add(r);
     } else {
@@ -45,6 +79,8 @@ void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
   }
   if (!one_run) oldest_applied_.reset();
   if (all_preferred_) preferred_.Clear();
+  std::sort(ring_.begin(), ring_.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
 }
 
 std::optional<VersionRef> RoutingIndex::newest_routable() const {
@@ -52,16 +88,51 @@ std::optional<VersionRef> RoutingIndex::newest_routable() const {
   return routable_.by_version().rbegin()->second.front()->state.applied;
 }
 
+VersionConstraint RoutingIndex::RoutingConstraint(const VersionConstraint& c) const {
+  if (!c.max_staleness.has_value()) return c;
+  VersionConstraint routed = c;
+  routed.max_staleness.reset();
+  if (!c.is_exact()) routed.min_version = c.Floor(newest_pointer_);
+  return routed;
+}
+
 bool RoutingIndex::NeverServable(const VersionConstraint& c) const {
   if (!c.is_exact()) return false;
   return oldest_applied_.has_value() && *c.exact_version < oldest_applied_->version;
 }
 
+ReplicaPtr Chooser::AffineReplica(const RoutingIndex& index, const Affinity& affinity,
+                                  std::span<const ReplicaPtr> tried) {
+  const auto& ring = index.ring();
+  const auto& routable = index.routable().all();
+  if (ring.empty()) return nullptr;
+  int64_t outstanding = 1;  // this request
+  for (const ReplicaPtr& r : routable) outstanding += r->in_flight;
+  const double mean = static_cast<double>(outstanding) / static_cast<double>(routable.size());
+  const auto bound = static_cast<int64_t>(std::ceil(std::max(1.0, affinity.load_factor) * mean));
+  auto it = std::lower_bound(ring.begin(), ring.end(), affinity.key,
+                             [](const auto& point, uint64_t key) { return point.first < key; });
+  for (size_t n = 0; n < ring.size(); ++n, ++it) {
+    if (it == ring.end()) it = ring.begin();
+    const ReplicaPtr& r = it->second;
+    if (!r->preferred() || Tried(tried, r.get())) continue;
+    if (r->in_flight + 1 <= bound) return r;
+  }
+  return nullptr;
+}
+
 ReplicaPtr Chooser::Choose(const RoutingIndex& index, const VersionConstraint& c,
-                           const ReplicaPtr& home, std::span<const ReplicaPtr> tried) {
+                           const ReplicaPtr& home, std::span<const ReplicaPtr> tried,
+                           const std::optional<Affinity>& affinity) {
   if (home != nullptr && home->routable() && home->preferred() && c.SatisfiedBy(home->version()) &&
       !Tried(tried, home.get())) {
     return home;
+  }
+  if (affinity.has_value()) {
+    if (ReplicaPtr r = AffineReplica(index, *affinity, tried);
+        r != nullptr && c.SatisfiedBy(r->version())) {
+      return r;
+    }
   }
   if (const ReplicaIndex* preferred = index.preferred(); preferred != nullptr) {
     if (ReplicaPtr r = ChooseFrom(*preferred, c, tried); r != nullptr) return r;

@@ -18,6 +18,8 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "stitch/api/replica_client.h"
@@ -91,6 +93,15 @@ class RoutingIndex {
   // The oldest version applied, when every replica of the pool has applied
   // one and all of one run; nullopt otherwise.
   const std::optional<VersionRef>& oldest_applied() const { return oldest_applied_; }
+  // The newest store pointer a replica of the pool reported reading.
+  std::optional<int64_t> newest_pointer() const { return newest_pointer_; }
+
+  // The constraint to route `c` by: its max_staleness turned into the
+  // min_version it implies with the pointer at newest_pointer() (a replica
+  // judges by its own view, never newer than that, so it accepts what this
+  // admits). A pool that reports no pointer routes by min and exact alone
+  // and leaves staleness to the replicas.
+  VersionConstraint RoutingConstraint(const VersionConstraint& c) const;
 
   // Whether no replica can serve `c` any more: an exact version below every
   // replica's applied version, all of one run. Versions only move forward
@@ -99,11 +110,35 @@ class RoutingIndex {
   // version) or a mix of runs (a run change under way) leaves it open.
   bool NeverServable(const VersionConstraint& c) const;
 
+  // The routable replicas on a consistent-hash ring (kRingPoints points
+  // each, by a hash of the URL), sorted by point: prefix-affine routing.
+  static constexpr int kRingPoints = 64;
+  const std::vector<std::pair<uint64_t, ReplicaPtr>>& ring() const { return ring_; }
+
  private:
   ReplicaIndex routable_;
   ReplicaIndex preferred_;
   bool all_preferred_ = true;
   std::optional<VersionRef> oldest_applied_;
+  std::optional<int64_t> newest_pointer_;
+  std::vector<std::pair<uint64_t, ReplicaPtr>> ring_;
+};
+
+// A stable 64-bit hash (FNV-1a, then mixed), the same in every gateway
+// process: prefix affinity keys and ring points.
+uint64_t StableHash(std::string_view bytes);
+
+// The affinity key of a request: the version it will be served on and the
+// first bytes of its prompt.
+uint64_t AffinityKey(std::optional<int64_t> version, std::string_view prompt_prefix);
+
+// Prefix-affine routing of one request.
+struct Affinity {
+  uint64_t key = 0;
+  // Bounded load: no replica is given a request that would put its
+  // outstanding count above load_factor × the mean over the routable
+  // replicas (rounded up, this request counted). >= 1.
+  double load_factor = 1.25;
 };
 
 class Chooser {
@@ -120,8 +155,23 @@ class Chooser {
   // distinct random replicas that satisfy `c` (fewest requests outstanding
   // from this gateway), or of all of them when both picks were tried.
   // Cost: O(distinct versions), not O(replicas).
+  //
+  // With `affinity`, after the session's home and before the two choices:
+  // the replica the key lands on by consistent hashing with bounded load
+  // (walking the ring from the key, the first routable, preferred replica
+  // not in `tried` whose load stays within the bound), when it satisfies
+  // `c`; otherwise the two choices as above. Requests sharing a prompt
+  // prefix and a version so meet the prefix cache of one replica while it
+  // is not overloaded. The bound costs O(replicas) per choice.
   ReplicaPtr Choose(const RoutingIndex& index, const VersionConstraint& c, const ReplicaPtr& home,
-                    std::span<const ReplicaPtr> tried);
+                    std::span<const ReplicaPtr> tried,
+                    const std::optional<Affinity>& affinity = std::nullopt);
+
+  // The replica `affinity` lands on, whatever the constraint; null when
+  // none is within the load bound (never while some routable, preferred,
+  // untried replica is: the mean is below the bound).
+  static ReplicaPtr AffineReplica(const RoutingIndex& index, const Affinity& affinity,
+                                  std::span<const ReplicaPtr> tried);
 
  private:
   ReplicaPtr ChooseFrom(const ReplicaIndex& index, const VersionConstraint& c,

@@ -1,12 +1,16 @@
 // The chooser and the routing index on their own: no sockets, no clock.
 #include "stitch/gateway/chooser.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
 
 namespace stitch {
 namespace {
@@ -29,8 +33,9 @@ class ChooserTest : public ::testing::Test {
     return index_;
   }
   ReplicaPtr Choose(const VersionConstraint& c, const ReplicaPtr& home = nullptr,
-                    const std::vector<ReplicaPtr>& tried = {}) {
-    return chooser_.Choose(Index(), c, home, tried);
+                    const std::vector<ReplicaPtr>& tried = {},
+                    const std::optional<Affinity>& affinity = std::nullopt) {
+    return chooser_.Choose(Index(), c, home, tried, affinity);
   }
   // The replicas `c` lands on over many choices.
   std::set<std::string> Spread(const VersionConstraint& c) {
@@ -56,6 +61,100 @@ TEST_F(ChooserTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
   EXPECT_EQ(Spread(VersionConstraint{}).size(), 3u);
   EXPECT_EQ(Choose(VersionConstraint::Exact(4)), nullptr);
   EXPECT_EQ(Choose(VersionConstraint::AtLeast(4)), nullptr);
+}
+
+TEST_F(ChooserTest, MaxStalenessRoutesByTheNewestPointerThePoolRead) {
+  Add("v1", 1);
+  Add("v2", 2)->state.pointer = VersionRef{"r1", 3};
+  Add("v3", 3)->state.pointer = VersionRef{"r1", 2};  // a replica that read the pointer earlier
+  const VersionConstraint fresh = VersionConstraint::Fresh(1);
+  EXPECT_EQ(Index().newest_pointer(), 3);
+  EXPECT_EQ(Index().RoutingConstraint(fresh), VersionConstraint::AtLeast(2));
+  EXPECT_EQ(Spread(Index().RoutingConstraint(fresh)),
+            (std::set<std::string>{"http://v2", "http://v3"}));
+  VersionConstraint both = VersionConstraint::AtLeast(3);
+  both.max_staleness = 2;
+  EXPECT_EQ(Index().RoutingConstraint(both), VersionConstraint::AtLeast(3));
+  // A pool that reports no pointer leaves staleness to the replicas.
+  replicas_.clear();
+  Add("v1", 1);
+  EXPECT_EQ(Index().RoutingConstraint(fresh), VersionConstraint{});
+}
+
+TEST_F(ChooserTest, ASharedPrefixAndVersionLandOnOneReplica) {
+  for (int i = 0; i < 8; ++i) Add(absl::StrCat("r", i), 1);
+  const Affinity group{AffinityKey(1, "the same long prompt"), 1.25};
+  const ReplicaPtr first = Choose(VersionConstraint{}, nullptr, {}, group);
+  ASSERT_NE(first, nullptr);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Choose(VersionConstraint{}, nullptr, {}, group), first);
+  // Another version of the same prompt is another cache entry: its own key.
+  EXPECT_NE(AffinityKey(2, "the same long prompt"), group.key);
+  // Different prompts spread over the pool.
+  std::set<std::string> seen;
+  for (int i = 0; i < 200; ++i) {
+    const Affinity other{AffinityKey(1, absl::StrCat("prompt ", i)), 1.25};
+    seen.insert(Choose(VersionConstraint{}, nullptr, {}, other)->url);
+  }
+  EXPECT_EQ(seen.size(), 8u);
+}
+
+TEST_F(ChooserTest, AffinityNeverLoadsAReplicaAboveTheBound) {
+  for (int i = 0; i < 4; ++i) Add(absl::StrCat("r", i), 1);
+  const Affinity group{AffinityKey(1, "one hot prompt"), 1.5};
+  // Every request of one hot group, none finishing: the affine replica
+  // takes them until the bound, then the ring's next ones do.
+  for (int n = 1; n <= 40; ++n) {
+    ReplicaPtr r = Choose(VersionConstraint{}, nullptr, {}, group);
+    ASSERT_NE(r, nullptr);
+    ++r->in_flight;
+    int64_t max = 0;
+    for (const auto& [url, each] : replicas_) max = std::max(max, each->in_flight);
+    const double mean = static_cast<double>(n) / 4;
+    EXPECT_LE(max, static_cast<int64_t>(std::ceil(1.5 * mean))) << "after " << n;
+  }
+}
+
+TEST_F(ChooserTest, AnAffineReplicaThatCannotServeTheConstraintFallsBackToTwoChoices) {
+  ReplicaPtr old = Add("old", 1);
+  Add("new-a", 2);
+  Add("new-b", 2);
+  // A key whose affine replica is the old one.
+  std::optional<Affinity> onto_old;
+  for (int i = 0; i < 1000 && !onto_old; ++i) {
+    const Affinity a{AffinityKey(2, absl::StrCat("p", i)), 1.25};
+    if (Chooser::AffineReplica(Index(), a, {}) == old) onto_old = a;
+  }
+  ASSERT_TRUE(onto_old.has_value());
+  EXPECT_EQ(Choose(VersionConstraint{}, nullptr, {}, onto_old), old);
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) {
+    ReplicaPtr r = Choose(VersionConstraint::AtLeast(2), nullptr, {}, onto_old);
+    ASSERT_NE(r, nullptr);
+    seen.insert(r->url);
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"http://new-a", "http://new-b"}));
+}
+
+TEST_F(ChooserTest, AddingAReplicaMovesOnlyItsShareOfKeys) {
+  for (int i = 0; i < 10; ++i) Add(absl::StrCat("r", i), 1);
+  std::vector<std::string> before;
+  for (int i = 0; i < 1000; ++i) {
+    const Affinity a{AffinityKey(1, absl::StrCat("k", i)), 100};
+    before.push_back(Chooser::AffineReplica(Index(), a, {})->url);
+  }
+  Add("r10", 1);
+  int moved = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const Affinity a{AffinityKey(1, absl::StrCat("k", i)), 100};
+    const std::string now = Chooser::AffineReplica(Index(), a, {})->url;
+    if (now != before[static_cast<size_t>(i)]) {
+      ++moved;
+      EXPECT_EQ(now, "http://r10") << "a key moved between old replicas";
+    }
+  }
+  // About 1/11 of the keys; far from a reshuffle.
+  EXPECT_GT(moved, 30);
+  EXPECT_LT(moved, 200);
 }
 
 TEST_F(ChooserTest, OnlyRoutableReplicasAreChosen) {

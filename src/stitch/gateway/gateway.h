@@ -73,6 +73,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "absl/status/statusor.h"
+#include "stitch/core/constraint.h"
 #include "stitch/core/state.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/server.h"
@@ -99,6 +100,15 @@ struct GatewayOptions {
   std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);
   // Replicas tried per request (the first included).
   int max_attempts = 3;
+  // The constraint of requests that carry none (an empty one: none), used
+  // in routing and passed on in the body so that the replica enforces it.
+  VersionConstraint default_constraint;
+  // Prefix-affine routing (chooser.h): requests whose version and first
+  // affinity_prefix_bytes bytes of prompt agree go to one replica while its
+  // load stays within affinity_load_factor × the mean. 0: off (the two
+  // random choices alone).
+  size_t affinity_prefix_bytes = 0;
+  double affinity_load_factor = 1.25;
   // How long a replica may keep requests from this gateway outstanding
   // while sending nothing back before it counts as stalled (see the top of
   // this file); zero disables the watch. A busy replica answers or streams

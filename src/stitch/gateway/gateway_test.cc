@@ -98,6 +98,13 @@ class ScriptedReplica {
   const std::string& url() const { return url_; }
   void set_ready(bool ready) { ready_ = ready; }
   void set_version(int64_t v) { version_ = v; }
+  // The store's pointer as this replica last read it (-1: none).
+  void set_pointer(int64_t v) { pointer_ = v; }
+  // The constraints of the requests it was sent, in order.
+  std::vector<std::string> constraints() const {
+    absl::MutexLock lock(&mu_);
+    return constraints_;
+  }
   void set_run(std::string run) {
     absl::MutexLock lock(&mu_);
     run_ = std::move(run);
@@ -132,6 +139,7 @@ class ScriptedReplica {
     ReplicaState s;
     s.ready = ready_;
     s.applied = VersionRef{run(), version_};
+    if (pointer_ >= 0) s.pointer = VersionRef{run(), pointer_.load()};
     s.run_id = run();
     std::string body = ServerInfoJson(s);
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
@@ -192,10 +200,20 @@ class ScriptedReplica {
     VersionConstraint c;
     if (const json::value* wv = body.if_contains("weight_version"))
       c = *ConstraintFromJsonValue(*wv);
-    if (!c.SatisfiedBy(version_.load())) {
+    {
+      absl::MutexLock lock(&mu_);
+      constraints_.push_back(c.ToJson());
+    }
+    const std::optional<int64_t> pointer =
+        pointer_ >= 0 ? std::optional<int64_t>(pointer_.load()) : std::nullopt;
+    if (!c.SatisfiedBy(version_.load(), pointer)) {
       json::object conflict;
       conflict["type"] = "WeightVersionNotReady";
-      conflict["target_version"] = *c.target();
+      if (c.target().has_value()) {
+        conflict["target_version"] = *c.target();
+      } else {
+        conflict["target_version"] = nullptr;
+      }
       conflict["applied"] = version_.load();
       conflict["applied_identity"] = Applied();
       conflict["message"] = "not yet";
@@ -234,6 +252,7 @@ class ScriptedReplica {
   std::string url_;
   std::atomic<bool> ready_{false};
   std::atomic<int64_t> version_{0};
+  std::atomic<int64_t> pointer_{-1};
   std::atomic<Mode> mode_{Mode::kServe};
   std::atomic<int> generates_{0};
   std::atomic<int> wakes_{0};
@@ -243,6 +262,7 @@ class ScriptedReplica {
   std::atomic<bool> info_hangs_{false};
   mutable absl::Mutex mu_;
   std::string run_ ABSL_GUARDED_BY(mu_) = "r1";
+  std::vector<std::string> constraints_ ABSL_GUARDED_BY(mu_);
   // Loop thread only.
   bool released_ = false;
   std::set<boost::asio::steady_timer*> holds_;
@@ -588,6 +608,85 @@ TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {
   GatewayCounters c = Counters();
   EXPECT_EQ(c.waited, 1u);
   EXPECT_EQ(c.rejected, 1u);
+}
+
+TEST_F(GatewayTest, MaxStalenessLandsOnlyOnFreshEnoughReplicas) {
+  ScriptedReplica& v1 = AddReplica(true, 1);
+  ScriptedReplica& v2 = AddReplica(true, 2);
+  ScriptedReplica& v3 = AddReplica(true, 3);
+  for (ScriptedReplica* r : {&v1, &v2, &v3}) r->set_pointer(3);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(3));
+  for (int i = 0; i < 30; ++i) {
+    Answer a = Generate(R"({"max_staleness":1})");
+    EXPECT_EQ(a.status, 200) << a.text;
+    EXPECT_GE(a.version, 2);
+  }
+  EXPECT_EQ(v1.generates(), 0);
+  EXPECT_EQ(Counters().retried, 0u) << "routed, not found by trial and error";
+}
+
+TEST_F(GatewayTest, ADefaultConstraintIsRoutedByAndPassedOn) {
+  ScriptedReplica& old = AddReplica(true, 1);
+  ScriptedReplica& fresh = AddReplica(true, 3);
+  old.set_pointer(3);
+  fresh.set_pointer(3);
+  GatewayOptions options = Options(30s, 50ms);
+  options.default_constraint = VersionConstraint::Fresh(0);
+  StartGateway(StaticSpec(), std::move(options));
+  ASSERT_TRUE(ReadyCount(2));
+  for (int i = 0; i < 10; ++i) {
+    Answer a = Generate("");
+    EXPECT_EQ(a.status, 200) << a.text;
+    EXPECT_EQ(a.replica, fresh.url());
+  }
+  EXPECT_EQ(old.generates(), 0);
+  ASSERT_FALSE(fresh.constraints().empty());
+  EXPECT_EQ(fresh.constraints().front(), R"({"max_staleness":0})");
+  // A request's own constraint wins over the default.
+  Answer own = Generate(R"({"exact_version":1})");
+  EXPECT_EQ(own.status, 200) << own.text;
+  EXPECT_EQ(own.replica, old.url());
+  EXPECT_EQ(old.constraints().back(), R"({"exact_version":1})");
+}
+
+TEST_F(GatewayTest, ItsOwn409NamesTheStalenessBound) {
+  AddReplica(true, 1).set_pointer(4);
+  StartGateway(StaticSpec(), Options(300ms, 50ms));
+  ASSERT_TRUE(ReadyCount(1));
+  std::future<Answer> pending = GenerateAsync(R"({"max_staleness":2})");
+  ASSERT_TRUE(AdvanceUntil([&] { return Ready(pending); }, 50ms));
+  Answer a = pending.get();
+  EXPECT_EQ(a.status, 409) << a.text;
+  EXPECT_EQ(a.body["failed_bound"].as_string(), "max_staleness");
+  EXPECT_THAT(std::string(a.body["message"].as_string()), HasSubstr("<= 2 behind the pointer"));
+}
+
+TEST_F(GatewayTest, PrefixAffinityKeepsAPromptOnOneReplica) {
+  for (int i = 0; i < 4; ++i) AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.affinity_prefix_bytes = 16;
+  StartGateway(StaticSpec(), std::move(options));
+  ASSERT_TRUE(ReadyCount(4));
+  // Bodies differ after the first 16 bytes of the prompt: one group.
+  std::set<std::string> group;
+  for (int i = 0; i < 20; ++i) {
+    auto r =
+        HttpFetch("POST", gateway_->url() + "/generate",
+                  absl::StrCat(R"({"text":"a shared system prompt, then sample )", i, R"("})"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200);
+    group.insert(std::string(*r->headers.Get("X-Stitch-Replica")));
+  }
+  EXPECT_EQ(group.size(), 1u);
+  std::set<std::string> spread;
+  for (int i = 0; i < 60; ++i) {
+    auto r = HttpFetch("POST", gateway_->url() + "/generate",
+                       absl::StrCat(R"({"text":")", i, R"( another prompt"})"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    spread.insert(std::string(*r->headers.Get("X-Stitch-Replica")));
+  }
+  EXPECT_GT(spread.size(), 1u);
 }
 
 TEST_F(GatewayTest, StreamsArePassedThrough) {

@@ -73,7 +73,8 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     (void)co_await exchange.Respond(std::move(refused));
     co_return;
   }
-  const VersionConstraint constraint = ask->constraint;
+  const bool defaulted = ask->constraint.empty() && !options_.default_constraint.empty();
+  const VersionConstraint constraint = defaulted ? options_.default_constraint : ask->constraint;
   const bool stream = ask->stream;
   std::string session;
   if (auto s = exchange.request().headers.Get(options_.session_header); s.has_value()) {
@@ -90,8 +91,21 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
 
   const HttpHeaders headers = UpstreamHeaders(exchange.request().headers);
   const std::string& target = exchange.request().target;
-  const std::string payload = std::move(exchange.request().body);
+  std::string payload = std::move(exchange.request().body);
+  if (defaulted) {
+    // The replica enforces the default as if the client had sent it.
+    absl::StatusOr<std::string> with = WithConstraint(payload, constraint);
+    if (!with.ok()) {
+      HttpResponse refused = BadRequestResponse(std::string(with.status().message()));
+      (void)co_await exchange.Respond(std::move(refused));
+      co_return;
+    }
+    payload = *std::move(with);
+  }
 
+  const std::string prompt_prefix = options_.affinity_prefix_bytes > 0
+                                        ? PromptPrefix(payload, options_.affinity_prefix_bytes)
+                                        : std::string();
   const Clock::TimePoint deadline = clock_.Now() + options_.admission_wait;
   std::vector<ReplicaPtr> tried;
   std::optional<HttpResponse> last_failure;
@@ -102,10 +116,22 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     if (!session.empty()) {
       if (const ReplicaPtr* h = sessions_.Find(session); h != nullptr) home = *h;
     }
-    ReplicaPtr replica = chooser_.Choose(table_.index(), constraint, home, tried);
+    const VersionConstraint routed = table_.index().RoutingConstraint(constraint);
+    std::optional<Affinity> affinity;
+    if (options_.affinity_prefix_bytes > 0) {
+      // The version it will be served on: its pin, else what the pool serves.
+      std::optional<int64_t> version = routed.exact_version;
+      if (!version.has_value()) {
+        if (std::optional<VersionRef> newest = table_.index().newest_routable()) {
+          version = newest->version;
+        }
+      }
+      affinity = Affinity{AffinityKey(version, prompt_prefix), options_.affinity_load_factor};
+    }
+    ReplicaPtr replica = chooser_.Choose(table_.index(), routed, home, tried, affinity);
     if (replica == nullptr) {
       if (static_cast<int>(tried.size()) >= options_.max_attempts) break;
-      if (table_.index().NeverServable(constraint)) {
+      if (table_.index().NeverServable(routed)) {
         why = NotServed::kNeverServable;
         break;
       }
@@ -171,7 +197,11 @@ HttpResponse Relay::NotReady(const VersionConstraint& constraint, NotServed why)
         static_cast<int>(index.routable().all().size()),
         static_cast<int>(table_.replicas().size()));
   }
-  return NotReadyResponse(constraint, index.newest_routable(), message);
+  std::optional<VersionConstraint::Bound> failed;
+  if (std::optional<VersionRef> newest = index.newest_routable(); newest.has_value()) {
+    failed = constraint.Unmet(newest->version, index.newest_pointer());
+  }
+  return NotReadyResponse(constraint, index.newest_routable(), message, failed);
 }
 
 HttpResponse Relay::Unreachable(ReplicaEntry& r, const absl::Status& status) {

@@ -31,8 +31,9 @@ absl::StatusOr<std::string> ConstrainRequestBody(std::string_view json_body,
 
 absl::StatusOr<std::string> ConstrainRequestBodyToLatest(std::string_view json_body,
                                                          std::optional<int64_t> latest, int64_t lag,
-                                                         std::optional<int64_t> exact) {
-  auto constraint = MakeRequestConstraint(latest, lag, exact);
+                                                         std::optional<int64_t> exact,
+                                                         std::optional<int64_t> max_staleness) {
+  auto constraint = MakeRequestConstraint(latest, lag, exact, max_staleness);
   if (!constraint.ok()) return constraint.status();
   return ConstrainRequestBody(json_body, *constraint);
 }

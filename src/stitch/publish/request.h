@@ -20,9 +20,11 @@ namespace stitch {
 
 // The trainer's usual case: pins `exact` when given, else demands
 // `latest - lag` or newer when `latest` is known (MakeRequestConstraint),
-// else leaves the request unconstrained.
+// else leaves the request unconstrained; with `max_staleness` too (served
+// only by a replica at most that many versions behind the pointer it last
+// read).
 [[nodiscard]] absl::StatusOr<std::string> ConstrainRequestBodyToLatest(
     std::string_view json_body, std::optional<int64_t> latest, int64_t lag,
-    std::optional<int64_t> exact);
+    std::optional<int64_t> exact, std::optional<int64_t> max_staleness = std::nullopt);
 
 }  // namespace stitch

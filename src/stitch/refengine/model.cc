@@ -28,6 +28,16 @@ void KvCache::Clear() {
   length_ = 0;
 }
 
+void KvCache::CopyPrefix(const KvCache& from, int64_t n) {
+  const auto floats = static_cast<size_t>(n * kv_dim_);
+  for (size_t l = 0; l < keys_.size(); ++l) {
+    keys_[l].assign(from.keys_[l].begin(), from.keys_[l].begin() + static_cast<ptrdiff_t>(floats));
+    values_[l].assign(from.values_[l].begin(),
+                      from.values_[l].begin() + static_cast<ptrdiff_t>(floats));
+  }
+  length_ = n;
+}
+
 size_t KvCache::memory_bytes() const {
   size_t n = 0;
   for (const auto& k : keys_) n += k.capacity() * sizeof(float);

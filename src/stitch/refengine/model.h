@@ -56,6 +56,11 @@ class KvCache {
   // Drops every position and releases the memory.
   void Clear();
 
+  // Makes this cache hold the first `n` positions of `from` (a prefix cache
+  // hit). REQUIRES: from is compatible with this cache's shape, and
+  // 0 <= n <= from.length().
+  void CopyPrefix(const KvCache& from, int64_t n);
+
   size_t memory_bytes() const;
 
  private:

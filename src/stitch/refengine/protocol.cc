@@ -1,5 +1,6 @@
 #include "stitch/refengine/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
@@ -612,7 +613,22 @@ json::object Usage(const GenerationProgress& p) {
   u["prompt_tokens"] = p.prompt_tokens;
   u["completion_tokens"] = completion;
   u["total_tokens"] = p.prompt_tokens + completion;
+  json::object details;
+  details["cached_tokens"] = p.cached_tokens;
+  u["prompt_tokens_details"] = std::move(details);
   return u;
+}
+
+json::array Spans(const GenerationProgress& p) {
+  json::array spans;
+  spans.reserve(p.spans.size());
+  for (const auto& [offset, version] : p.spans) {
+    json::array pair;
+    pair.emplace_back(offset);
+    pair.emplace_back(version);
+    spans.emplace_back(std::move(pair));
+  }
+  return spans;
 }
 
 json::object Metadata(const GenerationProgress& p) {
@@ -634,8 +650,9 @@ json::object GenerateObject(const ApiRequest& request, const GenerationProgress&
   meta["finish_reason"] = SglangFinishReason(p.finish, completion);
   meta["prompt_tokens"] = p.prompt_tokens;
   meta["completion_tokens"] = completion;
-  meta["cached_tokens"] = 0;
+  meta["cached_tokens"] = p.cached_tokens;
   meta["weight_version"] = WeightVersionString(p.weight_version);
+  meta["weight_version_spans"] = Spans(p);
   if (request.return_logprob) {
     json::array logprobs;
     logprobs.reserve(p.tokens.size());
@@ -730,9 +747,14 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body
 }
 
 void GenerationProgress::Apply(GenerationUpdate update) {
+  if (!update.tokens.empty() &&
+      (spans.empty() || spans.back().second != update.weight_version.version)) {
+    spans.emplace_back(static_cast<int64_t>(tokens.size()), update.weight_version.version);
+  }
   tokens.insert(tokens.end(), update.tokens.begin(), update.tokens.end());
   text += update.text;
   weight_version = std::move(update.weight_version);
+  cached_tokens = std::max(cached_tokens, update.cached_tokens);
   if (update.finish.has_value()) finish = std::move(update.finish);
 }
 
@@ -765,6 +787,7 @@ std::string FormatResponse(const ApiRequest& request, const GenerationProgress& 
   o["choices"] = std::move(choices);
   o["usage"] = Usage(p);
   o["metadata"] = Metadata(p);
+  o["weight_version_spans"] = Spans(p);
   return json::serialize(o);
 }
 
@@ -809,6 +832,7 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
       choices.emplace_back(std::move(choice));
       o["choices"] = std::move(choices);
       o["metadata"] = Metadata(p);
+      o["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(o));
       cursor->role_sent = true;
     }
@@ -817,6 +841,7 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
           OpenAiEnvelope(request, p, context, chat ? "chat.completion.chunk" : "text_completion");
       u["choices"] = json::array();
       u["usage"] = Usage(p);
+      u["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(u));
     }
   }

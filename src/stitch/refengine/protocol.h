@@ -61,6 +61,12 @@ struct GenerationProgress {
   std::vector<GeneratedToken> tokens;
   std::string text;
   VersionRef weight_version;  // of the latest update
+  // Where the weight version changed: (output token offset, version number)
+  // pairs, the first at offset 0; each token carries the version of the
+  // update that brought it (the weights of the step that sampled it). Empty
+  // while no token was generated.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  int64_t cached_tokens = 0;  // prompt tokens from the prefix cache
   std::optional<FinishReason> finish;
   double e2e_latency_seconds = 0;  // set by the caller when finished
 
@@ -73,6 +79,9 @@ struct ResponseContext {
 };
 
 // The complete (non-streamed) response body. REQUIRES: progress.finish.
+// Every response form, and every streamed event, carries
+// `weight_version_spans` (progress.spans so far, as [offset, version] pairs):
+// in `meta_info` on /generate, at the top level on the OpenAI routes.
 std::string FormatResponse(const ApiRequest& request, const GenerationProgress& progress,
                            const ResponseContext& context);
 

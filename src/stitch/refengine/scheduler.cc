@@ -61,6 +61,8 @@ struct Scheduler::Entry {
   size_t emitted = 0;   // bytes of `text` already sent
   size_t holdback = 0;  // bytes a stop string might still claim: longest stop - 1
   bool finished = false;
+  int64_t cached_tokens = 0;        // prompt tokens seeded from the prefix cache
+  uint64_t swaps_at_admission = 0;  // weight_swaps_ when its cache began
 };
 
 Scheduler::Scheduler(std::shared_ptr<const ModelWeights> weights, VersionRef version,
@@ -211,6 +213,7 @@ void Scheduler::FlushCache(absl::AnyInvocable<void(absl::Status) &&> done) {
           " queued; flush when the engine is idle (abort them or wait for them to finish)")));
       return;
     }
+    prefix_cache_.Clear();
     std::move(done)(absl::OkStatus());
   });
 }
@@ -243,6 +246,7 @@ void Scheduler::SwapWeights(std::shared_ptr<const ModelWeights> weights, Version
       last_swap_pause_seconds_ = result.pause_seconds;
     }
     weight_swaps_.fetch_add(1, std::memory_order_relaxed);
+    prefix_cache_.Clear();
     std::move(done)(std::move(result));
   });
 }
@@ -331,7 +335,18 @@ void Scheduler::AdmitWaiting() {
     }
   }
   for (std::unique_ptr<Entry>& e : admitted) {
-    if (e->request.max_new_tokens == 0) Finish(*e, FinishReason{FinishType::kLength}, {});
+    e->swaps_at_admission = weight_swaps_.load(std::memory_order_relaxed);
+    if (e->request.max_new_tokens == 0) {
+      Finish(*e, FinishReason{FinishType::kLength}, {});
+    } else if (e->sequence.cached_length() == 0) {
+      // At least the last token is computed: its logits start the decode.
+      const PrefixCache::Hit hit = prefix_cache_.Lookup(e->request.extra_key, e->sequence.tokens());
+      const int64_t n = std::min(hit.length, static_cast<int64_t>(e->sequence.tokens().size()) - 1);
+      if (hit.cache != nullptr && n > 0) {
+        e->sequence.SeedCache(*hit.cache, n);
+        e->cached_tokens = std::min(n, e->sequence.prompt_length());
+      }
+    }
     running_.push_back(std::move(e));
   }
 }
@@ -374,6 +389,11 @@ void Scheduler::Step() {
     tokens_generated_.fetch_add(1, std::memory_order_relaxed);
     Entry& e = *entries[i];
     const GenerationRequest& r = e.request;
+    if (e.sequence.generated().size() == 1) {
+      // Its prompt was just computed: requests sharing it (a group's other
+      // samples) may start from it without waiting for this one to finish.
+      CacheComputedPrefix(e);
+    }
     std::optional<FinishReason> finish;
     bool adds_text = true;
     bool cut_by_stop_string = false;
@@ -430,6 +450,7 @@ void Scheduler::Step() {
       e.emitted = stable;
     }
     update.weight_version = serving_version_;
+    update.cached_tokens = e.cached_tokens;
     e.sink(std::move(update));
   }
 }
@@ -440,13 +461,23 @@ void Scheduler::Finish(Entry& e, FinishReason reason, std::vector<GeneratedToken
   if (e.text.size() > e.emitted) update.text = e.text.substr(e.emitted);
   e.emitted = e.text.size();
   update.weight_version = serving_version_;
+  update.cached_tokens = e.cached_tokens;
   if (reason.type == FinishType::kAbort) {
     requests_aborted_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    CacheComputedPrefix(e);
   }
   update.finish = std::move(reason);
   e.finished = true;
   requests_finished_.fetch_add(1, std::memory_order_relaxed);
   e.sink(std::move(update));
+}
+
+void Scheduler::CacheComputedPrefix(const Entry& e) {
+  if (options_.prefix_cache_bytes == 0 || e.sequence.cached_length() == 0) return;
+  // Only what the serving weights alone computed may be reused.
+  if (weight_swaps_.load(std::memory_order_relaxed) != e.swaps_at_admission) return;
+  prefix_cache_.Insert(e.request.extra_key, e.sequence.tokens(), e.sequence.cache());
 }
 
 void Scheduler::AbortEntry(Entry& e, std::string message) {

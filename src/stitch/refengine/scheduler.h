@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "stitch/core/version.h"
+#include "stitch/refengine/prefix_cache.h"
 #include "stitch/refengine/sampler.h"
 #include "stitch/refengine/sequence.h"
 #include "stitch/refengine/tokenizer.h"
@@ -64,9 +65,8 @@ std::string_view PauseModeName(PauseMode mode);  // "abort", "retract", "in_plac
 struct GenerationRequest {
   // The caller's request id; POST /abort_request matches it by prefix.
   std::string rid;
-  // The cache-isolation key (SGLang `extra_key`, vLLM `cache_salt`).
-  // Requests never share cached state in this engine (each KV cache belongs
-  // to one request), so requests with different keys never do either.
+  // The cache-isolation key (SGLang `extra_key`, vLLM `cache_salt`): only
+  // requests with equal keys share prefix-cache entries.
   std::string extra_key;
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -106,6 +106,8 @@ struct GenerationUpdate {
   std::string text;
   // The weight version current when this update was produced.
   VersionRef weight_version;
+  // Prompt tokens taken from the prefix cache instead of computed.
+  int64_t cached_tokens = 0;
   // Set on the request's last update.
   std::optional<FinishReason> finish;
 };
@@ -123,6 +125,10 @@ struct SchedulerOptions {
   // Prompt tokens one request feeds per step (chunked prefill), so that a
   // long prompt does not stall the decoding requests; 0: all at once.
   int64_t prefill_chunk = 512;
+  // Memory for the prefix cache (prefix_cache.h): finished generations'
+  // keys and values, reused by requests whose prompts start with the same
+  // tokens under the same cache key and weights. 0: off.
+  size_t prefix_cache_bytes = 0;
   // How often an idle scheduler wakes up to update its heartbeat.
   std::chrono::milliseconds idle_tick = std::chrono::milliseconds(100);
   // Healthy() is false once the heartbeat is older than this.
@@ -209,13 +215,14 @@ class Scheduler {
   // Resumes generation; `done` gets whether it was paused.
   void Continue(absl::AnyInvocable<void(bool) &&> done);
 
-  // OK when no request is running or waiting (there is then no cached state
-  // left to flush); FailedPrecondition naming the counts otherwise.
+  // OK, and the prefix cache emptied, when no request is running or
+  // waiting; FailedPrecondition naming the counts otherwise.
   void FlushCache(absl::AnyInvocable<void(absl::Status) &&> done);
 
   // Between two steps: calls `at_pause` (fault injection), then makes
   // `weights` the serving weights as `version`. Resident requests keep their
-  // KV caches and continue on the new weights. InvalidArgument when the
+  // KV caches and continue on the new weights; the prefix cache is emptied
+  // (its entries were computed by the previous weights). InvalidArgument when the
   // weights' configuration differs from the serving one.
   void SwapWeights(std::shared_ptr<const ModelWeights> weights, VersionRef version,
                    absl::AnyInvocable<void() &&> at_pause,
@@ -240,6 +247,8 @@ class Scheduler {
   void Step();
   void Finish(Entry& entry, FinishReason reason, std::vector<GeneratedToken> tokens);
   void AbortEntry(Entry& entry, std::string message);
+  // Offers what the entry's cache holds to the prefix cache.
+  void CacheComputedPrefix(const Entry& entry);
   // Removes finished entries from running_.
   void SweepFinished();
   // Aborts the running and waiting entries `match` selects; returns how many.
@@ -268,6 +277,7 @@ class Scheduler {
   std::atomic<uint64_t> weight_swaps_{0};
 
   // Scheduler thread only.
+  PrefixCache prefix_cache_{options_.prefix_cache_bytes};
   std::shared_ptr<const ModelWeights> weights_;
   VersionRef serving_version_;  // version_'s value, without the lock
   std::vector<std::unique_ptr<Entry>> running_;

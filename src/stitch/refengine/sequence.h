@@ -84,6 +84,12 @@ class Sequence {
   // Forgets the cache; the next step recomputes every token.
   void DropCache() { cache_.Clear(); }
 
+  // Starts the cache from the first `n` positions of `from`, which must hold
+  // the keys and values of tokens()[0, n) under the weights of the next
+  // step (a prefix cache hit: the result is then the same as computing
+  // them). REQUIRES: n < tokens().size(), n <= from.length(), compatible.
+  void SeedCache(const KvCache& from, int64_t n) { cache_.CopyPrefix(from, n); }
+
   const KvCache& cache() const { return cache_; }
 
  private:

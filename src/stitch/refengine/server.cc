@@ -691,6 +691,8 @@ std::string EngineServer::url() const { return impl_->http ? impl_->http->url() 
 
 const Scheduler& EngineServer::scheduler() const { return *impl_->scheduler; }
 
+Scheduler& EngineServer::mutable_scheduler() { return *impl_->scheduler; }
+
 EngineStatus EngineServer::Status() const { return impl_->Status(); }
 
 void EngineServer::Shutdown() {

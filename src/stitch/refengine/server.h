@@ -77,6 +77,9 @@ class EngineServer {
   std::string url() const;
 
   const Scheduler& scheduler() const;
+  // The scheduler itself, for tests that swap weights at a chosen step
+  // (bypassing the commit routes and their checks).
+  Scheduler& mutable_scheduler();
   // A snapshot of what GET /server_info reports.
   EngineStatus Status() const;
 

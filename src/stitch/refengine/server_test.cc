@@ -99,10 +99,45 @@ class EngineServerTest : public ::testing::Test {
     options.run_id = "run-a";
     options.served_model_name = "test-model";
     options.codec_threads = 1;
-    options.scheduler.before_iteration = gate_.Hook();
+    if (!options.scheduler.before_iteration) options.scheduler.before_iteration = gate_.Hook();
     absl::StatusOr<std::unique_ptr<EngineServer>> s = EngineServer::Start(std::move(options));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
+  }
+
+  // Starts the server with a hook that swaps weights in place at the top of
+  // the first scheduler iteration after tokens_generated reaches a planned
+  // count (so the token at that count is the first under the new weights).
+  void StartSwappingAtPlannedSteps() {
+    EngineOptions options;
+    options.scheduler.before_iteration = [this] {
+      Scheduler* scheduler = swapping_.load();
+      if (scheduler == nullptr) return;
+      const uint64_t generated = scheduler->stats().tokens_generated;
+      absl::MutexLock lock(&plan_mu_);
+      while (!plan_.empty() && generated >= plan_.front().first) {
+        const int v = plan_.front().second;
+        plan_.erase(plan_.begin());
+        scheduler->SwapWeights(
+            Weights(v), VersionRef{"run-a", v}, [] {},
+            [this](absl::StatusOr<SwapResult> r) {
+              absl::MutexLock done(&plan_mu_);
+              swap_errors_ += r.ok() ? 0 : 1;
+            });
+      }
+    };
+    Start(std::move(options));
+    swapping_.store(&server_->mutable_scheduler());
+  }
+  // Plans swaps `after` tokens from now (to version `to`), in order.
+  void PlanSwaps(std::vector<std::pair<uint64_t, int>> swaps) {
+    const uint64_t base = TokensGenerated();
+    absl::MutexLock lock(&plan_mu_);
+    for (const auto& [after, to] : swaps) plan_.emplace_back(base + after, to);
+  }
+  bool PlanDone() {
+    absl::MutexLock lock(&plan_mu_);
+    return plan_.empty() && swap_errors_ == 0;
   }
 
   // The standard store: v1 DELTA, v2 DELTA, v3 FULL, v4 DELTA of run-a.
@@ -178,7 +213,116 @@ class EngineServerTest : public ::testing::Test {
   std::vector<std::vector<HostTensor>> versions_;
   SchedulerGate gate_;
   std::unique_ptr<EngineServer> server_;
+  std::atomic<Scheduler*> swapping_{nullptr};
+  absl::Mutex plan_mu_;
+  std::vector<std::pair<uint64_t, int>> plan_ ABSL_GUARDED_BY(plan_mu_);
+  int swap_errors_ ABSL_GUARDED_BY(plan_mu_) = 0;
 };
+
+TEST_F(EngineServerTest, ThePrefixCacheServesASharedPromptWithTheSameTokens) {
+  EngineOptions options;
+  options.scheduler.prefix_cache_bytes = size_t{64} << 20;
+  Start(std::move(options));
+  const std::string prompt = "A long shared system prompt, then";
+  HttpResponse first = Post("/generate", GenerateBody(prompt, 12, 0, 0, R"( "extra_key": "g",)"));
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(JsonGet(first.body, "meta_info.cached_tokens"), "0");
+  // The same prompt again (a GRPO group's next sample): all but its last
+  // token come from the cache, and the tokens are the reference's.
+  HttpResponse again = Post("/generate", GenerateBody(prompt, 12, 0, 0, R"( "extra_key": "g",)"));
+  ASSERT_EQ(again.status, 200) << again.body;
+  const auto ids = EncodeText(prompt, BosMode::kPrepend);
+  EXPECT_EQ(JsonGet(again.body, "meta_info.cached_tokens"), absl::StrCat(ids.size() - 1));
+  const auto ref = ReferenceGenerate(*Weights(0), ids, Greedy(12));
+  EXPECT_THAT(JsonInts(again.body, "output_ids"), ElementsAreArray(Wide(Ids(ref))));
+  EXPECT_THAT(JsonNumbers(again.body, "meta_info.output_token_logprobs", 0),
+              ElementsAreArray(SameDoubles(Logprobs(ref))));
+  // The next turn of a conversation: the prompt and the answer are cached.
+  std::vector<int32_t> turn = ids;
+  for (const SampledToken& t : ref) turn.push_back(t.id);
+  turn.push_back('?');
+  HttpResponse next =
+      Post("/generate",
+           absl::StrCat(R"({"input_ids": )", IdsJson(turn),
+                        R"(, "extra_key": "g", "return_logprob": true, "sampling_params": )",
+                        R"({"max_new_tokens": 6, "temperature": 0, "ignore_eos": true}})"));
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(JsonGet(next.body, "meta_info.cached_tokens"), absl::StrCat(ids.size() + 11));
+  EXPECT_THAT(JsonInts(next.body, "output_ids"),
+              ElementsAreArray(Wide(Ids(ReferenceGenerate(*Weights(0), turn, Greedy(6))))));
+  // Another cache key shares nothing.
+  HttpResponse other = Post("/generate", GenerateBody(prompt, 4, 0, 0, R"( "extra_key": "h",)"));
+  EXPECT_EQ(JsonGet(other.body, "meta_info.cached_tokens"), "0");
+  // New weights empty the cache: nothing computed by the old ones is reused.
+  std::promise<absl::Status> swapped;
+  server_->mutable_scheduler().SwapWeights(
+      Weights(1), VersionRef{"run-a", 1}, [] {},
+      [&](absl::StatusOr<SwapResult> r) { swapped.set_value(r.status()); });
+  ASSERT_TRUE(swapped.get_future().get().ok());
+  HttpResponse after = Post("/generate", GenerateBody(prompt, 12, 0, 0, R"( "extra_key": "g",)"));
+  EXPECT_EQ(JsonGet(after.body, "meta_info.cached_tokens"), "0");
+  EXPECT_THAT(JsonInts(after.body, "output_ids"),
+              ElementsAreArray(Wide(Ids(ReferenceGenerate(*Weights(1), ids, Greedy(12))))));
+}
+
+TEST_F(EngineServerTest, SpansNameEachInPlaceCommitInsideOneGenerationExactly) {
+  StartSwappingAtPlannedSteps();
+  // Whole /generate: two commits inside one generation.
+  PlanSwaps({{5, 1}, {12, 2}});
+  HttpResponse whole = Post("/generate", GenerateBody("Spans", 30));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_TRUE(PlanDone());
+  EXPECT_EQ(JsonGet(whole.body, "meta_info.weight_version_spans"), "[[0,0],[5,1],[12,2]]");
+  EXPECT_EQ(JsonGet(whole.body, "meta_info.weight_version"), "2");
+  // The tokens are those of the weights the spans name.
+  const auto prompt = EncodeText("Spans", BosMode::kPrepend);
+  const auto split = testing::SplitGenerate(*Weights(0), *Weights(1), prompt, Greedy(30), 5, false);
+  std::vector<int64_t> got = JsonInts(whole.body, "output_ids");
+  std::vector<int64_t> want = Wide(Ids(split));
+  ASSERT_EQ(got.size(), 30u);
+  got.resize(12);
+  want.resize(12);
+  EXPECT_EQ(got, want);
+
+  // Streamed /generate: every event carries the spans so far.
+  PlanSwaps({{3, 3}, {4, 4}, {20, 1}});
+  SseClient sse;
+  ASSERT_EQ(*sse.Open(server_->url(), "/generate",
+                      GenerateBody("Spans", 30, 0, 0, R"( "stream": true,)")),
+            200);
+  absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 3u);
+  EXPECT_TRUE(PlanDone());
+  EXPECT_EQ(JsonGet((*events)[events->size() - 2], "meta_info.weight_version_spans"),
+            "[[0,2],[3,3],[4,4],[20,1]]");
+  EXPECT_EQ(JsonGet(events->front(), "meta_info.weight_version_spans"), "[[0,2]]");
+  for (size_t i = 0; i + 1 < events->size(); ++i) {
+    const std::vector<int64_t> ids = JsonInts((*events)[i], "output_ids");
+    const std::string spans = *JsonGet((*events)[i], "meta_info.weight_version_spans");
+    EXPECT_EQ(spans.find("[20,1]") != std::string::npos, ids.size() > 20) << spans;
+  }
+
+  // OpenAI routes, whole and streamed: at the top level.
+  PlanSwaps({{2, 2}});
+  HttpResponse completion =
+      Post("/v1/completions",
+           R"({"prompt": "Spans", "max_tokens": 6, "temperature": 0, "ignore_eos": true})");
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  EXPECT_EQ(JsonGet(completion.body, "weight_version_spans"), "[[0,1],[2,2]]");
+  PlanSwaps({{1, 3}});
+  ASSERT_EQ(*sse.Open(server_->url(), "/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,)"
+                      R"( "temperature": 0, "ignore_eos": true, "stream": true})"),
+            200);
+  events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 2u);
+  EXPECT_EQ(JsonGet((*events)[events->size() - 2], "weight_version_spans"), "[[0,2],[1,3]]");
+  // One version throughout: one span.
+  HttpResponse steady = Post("/generate", GenerateBody("Steady", 8));
+  EXPECT_EQ(JsonGet(steady.body, "meta_info.weight_version_spans"), "[[0,3]]");
+}
 
 TEST_F(EngineServerTest, GenerateMatchesTheReferenceForwardPass) {
   Start();

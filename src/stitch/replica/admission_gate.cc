@@ -1,5 +1,6 @@
 #include "stitch/replica/admission_gate.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -30,6 +31,7 @@ AdmissionGate::Ticket::Ticket(Ticket&& other) noexcept
       start_(std::move(other.start_)),
       start_label_(std::move(other.start_label_)),
       epoch_(other.epoch_),
+      flips_(other.flips_),
       exact_(other.exact_) {}
 
 AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept {
@@ -39,6 +41,7 @@ AdmissionGate::Ticket& AdmissionGate::Ticket::operator=(Ticket&& other) noexcept
     start_ = std::move(other.start_);
     start_label_ = std::move(other.start_label_);
     epoch_ = other.epoch_;
+    flips_ = other.flips_;
     exact_ = other.exact_;
   }
   return *this;
@@ -74,27 +77,47 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
     if (constraint.empty()) return absl::UnavailableError(why);
     return WithKind(absl::FailedPreconditionError(why), ErrorKind::kVersionNotReady);
   }
-  if (!constraint.SatisfiedBy(serving_.version)) {
+  if (std::optional<VersionConstraint::Bound> unmet = Unmet(constraint); unmet.has_value()) {
     ++rejected_not_ready_total_;
     if (on_reject_) on_reject_();
     // An exact pin below the served version will never be served here again
     // (versions only move forward); another replica may still hold it.
-    const bool passed = constraint.is_exact() && *constraint.exact_version < serving_.version;
+    const bool passed =
+        *unmet == VersionConstraint::Bound::kExact && *constraint.exact_version < serving_.version;
     std::string why =
         passed ? std::string("; it has moved past that version, retry on another replica")
         : behind_reason_.empty()
             ? std::string("; it is catching up, retry shortly")
             : absl::StrCat("; it cannot catch up (", behind_reason_, "), retry on another replica");
-    return WithKind(absl::FailedPreconditionError(
-                        absl::StrCat("this replica serves ", serving_.ToString(),
-                                     ", which does not satisfy ", constraint.ToString(), why)),
+    const std::string bound =
+        *unmet == VersionConstraint::Bound::kStaleness
+            ? absl::StrCat("max_staleness ", *constraint.max_staleness,
+                           " (the store's pointer is at ", pointer_->ToString(), ")")
+            : std::string(BoundName(*unmet));
+    return WithKind(absl::FailedPreconditionError(absl::StrCat(
+                        "this replica serves ", serving_.ToString(), ", which does not satisfy ",
+                        constraint.ToString(), ": ", bound, " failed", why)),
                     ErrorKind::kVersionNotReady);
   }
   ++admitted_total_;
   ++active_;
   ++vouched_;
   if (constraint.is_exact()) ++active_exact_;
-  return Ticket(this, serving_, engine_label_, epoch_, constraint.is_exact());
+  return Ticket(this, serving_, engine_label_, epoch_, flip_count_, constraint.is_exact());
+}
+
+std::optional<VersionConstraint::Bound> AdmissionGate::Unmet(
+    const VersionConstraint& constraint) const {
+  std::optional<int64_t> pointer;
+  if (pointer_.has_value()) {
+    const bool same_run =
+        pointer_->run_id == serving_.run_id || pointer_->run_id.empty() || serving_.run_id.empty();
+    // The pointer of another run is one this replica has not reached at all.
+    pointer = same_run ? pointer_->version
+                       : std::max(pointer_->version, serving_.version) +
+                             constraint.max_staleness.value_or(0) + 1;
+  }
+  return constraint.Unmet(serving_.version, pointer);
 }
 
 absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_view label) const {
@@ -116,6 +139,33 @@ absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_v
     return disagree("a version it did not hold while the request ran");
   }
   return absl::OkStatus();
+}
+
+std::optional<int64_t> AdmissionGate::ServedForLabel(const Ticket& ticket, int64_t label) const {
+  const uint64_t since = flip_count_ - ticket.flips_;
+  if (since > flips_.size()) return std::nullopt;  // forgotten
+  std::optional<int64_t> served;
+  bool ambiguous = false;
+  auto consider = [&](int64_t engine_label, int64_t version) {
+    if (engine_label != label) return;
+    if (served.has_value() && *served != version) ambiguous = true;
+    served = version;
+  };
+  consider(ticket.start_label_.version, ticket.start_.version);
+  for (size_t i = flips_.size() - since; i < flips_.size(); ++i) {
+    consider(flips_[i].first, flips_[i].second);
+  }
+  if (ambiguous) return std::nullopt;
+  return served;
+}
+
+void AdmissionGate::RecordFlip() {
+  // Enough for any request to look back over the commits it lived through;
+  // an older one gets "unknown" spans rather than a guess.
+  constexpr size_t kRemembered = 256;
+  flips_.emplace_back(engine_label_.version, serving_.version);
+  if (flips_.size() > kRemembered) flips_.pop_front();
+  ++flip_count_;
 }
 
 std::optional<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::TryAdmit(
@@ -150,7 +200,7 @@ boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::Adm
   }
   ++active_;
   ++vouched_;
-  co_return Ticket(this, serving_, engine_label_, epoch_, /*exact=*/false);
+  co_return Ticket(this, serving_, engine_label_, epoch_, flip_count_, /*exact=*/false);
 }
 
 void AdmissionGate::Release(bool exact, uint64_t epoch) {
@@ -182,6 +232,7 @@ void AdmissionGate::CommitWindow::Flip(const VersionRef& serving, const VersionR
   gate_->pending_label_.reset();
   gate_->trusted_ = true;
   gate_->distrust_reason_.clear();
+  gate_->RecordFlip();
 }
 
 void AdmissionGate::Trust(const VersionRef& serving, const VersionRef& engine_label) {
@@ -189,6 +240,7 @@ void AdmissionGate::Trust(const VersionRef& serving, const VersionRef& engine_la
   engine_label_ = engine_label;
   trusted_ = true;
   distrust_reason_.clear();
+  RecordFlip();
   reopened_->NotifyAll();
 }
 

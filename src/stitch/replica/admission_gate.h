@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -88,6 +89,8 @@ class AdmissionGate {
 
     // The version captured at admission: the request starts on it.
     const VersionRef& start() const { return start_; }
+    // The engine's label of its weights at admission.
+    const VersionRef& start_label() const { return start_label_; }
     // Start and the version served now (the end version when the response
     // is produced now). Never another run: run changes drain every request.
     VersionStamp Stamp() const;
@@ -99,11 +102,12 @@ class AdmissionGate {
    private:
     friend class AdmissionGate;
     Ticket(AdmissionGate* gate, VersionRef start, VersionRef start_label, uint64_t epoch,
-           bool exact)
+           uint64_t flips, bool exact)
         : gate_(gate),
           start_(std::move(start)),
           start_label_(std::move(start_label)),
           epoch_(epoch),
+          flips_(flips),
           exact_(exact) {}
     void Release();
 
@@ -111,6 +115,7 @@ class AdmissionGate {
     VersionRef start_;
     VersionRef start_label_;  // the engine's label at admission
     uint64_t epoch_;
+    uint64_t flips_;  // the gate's flip count at admission
     bool exact_;
   };
 
@@ -138,6 +143,19 @@ class AdmissionGate {
   // a commit in progress is loading). FailedPrecondition saying what
   // disagrees otherwise (a label that is no version included).
   absl::Status CheckEngineLabel(const Ticket& ticket, std::string_view label) const;
+
+  // The served version that engine label `label` stood for while `ticket`'s
+  // request ran (from admission to now); nullopt when the label stood for
+  // more than one (an empty delta moved the served version without the
+  // engine) or for none the gate remembers. A commit flips the served
+  // version before the engine resumes, so every label an engine puts on
+  // tokens of an admitted request is known here by the time it is read.
+  std::optional<int64_t> ServedForLabel(const Ticket& ticket, int64_t label) const;
+
+  // Whether the served version or the engine's weights changed (a flip or a
+  // Trust) since `ticket`'s admission: when not, everything the request
+  // generated came from its start version.
+  bool ChangedSince(const Ticket& ticket) const { return flip_count_ != ticket.flips_; }
 
   // An open commit: admission stays closed until it is destroyed.
   class CommitWindow {
@@ -180,10 +198,19 @@ class AdmissionGate {
   // applied), added to the 409 of unmet constraints; "" when nothing is
   // wrong.
   void SetBehindReason(std::string why) { behind_reason_ = std::move(why); }
+  // The store's pointer as last read (nullopt: none yet, or no pointer), by
+  // which requests with max_staleness are judged.
+  void SetPointer(std::optional<VersionRef> pointer) { pointer_ = std::move(pointer); }
+  const std::optional<VersionRef>& pointer() const { return pointer_; }
 
   // Closes admission for good: waiting and future admissions fail with
   // Unavailable carrying `why`. Requests already admitted keep their tickets.
   void Terminate(absl::Status why);
+
+  // The first bound of `constraint` the served version fails, judged
+  // against the pointer as last read (SetPointer); a pointer of another run
+  // counts as beyond any staleness. nullopt when it holds.
+  std::optional<VersionConstraint::Bound> Unmet(const VersionConstraint& constraint) const;
 
   // The served version; meaningful only while trusted().
   const VersionRef& serving() const { return serving_; }
@@ -216,6 +243,7 @@ class AdmissionGate {
   absl::StatusOr<Ticket> Decide(const VersionConstraint& constraint);
   void Release(bool exact, uint64_t epoch);
   void Reopen();
+  void RecordFlip();
   bool Drained(DrainScope scope) const {
     if (!trusted_) return true;
     return scope == DrainScope::kAll ? vouched_ == 0 : active_exact_ == 0;
@@ -229,7 +257,12 @@ class AdmissionGate {
   std::string last_distrust_reason_;
   std::optional<std::string> hold_reason_;
   std::string behind_reason_;
+  std::optional<VersionRef> pointer_;
   uint64_t epoch_ = 0;
+  // The latest (engine label, served version) pairs set by Flip and Trust,
+  // newest last, and how many there were in all.
+  std::deque<std::pair<int64_t, int64_t>> flips_;
+  uint64_t flip_count_ = 0;
   bool open_ = true;
   bool window_open_ = false;
   absl::Status terminal_;

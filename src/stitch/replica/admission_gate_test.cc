@@ -83,6 +83,35 @@ TEST_F(AdmissionGateTest, RejectionIsVersionNotReadyAndAWake) {
   });
 }
 
+TEST_F(AdmissionGateTest, MaxStalenessIsJudgedAgainstThePointerAsLastRead) {
+  Run([&]() -> awaitable<void> {
+    VersionConstraint fresh = VersionConstraint::Fresh(1);
+    // No pointer read yet: nothing to be behind.
+    auto t = gate_->TryAdmit(fresh);
+    CO_ASSERT(t.has_value() && t->ok());
+    gate_->SetPointer(VersionRef{"r1", 6});
+    t = gate_->TryAdmit(fresh);
+    CO_ASSERT(t.has_value() && t->ok());
+    gate_->SetPointer(VersionRef{"r1", 7});
+    t = gate_->TryAdmit(fresh);
+    CO_ASSERT(t.has_value() && !t->ok());
+    EXPECT_EQ(GetErrorKind(t->status()), ErrorKind::kVersionNotReady);
+    EXPECT_NE(t->status().message().find("max_staleness 1"), std::string::npos) << t->status();
+    EXPECT_NE(t->status().message().find("r1/weight_v000007"), std::string::npos) << t->status();
+    EXPECT_EQ(gate_->Unmet(fresh), VersionConstraint::Bound::kStaleness);
+    // With min_version too: the first failing bound is named.
+    VersionConstraint both = VersionConstraint::AtLeast(6);
+    both.max_staleness = 3;
+    EXPECT_EQ(gate_->Unmet(both), VersionConstraint::Bound::kMin);
+    both.min_version = 5;
+    EXPECT_EQ(gate_->Unmet(both), std::nullopt);
+    // A pointer of another run is beyond any staleness.
+    gate_->SetPointer(VersionRef{"r2", 1});
+    EXPECT_EQ(gate_->Unmet(VersionConstraint::Fresh(100)), VersionConstraint::Bound::kStaleness);
+    EXPECT_EQ(wakes_, 1);
+  });
+}
+
 TEST_F(AdmissionGateTest, CloseWaitsForExactPinsOnlyWhenInPlace) {
   Run([&]() -> awaitable<void> {
     LoopLatch release_pin(loop_->executor());
@@ -305,6 +334,41 @@ TEST_F(AdmissionGateTest, EngineLabelsAreCheckedAgainstWhatTheEngineHeldDuringTh
     auto later = gate_->TryAdmit(VersionConstraint{});
     CO_ASSERT(later.has_value() && later->ok());
     EXPECT_FALSE(gate_->CheckEngineLabel(**later, "5").ok());
+  });
+}
+
+TEST_F(AdmissionGateTest, EngineLabelsMapToTheServedVersionsTheyStoodForDuringTheRequest) {
+  Run([&]() -> awaitable<void> {
+    auto t = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(t.has_value() && t->ok());
+    const AdmissionGate::Ticket& ticket = **t;
+    EXPECT_FALSE(gate_->ChangedSince(ticket));
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 5), 5);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 6), std::nullopt);
+    // Two in-place commits while it runs.
+    for (int64_t v : {6, 7}) {
+      auto window = co_await gate_->Close(DrainScope::kExactPins);
+      CO_ASSERT(window.ok());
+      window->Flip(VersionRef{"r1", v});
+    }
+    EXPECT_TRUE(gate_->ChangedSince(ticket));
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 5), 5);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 6), 6);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 7), 7);
+    // An empty delta: served 8 on the weights labelled 7. Label 7 now stands
+    // for two versions, so it names neither.
+    {
+      auto window = co_await gate_->Close(DrainScope::kExactPins);
+      CO_ASSERT(window.ok());
+      window->Flip(VersionRef{"r1", 8}, VersionRef{"r1", 7});
+    }
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 7), std::nullopt);
+    EXPECT_EQ(gate_->ServedForLabel(ticket, 6), 6);
+    // A request admitted after it knows label 7 as 8 only.
+    auto later = gate_->TryAdmit(VersionConstraint{});
+    CO_ASSERT(later.has_value() && later->ok());
+    EXPECT_EQ(gate_->ServedForLabel(**later, 7), 8);
+    EXPECT_FALSE(gate_->ChangedSince(**later));
   });
 }
 

@@ -70,6 +70,8 @@ struct VersionedProxy::Call {
   std::vector<std::string> rids;
   std::vector<std::string> client_rids;
   HttpRequest upstream;
+  // Spans from the engine's labels, event by event (set once admitted).
+  std::optional<SpanDeriver> deriver;
 };
 
 // Registers a call as in flight for as long as it lives.
@@ -138,14 +140,79 @@ VersionedProxy::Verdict VersionedProxy::Vouch(Call& call, std::string& text, std
     }
   }
   const VersionStamp stamp = call.ticket->Stamp();
+  std::vector<std::optional<VersionSpans>> spans;
+  absl::Status spans_ok;
+  ForEachItem(doc, [&](json::object& item, size_t) {
+    absl::StatusOr<std::optional<VersionSpans>> s = Spans(call, doc, item);
+    if (!s.ok()) {
+      if (spans_ok.ok()) spans_ok = s.status();
+      return;
+    }
+    spans.push_back(*std::move(s));
+  });
+  if (!spans_ok.ok()) {
+    *why = std::string(spans_ok.message());
+    if (on_mislabel_) on_mislabel_(*why);
+    return Verdict::kUnvouched;
+  }
   ForEachItem(doc, [&](json::object& item, size_t i) {
     if (i < call.client_rids.size() && !call.client_rids[i].empty()) {
       RestoreRid(call.route, item, call.rids[i], call.client_rids[i]);
     }
     StampResponse(call.route, item, stamp);
+    if (i < spans.size()) StampSpans(call.route, item, spans[i]);
   });
   text = json::serialize(doc);
   return Verdict::kStamped;
+}
+
+absl::StatusOr<std::optional<VersionSpans>> VersionedProxy::Spans(Call& call,
+                                                                  const json::value& doc,
+                                                                  const json::object& item) {
+  const AdmissionGate::Ticket& ticket = *call.ticket;
+  const std::optional<int64_t> tokens = ReportedCompletionTokens(call.route, item);
+  // In the engine's labels first.
+  std::optional<VersionSpans> labelled;
+  absl::StatusOr<std::optional<VersionSpans>> reported = ReportedSpans(call.route, item);
+  if (!reported.ok()) return reported.status();
+  if (reported->has_value()) {
+    for (const VersionSpan& span : **reported) {
+      if (absl::Status held = gate_.CheckEngineLabel(ticket, absl::StrCat(span.version));
+          !held.ok()) {
+        return held;
+      }
+    }
+    labelled = **reported;
+  } else if (doc.is_object() && call.deriver.has_value()) {
+    // One generation (batches are never streamed): derive from its labels.
+    std::optional<int64_t> label;
+    if (std::optional<std::string> text = ResponseWeightLabel(doc)) {
+      if (std::optional<VersionRef> ref = ParseEngineLabel(*text)) label = ref->version;
+    }
+    call.deriver->Observe(label, tokens);
+    labelled = call.deriver->spans();
+  }
+  // Then in served versions.
+  std::optional<VersionSpans> served;
+  if (labelled.has_value()) {
+    served.emplace();
+    for (const VersionSpan& span : *labelled) {
+      std::optional<int64_t> version = gate_.ServedForLabel(ticket, span.version);
+      if (!version.has_value()) {
+        served.reset();
+        break;
+      }
+      if (served->empty() || served->back().version != *version) {
+        served->push_back({span.offset, *version});
+      }
+    }
+  }
+  if (!served.has_value() && !gate_.ChangedSince(ticket)) {
+    // Nothing changed while it ran: every token came from the start version.
+    served.emplace();
+    if (tokens.value_or(1) > 0) served->push_back({0, ticket.start().version});
+  }
+  return served;
 }
 
 awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {
@@ -225,7 +292,8 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
       // Nothing is named as served while the engine's weights are not
       // vouched for.
       HttpResponse response =
-          NotReadyResponse(constraint, gate_.known_serving(), std::string(s.message()));
+          NotReadyResponse(constraint, gate_.known_serving(), std::string(s.message()),
+                           gate_.trusted() ? gate_.Unmet(constraint) : std::nullopt);
       (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;
@@ -236,6 +304,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
     co_return;
   }
   call.ticket.emplace(**std::move(admitted));
+  call.deriver.emplace(call.ticket->start_label().version);
   const InFlight registered(in_flight_, &call);
 
   TagRequest(route, body, call.ticket->start());

@@ -17,7 +17,12 @@
 //   - it is tagged for prefix-cache isolation (TagRequest, api/request.h);
 //   - the response, or each event of a `stream: true` response as it
 //     arrives, is stamped with the start and end versions (StampResponse,
-//     api/response.h); the ticket is held until the response ends;
+//     api/response.h) and with `weight_version_spans` (StampSpans): the
+//     engine's own spans when it reports them, else spans derived from the
+//     label and token count of each event (SpanDeriver), translated from
+//     engine labels to served versions (AdmissionGate::ServedForLabel); when
+//     neither is exact, [[0, start]] if no commit happened while the request
+//     ran, else "unknown". The ticket is held until the response ends;
 //   - before stamping, the weight label the engine put on the response (or
 //     event) must be one the engine held while the request ran
 //     (AdmissionGate::CheckEngineLabel), and the ticket must still be
@@ -50,12 +55,18 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/api/dispatch.h"
+#include "stitch/api/response.h"
 #include "stitch/api/routes.h"
 #include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/http.h"
 #include "stitch/net/server.h"
 #include "stitch/replica/admission_gate.h"
+
+namespace boost::json {
+class object;
+class value;
+}  // namespace boost::json
 
 namespace stitch {
 
@@ -131,6 +142,11 @@ class VersionedProxy {
   // Checks the engine's label and the ticket's trust, restores the client's
   // rids and stamps `text` (one document) in place. kUnvouched sets `why`.
   Verdict Vouch(Call& call, std::string& text, std::string* why);
+  // The spans to stamp on `item` of response document `doc`, in served
+  // versions (nullopt: unknown); an error when the engine reported spans
+  // that are malformed or name weights it did not hold.
+  absl::StatusOr<std::optional<VersionSpans>> Spans(Call& call, const boost::json::value& doc,
+                                                    const boost::json::object& item);
   boost::asio::awaitable<void> HandleVersioned(HttpExchange& exchange, ApiRoute route);
   boost::asio::awaitable<void> BadRequest(HttpExchange& exchange, std::string message);
   boost::asio::awaitable<void> Forward(HttpExchange& exchange);

@@ -104,6 +104,46 @@ class ProxyTest : public ::testing::Test {
       return sidecar_->reconciler().ready() && sidecar_->gate().serving().version == version;
     });
   }
+  // An in-place commit as the reconciler makes it, without an engine: the
+  // gate flips to `v`, and the data plane labels what follows `v`.
+  void CommitInPlace(int64_t v) {
+    loop_->BlockOn([](AdmissionGate& gate, int64_t v) -> awaitable<void> {
+      auto window = co_await gate.Close(DrainScope::kExactPins);
+      EXPECT_TRUE(window.ok()) << window.status();
+      if (window.ok()) window->Flip(VersionRef{"r1", v});
+    }(sidecar_->gate(), v));
+    fake_.SetWeightVersion(absl::StrCat("r1/weight_v00000", v));
+  }
+
+  // Opens a streamed request through the sidecar and returns the next
+  // event's data each call (nullopt at the end).
+  struct Streamed {
+    EventLoop loop;
+    HttpClient client{loop.executor()};
+    std::optional<HttpResponseStream> stream;
+    SseEventSplitter splitter;
+    std::optional<std::string> Next() {
+      for (;;) {
+        if (auto e = splitter.Next()) return SseData(*e);
+        auto chunk = loop.BlockOn(stream->Read());
+        if (!chunk.ok() || chunk->empty()) return std::nullopt;
+        splitter.Append(*chunk);
+      }
+    }
+  };
+  void OpenStream(Streamed& s, const std::string& path, const std::string& body) {
+    auto url = ParseHttpUrl(sidecar_->url());
+    HttpRequest request;
+    request.method = "POST";
+    request.target = path;
+    request.headers.Set("Content-Type", "application/json");
+    request.body = body;
+    auto stream = s.loop.BlockOn(s.client.SendStreamed(url->origin, request));
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    ASSERT_EQ(stream->status(), 200);
+    s.stream.emplace(*std::move(stream));
+  }
+
   int64_t Active() {
     return OnLoop([&] { return sidecar_->gate().active(); });
   }
@@ -283,6 +323,28 @@ TEST_F(ProxyTest, UnmetConstraintGets409WithItsBodyAndWakesTheReconciler) {
       << metrics.body;
 }
 
+TEST_F(ProxyTest, AStaleReplicaRefusesMaxStalenessWith409NamingTheBound) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  OnLoop([&] {
+    sidecar_->gate().SetPointer(VersionRef{"r1", 2});
+    return true;
+  });
+  HttpResponse r =
+      Send("POST", "/generate", R"({"text":"hi","weight_version":{"max_staleness":1}})");
+  ASSERT_EQ(r.status, 409) << r.body;
+  json::object body = Parse(r.body);
+  EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
+  EXPECT_EQ(body.at("failed_bound").as_string(), "max_staleness");
+  EXPECT_TRUE(body.at("target_version").is_null());
+  EXPECT_NE(r.body.find("max_staleness 1"), std::string::npos) << r.body;
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+  HttpResponse min =
+      Send("POST", "/generate", R"({"text":"hi","weight_version":{"min_version":4}})");
+  ASSERT_EQ(min.status, 409) << min.body;
+  EXPECT_EQ(Parse(min.body).at("failed_bound").as_string(), "min_version");
+}
+
 TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
   Start(fake_.url());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
@@ -443,6 +505,76 @@ TEST_F(ProxyTest, StreamedEventsAreStampedAsTheyArrive) {
   EXPECT_EQ(SseData(*done), "[DONE]");
   EXPECT_FALSE(next_event().has_value());
   EXPECT_TRUE(WaitUntil([&] { return Active() == 0; }));
+}
+
+// An engine that labels each event and counts its tokens: the sidecar
+// derives exact spans across a commit inside the generation.
+TEST_F(ProxyTest, StreamedSpansAreDerivedFromTheEnginesLabelsAcrossACommit) {
+  fake_.SetWeightVersion("r1/weight_v000000");
+  fake_.SetStreamEvents(3);
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  Streamed s;
+  OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
+  std::optional<std::string> first = s.Next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(json::serialize(Parse(*first).at("meta_info").at("weight_version_spans")), "[[0,0]]");
+  CommitInPlace(1);
+  fake_.ReleaseStream();
+  for (int i = 1; i < 3; ++i) {
+    std::optional<std::string> e = s.Next();
+    ASSERT_TRUE(e.has_value());
+    const json::object meta = Parse(*e).at("meta_info").as_object();
+    EXPECT_EQ(json::serialize(meta.at("weight_version_spans")), "[[0,0],[1,1]]") << *e;
+    EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
+    EXPECT_EQ(meta.at("weight_version_end").as_int64(), 1);
+  }
+  EXPECT_EQ(s.Next(), "[DONE]");
+}
+
+// An engine that says nothing per event (SGLang's OpenAI streams): across a
+// commit the sidecar knows only start and end, and says the spans are
+// unknown rather than guess.
+TEST_F(ProxyTest, SpansAreUnknownWhenACommitHappensAndTheEngineReportsNothing) {
+  fake_.SetStreamEvents(3);
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  Streamed s;
+  OpenStream(s, "/v1/completions", R"({"prompt":"hi","stream":true})");
+  std::optional<std::string> first = s.Next();
+  ASSERT_TRUE(first.has_value());
+  // Nothing changed yet: everything so far came from version 0.
+  EXPECT_EQ(json::serialize(Parse(*first).at("weight_version_spans")), "[[0,0]]");
+  CommitInPlace(1);
+  fake_.ReleaseStream();
+  for (int i = 1; i < 3; ++i) {
+    std::optional<std::string> e = s.Next();
+    ASSERT_TRUE(e.has_value());
+    const json::object event = Parse(*e);
+    EXPECT_EQ(event.at("weight_version_spans").as_string(), "unknown") << *e;
+    EXPECT_EQ(event.at("weight_version_start").as_int64(), 0);
+    EXPECT_EQ(event.at("weight_version_end").as_int64(), 1);
+  }
+}
+
+// Spans the engine reports pass through when they name weights it held, and
+// make the answer unvouched (retryable) when they do not.
+TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  fake_.SetAnswer(
+      "/v1/completions",
+      JsonResponse(200, R"({"id":"cmpl-x","metadata":{"weight_version":"0"},)"
+                        R"("usage":{"completion_tokens":4},"weight_version_spans":[[0,0]]})"));
+  HttpResponse ok = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(json::serialize(Parse(ok.body).at("weight_version_spans")), "[[0,0]]");
+  fake_.SetAnswer("/v1/completions",
+                  JsonResponse(200, R"({"id":"cmpl-x","metadata":{"weight_version":"0"},)"
+                                    R"("weight_version_spans":[[0,0],[2,3]]})"));
+  HttpResponse refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_EQ(refused.body.find("weight_version_start"), std::string::npos) << refused.body;
 }
 
 TEST_F(ProxyTest, AStreamingClientThatLeavesEndsTheEngineStreamAndReleasesAdmission) {
