@@ -54,6 +54,15 @@ TEST(SidecarFlagsTest, ConsistentFlagsAreAccepted) {
   EXPECT_EQ(config->reconciler.boot_version, 119);
 }
 
+TEST(SidecarFlagsTest, VllmIsAnEngineTheSidecarStagesFor) {
+  SidecarFlags f = Good();
+  f.engine = "vllm";
+  auto config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine, EngineKind::kVllm);
+  EXPECT_EQ(config->local_checkpoint, f.local_checkpoint);
+}
+
 TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   SidecarFlags f = Good();
   f.local_checkpoint.clear();
@@ -83,8 +92,18 @@ TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   ExpectRefused(f, "--run-id");
 
   f = Good();
-  f.engine = "vllm";
+  f.engine = "trtllm";
   ExpectRefused(f, "--engine");
+
+  f = Good();
+  f.engine = "vllm";
+  f.local_checkpoint.clear();
+  ExpectRefused(f, "--engine vllm needs --local-checkpoint");
+
+  f = Good();
+  f.engine = "vllm";
+  f.update_mode = "cpu";
+  ExpectRefused(f, "--update-mode cpu");  // vLLM loads only from disk
 
   f = Good();
   f.engine_url = "localhost:30000";

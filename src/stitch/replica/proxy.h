@@ -50,6 +50,7 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/api/dispatch.h"
+#include "stitch/api/request.h"
 #include "stitch/api/routes.h"
 #include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
@@ -62,6 +63,9 @@ namespace stitch {
 struct ProxyOptions {
   // The engine's data plane.
   HttpOrigin engine;
+  // The body field that carries the engine's request id (`rid` for SGLang,
+  // `request_id` for vLLM).
+  EngineRidField rid_field = EngineRidField::kRid;
   // A non-streamed request: the whole exchange with the engine. A streamed
   // one: until the response header.
   std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);
