@@ -107,7 +107,8 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   auto engine = supervisor_.Start(
       absl::StrCat("engine ", name),
       {"engine", "--model", options_.base_checkpoint.string(), "--host", "127.0.0.1", "--port", "0",
-       "--run-id", options_.run_id, "--worker-threads", "1"},
+       "--run-id", options_.run_id, "--worker-threads", "1", "--api",
+       std::string(EngineApiName(options_.api))},
       logs / absl::StrCat("engine-", name, ".log"));
   if (!engine.ok()) return fail(engine.status());
   {
@@ -117,6 +118,8 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   auto engine_url = supervisor_.WaitForUrl(*engine, options_.start_timeout, cancel_);
   if (!engine_url.ok()) return fail(engine_url.status());
 
+  // vLLM loads versions only from disk: the sidecar stages them.
+  const bool vllm = options_.api == EngineApi::kVllm;
   auto sidecar = supervisor_.Start(absl::StrCat("sidecar ", name),
                                    {"sidecar",
                                     "--store",
@@ -124,13 +127,13 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
                                     "--run-id",
                                     options_.run_id,
                                     "--engine",
-                                    "sglang",
+                                    vllm ? "vllm" : "sglang",
                                     "--engine-url",
                                     *engine_url,
                                     "--base-checkpoint",
                                     options_.base_checkpoint.string(),
                                     "--update-mode",
-                                    "cpu",
+                                    vllm ? "disk" : "cpu",
                                     "--local-checkpoint",
                                     (dir / "local").string(),
                                     "--reconcile-interval",
