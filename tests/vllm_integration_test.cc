@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
@@ -328,6 +330,52 @@ TEST_F(VllmIntegrationTest, TheClientsRequestIdAndCacheSaltSurviveTheVersionTag)
   ASSERT_TRUE(served.ok());
   EXPECT_THAT(served->body,
               HasSubstr("stitch_engine_last_cache_salt{cache_salt=\"wv0;r1/tenant-a\"} 1"));
+}
+
+// vLLM aborts by exact request id: the client whose id is a prefix of
+// another's ("job-1", "job-12") leaves, and only its generation ends.
+TEST_F(VllmIntegrationTest, AClientThatLeavesAbortsOnlyItsOwnGeneration) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
+  // Requests wait in the engine's queue while it is paused, so both are in
+  // flight when the first client leaves.
+  auto paused = Fetch("POST", engine_url_ + "/pause?mode=keep");
+  ASSERT_TRUE(paused.ok() && paused->status == 200);
+  auto waiting = [&]() -> int64_t {
+    auto metrics = Fetch("GET", engine_url_ + "/metrics");
+    if (!metrics.ok()) return -1;
+    const std::string key = "vllm:num_requests_waiting{";
+    size_t at = metrics->body.find(key);
+    if (at == std::string::npos) return -1;
+    at = metrics->body.find("} ", at);
+    return std::stoll(metrics->body.substr(at + 2));
+  };
+  auto kept = std::async(std::launch::async, [&] {
+    return Fetch("POST", url_ + "/v1/completions", CompletionBody(12, R"(,"request_id":"job-12")"));
+  });
+  ASSERT_TRUE(Eventually([&] { return waiting() == 1; }, kConverge));
+  auto url = ParseHttpUrl(url_);
+  ASSERT_TRUE(url.ok());
+  {
+    testing::RawSocket leaving(url->origin.port);
+    ASSERT_TRUE(leaving.connected());
+    const std::string request = CompletionBody(12, R"(,"request_id":"job-1")");
+    leaving.Send(absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: ",
+        request.size(), "\r\n\r\n", request));
+    ASSERT_TRUE(Eventually([&] { return waiting() == 2; }, kConverge));
+  }
+  ASSERT_TRUE(Eventually([&] { return waiting() == 1; }, kConverge));
+  auto resumed = Fetch("POST", engine_url_ + "/resume");
+  ASSERT_TRUE(resumed.ok() && resumed->status == 200);
+  auto answer = kept.get();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->status, 200) << answer->body;
+  json::object o = Parse(answer->body);
+  EXPECT_EQ(o.at("id").as_string(), "cmpl-job-12");
+  EXPECT_EQ(o.at("choices").at(0).at("finish_reason").as_string(), "length") << answer->body;
+  EXPECT_EQ(o.at("usage").at("completion_tokens").as_int64(), 12);
 }
 
 TEST_F(VllmIntegrationTest, AReloadThatFailsEndsTheSidecarNonZero) {
