@@ -243,6 +243,50 @@ TEST_F(CliTest, ServingCommandsRefuseInconsistentBodyLimits) {
   EXPECT_FALSE(fs::exists(x));
 }
 
+// The original Stitch's names for the sidecar's settings are accepted: each
+// reaches the check of the flag it aliases (an unknown flag would be a usage
+// error naming itself instead).
+TEST_F(CliTest, TheSidecarAcceptsTheOriginalsFlagNames) {
+  const std::string x = (tmp_ / "x").string();
+  const std::vector<std::string> original = {"sidecar",
+                                             "--store",
+                                             x,
+                                             "--run-id",
+                                             "run-a",
+                                             "--upstream",
+                                             "http://127.0.0.1:1",
+                                             "--base-checkpoint-dir",
+                                             x,
+                                             "--local-checkpoint-dir",
+                                             x,
+                                             "--port",
+                                             "0"};
+  for (const auto& [extra, refusal] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--disk-load-format", "fastsafetensors", "--delta-update-mode", "tape"},
+            "--update-mode: "},
+           {{"--watchdog-failure-threshold", "0"}, "--watchdog-threshold must be at least 1"},
+           {{"--disk-load-format", "no such"}, "--disk-load-format \"no such\""},
+       }) {
+    std::vector<std::string> args = original;
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProcessResult r = RunStitch(args);
+    EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << "\n" << r.err;
+    EXPECT_THAT(r.err, IsOneFailureLine());
+    EXPECT_THAT(r.err, HasSubstr(refusal));
+  }
+  EXPECT_FALSE(fs::exists(x));
+}
+
+// Engine, sidecar and gateway listen on this machine only unless told
+// otherwise, and say so.
+TEST_F(CliTest, ServingCommandsShareOneListenAddressDefaultAndSayIt) {
+  for (const char* command : {"engine", "sidecar", "gateway"}) {
+    ProcessResult r = RunStitch({command, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << command;
+    EXPECT_THAT(r.out, HasSubstr("127.0.0.1 (the default) is this machine only")) << command;
+  }
+}
+
 TEST_F(CliTest, HelpExitsZero) {
   ProcessResult r = RunStitch({"--help"});
   EXPECT_EQ(r.exit_code, 0);

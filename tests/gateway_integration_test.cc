@@ -292,7 +292,8 @@ TEST_F(GatewayIntegrationTest, RoutesByVersionKeepsSessionsWaitsAndRetries) {
   json::object conflict = Parse(rejected->body);
   EXPECT_EQ(conflict["type"].as_string(), "WeightVersionNotReady");
   EXPECT_EQ(conflict["target_version"].as_int64(), 9);
-  EXPECT_EQ(conflict["applied"].as_string(), "r1/weight_v000003");
+  EXPECT_EQ(conflict["applied"].as_int64(), 3);
+  EXPECT_EQ(conflict["applied_identity"].as_string(), "r1/weight_v000003");
   EXPECT_EQ(Metric("stitch_gateway_rejected_total"), "1");
 
   // Killing a replica mid-request: the request is retried elsewhere and the

@@ -272,13 +272,17 @@ class SidecarIntegrationTest : public ::testing::Test {
     json::object conflict = Parse(stale->body);
     EXPECT_EQ(conflict.at("type").as_string(), "WeightVersionNotReady");
     EXPECT_EQ(conflict.at("target_version").as_int64(), 1);
-    EXPECT_EQ(conflict.at("applied").as_string(), "r1/weight_v000002");
+    EXPECT_EQ(conflict.at("applied").as_int64(), 2);
+    EXPECT_EQ(conflict.at("applied_identity").as_string(), "r1/weight_v000002");
     EXPECT_FALSE(conflict.at("message").as_string().empty());
 
     auto metrics = Call("GET", "/metrics");
     ASSERT_TRUE(metrics.ok());
     EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_applied_version{run_id=\"r1\"} 2"));
     EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_ready 1"));
+    // The engine's own families follow the sidecar's.
+    EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_engine_metrics_up 1"));
+    EXPECT_THAT(metrics->body, HasSubstr("# TYPE sglang:num_running_reqs gauge"));
   }
 
   TempDir tmp_;
@@ -336,7 +340,7 @@ TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {
     auto r = Call("POST", path, "{}");
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->status, 403) << path;
-    EXPECT_EQ(Parse(r->body).at("type").as_string(), "RouteBlocked");
+    EXPECT_EQ(Parse(r->body).at("error").at("type").as_string(), "RouteBlocked");
   }
   // The engine was never paused: generation still works.
   EXPECT_EQ(Generate(url_, "").status, 200);
@@ -350,7 +354,7 @@ TEST_F(SidecarIntegrationTest, RequestBodiesAreBoundedByTheFlags) {
   auto big = Call("POST", "/generate", R"({"text":")" + std::string(2048, 'a') + R"("})");
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(big->status, 413);
-  EXPECT_EQ(Parse(big->body).at("type").as_string(), "PayloadTooLarge");
+  EXPECT_EQ(Parse(big->body).at("error").at("type").as_string(), "PayloadTooLarge");
   EXPECT_THAT(big->body, HasSubstr("1024"));
   EXPECT_EQ(Generate(url_, "").status, 200);
 }
@@ -407,8 +411,8 @@ TEST_F(SidecarIntegrationTest, KilledEngineGivesRetryable503ThenTheSidecarExits)
   EXPECT_EQ(r->status, 503) << r->body;
   EXPECT_EQ(r->headers.Get("retry-after"), "1");
   json::object body = Parse(r->body);
-  EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
-  EXPECT_EQ(body.at("retryable").as_bool(), true);
+  EXPECT_EQ(body.at("error").at("type").as_string(), "EngineUnavailable");
+  EXPECT_EQ(body.at("error").at("retryable").as_bool(), true);
   // The watchdog (3 probes, 0.5 s apart) ends the replica.
   std::optional<int> exit = sidecar_->WaitForExit(std::chrono::seconds(30));
   ASSERT_TRUE(exit.has_value()) << sidecar_->err();

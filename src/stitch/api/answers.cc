@@ -45,11 +45,11 @@ std::string NotReadyBody(const VersionConstraint& constraint,
     conflict["target_version"] = nullptr;
   }
   if (applied.has_value()) {
-    conflict["applied"] = applied->ToString();
-    conflict["applied_version"] = applied->version;
+    conflict["applied"] = applied->version;
+    conflict["applied_identity"] = applied->ToString();
   } else {
     conflict["applied"] = nullptr;
-    conflict["applied_version"] = nullptr;
+    conflict["applied_identity"] = nullptr;
   }
   conflict["message"] = message;
   return json::serialize(conflict);
@@ -65,11 +65,17 @@ std::optional<VersionRef> NotReadyApplied(std::string_view body) {
   boost::system::error_code ec;
   json::value doc = json::parse(body, ec, arena.storage());
   if (ec || !doc.is_object()) return std::nullopt;
-  const json::value* applied = doc.get_object().if_contains("applied");
-  if (applied == nullptr || !applied->is_string()) return std::nullopt;
-  absl::StatusOr<VersionRef> ref = VersionRef::Parse(std::string_view(applied->get_string()));
-  if (!ref.ok()) return std::nullopt;
-  return *std::move(ref);
+  // The identity when the body has one (ours); the original's bare number
+  // otherwise, which names no run.
+  const json::object& o = doc.get_object();
+  if (const json::value* identity = o.if_contains("applied_identity");
+      identity != nullptr && identity->is_string()) {
+    absl::StatusOr<VersionRef> ref = VersionRef::Parse(std::string_view(identity->get_string()));
+    if (ref.ok()) return *std::move(ref);
+  }
+  const json::value* applied = o.if_contains("applied");
+  if (applied == nullptr || !applied->is_int64() || applied->get_int64() < 0) return std::nullopt;
+  return VersionRef{"", applied->get_int64()};
 }
 
 HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why) {

@@ -10,8 +10,10 @@
 //       EngineUnavailable       the engine behind a replica cannot serve
 //       ReplicaUnavailable      a replica cannot serve
 //       NoReadyReplica          no replica of a gateway's pool is ready
-// Bodies are JSON objects with `type` and `message` (net/http.h,
-// JsonErrorBody); the 409 adds what is served.
+// Bodies are the original Python Stitch's shapes: the 409 is a flat object
+// ({"type", "target_version", "applied", "message"}, `applied` the served
+// version number), every other answer `{"error": {"type", "message",
+// "retryable"?}}` (net/http.h, JsonErrorBody).
 #pragma once
 
 #include <optional>
@@ -28,9 +30,9 @@ namespace stitch {
 HttpResponse BadRequestResponse(std::string_view message);
 
 // The body of a 409 WeightVersionNotReady: the constraint's target
-// (`target_version`, null without one), the version served (`applied` as an
-// identity and `applied_version` as a number, both null when none) and
-// `message`.
+// (`target_version`, null without one), the version served (`applied`, its
+// number, as the original answers; `applied_identity`, with its run; both
+// null when none) and `message`.
 std::string NotReadyBody(const VersionConstraint& constraint,
                          const std::optional<VersionRef>& applied, std::string_view message);
 HttpResponse NotReadyResponse(const VersionConstraint& constraint,

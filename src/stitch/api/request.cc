@@ -44,11 +44,21 @@ size_t Digits(size_t n) {
 // A non-string value is replaced: the engine would refuse it anyway, and a
 // request must never reach the cache untagged.
 void PrefixKey(json::object& body, std::string_view key, const std::string& prefix) {
-  std::string value = prefix;
-  if (const json::value* own = body.if_contains(key); own != nullptr && own->is_string()) {
-    value.append(own->get_string().data(), own->get_string().size());
+  auto prefixed = [&](const json::value* own) {
+    std::string value = prefix;
+    if (own != nullptr && own->is_string()) {
+      value.append(own->get_string().data(), own->get_string().size());
+    }
+    return value;
+  };
+  json::value* own = body.if_contains(key);
+  if (own != nullptr && own->is_array()) {
+    // A batch's keys, one per prompt (SGLang takes a list): each is
+    // prefixed in place.
+    for (json::value& item : own->get_array()) item = prefixed(&item);
+    return;
   }
-  body[key] = value;
+  body[key] = prefixed(own);
 }
 
 }  // namespace
@@ -138,6 +148,7 @@ std::string CacheIsolationPrefix(const VersionRef& serving) {
 }
 
 void TagRequest(ApiRoute route, json::object& body, const VersionRef& serving) {
+  // (A list of keys, one per prompt of a batch, is prefixed item by item.)
   PrefixKey(body, route == ApiRoute::kGenerate ? "extra_key" : "cache_salt",
             CacheIsolationPrefix(serving));
 }

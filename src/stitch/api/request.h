@@ -74,7 +74,8 @@ std::string CacheIsolationPrefix(const VersionRef& serving);
 // Tags a versioned request so that the engine's prefix cache never mixes
 // versions: /generate gets SGLang's `extra_key`, the OpenAI routes
 // `cache_salt` (vLLM's), each "<CacheIsolationPrefix(serving)><the caller's
-// own value>". A caller's value that is not a string is replaced.
+// own value>". A list of values (one per prompt of a batched /generate) has
+// each item prefixed; a caller's value that is not a string is replaced.
 void TagRequest(ApiRoute route, boost::json::object& body, const VersionRef& serving);
 
 }  // namespace stitch

@@ -35,6 +35,18 @@ TEST(TaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
   EXPECT_EQ(bare.at("extra_key").as_string(), "wv12;r1/");
 }
 
+// A batch's keys are a list, one per prompt: each is prefixed, none is
+// lost to a single string.
+TEST(TaggingTest, EachKeyOfABatchIsPrefixed) {
+  json::object body = Parse(R"({"text":["a","b","c"],"extra_key":["x","y",7]})");
+  TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 2});
+  const json::array& keys = body.at("extra_key").as_array();
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[0].as_string(), "wv2;r1/x");
+  EXPECT_EQ(keys[1].as_string(), "wv2;r1/y");
+  EXPECT_EQ(keys[2].as_string(), "wv2;r1/");  // not a string: replaced, never untagged
+}
+
 TEST(TaggingTest, OpenAiRoutesGetACacheSalt) {
   for (ApiRoute route : {ApiRoute::kCompletions, ApiRoute::kChatCompletions}) {
     json::object body = Parse(R"({"prompt":"hi","cache_salt":"s"})");
@@ -80,10 +92,10 @@ TEST(VersionedBodyTest, BadBodiesAreRefusedWithTheMessageOfThe400) {
   EXPECT_THAT(ReadVersionedAsk("[1]").status().message(), HasSubstr("JSON object"));
   EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{"exact_version":"x"}})").status().message(),
               HasSubstr("weight_version"));
-  EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{"exact_version":1,"min_version":1}})")
+  EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{"exact_version":1,"min_version":2}})")
                   .status()
                   .message(),
-              HasSubstr("both"));
+              HasSubstr("no version is both"));
   EXPECT_THAT(ReadVersionedAsk(R"({"weight_version":{},"weight_version":{}})").status().message(),
               HasSubstr("twice"));
 }

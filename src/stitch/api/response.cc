@@ -39,7 +39,7 @@ void StampResponse(ApiRoute route, json::object& item, VersionStamp stamp) {
   json::object& m = meta.get_object();
   m["weight_version_start"] = stamp.start;
   m["weight_version_end"] = stamp.end;
-  m["weight_version"] = std::to_string(stamp.end);
+  m["weight_version"] = std::to_string(stamp.start);
 }
 
 std::optional<int64_t> StampedEndVersion(std::string_view body) {

@@ -29,8 +29,9 @@ struct VersionStamp {
 // Stamps a response object (or one streamed event) with `stamp`:
 // `weight_version_start` and `weight_version_end` as integers, inside
 // `meta_info` for /generate (where `meta_info.weight_version` becomes the
-// end version as a string, as SGLang reports it), at the top level for the
-// OpenAI routes.
+// start version, the one the request was admitted on, as a string, as the
+// original Python Stitch reports it), at the top level for the OpenAI
+// routes.
 void StampResponse(ApiRoute route, boost::json::object& item, VersionStamp stamp);
 
 // The end version StampResponse stamped on a response body:

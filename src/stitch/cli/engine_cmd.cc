@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/server_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/refengine/config.h"
 #include "stitch/refengine/init_model.h"
@@ -113,7 +114,7 @@ void AddInitModelCommand(CLI::App& engine, int* exit_code) {
 
 struct ServeArgs {
   std::string model;
-  std::string host = "127.0.0.1";
+  std::string host = kDefaultListenHost;
   int port = 30000;
   int64_t boot_version = 0;
   std::string run_id;
@@ -173,7 +174,7 @@ int RunServe(const ServeArgs& args) {
 
 void AddServeOptions(CLI::App& engine, ServeArgs& args) {
   engine.add_option("--model", args.model, "Checkpoint directory to serve (config.json + weights)");
-  engine.add_option("--host", args.host, "Address to listen on")->capture_default_str();
+  AddHostOption(&engine, &args.host);
   engine.add_option("--port", args.port, "Port to listen on (0 picks a free one)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();

@@ -30,7 +30,7 @@ constexpr int kExitRefused = 2;
 
 struct GatewayFlags {
   std::string pool;
-  std::string host = "0.0.0.0";
+  std::string host = kDefaultListenHost;
   int port = 8080;
   std::string session_header = "X-Session-Id";
   double admission_wait_s = 30;
@@ -128,7 +128,7 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
                   "Replica pool: static:URL,URL,..., file:PATH (one URL per line, re-read when "
                   "it changes) or dns:NAME:PORT")
       ->required();
-  cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
+  AddHostOption(cmd, &flags.host);
   cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
       ->capture_default_str();
   cmd->add_option("--session-header", flags.session_header,

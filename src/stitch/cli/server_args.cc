@@ -5,6 +5,13 @@
 
 namespace stitch {
 
+void AddHostOption(CLI::App* cmd, std::string* host) {
+  cmd->add_option("--host", *host,
+                  "Address to listen on: 127.0.0.1 (the default) is this machine only; "
+                  "0.0.0.0 listens on every interface")
+      ->capture_default_str();
+}
+
 void AddBodyLimitOptions(CLI::App* cmd, BodyLimitArgs* args) {
   cmd->add_option("--max-body-bytes", args->max_body_bytes,
                   "Largest request body accepted (413 beyond); bytes, or with a unit: 32MiB")

@@ -4,12 +4,17 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "stitch/net/server.h"
 
 namespace stitch {
+
+// --host, bound to `host`, with the shared default (kDefaultListenHost)
+// stated in --help.
+void AddHostOption(CLI::App* cmd, std::string* host);
 
 struct BodyLimitArgs {
   uint64_t max_body_bytes = kDefaultMaxBodyBytes;

@@ -113,6 +113,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   engine_options.base_checkpoint_dir = config->reconciler.base_checkpoint_dir;
   engine_options.local_checkpoint_dir = config->local_checkpoint;
   engine_options.destination = config->update_mode;
+  engine_options.load_format = config->disk_load_format;
   std::unique_ptr<Engine> engine;
   if (config->engine == EngineKind::kSglang) {
     auto made = SglangEngine::Make(loop->executor(), engine_options);
@@ -202,15 +203,19 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--engine", flags.engine,
                   "sglang (stages by itself), sglang-stock or vllm (the sidecar stages)")
       ->capture_default_str();
-  cmd->add_option("--engine-url", flags.engine_url, "The engine's URL, http://host:port")
+  cmd->add_option("--engine-url,--upstream", flags.engine_url, "The engine's URL, http://host:port")
       ->required();
-  cmd->add_option("--base-checkpoint", flags.base_checkpoint,
+  cmd->add_option("--base-checkpoint,--base-checkpoint-dir", flags.base_checkpoint,
                   "The checkpoint directory the engine was started with")
       ->required();
-  cmd->add_option("--local-checkpoint", flags.local_checkpoint,
+  cmd->add_option("--local-checkpoint,--local-checkpoint-dir", flags.local_checkpoint,
                   "Where versions are staged on disk (required for --update-mode disk and "
                   "sglang-stock)");
-  cmd->add_option("--update-mode", flags.update_mode, "disk or cpu")->capture_default_str();
+  cmd->add_option("--update-mode,--delta-update-mode", flags.update_mode, "disk or cpu")
+      ->capture_default_str();
+  cmd->add_option("--disk-load-format", flags.disk_load_format,
+                  "The engine's load_format for loads from disk (update_weights_from_disk)")
+      ->capture_default_str();
   cmd->add_option("--commit-mode", flags.commit_mode,
                   "in_place (exact pins drain) or quiesce (everything drains)")
       ->capture_default_str();
@@ -232,10 +237,10 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
          "disables the periodic checks; a request that cannot reach the engine still "
          "triggers one)")
       ->capture_default_str();
-  cmd->add_option("--watchdog-threshold", flags.watchdog_threshold,
+  cmd->add_option("--watchdog-threshold,--watchdog-failure-threshold", flags.watchdog_threshold,
                   "Failed probes in a row that end the replica")
       ->capture_default_str();
-  cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
+  AddHostOption(cmd, &flags.host);
   cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
       ->capture_default_str();
   AddBodyLimitOptions(cmd, &body_limits);

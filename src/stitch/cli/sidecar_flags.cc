@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/state.h"
@@ -87,6 +88,20 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
     }
   }
   config.local_checkpoint = flags.local_checkpoint;
+  if (flags.disk_load_format.empty() ||
+      !std::all_of(flags.disk_load_format.begin(), flags.disk_load_format.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+      })) {
+    return Refuse(absl::StrCat("--disk-load-format \"", flags.disk_load_format,
+                               "\" is not a load format name: give one the engine knows, such as "
+                               "auto or safetensors"));
+  }
+  if (config.engine == EngineKind::kVllm && flags.disk_load_format != "auto") {
+    return Refuse(absl::StrCat("--disk-load-format ", flags.disk_load_format,
+                               " does not apply to --engine vllm: vLLM reloads with the loader it "
+                               "was started with (give it to vllm serve as --load-format)"));
+  }
+  config.disk_load_format = flags.disk_load_format;
   auto commit = ParseCommitMode(flags.commit_mode);
   if (!commit.ok()) return Refuse(absl::StrCat("--commit-mode: ", commit.status().message()));
 

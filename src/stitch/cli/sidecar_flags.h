@@ -25,6 +25,8 @@ struct SidecarFlags {
   std::string base_checkpoint;
   std::string local_checkpoint;
   std::string update_mode = "disk";
+  // Sent as `load_format` with every update_weights_from_disk.
+  std::string disk_load_format = "auto";
   std::string commit_mode = "in_place";
   int64_t boot_version = 0;
   bool flush_cache_on_commit = false;
@@ -32,8 +34,9 @@ struct SidecarFlags {
   double store_outage_limit_s = 30;
   double watchdog_interval_s = 1;
   int64_t watchdog_threshold = 15;
-  std::string host = "127.0.0.1";
-  int64_t port = 0;
+  std::string host = kDefaultListenHost;
+  // The original Stitch sidecar's port.
+  int64_t port = 8000;
 };
 
 enum class EngineKind {
@@ -49,6 +52,7 @@ struct SidecarConfig {
   std::string engine_url;
   HttpUrl engine_http;
   std::filesystem::path local_checkpoint;
+  std::string disk_load_format;
   UpdateDestination update_mode = UpdateDestination::kDisk;
   ReconcilerOptions reconciler;
   WatchdogOptions watchdog;

@@ -63,6 +63,27 @@ TEST(SidecarFlagsTest, VllmIsAnEngineTheSidecarStagesFor) {
   EXPECT_EQ(config->local_checkpoint, f.local_checkpoint);
 }
 
+// As the original Stitch: port 8000, disks loaded with load_format auto.
+TEST(SidecarFlagsTest, DefaultsAreTheOriginalsPortAndLoadFormat) {
+  auto config = CheckSidecarFlags(Good());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.port, 8000);
+  EXPECT_EQ(config->server.host, "127.0.0.1");
+  EXPECT_EQ(config->disk_load_format, "auto");
+}
+
+TEST(SidecarFlagsTest, ALoadFormatIsKeptAsGivenOrRefusedWhenItIsNoName) {
+  SidecarFlags f = Good();
+  f.disk_load_format = "fastsafetensors";
+  auto config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->disk_load_format, "fastsafetensors");
+  for (const char* bad : {"", "auto safetensors", "../x", "a\"b"}) {
+    f.disk_load_format = bad;
+    ExpectRefused(f, "--disk-load-format");
+  }
+}
+
 TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   SidecarFlags f = Good();
   f.local_checkpoint.clear();
@@ -104,6 +125,11 @@ TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   f.engine = "vllm";
   f.update_mode = "cpu";
   ExpectRefused(f, "--update-mode cpu");  // vLLM loads only from disk
+
+  f = Good();
+  f.engine = "vllm";
+  f.disk_load_format = "safetensors";
+  ExpectRefused(f, "does not apply to --engine vllm");
 
   f = Good();
   f.engine_url = "localhost:30000";

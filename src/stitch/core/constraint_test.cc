@@ -34,16 +34,42 @@ TEST(VersionConstraint, MinAndExactSemantics) {
   EXPECT_FALSE(exact.SatisfiedBy(6));
 }
 
-TEST(VersionConstraint, BothVersionsAtOnceAreRefused) {
+// Both versions: an exact version below the minimum satisfies neither and is
+// refused; one at or above it satisfies both, so nothing is dropped by
+// serving exactly it (the original Python Stitch sends both keys).
+TEST(VersionConstraint, ContradictoryVersionsAreRefusedCompatibleOnesKept) {
   auto c = VersionConstraint::FromJson(R"({"min_version": 9, "exact_version": 3})");
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(c.status()));
-  EXPECT_NE(c.status().message().find("both min_version and exact_version"), std::string::npos)
-      << c.status();
+  EXPECT_NE(c.status().message().find("no version is both"), std::string::npos) << c.status();
+  c = VersionConstraint::FromJson(R"({"min_version": 3, "exact_version": 3})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->is_exact());
+  EXPECT_TRUE(c->SatisfiedBy(3));
+  EXPECT_FALSE(c->SatisfiedBy(4));
   // A null field is an absent one.
   c = VersionConstraint::FromJson(R"({"min_version": null, "exact_version": 3})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(*c, VersionConstraint::Exact(3));
+}
+
+// The forms the original Python Stitch accepts (it calls int() on them),
+// and nothing it would have to guess at.
+TEST(VersionConstraint, VersionsAreIntegersTheirDigitsOrWholeNumbers) {
+  for (const char* text : {R"({"min_version": 7})", R"({"min_version": "7"})",
+                           R"({"min_version": 7.0})", R"({"min_version": "007"})"}) {
+    auto c = VersionConstraint::FromJson(text);
+    ASSERT_TRUE(c.ok()) << text << ": " << c.status();
+    EXPECT_EQ(*c, VersionConstraint::AtLeast(7)) << text;
+  }
+  for (const char* text :
+       {R"({"exact_version": 7.5})", R"({"exact_version": "seven"})", R"({"exact_version": " 7"})",
+        R"({"exact_version": true})", R"({"exact_version": -1})", R"({"exact_version": "-1"})",
+        R"({"exact_version": 1e300})", R"({"exact_version": ""})", R"({"exact_version": [7]})"}) {
+    auto c = VersionConstraint::FromJson(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find("exact_version"), std::string::npos) << c.status();
+  }
 }
 
 TEST(VersionConstraint, AFieldGivenTwiceIsRefused) {
@@ -80,7 +106,7 @@ TEST(VersionConstraint, BadValuesAreClearErrors) {
     const char* says;
   };
   for (const Case& k : {
-           Case{R"({"min_version": "7"})", "integer"},
+           Case{R"({"min_version": "7x"})", "integer"},
            Case{R"({"min_version": 7.5})", "integer"},
            Case{R"({"exact_version": -1})", "negative"},
            Case{R"({"exact_version": true})", "integer"},

@@ -1,6 +1,7 @@
 #include "stitch/core/json.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <boost/json/value_stack.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
@@ -229,6 +231,39 @@ absl::StatusOr<int64_t> VersionFromJsonValue(const json::value& v, std::string_v
   return n;
 }
 
+namespace {
+
+// A constraint's version as the original Python Stitch accepts it (it calls
+// int() on the value): an integer, a string of decimal digits ("7"), or a
+// number with no fraction (7.0). Anything it would have to guess at (7.5,
+// true, "seven") is refused.
+absl::StatusOr<int64_t> ConstraintVersion(const json::value& v, std::string_view field) {
+  if (v.is_string()) {
+    const json::string& text = v.get_string();
+    int64_t n = 0;
+    const bool digits =
+        !text.empty() && text.size() <= 18 &&
+        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || !absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          AbslView(field), " must be a non-negative integer (or its digits as a string), got ",
+          json::serialize(v)));
+    }
+    return VersionFromJsonValue(json::value(n), field);
+  }
+  if (v.is_double()) {
+    const double d = v.get_double();
+    if (!std::isfinite(d) || d != std::trunc(d) || d < 0 || d > static_cast<double>(kMaxVersion)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          AbslView(field), " must be a non-negative integer, got ", json::serialize(v)));
+    }
+    return VersionFromJsonValue(json::value(static_cast<int64_t>(d)), field);
+  }
+  return VersionFromJsonValue(v, field);
+}
+
+}  // namespace
+
 absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const json::value& v) {
   VersionConstraint c;
   if (v.is_null()) return c;
@@ -245,14 +280,18 @@ absl::StatusOr<VersionConstraint> ConstraintFromJsonValue(const json::value& v) 
                                                      "\" (expected min_version or exact_version)"));
     }
     if (value.is_null()) continue;
-    auto n = VersionFromJsonValue(value, absl::StrCat("weight_version.", AbslView(key)));
+    auto n = ConstraintVersion(value, absl::StrCat("weight_version.", AbslView(key)));
     if (!n.ok()) return n.status();
     (key == "min_version" ? c.min_version : c.exact_version) = *n;
   }
-  if (c.exact_version && c.min_version) {
+  // Both given: the exact version must satisfy the minimum too, or no
+  // version can serve the request; neither is ever dropped in silence.
+  if (c.exact_version && c.min_version && *c.exact_version < *c.min_version) {
     return absl::InvalidArgumentError(
-        "weight_version gives both min_version and exact_version; give one (exact_version pins "
-        "one version, min_version accepts it or newer)");
+        absl::StrCat("weight_version asks for exact_version ", *c.exact_version,
+                     " and min_version ", *c.min_version,
+                     ": no version is both; give one (exact_version pins one version, "
+                     "min_version accepts it or newer)"));
   }
   return c;
 }

@@ -104,6 +104,7 @@ awaitable<absl::Status> SglangHttpEngine::LoadFromDisk(const std::filesystem::pa
                                                        bool flush_cache) {
   json::object body;
   body["model_path"] = PathString(dir);
+  body["load_format"] = options_.load_format;
   body["weight_version"] = version.ToString();
   body["flush_cache"] = flush_cache;
   std::string text = json::serialize(body);

@@ -66,6 +66,9 @@ struct SglangEngineOptions {
   // stock engine, ignored for destination cpu.
   std::filesystem::path local_checkpoint_dir;
   UpdateDestination destination = UpdateDestination::kDisk;
+  // `load_format` of every update_weights_from_disk (SGLang's loaders:
+  // auto, safetensors, fastsafetensors, ...).
+  std::string load_format = "auto";
   // Control calls (pause, resume, flush, abort, reset's load).
   std::chrono::milliseconds control_timeout = std::chrono::seconds(60);
   // Staging a version; the engine keeps serving meanwhile.

@@ -134,6 +134,7 @@ TEST_F(SglangEngineTest, DiskDestinationStagesAndCommitsThroughTheEngine) {
   json::object load = Parse(loads[0].body);
   EXPECT_EQ(load.at("model_path").as_string(), (tmp_ / "local").string());
   EXPECT_EQ(load.at("weight_version").as_string(), "r1/weight_v000003");
+  EXPECT_EQ(load.at("load_format").as_string(), "auto");
   EXPECT_EQ(load.at("flush_cache").as_bool(), true);
   EXPECT_EQ(fake_.RequestsTo("/continue_generation").size(), 1u);
 }
@@ -165,6 +166,23 @@ TEST_F(SglangEngineTest, ResetLoadsTheBaseCheckpointThenReinitialisesTheDestinat
   EXPECT_EQ(Parse(requests[0].body).at("weight_version").as_string(), "r2/weight_v000004");
   EXPECT_EQ(requests[1].target, "/stage_weight_update");
   EXPECT_EQ(Parse(requests[1].body).at("target_version").as_int64(), 4);
+}
+
+// The configured load format goes with every load from disk: a commit's and
+// the reset's.
+TEST_F(SglangEngineTest, TheDiskLoadFormatGoesWithEveryLoadFromDisk) {
+  SglangEngineOptions options = Options(UpdateDestination::kDisk);
+  options.load_format = "fastsafetensors";
+  auto engine = SglangEngine::Make(loop_.executor(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE(Await((*engine)->ResetToBoot(VersionRef{"r1", 0})).ok());
+  EXPECT_TRUE(Await((*engine)->Stage(Plan(tmp_ / "store/updates"))).ok());
+  EXPECT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 3}, Engine::CommitOptions{false})).ok());
+  auto loads = fake_.RequestsTo("/update_weights_from_disk");
+  ASSERT_EQ(loads.size(), 2u);
+  for (const auto& load : loads) {
+    EXPECT_EQ(Parse(load.body).at("load_format").as_string(), "fastsafetensors") << load.body;
+  }
 }
 
 TEST_F(SglangEngineTest, RefusalCarriesTheEnginesMessage) {

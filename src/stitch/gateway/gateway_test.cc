@@ -185,7 +185,7 @@ class ScriptedReplica {
       co_return;
     }
     if (mode_ == Mode::kUnavailable) {
-      (void)co_await ex.Respond(JsonResponse(503, R"({"type":"EngineUnavailable"})"));
+      (void)co_await ex.Respond(JsonResponse(503, R"({"error":{"type":"EngineUnavailable"}})"));
       co_return;
     }
     json::object body = Parse(ex.request().body);
@@ -196,7 +196,8 @@ class ScriptedReplica {
       json::object conflict;
       conflict["type"] = "WeightVersionNotReady";
       conflict["target_version"] = *c.target();
-      conflict["applied"] = Applied();
+      conflict["applied"] = version_.load();
+      conflict["applied_identity"] = Applied();
       conflict["message"] = "not yet";
       std::string text = json::serialize(conflict);
       (void)co_await ex.Respond(JsonResponse(409, std::move(text)));
@@ -581,7 +582,8 @@ TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {
   EXPECT_EQ(a.status, 409) << a.text;
   EXPECT_EQ(a.body["type"].as_string(), "WeightVersionNotReady");
   EXPECT_EQ(a.body["target_version"].as_int64(), 5);
-  EXPECT_EQ(a.body["applied"].as_string(), "r1/weight_v000001");
+  EXPECT_EQ(a.body["applied"].as_int64(), 1);
+  EXPECT_EQ(a.body["applied_identity"].as_string(), "r1/weight_v000001");
   EXPECT_THAT(std::string(a.body["message"].as_string()), HasSubstr("exact v5"));
   GatewayCounters c = Counters();
   EXPECT_EQ(c.waited, 1u);
@@ -968,7 +970,7 @@ TEST_F(GatewayTest, SessionIdsAreBoundedInLengthAndInTotal) {
 
   Answer refused = Generate("", std::string(301, 's'));
   EXPECT_EQ(refused.status, 400) << refused.text;
-  EXPECT_EQ(refused.body["type"].as_string(), "BadRequest");
+  EXPECT_EQ(refused.body.at("error").as_object().at("type").as_string(), "BadRequest");
   EXPECT_THAT(refused.text, HasSubstr("300"));
   EXPECT_EQ(replica.generates(), 0);
 

@@ -90,9 +90,9 @@ HttpHeaders CopyHeaders(HttpHeaders&& from, bool (*drop)(std::string_view name))
 }
 
 std::string JsonErrorBody(std::string_view type, std::string_view message, bool retryable) {
-  return absl::StrCat("{\"type\":", boost::json::serialize(boost::json::string(type)),
+  return absl::StrCat("{\"error\":{\"type\":", boost::json::serialize(boost::json::string(type)),
                       ",\"message\":", boost::json::serialize(boost::json::string(message)),
-                      retryable ? ",\"retryable\":true}" : "}");
+                      retryable ? ",\"retryable\":true}}" : "}}");
 }
 
 std::string_view TargetPath(std::string_view target) {

@@ -115,8 +115,9 @@ struct HttpResponse {
 // A response with `body` and "Content-Type: application/json".
 HttpResponse JsonResponse(int status, std::string body);
 
-// The JSON error body used across Stitch: {"type": <type>, "message": <message>}
-// (properly escaped), with "retryable": true after them when `retryable`.
+// The JSON error body used across Stitch, the original Python Stitch's
+// shape: {"error": {"type": <type>, "message": <message>}} (properly
+// escaped), with "retryable": true inside after them when `retryable`.
 std::string JsonErrorBody(std::string_view type, std::string_view message, bool retryable = false);
 
 // The path of an origin-form request target ("/a/b" for "/a/b?x=1"), still

@@ -118,9 +118,11 @@ TEST(HttpTest, TargetQueryParamDecodesOneParameter) {
   EXPECT_EQ(TargetQueryParam("/pause", "mode"), std::nullopt);
 }
 
-TEST(HttpTest, JsonErrorBodyEscapes) {
+TEST(HttpTest, JsonErrorBodyIsNestedAndEscapes) {
   EXPECT_EQ(JsonErrorBody("Bad", "a \"quoted\"\nline"),
-            R"({"type":"Bad","message":"a \"quoted\"\nline"})");
+            R"({"error":{"type":"Bad","message":"a \"quoted\"\nline"}})");
+  EXPECT_EQ(JsonErrorBody("EngineUnavailable", "gone", true),
+            R"({"error":{"type":"EngineUnavailable","message":"gone","retryable":true}})");
   HttpResponse r = JsonResponse(409, "{}");
   EXPECT_EQ(r.status, 409);
   EXPECT_EQ(r.headers.Get("content-type"), "application/json");

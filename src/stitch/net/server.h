@@ -9,7 +9,8 @@
 // own timeout and size limit), hands an HttpExchange to the handler coroutine,
 // writes what the handler sends, and keeps the connection alive for the next
 // request when both sides allow it. The server answers by itself, with a JSON
-// error body ({"type", "message"}) and then closes the connection:
+// error body ({"error": {"type", "message"}}, net/http.h JsonErrorBody) and then closes the
+// connection:
 //   400 BadRequest          a request Beast cannot parse, CONNECT, or a target
 //                           that is not origin-form ("/path?query"): handlers
 //                           never see `*`, an authority or an absolute URL
@@ -65,9 +66,14 @@ class ServerConnection;
 inline constexpr size_t kDefaultMaxBodyBytes = size_t{32} << 20;
 inline constexpr size_t kDefaultMaxTotalBodyBytes = size_t{512} << 20;
 
+// Where engine, sidecar and gateway listen unless told otherwise: this
+// machine only. A sidecar or gateway that other hosts reach is started with
+// --host 0.0.0.0 (or one interface's address).
+inline constexpr char kDefaultListenHost[] = "127.0.0.1";
+
 struct ServerOptions {
   // Address to listen on: an IP literal or a name resolved once at start.
-  std::string host = "127.0.0.1";
+  std::string host = kDefaultListenHost;
   // 0 picks a free port; HttpServer::port() tells which.
   uint16_t port = 0;
   // Largest request body accepted (413 beyond). Long agentic contexts make

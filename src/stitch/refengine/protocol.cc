@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/refengine/tokenizer.h"
 
 namespace stitch {
@@ -1165,6 +1166,17 @@ std::string FormatServerInfo(const EngineStatus& s) {
   faults["exit_on_commit"] = s.faults.exit_on_commit;
   o["faults"] = std::move(faults);
   return json::serialize(o);
+}
+
+std::string FormatMetrics(const EngineStatus& s) {
+  PrometheusText w("sglang:");
+  w.One("num_running_reqs", "gauge", "Requests admitted and generating (paused ones included).",
+        s.scheduler.running);
+  w.One("num_queue_reqs", "gauge", "Requests waiting for admission.", s.scheduler.queued);
+  w.One("generation_tokens_total", "counter", "Tokens generated.", s.scheduler.tokens_generated);
+  w.One("num_requests_total", "counter", "Requests finished, aborted ones included.",
+        s.scheduler.requests_finished);
+  return w.Take();
 }
 
 std::string FormatModelInfo(const EngineStatus& s) {

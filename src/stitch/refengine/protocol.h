@@ -191,6 +191,10 @@ struct EngineStatus {
 };
 std::string FormatServerInfo(const EngineStatus& status);
 std::string FormatModelInfo(const EngineStatus& status);
+// GET /metrics: Prometheus text with SGLang's family names for what the
+// reference engine has (sglang:num_running_reqs, sglang:num_queue_reqs,
+// sglang:generation_tokens_total, sglang:num_requests_total).
+std::string FormatMetrics(const EngineStatus& status);
 // GET /v1/models.
 std::string FormatModelList(const EngineStatus& status);
 // GET /health: {"healthy": true, "weight_version": "..."}.

@@ -26,6 +26,7 @@
 #include "stitch/format/index.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/http.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/net/server.h"
 #include "stitch/net/sse.h"
 #include "stitch/net/worker_pool.h"
@@ -659,6 +660,9 @@ HttpRouter EngineServer::Impl::Routes() {
   };
   router.Add("GET", "/model_info", model_info);
   router.Add("GET", "/get_model_info", model_info);
+  router.Add("GET", "/metrics", [this](HttpExchange& ex) -> awaitable<void> {
+    (void)co_await ex.Respond(PrometheusResponse(FormatMetrics(Status())));
+  });
   router.Add("GET", "/v1/models", [this](HttpExchange& ex) -> awaitable<void> {
     const std::string body = FormatModelList(Status());
     co_await RespondJson(ex, 200, body);
@@ -918,9 +922,7 @@ awaitable<void> EngineServer::Impl::VllmHealth(HttpExchange& ex) {
 awaitable<void> EngineServer::Impl::VllmMetrics(HttpExchange& ex) {
   const SchedulerStats stats = scheduler->stats();
   const std::string model = options.served_model_name;
-  HttpResponse response;
-  response.headers.Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-  response.body = absl::StrCat(
+  std::string text = absl::StrCat(
       "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"", model,
       "\"} ", stats.running, "\n# TYPE vllm:num_requests_waiting gauge\n",
       "vllm:num_requests_waiting{model_name=\"", model, "\"} ", stats.queued, "\n");
@@ -936,11 +938,12 @@ awaitable<void> EngineServer::Impl::VllmMetrics(HttpExchange& ex) {
       if (c == '\\' || c == '"') salt += '\\';
       salt += c;
     }
-    absl::StrAppend(&response.body,
+    absl::StrAppend(&text,
                     "# TYPE stitch_engine_last_cache_salt gauge\nstitch_engine_last_cache_salt{"
                     "cache_salt=\"",
                     salt, "\"} 1\n");
   }
+  HttpResponse response = PrometheusResponse(std::move(text));
   (void)co_await ex.Respond(std::move(response));
 }
 

@@ -207,6 +207,20 @@ TEST_F(EngineServerTest, GenerateMatchesTheReferenceForwardPass) {
             Wide(Ids(ReferenceGenerate(*Weights(0), prompt, Greedy(30, 0.8, 5)))));
 }
 
+// /metrics counts what was generated under SGLang's family names.
+TEST_F(EngineServerTest, MetricsCountGeneratedTokensUnderSglangsNames) {
+  Start();
+  HttpResponse before = Get("/metrics");
+  ASSERT_EQ(before.status, 200) << before.body;
+  EXPECT_NE(before.body.find("sglang:generation_tokens_total 0\n"), std::string::npos)
+      << before.body;
+  ASSERT_EQ(Post("/generate", GenerateBody("Hello", 7, 0, 0)).status, 200);
+  HttpResponse after = Get("/metrics");
+  EXPECT_NE(after.body.find("sglang:generation_tokens_total 7\n"), std::string::npos) << after.body;
+  EXPECT_NE(after.body.find("sglang:num_requests_total 1\n"), std::string::npos) << after.body;
+  EXPECT_NE(after.body.find("# TYPE sglang:num_running_reqs gauge\n"), std::string::npos);
+}
+
 TEST_F(EngineServerTest, OpenAiRoutesGenerateTheSameTokens) {
   Start();
   const auto ref =

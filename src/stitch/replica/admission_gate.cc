@@ -136,6 +136,23 @@ boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::Adm
   co_return decided;
 }
 
+boost::asio::awaitable<absl::StatusOr<AdmissionGate::Ticket>> AdmissionGate::AdmitUnversioned() {
+  while (!open_ && terminal_.ok()) {
+    const bool notified = co_await reopened_->Wait();
+    if (!notified) {
+      co_return absl::CancelledError("the request was cancelled while waiting for a commit");
+    }
+  }
+  if (!terminal_.ok()) {
+    ++rejected_terminal_total_;
+    co_return absl::UnavailableError(
+        absl::StrCat("the replica is shutting down after a terminal error: ", terminal_.message()));
+  }
+  ++active_;
+  ++vouched_;
+  co_return Ticket(this, serving_, engine_label_, epoch_, /*exact=*/false);
+}
+
 void AdmissionGate::Release(bool exact, uint64_t epoch) {
   --active_;
   if (epoch == epoch_) {

@@ -125,6 +125,13 @@ class AdmissionGate {
   // Cancelled when the awaiting coroutine is cancelled while waiting.
   boost::asio::awaitable<absl::StatusOr<Ticket>> Admit(VersionConstraint constraint);
 
+  // Admits a request of a route that is not versioned (forwarded to the
+  // engine as is): it waits while a commit holds admission closed, counts
+  // as in flight for the commits that drain everything (quiesce, a run
+  // change), and is refused only once the gate is terminated. Trust does
+  // not matter: nothing in its answer is stamped with a version.
+  boost::asio::awaitable<absl::StatusOr<Ticket>> AdmitUnversioned();
+
   // OK when `label`, the weight label the engine put on a response to
   // `ticket`'s request, names a version the engine held at some moment of
   // that request: from its label at admission to its label now (or the one

@@ -118,6 +118,53 @@ TEST_F(AdmissionGateTest, CloseWaitsForExactPinsOnlyWhenInPlace) {
   });
 }
 
+// Routes that are not versioned go through the gate too: a commit that
+// drains everything waits for them, and while admission is closed they wait
+// for it to reopen. Trust does not matter to them.
+TEST_F(AdmissionGateTest, UnversionedRequestsWaitForACommitAndAQuiesceDrainsThem) {
+  Run([&]() -> awaitable<void> {
+    auto held = co_await gate_->AdmitUnversioned();
+    CO_ASSERT(held.ok());
+    EXPECT_EQ(gate_->active(), 1);
+    // An in_place commit drains exact pins only: it closes at once.
+    {
+      auto in_place = co_await gate_->Close(DrainScope::kExactPins);
+      CO_ASSERT(in_place.ok());
+    }
+    bool closed = false;
+    std::optional<absl::StatusOr<AdmissionGate::CommitWindow>> window;
+    boost::asio::co_spawn(
+        loop_->executor(),
+        [&]() -> awaitable<void> {
+          window.emplace(co_await gate_->Close(DrainScope::kAll));
+          closed = true;
+        },
+        boost::asio::detached);
+    co_await Settle();
+    EXPECT_FALSE(closed) << "a quiesce waits for the unversioned request in flight";
+    { auto done = *std::move(held); }
+    CO_ASSERT(co_await Until([&] { return closed; }));
+    CO_ASSERT(window->ok());
+
+    bool admitted = false;
+    boost::asio::co_spawn(
+        loop_->executor(),
+        [&]() -> awaitable<void> {
+          auto t = co_await gate_->AdmitUnversioned();
+          admitted = t.ok();
+        },
+        boost::asio::detached);
+    co_await Settle();
+    EXPECT_FALSE(admitted) << "admission is closed for the commit";
+    window.reset();  // reopens
+    CO_ASSERT(co_await Until([&] { return admitted; }));
+
+    AdmissionGate untrusted(loop_->executor());
+    auto t = co_await untrusted.AdmitUnversioned();
+    EXPECT_TRUE(t.ok()) << t.status();
+  });
+}
+
 TEST_F(AdmissionGateTest, WaitingAdmissionsAreDecidedOnTheNewVersion) {
   Run([&]() -> awaitable<void> {
     auto window = co_await gate_->Close(DrainScope::kAll);

@@ -71,6 +71,9 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
         r.errors);
   w.One("watchdog_probes_total", "counter", "Engine health probes.", m.watchdog_probes);
   w.One("watchdog_failures_total", "counter", "Failed engine health probes.", m.watchdog_failures);
+  w.One("engine_metrics_up", "gauge",
+        "1 when the engine's own metrics follow in this exposition, 0 when it gave none.",
+        m.engine_metrics_up ? 1 : 0);
   return w.Take();
 }
 

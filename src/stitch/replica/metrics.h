@@ -27,6 +27,8 @@ struct SidecarMetrics {
   ReconcilerCounters reconciler;
   uint64_t watchdog_probes = 0;
   uint64_t watchdog_failures = 0;
+  // Whether the engine's own metrics were read for this scrape.
+  bool engine_metrics_up = false;
 };
 
 // Every metric has a `stitch_sidecar_` name, HELP and TYPE lines:
@@ -38,7 +40,8 @@ struct SidecarMetrics {
 //   last_stage_seconds, last_commit_seconds, commits_total,
 //   skipped_updates_total, run_switches_total, reconcile_passes_total,
 //   reconcile_errors_total, client_disconnects_total, streamed_requests_total,
-//   forwarded_requests_total, watchdog_probes_total, watchdog_failures_total.
+//   forwarded_requests_total, watchdog_probes_total, watchdog_failures_total,
+//   engine_metrics_up.
 std::string RenderPrometheus(const SidecarMetrics& m);
 
 }  // namespace stitch

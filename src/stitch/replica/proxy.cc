@@ -221,8 +221,10 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   if (!admitted->ok()) {
     const absl::Status& s = admitted->status();
     if (GetErrorKind(s) == ErrorKind::kVersionNotReady) {
+      // Nothing is named as served while the engine's weights are not
+      // vouched for.
       HttpResponse response =
-          NotReadyResponse(constraint, gate_.serving(), std::string(s.message()));
+          NotReadyResponse(constraint, gate_.known_serving(), std::string(s.message()));
       (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;
@@ -398,6 +400,18 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
 
 awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   ++counters_.forwarded;
+  // Held while a commit holds admission closed and drained by the commits
+  // that drain everything, as the original sidecar does.
+  absl::StatusOr<AdmissionGate::Ticket> admitted =
+      co_await exchange.CancelOnDisconnect(gate_.AdmitUnversioned());
+  if (!admitted.ok()) {
+    if (absl::IsCancelled(admitted.status()) || exchange.disconnected()) co_return;
+    HttpResponse response =
+        UnavailableResponse(Unavailable::kReplica, std::string(admitted.status().message()));
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
+  std::optional<AdmissionGate::Ticket> ticket(*std::move(admitted));
   HttpRequest up;
   up.method = exchange.request().method;
   up.target = exchange.request().target;
@@ -408,6 +422,7 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   up.body = std::move(exchange.request().body);
   auto response =
       co_await client_.Send(options_.engine, std::move(up), EndedWithTheClient(exchange));
+  ticket.reset();  // the engine has answered; a slow reader holds up no commit
   if (!response.ok()) {
     if (exchange.disconnected()) co_return;
     std::string why(response.status().message());
@@ -418,6 +433,17 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
                    ResponseHeadersToRelay(std::move(response->headers), BodyRelay::kRewritten),
                    std::move(response->body)};
   (void)co_await exchange.Respond(std::move(out));
+}
+
+awaitable<std::optional<std::string>> VersionedProxy::EngineMetrics(
+    std::chrono::milliseconds timeout) {
+  HttpRequest request;
+  request.target = "/metrics";
+  CallOptions call;
+  call.timeout = timeout;
+  auto response = co_await client_.Send(options_.engine, std::move(request), call);
+  if (!response.ok() || response->status != 200) co_return std::nullopt;
+  co_return std::move(response->body);
 }
 
 }  // namespace stitch

@@ -109,6 +109,11 @@ class VersionedProxy {
     on_mislabel_ = std::move(listener);
   }
 
+  // The engine's own GET /metrics text, or nullopt when the engine has none
+  // or did not answer 200 within `timeout`.
+  boost::asio::awaitable<std::optional<std::string>> EngineMetrics(
+      std::chrono::milliseconds timeout);
+
   // Best effort: asks the engine to abort every versioned request in flight
   // (their answers can no longer be stamped).
   void AbortInFlight();

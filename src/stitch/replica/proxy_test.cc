@@ -263,7 +263,8 @@ TEST_F(ProxyTest, UnmetConstraintGets409WithItsBodyAndWakesTheReconciler) {
   json::object body = Parse(r.body);
   EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
   EXPECT_EQ(body.at("target_version").as_int64(), 5);
-  EXPECT_EQ(body.at("applied").as_string(), "r1/weight_v000000");
+  EXPECT_EQ(body.at("applied").as_int64(), 0);
+  EXPECT_EQ(body.at("applied_identity").as_string(), "r1/weight_v000000");
   EXPECT_FALSE(body.at("message").as_string().empty());
   EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
   // The rejection woke a reconcile pass (no backstop runs here).
@@ -281,7 +282,7 @@ TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   HttpResponse not_json = Send("POST", "/generate", "{not json");
   EXPECT_EQ(not_json.status, 400);
-  EXPECT_EQ(Parse(not_json.body).at("type").as_string(), "BadRequest");
+  EXPECT_EQ(Parse(not_json.body).at("error").at("type").as_string(), "BadRequest");
   HttpResponse bad =
       Send("POST", "/generate", R"({"text":"x","weight_version":{"min_version":-1}})");
   EXPECT_EQ(bad.status, 400);
@@ -289,18 +290,19 @@ TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
   EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
 }
 
-// Boost.JSON would keep one of two values silently; the sidecar refuses.
-TEST_F(ProxyTest, BothConstraintsOrARepeatedConstraintKeyGets400) {
+// Boost.JSON would keep one of two values silently; the sidecar refuses. So
+// it does an exact version below the minimum, which no version satisfies.
+TEST_F(ProxyTest, ContradictoryConstraintsOrARepeatedConstraintKeyGets400) {
   Start(fake_.url());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   for (const char* body : {
-           R"({"text":"x","weight_version":{"min_version":0,"exact_version":0}})",
+           R"({"text":"x","weight_version":{"min_version":1,"exact_version":0}})",
            R"({"text":"x","weight_version":{"min_version":0},"weight_version":{"min_version":5}})",
            R"({"text":"x","weight_version":{"exact_version":5,"exact_version":0}})",
        }) {
     HttpResponse r = Send("POST", "/generate", body);
     EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
-    EXPECT_EQ(Parse(r.body).at("type").as_string(), "BadRequest");
+    EXPECT_EQ(Parse(r.body).at("error").at("type").as_string(), "BadRequest");
     EXPECT_NE(r.body.find("weight_version"), std::string::npos) << r.body;
   }
   EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
@@ -312,7 +314,7 @@ TEST_F(ProxyTest, EngineControlRoutesAreBlocked) {
                            "/abort_request", "/flush_cache"}) {
     HttpResponse r = Send("POST", path, "{}");
     EXPECT_EQ(r.status, 403) << path;
-    EXPECT_EQ(Parse(r.body).at("type").as_string(), "RouteBlocked");
+    EXPECT_EQ(Parse(r.body).at("error").at("type").as_string(), "RouteBlocked");
     EXPECT_NE(r.body.find(path), std::string::npos);
   }
   EXPECT_TRUE(fake_.requests().empty());
@@ -328,13 +330,38 @@ TEST_F(ProxyTest, OtherRoutesAreForwardedAsIs) {
   EXPECT_EQ(fake_.RequestsTo("/model_info")[0].method, "GET");
 }
 
+// One scrape gives the sidecar's families and then the engine's own, so that
+// dashboards made for the engine keep working; without them it says so.
+TEST_F(ProxyTest, MetricsCarryTheEnginesOwnFamiliesAfterTheSidecars) {
+  HttpResponse engine_metrics = JsonResponse(
+      200, "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 3");
+  engine_metrics.headers.Set("Content-Type", "text/plain; version=0.0.4");
+  fake_.SetAnswer("/metrics", engine_metrics);
+  Start(fake_.url());
+  HttpResponse r = Send("GET", "/metrics");
+  EXPECT_EQ(r.status, 200);
+  const size_t ours = r.body.find("stitch_sidecar_ready ");
+  const size_t theirs = r.body.find("sglang:num_running_reqs{model_name=\"m\"} 3\n");
+  ASSERT_NE(ours, std::string::npos) << r.body;
+  ASSERT_NE(theirs, std::string::npos) << r.body;
+  EXPECT_LT(ours, theirs);
+  EXPECT_NE(r.body.find("stitch_sidecar_engine_metrics_up 1"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.back(), '\n');
+
+  fake_.SetAnswer("/metrics", JsonResponse(404, "{}"));
+  r = Send("GET", "/metrics");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("stitch_sidecar_engine_metrics_up 0"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("sglang:"), std::string::npos) << r.body;
+}
+
 TEST_F(ProxyTest, TransportFailureGivesARetryable503AndReleasesAdmission) {
   Start(stitch::testing::UnreachableUrl());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   HttpResponse r = Send("POST", "/generate", R"({"text":"hi","rid":"lost"})");
   ASSERT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.headers.Get("retry-after"), "1");
-  json::object body = Parse(r.body);
+  json::object body = Parse(r.body).at("error").as_object();
   EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
   EXPECT_EQ(body.at("retryable").as_bool(), true);
   EXPECT_EQ(Active(), 0);
@@ -440,7 +467,7 @@ TEST_F(ProxyTest, AnAnswerLabelledWithOtherWeightsIsRefusedAndWithdrawsTrust) {
   HttpResponse r = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   ASSERT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.headers.Get("retry-after"), "1");
-  json::object body = Parse(r.body);
+  json::object body = Parse(r.body).at("error").as_object();
   EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
   EXPECT_EQ(body.at("retryable").as_bool(), true);
   EXPECT_NE(r.body.find("weight_v000004"), std::string::npos) << r.body;

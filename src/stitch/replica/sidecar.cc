@@ -110,7 +110,19 @@ awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
 }
 
 awaitable<void> Sidecar::MetricsRoute(HttpExchange& exchange) {
-  HttpResponse response = PrometheusResponse(RenderPrometheus(Metrics()));
+  // The engine's families (SGLang's sglang:*) follow ours, so that a
+  // dashboard made for the engine keeps working behind the sidecar. An
+  // engine slow to answer costs a scrape at most this long.
+  constexpr std::chrono::seconds kEngineMetricsTimeout(2);
+  std::optional<std::string> engine = co_await proxy_->EngineMetrics(kEngineMetricsTimeout);
+  SidecarMetrics metrics = Metrics();
+  metrics.engine_metrics_up = engine.has_value();
+  std::string text = RenderPrometheus(metrics);
+  if (engine.has_value() && !engine->empty()) {
+    text += *engine;
+    if (text.back() != '\n') text += '\n';
+  }
+  HttpResponse response = PrometheusResponse(std::move(text));
   (void)co_await exchange.Respond(std::move(response));
 }
 

@@ -10,7 +10,7 @@
 //                      {"ready": false, "reason": "..."}
 //   GET  /server_info  ReplicaState as JSON (core/state.h)
 //   POST /wake         asks for a reconcile pass; answers like /server_info
-//   GET  /metrics      Prometheus text (metrics.h)
+//   GET  /metrics      Prometheus text: the sidecar's (metrics.h), then the engine's own
 // Everything else goes to the proxy (proxy.h).
 //
 // Threading: everything runs on one event loop; store and codec work on a
