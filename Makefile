@@ -11,7 +11,7 @@ CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
 .PHONY: all deps build test test-asan test-multihost fuzz format format-check lint thread-safety
-.PHONY: bench clean demo
+.PHONY: bench clean demo chaos chaos-short
 .PHONY: python-install python-test
 
 all: build
@@ -27,6 +27,7 @@ build: deps $(BUILD)/build.ninja
 
 test: deps format-check build thread-safety
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory python-test
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory test-multihost
@@ -64,6 +65,27 @@ fuzz: deps
 DEMO_FLAGS ?=
 demo: deps build
 	$(BUILD)/src/stitch/cli/stitch demo $(DEMO_FLAGS)
+
+# The fault-injection suite (docs/chaos.md): a fleet on loopback under
+# rollout load and a fault schedule drawn from CHAOS_SEED ("random" draws and
+# prints one), for CHAOS_MINUTES per store configuration (CHAOS_STORE: fs,
+# s3 or both). A failing run prints the command that replays it.
+CHAOS_SEED ?= random
+CHAOS_MINUTES ?= 5
+CHAOS_STORE ?= both
+CHAOS_FLAGS ?=
+STITCH_CHAOS = $(BUILD)/src/stitch/cli/stitch chaos --python $(PYTHON_VENV)/bin/python \
+  --moto-script tests/s3_moto.py $(CHAOS_FLAGS)
+chaos: deps build
+	@for store in $(if $(filter both,$(CHAOS_STORE)),fs s3,$(CHAOS_STORE)); do \
+	  $(STITCH_CHAOS) --seed $(CHAOS_SEED) --minutes $(CHAOS_MINUTES) --store $$store || exit 1; \
+	done
+
+# The short run of `make test` (about 2 minutes): a fixed seed on the
+# filesystem store, then a random seed (printed) on the S3 store.
+chaos-short: build
+	$(STITCH_CHAOS) --seed 1 --minutes 0.75 --store fs
+	$(STITCH_CHAOS) --seed random --minutes 0.75 --store s3
 
 bench: deps build python-install
 	@for b in $(BUILD)/bench/*_bench; do echo "== $$b"; "$$b" || exit 1; done

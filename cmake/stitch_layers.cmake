@@ -4,7 +4,7 @@
 # #include of one, so the direction cannot be broken quietly: changing it
 # means changing this table. A new folder declares its line here first.
 set(STITCH_FOLDERS core format store net api pool engine replica gateway publish refengine demo
-    cli)
+    chaos cli)
 set(STITCH_MAY_USE_core "")
 set(STITCH_MAY_USE_format core)
 set(STITCH_MAY_USE_store format core)
@@ -21,5 +21,7 @@ set(STITCH_MAY_USE_gateway api pool net core)
 set(STITCH_MAY_USE_publish pool store format core)
 set(STITCH_MAY_USE_refengine api net format core)
 set(STITCH_MAY_USE_demo refengine publish pool api net store format core)
-set(STITCH_MAY_USE_cli demo refengine publish gateway replica engine pool api net store format
+# The fault-injection suite drives a fleet of processes as the demo does.
+set(STITCH_MAY_USE_chaos demo refengine publish pool api net store format core)
+set(STITCH_MAY_USE_cli chaos demo refengine publish gateway replica engine pool api net store format
     core)

@@ -13,8 +13,20 @@ project's virtual environment's Python. It:
   5. prints one JSON line with the endpoint, bucket and credentials;
   6. waits for its standard input to close (the test finished or died),
      then stops the server and exits.
+
+`stitch chaos` runs it as an S3 server it can kill and restart:
+  --port N        serve on port N (fixed: a restarted server keeps its address)
+  --state FILE    keep the server's data across restarts: moto's recorder
+                  appends every request to FILE, and a new server replays the
+                  writes recorded there (PUT, POST, DELETE; a line cut short by
+                  a kill is dropped) before it listens (the server then runs in
+                  this process)
+  --no-auth       no IAM user and no signature checks: any credentials pass
+  --until-signal  serve until SIGTERM or SIGINT instead of until stdin closes
+It then prints "s3_moto: serving on http://127.0.0.1:N" before the JSON line.
 """
 
+import argparse
 import json
 import os
 import signal
@@ -22,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -111,12 +124,76 @@ def setup(endpoint):
     }
 
 
+def compact_state(path):
+    """Keeps the writes of a recording, dropping reads and a cut-short line."""
+    kept = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("method") in ("PUT", "POST", "DELETE"):
+                    kept.append(json.dumps(entry))
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in kept))
+    os.replace(path + ".tmp", path)
+    return len(kept)
+
+
+def serve_with_state(args):
+    """The --state server, in this process: the recorded writes are replayed
+    into the application before it listens, so that no client ever sees the
+    data partly restored."""
+    state = os.path.abspath(args.state)
+    replayed = compact_state(state)
+    os.environ["MOTO_RECORDER_FILEPATH"] = state
+    os.environ["MOTO_PORT"] = str(args.port)
+    import base64
+    from urllib.parse import urlsplit
+
+    from moto.moto_api import recorder
+    from moto.moto_server.werkzeug_app import (DomainDispatcherApplication,
+                                               MotoRequestHandler, create_backend_app)
+    from werkzeug.serving import make_server
+    from werkzeug.test import Client
+
+    app = DomainDispatcherApplication(create_backend_app)
+    client = Client(app)
+    base_url = f"http://127.0.0.1:{args.port}"
+    with open(state, encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            body = entry.get("body") or b""
+            if entry.get("body_encoded"):
+                body = base64.b64decode(body)
+            headers = {k: v for k, v in entry.get("headers", {}).items()
+                       if k.lower() not in ("content-length", "transfer-encoding")}
+            url = urlsplit(entry["url"])
+            path = url.path + (f"?{url.query}" if url.query else "")
+            client.open(path, method=entry["method"], headers=headers, data=body,
+                        base_url=base_url)
+    recorder.start_recording()
+    server = make_server("127.0.0.1", args.port, app, threaded=True,
+                         request_handler=MotoRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    if not replayed:
+        import boto3  # from the project's virtual environment
+        boto3.client("s3", endpoint_url=base_url, region_name=REGION,
+                     aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
+    return server, base_url, replayed
+
+
 def main():
-    host = "127.0.0.1"
-    if len(sys.argv) == 3 and sys.argv[1] == "--host":
-        host = sys.argv[2]
-    elif len(sys.argv) != 1:
-        fail("usage: s3_moto.py [--host ADDRESS]")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--state")
+    parser.add_argument("--no-auth", action="store_true")
+    parser.add_argument("--until-signal", action="store_true")
+    args = parser.parse_args()
     moto_server = os.path.join(os.path.dirname(sys.executable), "moto_server")
     if not os.access(moto_server, os.X_OK):
         fail(f"{moto_server} is missing; run scripts/install-deps")
@@ -133,8 +210,18 @@ def main():
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    if args.state or args.no_auth or args.until_signal or args.port:
+        if not (args.state and args.no_auth and args.until_signal and args.port):
+            fail("--port, --state, --no-auth and --until-signal go together")
+        signal.signal(signal.SIGINT, stop)
+        _, endpoint, replayed = serve_with_state(args)
+        print(f"s3_moto: serving on {endpoint} (bucket {BUCKET}, {replayed} writes replayed)",
+              flush=True)
+        print(json.dumps({"endpoint": endpoint, "region": REGION, "bucket": BUCKET}), flush=True)
+        while True:
+            signal.pause()
     with tempfile.TemporaryFile() as log:
-        proc, endpoint = start_server(moto_server, log, host)
+        proc, endpoint = start_server(moto_server, log, args.host)
         try:
             info = setup(endpoint)
         except Exception as e:  # report any setup failure as one line

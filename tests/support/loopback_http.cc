@@ -75,6 +75,13 @@ LoopbackHttpServer::Request ReadRequest(int fd, int stop_fd) {
   request.line = last_space == std::string::npos ? line : line.substr(0, last_space);
   request.head = data.substr(0, header_end);
   request.body = data.substr(header_end + 4);
+  std::string lower = request.head;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (size_t at = lower.find("\r\nauthorization:"); at != std::string::npos) {
+    size_t begin = at + 16;
+    while (begin < request.head.size() && request.head[begin] == ' ') ++begin;
+    request.authorization = request.head.substr(begin, request.head.find("\r\n", begin) - begin);
+  }
   return request;
 }
 
@@ -103,6 +110,11 @@ std::vector<std::string> LoopbackHttpServer::requests() const {
   return requests_;
 }
 
+std::vector<std::string> LoopbackHttpServer::authorizations() const {
+  absl::MutexLock lock(&mu_);
+  return authorizations_;
+}
+
 bool LoopbackHttpServer::WaitForRequests(size_t n, std::chrono::milliseconds timeout) const {
   const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
   absl::MutexLock lock(&mu_);
@@ -127,6 +139,7 @@ void LoopbackHttpServer::Serve() {
     if (!request.line.empty()) {
       absl::MutexLock lock(&mu_);
       requests_.push_back(request.line);
+      authorizations_.push_back(request.authorization);
       arrived_.SignalAll();
     }
     if (options_.hang) {

@@ -20,6 +20,7 @@ class LoopbackHttpServer {
     std::string line;  // "POST /wake"
     std::string head;  // the request line and headers, as received
     std::string body;
+    std::string authorization;  // the Authorization header's value, "" when absent
   };
   struct Reply {
     int status = 200;
@@ -43,6 +44,8 @@ class LoopbackHttpServer {
 
   // The request lines received so far ("POST /wake").
   std::vector<std::string> requests() const;
+  // The Authorization header of each of them ("" when absent).
+  std::vector<std::string> authorizations() const;
 
   // Waits until at least `n` requests arrived or `timeout` passed; returns
   // whether they did.
@@ -58,6 +61,7 @@ class LoopbackHttpServer {
   mutable absl::Mutex mu_;
   mutable absl::CondVar arrived_;  // a request arrived
   std::vector<std::string> requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

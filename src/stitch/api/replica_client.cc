@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/api/server_info.h"
+#include "stitch/net/auth.h"
 
 namespace stitch {
 
@@ -28,10 +29,12 @@ absl::StatusOr<ReplicaEndpoint> ReplicaEndpoint::Parse(std::string_view url) {
 
 awaitable<absl::StatusOr<ReplicaState>> FetchServerInfo(HttpClient& client,
                                                         const ReplicaEndpoint& replica,
-                                                        CallOptions options) {
+                                                        CallOptions options,
+                                                        std::string bearer_token) {
   HttpRequest request;
   request.method = "GET";
   request.target = replica.prefix + "/server_info";
+  if (!bearer_token.empty()) request.headers.Set("Authorization", BearerValue(bearer_token));
   absl::StatusOr<HttpResponse> response =
       co_await client.Send(replica.origin, std::move(request), options);
   if (!response.ok()) co_return response.status();
@@ -46,10 +49,11 @@ awaitable<absl::StatusOr<ReplicaState>> FetchServerInfo(HttpClient& client,
 }
 
 awaitable<absl::Status> SendWake(HttpClient& client, const ReplicaEndpoint& replica,
-                                 CallOptions options) {
+                                 CallOptions options, std::string bearer_token) {
   HttpRequest request;
   request.method = "POST";
   request.target = replica.prefix + "/wake";
+  if (!bearer_token.empty()) request.headers.Set("Authorization", BearerValue(bearer_token));
   request.headers.Add("Content-Type", "application/json");
   request.body = "{}";
   absl::StatusOr<HttpResponse> response =
@@ -68,8 +72,8 @@ namespace {
 template <typename Result>
 std::vector<Result> ForEachReplica(
     const std::vector<std::string>& urls, const ReplicaCallOptions& options,
-    const std::function<awaitable<Result>(HttpClient&, const ReplicaEndpoint&, CallOptions)>&
-        call) {
+    const std::function<awaitable<Result>(HttpClient&, const ReplicaEndpoint&, CallOptions,
+                                          std::string)>& call) {
   std::vector<std::optional<Result>> out(urls.size());
   boost::asio::io_context io(1);
   ClientOptions client_options;
@@ -91,7 +95,7 @@ std::vector<Result> ForEachReplica(
                 continue;
               }
               CallOptions call_options;
-              Result result = co_await call(client, *endpoint, call_options);
+              Result result = co_await call(client, *endpoint, call_options, options.bearer_token);
               out[i].emplace(std::move(result));
             }
           },

@@ -40,14 +40,18 @@ struct ReplicaEndpoint {
 // "/server_info answered HTTP <status>" for any status but 200;
 // InvalidArgument "/server_info: <why>" for a body that is not its wire form
 // (server_info.h).
+// A non-empty `bearer_token` (net/auth.h) is presented with the call, here
+// and in SendWake.
 [[nodiscard]] boost::asio::awaitable<absl::StatusOr<ReplicaState>> FetchServerInfo(
-    HttpClient& client, const ReplicaEndpoint& replica, CallOptions options = {});
+    HttpClient& client, const ReplicaEndpoint& replica, CallOptions options = {},
+    std::string bearer_token = {});
 
 // Asks the replica to reconcile now (an empty JSON body). OK when it
 // answered 2xx; otherwise the client's error, or Unavailable "HTTP <status>".
 [[nodiscard]] boost::asio::awaitable<absl::Status> SendWake(HttpClient& client,
                                                             const ReplicaEndpoint& replica,
-                                                            CallOptions options = {});
+                                                            CallOptions options = {},
+                                                            std::string bearer_token = {});
 
 // For threads that are not event loops (command-line tools, a Pool's
 // Wake): each call below runs on a private event loop in the calling thread
@@ -58,6 +62,8 @@ struct ReplicaCallOptions {
   // At most this many replicas at once; a replica that does not answer
   // holds up only its own slot.
   size_t concurrency = 32;
+  // Presented to every replica when not empty (net/auth.h).
+  std::string bearer_token;
 };
 
 // FetchServerInfo for each of `urls`, in their order.

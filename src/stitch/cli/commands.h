@@ -21,5 +21,7 @@ void AddGatewayCommand(CLI::App& app, int* exit_code);
 void AddFleetCommands(CLI::App& app, int* exit_code);
 // `stitch demo`: asynchronous RL on a local elastic fleet.
 void AddDemoCommand(CLI::App& app, int* exit_code);
+// `stitch chaos`: the fault-injection suite.
+void AddChaosCommand(CLI::App& app, int* exit_code);
 
 }  // namespace stitch

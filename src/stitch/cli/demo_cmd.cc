@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/stop_signals.h"
 #include "stitch/core/errors.h"
 #include "stitch/demo/demo.h"
 
@@ -33,23 +34,9 @@ int RunDemoCommand(DemoOptions options, const std::string& engine_api) {
         "--lag at least 0 and --targets non-empty"));
     return kExitRefused;
   }
-  // Ctrl-C and SIGTERM reach only the thread below, which asks the demo to
-  // stop; the demo then stops every process it started. Blocked before any
-  // thread exists, so that every thread inherits the mask (the children
-  // unblock them again).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  static std::atomic<bool> stop{false};
-  std::thread([signals] {
-    for (;;) {
-      int received = 0;
-      if (sigwait(&signals, &received) == 0) stop.store(true);
-    }
-  }).detach();
-  return RunDemo(options, stop);
+  // Ctrl-C and SIGTERM ask the demo to stop; it then stops every process it
+  // started.
+  return RunDemo(options, StopOnSignals());
 }
 
 }  // namespace

@@ -125,6 +125,7 @@ struct ServeArgs {
   int64_t prefill_chunk = 512;
   double stall_timeout_seconds = 10;
   int worker_threads = 2;
+  std::string api_key;
   FaultOptions faults;
 };
 
@@ -147,6 +148,7 @@ int RunServe(const ServeArgs& args) {
       std::chrono::milliseconds(static_cast<int64_t>(args.stall_timeout_seconds * 1000.0));
   options.worker_threads = args.worker_threads;
   options.faults = args.faults;
+  options.api_key = args.api_key;
 
   // Every thread the engine starts inherits this mask, so the signals reach
   // only the sigwait below.
@@ -210,6 +212,8 @@ void AddServeOptions(CLI::App& engine, ServeArgs& args) {
       .add_option("--worker-threads", args.worker_threads,
                   "Threads that load and stage checkpoints")
       ->capture_default_str();
+  engine.add_option("--api-key", args.api_key,
+                    "As SGLang's: every route but /health needs \"Authorization: Bearer KEY\"");
   engine.add_option("--fault-fail-stagings,--fail-stagings", args.faults.fail_stagings,
                     "Fault injection: the next N /stage_weight_update calls fail (500)");
   engine.add_option("--fault-fail-commits,--fail-commits", args.faults.fail_commits,

@@ -21,6 +21,7 @@
 #include "stitch/cli/report.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/state.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/pool/pool.h"
 #include "stitch/store/store.h"
@@ -55,10 +56,12 @@ ReplicaStatus StatusFrom(const std::string& url, absl::StatusOr<ReplicaState> in
 
 // Probes every URL, kProbeConcurrency at a time: a replica that does not
 // answer holds up only its own slot. The statuses keep the order of `urls`.
-std::vector<ReplicaStatus> ProbeAll(const std::vector<std::string>& urls) {
+std::vector<ReplicaStatus> ProbeAll(const std::vector<std::string>& urls,
+                                    const std::string& token) {
   ReplicaCallOptions options;
   options.timeout = kProbeTimeout;
   options.concurrency = kProbeConcurrency;
+  options.bearer_token = token;
   std::vector<absl::StatusOr<ReplicaState>> infos = ReadServerInfos(urls, options);
   std::vector<ReplicaStatus> out;
   out.reserve(urls.size());
@@ -66,19 +69,20 @@ std::vector<ReplicaStatus> ProbeAll(const std::vector<std::string>& urls) {
   return out;
 }
 
-absl::StatusOr<PoolState> FromPool(const std::string& spec) {
+absl::StatusOr<PoolState> FromPool(const std::string& spec, const std::string& token) {
   auto pool = MakePool(spec);
   if (!pool.ok()) return Annotate(pool.status(), "--pool");
   auto urls = (*pool)->Discover();
   if (!urls.ok()) return Annotate(urls.status(), "--pool");
   PoolState state;
-  state.replicas = ProbeAll(*urls);
+  state.replicas = ProbeAll(*urls, token);
   return state;
 }
 
-absl::StatusOr<PoolState> FromGateway(const std::string& gateway) {
+absl::StatusOr<PoolState> FromGateway(const std::string& gateway, const std::string& token) {
   FetchOptions options;
   options.timeout = kProbeTimeout;
+  if (!token.empty()) options.headers.Set("Authorization", BearerValue(token));
   const std::string url = TrimSlash(gateway) + "/replicas";
   auto response = HttpFetch("GET", url, {}, options);
   if (!response.ok()) {
@@ -110,7 +114,16 @@ struct StatusFlags {
   std::string pool;
   std::string store;
   bool json = false;
+  std::string auth_token_file;
 };
+
+// The fleet's bearer token for the fleet commands: --auth-token-file, else
+// $STITCH_AUTH_TOKEN, else none.
+absl::StatusOr<std::string> FleetToken(const std::string& file, std::string_view command) {
+  auto token = LoadBearerToken(file, kAuthTokenEnv, "--auth-token-file");
+  if (!token.ok()) return Annotate(token.status(), command);
+  return token;
+}
 
 // What `status` says about a replica in its NOTE column: why it cannot be
 // reached, why it is terminal, why it cannot apply the pointer's version, or
@@ -128,8 +141,10 @@ int RunStatus(const StatusFlags& flags) {
     ReportFailure(absl::InvalidArgumentError("status: give exactly one of --gateway or --pool"));
     return 2;
   }
+  auto token = FleetToken(flags.auth_token_file, "status");
+  if (!token.ok()) return ReportFailure(token.status());
   absl::StatusOr<PoolState> state =
-      flags.gateway.empty() ? FromPool(flags.pool) : FromGateway(flags.gateway);
+      flags.gateway.empty() ? FromPool(flags.pool, *token) : FromGateway(flags.gateway, *token);
   if (!state.ok()) return ReportFailure(Annotate(state.status(), "status"));
 
   std::optional<std::string> pointer;
@@ -171,6 +186,7 @@ struct WaitFlags {
   double fraction = 0.75;
   double timeout_s = 600;
   std::string gateway;
+  std::string auth_token_file;
 };
 
 int RunWaitReady(const WaitFlags& flags) {
@@ -179,6 +195,8 @@ int RunWaitReady(const WaitFlags& flags) {
         "wait-ready: --replicas must be >= 1, --fraction in (0, 1] and --timeout >= 0"));
     return 2;
   }
+  auto token = FleetToken(flags.auth_token_file, "wait-ready");
+  if (!token.ok()) return ReportFailure(token.status());
   auto pool = MakePool(flags.pool);
   if (!pool.ok()) {
     ReportFailure(Annotate(pool.status(), "wait-ready: --pool"));
@@ -198,7 +216,7 @@ int RunWaitReady(const WaitFlags& flags) {
     std::string discover_error;
     if (urls.ok()) {
       discovered = urls->size();
-      for (const ReplicaStatus& r : ProbeAll(*urls)) ready += r.state.ready ? 1 : 0;
+      for (const ReplicaStatus& r : ProbeAll(*urls, *token)) ready += r.state.ready ? 1 : 0;
     } else {
       discover_error = std::string(urls.status().message());
     }
@@ -236,16 +254,19 @@ struct SmokeFlags {
   std::string gateway;
   int64_t version = -1;
   double timeout_s = 60;
+  std::string auth_token_file;
 };
 
 // One exact-version generation against `url`; an empty string when it was
 // served by `version`, else what went wrong.
-std::string TryVersion(const std::string& url, int64_t version, std::chrono::milliseconds timeout) {
+std::string TryVersion(const std::string& url, int64_t version, std::chrono::milliseconds timeout,
+                       const std::string& token) {
   const std::string body = absl::StrCat(
       R"({"text":"stitch smoke","sampling_params":{"max_new_tokens":1,"temperature":0},)",
       R"("weight_version":{"exact_version":)", version, "}}");
   FetchOptions options;
   options.timeout = timeout;
+  if (!token.empty()) options.headers.Set("Authorization", BearerValue(token));
   auto response = HttpFetch("POST", url + "/generate", body, options);
   if (!response.ok()) return std::string(response.status().message());
   if (response->status != 200) {
@@ -264,16 +285,18 @@ int RunSmoke(const SmokeFlags& flags) {
   }
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(std::max(0.1, flags.timeout_s) * 1000));
+  auto token = FleetToken(flags.auth_token_file, "smoke");
+  if (!token.ok()) return ReportFailure(token.status());
   const std::string gateway = TrimSlash(flags.gateway);
   int failures = 0;
-  const std::string through = TryVersion(gateway, flags.version, timeout);
+  const std::string through = TryVersion(gateway, flags.version, timeout, *token);
   if (through.empty()) {
     std::cout << "ok    gateway " << gateway << " served version " << flags.version << "\n";
   } else {
     std::cout << "FAIL  gateway " << gateway << ": " << through << "\n";
     ++failures;
   }
-  auto state = FromGateway(gateway);
+  auto state = FromGateway(gateway, *token);
   if (!state.ok()) return ReportFailure(Annotate(state.status(), "smoke"));
   int live = 0;
   for (const ReplicaStatus& r : state->replicas) {
@@ -282,7 +305,7 @@ int RunSmoke(const SmokeFlags& flags) {
       continue;
     }
     ++live;
-    const std::string why = TryVersion(r.url, flags.version, timeout);
+    const std::string why = TryVersion(r.url, flags.version, timeout, *token);
     if (why.empty()) {
       std::cout << "ok    " << r.url << " served version " << flags.version << "\n";
     } else {
@@ -315,6 +338,8 @@ void AddFleetCommands(CLI::App& app, int* exit_code) {
   s->add_option("--pool", status.pool, "A pool spec: ask each replica's /server_info");
   s->add_option("--store", status.store, "Store URI, to show its pointer");
   s->add_flag("--json", status.json, "Print JSON instead of a table");
+  s->add_option("--auth-token-file", status.auth_token_file,
+                "File holding the fleet's bearer token (default: $STITCH_AUTH_TOKEN when set)");
   s->callback([exit_code] { *exit_code = RunStatus(status); });
 
   static WaitFlags wait;
@@ -327,6 +352,8 @@ void AddFleetCommands(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   w->add_option("--timeout", wait.timeout_s, "Seconds before giving up")->capture_default_str();
   w->add_option("--gateway", wait.gateway, "A gateway's URL whose /health must answer 200");
+  w->add_option("--auth-token-file", wait.auth_token_file,
+                "File holding the fleet's bearer token (default: $STITCH_AUTH_TOKEN when set)");
   w->callback([exit_code] { *exit_code = RunWaitReady(wait); });
 
   static SmokeFlags smoke;
@@ -336,6 +363,8 @@ void AddFleetCommands(CLI::App& app, int* exit_code) {
   k->add_option("--version", smoke.version, "The version every live replica must serve")
       ->required();
   k->add_option("--timeout", smoke.timeout_s, "Seconds per request")->capture_default_str();
+  k->add_option("--auth-token-file", smoke.auth_token_file,
+                "File holding the fleet's bearer token (default: $STITCH_AUTH_TOKEN when set)");
   k->callback([exit_code] { *exit_code = RunSmoke(smoke); });
 }
 

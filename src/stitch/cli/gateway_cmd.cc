@@ -17,6 +17,7 @@
 #include "stitch/cli/server_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/gateway/gateway.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
@@ -41,6 +42,8 @@ struct GatewayFlags {
   uint64_t max_session_id_bytes = 0;  // GatewayOptions' defaults, set with the options
   uint64_t session_table_bytes = 0;
   BodyLimitArgs body_limits;
+  std::string auth_token_file;
+  bool auth_data_plane = false;
 };
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -69,7 +72,20 @@ int RunGateway(const GatewayFlags& flags) {
     ReportFailure(server.status());
     return kExitRefused;
   }
-  auto pool = MakePool(flags.pool);
+  auto token = LoadBearerToken(flags.auth_token_file, kAuthTokenEnv, "--auth-token-file");
+  if (!token.ok()) {
+    ReportFailure(Annotate(token.status(), "gateway"));
+    return kExitRefused;
+  }
+  if (flags.auth_data_plane && token->empty()) {
+    ReportFailure(absl::InvalidArgumentError(
+        "gateway: --auth-data-plane needs a token: give --auth-token-file or set "
+        "STITCH_AUTH_TOKEN"));
+    return kExitRefused;
+  }
+  WakeOptions wake;
+  wake.bearer_token = *token;
+  auto pool = MakePool(flags.pool, wake);
   if (!pool.ok()) {
     ReportFailure(Annotate(pool.status(), "gateway: --pool"));
     return kExitRefused;
@@ -89,6 +105,8 @@ int RunGateway(const GatewayFlags& flags) {
   options.probe_timeout = Millis(flags.probe_timeout_s);
   options.max_session_id_bytes = flags.max_session_id_bytes;
   options.session_table_bytes = flags.session_table_bytes;
+  options.auth_token = *token;
+  options.auth_data_plane = flags.auth_data_plane;
 
   WorkerPool workers(2);
   SteadyClock clock;
@@ -141,6 +159,11 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--poll-interval", flags.poll_interval_s,
                   "Seconds between discoveries and /server_info polls of every replica")
       ->capture_default_str();
+  cmd->add_option("--auth-token-file", flags.auth_token_file,
+                  "File holding the fleet's bearer token: GET /replicas needs it, and the "
+                  "gateway presents it to the replicas (default: $STITCH_AUTH_TOKEN when set)");
+  cmd->add_flag("--auth-data-plane", flags.auth_data_plane,
+                "Require the token on every route but /health and /metrics");
   cmd->add_option("--max-attempts", flags.max_attempts,
                   "Replicas tried per request after a 409, a 503 or a connection failure")
       ->capture_default_str();

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   stitch::AddGatewayCommand(app, &exit_code);
   stitch::AddFleetCommands(app, &exit_code);
   stitch::AddDemoCommand(app, &exit_code);
+  stitch::AddChaosCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -26,6 +26,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/engine/vllm_engine.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
@@ -91,6 +92,20 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   }
   config->server = *std::move(server);
   RaiseOpenFileLimit();
+  auto auth_token = LoadBearerToken(flags.auth_token_file, kAuthTokenEnv, "--auth-token-file");
+  auto engine_token =
+      LoadBearerToken(flags.engine_token_file, "STITCH_ENGINE_TOKEN", "--engine-token-file");
+  if (!auth_token.ok() || !engine_token.ok()) {
+    ReportFailure(
+        Annotate(auth_token.ok() ? engine_token.status() : auth_token.status(), "sidecar"));
+    return kExitRefused;
+  }
+  if (flags.auth_data_plane && auth_token->empty()) {
+    ReportFailure(absl::InvalidArgumentError(
+        "sidecar: --auth-data-plane needs a token: give --auth-token-file or set "
+        "STITCH_AUTH_TOKEN"));
+    return kExitRefused;
+  }
   auto cache = CacheDir(*config);
   if (!cache.ok()) return ReportFailure(cache.status());
   auto store = OpenStore(config->store_uri, StoreOptions{config->reconciler.run_id, *cache});
@@ -114,6 +129,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   engine_options.local_checkpoint_dir = config->local_checkpoint;
   engine_options.destination = config->update_mode;
   engine_options.load_format = config->disk_load_format;
+  engine_options.api_key = *engine_token;
   std::unique_ptr<Engine> engine;
   if (config->engine == EngineKind::kSglang) {
     auto made = SglangEngine::Make(loop->executor(), engine_options);
@@ -131,6 +147,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
     vllm_options.pause_mode = config->reconciler.commit_mode == CommitMode::kQuiesce
                                   ? VllmPauseMode::kWait
                                   : VllmPauseMode::kKeep;
+    vllm_options.api_key = *engine_token;
     auto made = VllmEngine::Make(loop->executor(), vllm_options, pool);
     if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
     engine = *std::move(made);
@@ -142,6 +159,10 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   settings.proxy.engine = config->engine_http.origin;
   settings.proxy.rid_field =
       config->engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
+  settings.proxy.engine_token = *engine_token;
+  settings.proxy.own_authorization = !auth_token->empty();
+  settings.auth_token = *auth_token;
+  settings.auth_data_plane = flags.auth_data_plane;
   settings.server = config->server;
   // Both callbacks run on the loop thread, so they never race each other.
   absl::Notification stop;
@@ -240,6 +261,15 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--watchdog-threshold,--watchdog-failure-threshold", flags.watchdog_threshold,
                   "Failed probes in a row that end the replica")
       ->capture_default_str();
+  cmd->add_option("--auth-token-file", flags.auth_token_file,
+                  "File holding a bearer token that POST /wake needs (default: "
+                  "$STITCH_AUTH_TOKEN when set; none otherwise)");
+  cmd->add_flag("--auth-data-plane", flags.auth_data_plane,
+                "Require the token on every route but /health and /metrics (versioned "
+                "requests, forwarded routes, /server_info)");
+  cmd->add_option("--engine-token-file", flags.engine_token_file,
+                  "File holding the engine's API key, sent to it as a bearer token (SGLang's "
+                  "--api-key; default: $STITCH_ENGINE_TOKEN when set)");
   AddHostOption(cmd, &flags.host);
   cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
       ->capture_default_str();

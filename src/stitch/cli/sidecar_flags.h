@@ -37,6 +37,10 @@ struct SidecarFlags {
   std::string host = kDefaultListenHost;
   // The original Stitch sidecar's port.
   int64_t port = 8000;
+  // Bearer tokens (net/auth.h): the sidecar's own, and the engine's.
+  std::string auth_token_file;
+  bool auth_data_plane = false;
+  std::string engine_token_file;
 };
 
 enum class EngineKind {

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "stitch/net/auth.h"
+
 namespace stitch {
 
 void AddStoreOptions(CLI::App* cmd, StoreArgs* args, const std::string& run_id_help) {
@@ -14,6 +16,9 @@ void AddStoreOptions(CLI::App* cmd, StoreArgs* args, const std::string& run_id_h
                   "Replicas to wake: static:URL,URL,..., file:PATH or dns:NAME:PORT");
   cmd->add_option("--cache-dir", args->cache_dir,
                   "Where remote (s3://) stores download versions (unused by local stores)");
+  cmd->add_option("--auth-token-file", args->auth_token_file,
+                  "File holding the replicas' bearer token, sent with the wake (default: "
+                  "$STITCH_AUTH_TOKEN when set)");
 }
 
 absl::StatusOr<OpenedStore> OpenStoreArgs(const StoreArgs& args) {
@@ -22,7 +27,11 @@ absl::StatusOr<OpenedStore> OpenStoreArgs(const StoreArgs& args) {
   if (!store.ok()) return store.status();
   opened.store = *std::move(store);
   if (!args.pool.empty()) {
-    auto pool = MakePool(args.pool);
+    auto token = LoadBearerToken(args.auth_token_file, kAuthTokenEnv, "--auth-token-file");
+    if (!token.ok()) return token.status();
+    WakeOptions wake;
+    wake.bearer_token = *token;
+    auto pool = MakePool(args.pool, wake);
     if (!pool.ok()) return pool.status();
     opened.pool = *std::move(pool);
   }

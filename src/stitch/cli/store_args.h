@@ -16,10 +16,11 @@ struct StoreArgs {
   std::string run_id;
   std::string pool;  // empty: wake nobody
   std::string cache_dir;
+  std::string auth_token_file;  // the replicas' bearer token, for the wake
 };
 
 // Adds --store (required), --run-id (required, described by `run_id_help`),
-// --pool and --cache-dir to `cmd`, bound to `args`.
+// --pool, --cache-dir and --auth-token-file to `cmd`, bound to `args`.
 void AddStoreOptions(CLI::App* cmd, StoreArgs* args, const std::string& run_id_help);
 
 struct OpenedStore {

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/core/json_value_handler.h"
 #include "stitch/core/version.h"
 
 namespace stitch {
@@ -37,16 +38,10 @@ enum class Guard {
 // Only those keys are looked at (a comparison per top-level key, a copy of
 // the few fields of the constraint object), so the cost stays that of
 // boost::json::parse.
-struct GuardedHandler {
-  static constexpr std::size_t max_object_size = json::object::max_size();
-  static constexpr std::size_t max_array_size = json::array::max_size();
-  static constexpr std::size_t max_key_size = json::string::max_size();
-  static constexpr std::size_t max_string_size = json::string::max_size();
-
+struct GuardedHandler : JsonValueHandler {
   GuardedHandler(Guard g, unsigned char* temp, std::size_t size)
-      : st(json::storage_ptr(), temp, size), guard(g) {}
+      : JsonValueHandler(temp, size), guard(g) {}
 
-  json::value_stack st;
   const Guard guard;
   size_t depth = 0;                 // containers open
   bool root_object = false;         // the document is an object
@@ -81,8 +76,6 @@ struct GuardedHandler {
     return true;
   }
 
-  bool on_document_begin(json::error_code&) { return true; }
-  bool on_document_end(json::error_code&) { return true; }
   bool on_object_begin(json::error_code&) {
     ++depth;
     if (depth == 1) root_object = true;
@@ -133,37 +126,6 @@ struct GuardedHandler {
     st.push_key(s);
     return true;
   }
-  bool on_string_part(json::string_view s, std::size_t, json::error_code&) {
-    st.push_chars(s);
-    return true;
-  }
-  bool on_string(json::string_view s, std::size_t, json::error_code&) {
-    st.push_string(s);
-    return true;
-  }
-  bool on_number_part(json::string_view, json::error_code&) { return true; }
-  bool on_int64(std::int64_t i, json::string_view, json::error_code&) {
-    st.push_int64(i);
-    return true;
-  }
-  bool on_uint64(std::uint64_t u, json::string_view, json::error_code&) {
-    st.push_uint64(u);
-    return true;
-  }
-  bool on_double(double d, json::string_view, json::error_code&) {
-    st.push_double(d);
-    return true;
-  }
-  bool on_bool(bool b, json::error_code&) {
-    st.push_bool(b);
-    return true;
-  }
-  bool on_null(json::error_code&) {
-    st.push_null();
-    return true;
-  }
-  bool on_comment_part(json::string_view, json::error_code&) { return true; }
-  bool on_comment(json::string_view, json::error_code&) { return true; }
 };
 
 // A key for a one-line message: escaped, and cut when long.

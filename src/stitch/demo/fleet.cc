@@ -47,6 +47,55 @@ std::optional<double> Metric(const ReplicaState& s, const std::string& key) {
 
 }  // namespace
 
+std::vector<std::string> EngineArgs(const std::filesystem::path& model, const std::string& run_id,
+                                    int port) {
+  return {"engine",           "--model",  model.string(), "--host",           "127.0.0.1", "--port",
+          absl::StrCat(port), "--run-id", run_id,         "--worker-threads", "1"};
+}
+
+std::vector<std::string> SidecarArgs(const SidecarLaunch& launch) {
+  std::vector<std::string> args = {"sidecar",
+                                   "--store",
+                                   launch.store,
+                                   "--run-id",
+                                   launch.run_id,
+                                   "--engine",
+                                   launch.engine,
+                                   "--engine-url",
+                                   launch.engine_url,
+                                   "--base-checkpoint",
+                                   launch.base_checkpoint.string(),
+                                   "--update-mode",
+                                   launch.update_mode,
+                                   "--local-checkpoint",
+                                   launch.local_checkpoint.string(),
+                                   "--reconcile-interval",
+                                   absl::StrCat(launch.reconcile_interval_s),
+                                   "--watchdog-interval",
+                                   absl::StrCat(launch.watchdog_interval_s),
+                                   "--host",
+                                   "127.0.0.1",
+                                   "--port",
+                                   absl::StrCat(launch.port)};
+  args.insert(args.end(), launch.extra.begin(), launch.extra.end());
+  return args;
+}
+
+std::vector<std::string> GatewayArgs(const std::string& pool_spec, int port, double poll_interval_s,
+                                     double admission_wait_s) {
+  return {"gateway",
+          "--pool",
+          pool_spec,
+          "--host",
+          "127.0.0.1",
+          "--port",
+          absl::StrCat(port),
+          "--poll-interval",
+          absl::StrCat(poll_interval_s),
+          "--admission-wait",
+          absl::StrCat(admission_wait_s)};
+}
+
 LocalFleet::LocalFleet(ProcessSupervisor& supervisor, FleetOptions options, Clock::time_point epoch,
                        const std::atomic<bool>* cancel)
     : supervisor_(supervisor), options_(std::move(options)), epoch_(epoch), cancel_(cancel) {
@@ -104,12 +153,12 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   std::filesystem::create_directories(dir, ec);
   std::filesystem::create_directories(logs, ec);
 
-  auto engine = supervisor_.Start(
-      absl::StrCat("engine ", name),
-      {"engine", "--model", options_.base_checkpoint.string(), "--host", "127.0.0.1", "--port", "0",
-       "--run-id", options_.run_id, "--worker-threads", "1", "--api",
-       std::string(EngineApiName(options_.api))},
-      logs / absl::StrCat("engine-", name, ".log"));
+  std::vector<std::string> engine_args =
+      EngineArgs(options_.base_checkpoint, options_.run_id, /*port=*/0);
+  engine_args.push_back("--api");
+  engine_args.push_back(std::string(EngineApiName(options_.api)));
+  auto engine = supervisor_.Start(absl::StrCat("engine ", name), std::move(engine_args),
+                                  logs / absl::StrCat("engine-", name, ".log"));
   if (!engine.ok()) return fail(engine.status());
   {
     absl::MutexLock lock(&mu_);
@@ -118,32 +167,19 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   auto engine_url = supervisor_.WaitForUrl(*engine, options_.start_timeout, cancel_);
   if (!engine_url.ok()) return fail(engine_url.status());
 
+  SidecarLaunch launch;
+  launch.store = options_.store;
+  launch.run_id = options_.run_id;
+  launch.engine_url = *engine_url;
+  launch.base_checkpoint = options_.base_checkpoint;
+  launch.local_checkpoint = dir / "local";
+  launch.reconcile_interval_s = options_.reconcile_interval_s;
   // vLLM loads versions only from disk: the sidecar stages them.
-  const bool vllm = options_.api == EngineApi::kVllm;
-  auto sidecar = supervisor_.Start(absl::StrCat("sidecar ", name),
-                                   {"sidecar",
-                                    "--store",
-                                    options_.store,
-                                    "--run-id",
-                                    options_.run_id,
-                                    "--engine",
-                                    vllm ? "vllm" : "sglang",
-                                    "--engine-url",
-                                    *engine_url,
-                                    "--base-checkpoint",
-                                    options_.base_checkpoint.string(),
-                                    "--update-mode",
-                                    vllm ? "disk" : "cpu",
-                                    "--local-checkpoint",
-                                    (dir / "local").string(),
-                                    "--reconcile-interval",
-                                    absl::StrCat(options_.reconcile_interval_s),
-                                    "--watchdog-interval",
-                                    "1",
-                                    "--host",
-                                    "127.0.0.1",
-                                    "--port",
-                                    "0"},
+  if (options_.api == EngineApi::kVllm) {
+    launch.engine = "vllm";
+    launch.update_mode = "disk";
+  }
+  auto sidecar = supervisor_.Start(absl::StrCat("sidecar ", name), SidecarArgs(launch),
                                    logs / absl::StrCat("sidecar-", name, ".log"));
   if (!sidecar.ok()) return fail(sidecar.status());
   {
@@ -182,9 +218,8 @@ absl::Status LocalFleet::StartGateway() {
   std::filesystem::create_directories(logs, ec);
   auto pid = supervisor_.Start(
       "gateway",
-      {"gateway", "--pool", absl::StrCat("file:", pool_file().string()), "--host", "127.0.0.1",
-       "--port", "0", "--poll-interval", absl::StrCat(options_.gateway_poll_interval_s),
-       "--admission-wait", absl::StrCat(options_.gateway_admission_wait_s)},
+      GatewayArgs(absl::StrCat("file:", pool_file().string()), /*port=*/0,
+                  options_.gateway_poll_interval_s, options_.gateway_admission_wait_s),
       logs / "gateway.log");
   if (!pid.ok()) return pid.status();
   auto url = supervisor_.WaitForUrl(*pid, options_.start_timeout, cancel_);

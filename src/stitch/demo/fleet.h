@@ -31,6 +31,34 @@
 
 namespace stitch {
 
+// The command lines of a local fleet's processes (`stitch demo`, `stitch
+// chaos`): arguments after `stitch`.
+//
+// `stitch engine` serving `model` for `run_id` on 127.0.0.1:`port` (0: any).
+std::vector<std::string> EngineArgs(const std::filesystem::path& model, const std::string& run_id,
+                                    int port);
+
+struct SidecarLaunch {
+  std::string store;
+  std::string run_id;
+  std::string engine_url;
+  std::filesystem::path base_checkpoint;
+  std::filesystem::path local_checkpoint;
+  double reconcile_interval_s = 0.5;
+  double watchdog_interval_s = 1;
+  int port = 0;
+  // --engine and --update-mode: an engine that stages in memory by default.
+  std::string engine = "sglang";
+  std::string update_mode = "cpu";
+  std::vector<std::string> extra;  // appended as given
+};
+// `stitch sidecar` in front of a reference engine.
+std::vector<std::string> SidecarArgs(const SidecarLaunch& launch);
+
+// `stitch gateway` over `pool_spec` on 127.0.0.1:`port`.
+std::vector<std::string> GatewayArgs(const std::string& pool_spec, int port, double poll_interval_s,
+                                     double admission_wait_s);
+
 struct FleetOptions {
   std::filesystem::path dir;  // the demo directory
   std::string store;          // store URI the sidecars follow

@@ -58,8 +58,8 @@ std::string ReadAll(const std::filesystem::path& path) {
 
 }  // namespace
 
-ProcessSupervisor::ProcessSupervisor(std::string program)
-    : program_(std::move(program)), spawner_([this] { SpawnLoop(); }) {}
+ProcessSupervisor::ProcessSupervisor(std::string program, std::string who)
+    : program_(std::move(program)), who_(std::move(who)), spawner_([this] { SpawnLoop(); }) {}
 
 ProcessSupervisor::~ProcessSupervisor() {
   StopAll(std::chrono::seconds(5));
@@ -84,11 +84,11 @@ void ProcessSupervisor::SpawnLoop() {
     // exec it may only make async-signal-safe calls.
     std::vector<char*> argv;
     static char kArgv0[] = "stitch";
-    argv.push_back(kArgv0);
+    argv.push_back(job->program.empty() ? kArgv0 : job->program.data());
     for (std::string& a : job->args) argv.push_back(a.data());
     argv.push_back(nullptr);
     const int log_fd = job->log_fd;
-    const char* program = program_.c_str();
+    const char* program = job->program.empty() ? program_.c_str() : job->program.c_str();
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -107,7 +107,7 @@ void ProcessSupervisor::SpawnLoop() {
       ::_exit(127);
     }
     if (pid < 0) {
-      job->result = absl::InternalError(absl::StrCat("demo: fork: ", std::strerror(errno)));
+      job->result = absl::InternalError(absl::StrCat(who_, ": fork: ", std::strerror(errno)));
     } else {
       // Also here, so that the group exists before anyone signals it.
       ::setpgid(pid, pid);
@@ -119,12 +119,20 @@ void ProcessSupervisor::SpawnLoop() {
 absl::StatusOr<int> ProcessSupervisor::Start(const std::string& name,
                                              const std::vector<std::string>& args,
                                              const std::filesystem::path& log) {
+  return StartProgram(name, "", args, log);
+}
+
+absl::StatusOr<int> ProcessSupervisor::StartProgram(const std::string& name,
+                                                    const std::string& program,
+                                                    const std::vector<std::string>& args,
+                                                    const std::filesystem::path& log) {
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     return absl::InternalError(
-        absl::StrCat("demo: cannot open ", log.string(), ": ", std::strerror(errno)));
+        absl::StrCat(who_, ": cannot open ", log.string(), ": ", std::strerror(errno)));
   }
   SpawnJob job;
+  job.program = program;
   job.args = args;
   job.log_fd = fd;
   absl::StatusOr<int> pid;
@@ -132,7 +140,7 @@ absl::StatusOr<int> ProcessSupervisor::Start(const std::string& name,
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       ::close(fd);
-      return absl::CancelledError("demo: the supervisor is stopping");
+      return absl::CancelledError(absl::StrCat(who_, ": the supervisor is stopping"));
     }
     jobs_.push_back(&job);
     mu_.Await(absl::Condition(
@@ -171,7 +179,7 @@ absl::StatusOr<std::string> ProcessSupervisor::WaitForUrl(int pid,
   {
     absl::MutexLock lock(&mu_);
     auto it = children_.find(pid);
-    if (it == children_.end()) return absl::NotFoundError("demo: no such child");
+    if (it == children_.end()) return absl::NotFoundError(absl::StrCat(who_, ": no such child"));
     log = it->second.log;
     name = it->second.name;
   }
@@ -179,13 +187,14 @@ absl::StatusOr<std::string> ProcessSupervisor::WaitForUrl(int pid,
   for (;;) {
     if (std::optional<std::string> url = AnnouncedUrl(ReadAll(log)); url.has_value()) return *url;
     if (std::optional<int> status = ExitStatus(pid); status.has_value()) {
-      return absl::FailedPreconditionError(absl::StrCat("demo: ", name, " ", Describe(*status),
+      return absl::FailedPreconditionError(absl::StrCat(who_, ": ", name, " ", Describe(*status),
                                                         " before listening; see ", log.string()));
     }
-    if (cancel != nullptr && cancel->load()) return absl::CancelledError("demo: interrupted");
+    if (cancel != nullptr && cancel->load())
+      return absl::CancelledError(absl::StrCat(who_, ": interrupted"));
     if (std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("demo: ", name, " did not announce its URL within ",
+          absl::StrCat(who_, ": ", name, " did not announce its URL within ",
                        std::chrono::duration_cast<std::chrono::seconds>(timeout).count(),
                        " s; see ", log.string()));
     }
@@ -198,7 +207,7 @@ absl::StatusOr<int> ProcessSupervisor::WaitForExit(int pid, std::chrono::millise
   for (;;) {
     if (std::optional<int> status = ExitStatus(pid); status.has_value()) return *status;
     if (std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("demo: process ", pid, " still runs"));
+      return absl::DeadlineExceededError(absl::StrCat(who_, ": process ", pid, " still runs"));
     }
     std::this_thread::sleep_for(kPollEvery);
   }

@@ -1,8 +1,10 @@
-// The demo's process supervisor: it starts the fleet's processes (`stitch
-// engine`, `stitch sidecar`, `stitch gateway`, run from this very binary),
-// watches them, kills one on request, and stops them all at the end.
+// The process supervisor of `stitch demo` and `stitch chaos`: it starts the
+// fleet's processes (`stitch engine`, `stitch sidecar`, `stitch gateway`,
+// run from this very binary, and other programs such as an S3 server),
+// watches them, signals one on request, and stops them all at the end.
 //
-// Each child runs /proc/self/exe with the given arguments, in its own process
+// Each child runs /proc/self/exe (or the program given) with the given
+// arguments, in its own process
 // group (so a terminal's Ctrl-C reaches only the supervisor, which then stops
 // the children in order), with stdin from /dev/null and stdout and stderr
 // appended to its log file, and with every other descriptor closed. The
@@ -34,8 +36,9 @@ namespace stitch {
 
 class ProcessSupervisor {
  public:
-  // Children run `program` (tests run a shell instead of `stitch`).
-  explicit ProcessSupervisor(std::string program = "/proc/self/exe");
+  // Children run `program` (tests run a shell instead of `stitch`). Messages
+  // start with `who` ("demo: ...").
+  explicit ProcessSupervisor(std::string program = "/proc/self/exe", std::string who = "demo");
   // StopAll(), then ends the spawning thread.
   ~ProcessSupervisor();
   ProcessSupervisor(const ProcessSupervisor&) = delete;
@@ -47,6 +50,11 @@ class ProcessSupervisor {
   [[nodiscard]] absl::StatusOr<int> Start(const std::string& name,
                                           const std::vector<std::string>& args,
                                           const std::filesystem::path& log);
+  // The same for another program (an absolute path, also its argv[0]).
+  [[nodiscard]] absl::StatusOr<int> StartProgram(const std::string& name,
+                                                 const std::string& program,
+                                                 const std::vector<std::string>& args,
+                                                 const std::filesystem::path& log);
 
   // The URL the child announces in its log ("... on http://HOST:PORT"),
   // waiting until it appears. FailedPrecondition (with the exit status and
@@ -76,6 +84,7 @@ class ProcessSupervisor {
     std::optional<int> exit_status;
   };
   struct SpawnJob {
+    std::string program;  // empty: program_
     std::vector<std::string> args;
     int log_fd = -1;
     std::optional<absl::StatusOr<int>> result;
@@ -86,6 +95,7 @@ class ProcessSupervisor {
   std::optional<int> Reap(int pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string program_;
+  const std::string who_;
   absl::Mutex mu_;
   std::map<int, Child> children_ ABSL_GUARDED_BY(mu_);
   std::vector<int> order_ ABSL_GUARDED_BY(mu_);  // pids, oldest first

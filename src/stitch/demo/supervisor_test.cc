@@ -52,6 +52,18 @@ TEST(ProcessSupervisor, ReadsTheAnnouncedUrlAndStopsTheChild) {
   EXPECT_EQ(supervisor.ExitStatus(*pid), 128 + SIGTERM);
 }
 
+TEST(ProcessSupervisor, RunsAnotherProgramWithItsPathAsArgv0) {
+  testing::TempDir tmp;
+  ProcessSupervisor supervisor("/bin/false", "chaos");
+  auto pid =
+      supervisor.StartProgram("shell", "/bin/sh", Shell("echo \"argv0 $0\""), tmp / "shell.log");
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(supervisor.WaitForExit(*pid, kTimeout).value_or(-1), 0);
+  EXPECT_THAT(Slurp(tmp / "shell.log"), HasSubstr("argv0 /bin/sh"));
+  auto never = supervisor.WaitForUrl(*pid, kTimeout, nullptr);
+  EXPECT_THAT(never.status().message(), HasSubstr("chaos: shell exited with status 0"));
+}
+
 TEST(ProcessSupervisor, AChildThatExitsBeforeListeningIsAnError) {
   testing::TempDir tmp;
   ProcessSupervisor supervisor("/bin/sh");

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/net/auth.h"
 
 namespace stitch {
 
@@ -48,8 +49,16 @@ std::string EngineMessage(const HttpResponse& r) {
   return r.body.size() <= kMax ? r.body : absl::StrCat(r.body.substr(0, kMax), "...");
 }
 
-EngineHttp::EngineHttp(boost::asio::any_io_executor executor, HttpUrl url)
-    : url_(std::move(url)), client_(std::move(executor)) {}
+EngineHttp::EngineHttp(boost::asio::any_io_executor executor, HttpUrl url, std::string api_key)
+    : url_(std::move(url)), api_key_(std::move(api_key)), client_(std::move(executor)) {}
+
+HttpRequest EngineHttp::Request(std::string method, std::string_view target) const {
+  HttpRequest request;
+  request.method = std::move(method);
+  request.target = std::string(target);
+  if (!api_key_.empty()) request.headers.Set("Authorization", BearerValue(api_key_));
+  return request;
+}
 
 std::string EngineHttp::Where(std::string_view method, std::string_view target) const {
   return absl::StrCat("engine ", url_.origin.ToString(), ": ", AbslView(method), " ",
@@ -58,9 +67,7 @@ std::string EngineHttp::Where(std::string_view method, std::string_view target) 
 
 awaitable<absl::StatusOr<HttpResponse>> EngineHttp::PostForAnswer(
     std::string_view target, std::string body, std::chrono::milliseconds timeout) {
-  HttpRequest request;
-  request.method = "POST";
-  request.target = std::string(target);
+  HttpRequest request = Request("POST", target);
   request.headers.Set("Content-Type", "application/json");
   request.body = std::move(body);
   CallOptions call;
@@ -89,8 +96,7 @@ awaitable<absl::Status> EngineHttp::Post(std::string_view target, std::string bo
 
 awaitable<absl::StatusOr<HttpResponse>> EngineHttp::Get(std::string_view target,
                                                         std::chrono::milliseconds timeout) {
-  HttpRequest request;
-  request.target = std::string(target);
+  HttpRequest request = Request("GET", target);
   CallOptions call;
   call.timeout = timeout;
   auto response = co_await client_.Send(url_.origin, std::move(request), call);

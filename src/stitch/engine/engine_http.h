@@ -31,7 +31,9 @@ std::string EngineMessage(const HttpResponse& response);
 
 class EngineHttp {
  public:
-  EngineHttp(boost::asio::any_io_executor executor, HttpUrl url);
+  // `api_key`, when not empty, goes as "Authorization: Bearer <api_key>"
+  // with every call (an engine started with an API key).
+  EngineHttp(boost::asio::any_io_executor executor, HttpUrl url, std::string api_key = "");
 
   // POSTs `body` (JSON) to `target` (a path, with a query when the route
   // takes its parameters there) and checks the answer as described above.
@@ -56,7 +58,10 @@ class EngineHttp {
   std::string Where(std::string_view method, std::string_view target) const;
 
  private:
+  HttpRequest Request(std::string method, std::string_view target) const;
+
   const HttpUrl url_;
+  const std::string api_key_;
   HttpClient client_;
 };
 

@@ -37,7 +37,9 @@ absl::Status RequireDir(const std::filesystem::path& dir, std::string_view flag)
 
 SglangHttpEngine::SglangHttpEngine(boost::asio::any_io_executor executor,
                                    SglangEngineOptions options, HttpUrl url)
-    : options_(std::move(options)), url_(url), http_(std::move(executor), std::move(url)) {}
+    : options_(std::move(options)),
+      url_(url),
+      http_(std::move(executor), std::move(url), options_.api_key) {}
 
 SglangHttpEngine::~SglangHttpEngine() = default;
 

@@ -75,6 +75,9 @@ struct SglangEngineOptions {
   std::chrono::milliseconds stage_timeout = std::chrono::hours(1);
   // Loading the staged version (the paused moment) or the boot checkpoint.
   std::chrono::milliseconds commit_timeout = std::chrono::minutes(10);
+  // Sent as "Authorization: Bearer <api_key>" on every call, for an engine
+  // started with one (SGLang's --api-key); empty: none.
+  std::string api_key;
 };
 
 // The HTTP control surface both adapters share. Not instantiable by itself.

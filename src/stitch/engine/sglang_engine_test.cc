@@ -139,6 +139,21 @@ TEST_F(SglangEngineTest, DiskDestinationStagesAndCommitsThroughTheEngine) {
   EXPECT_EQ(fake_.RequestsTo("/continue_generation").size(), 1u);
 }
 
+TEST_F(SglangEngineTest, EveryCallPresentsTheEnginesApiKeyWhenGivenOne) {
+  SglangEngineOptions options = Options(UpdateDestination::kCpu);
+  options.api_key = "engine-key";
+  auto engine = SglangEngine::Make(loop_.executor(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_TRUE(Await((*engine)->Pause()).ok());
+  EXPECT_TRUE(Await((*engine)->Health(std::chrono::seconds(5))).ok());
+  (void)Await((*engine)->Report(std::chrono::seconds(5)));
+  Await((*engine)->Abort({"stitch-x"}));
+  ASSERT_GE(fake_.requests().size(), 4u);
+  for (const HttpRequest& r : fake_.requests()) {
+    EXPECT_EQ(r.headers.Get("authorization"), "Bearer engine-key") << r.method << " " << r.target;
+  }
+}
+
 TEST_F(SglangEngineTest, CpuDestinationCommitsFromMemory) {
   auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));
   ASSERT_TRUE(engine.ok()) << engine.status();

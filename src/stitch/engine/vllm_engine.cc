@@ -39,7 +39,9 @@ absl::StatusOr<std::unique_ptr<VllmEngine>> VllmEngine::Make(boost::asio::any_io
 
 VllmEngine::VllmEngine(boost::asio::any_io_executor executor, VllmEngineOptions options,
                        HttpUrl url, WorkerPool& pool)
-    : options_(std::move(options)), http_(std::move(executor), std::move(url)), pool_(pool) {}
+    : options_(std::move(options)),
+      http_(std::move(executor), std::move(url), options_.api_key),
+      pool_(pool) {}
 
 awaitable<absl::Status> VllmEngine::InitializeDestination(const VersionRef& boot) {
   co_return co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,

@@ -78,6 +78,9 @@ struct VllmEngineOptions {
   std::chrono::milliseconds control_timeout = std::chrono::seconds(60);
   // Reloading the staged version (the paused moment) or the boot checkpoint.
   std::chrono::milliseconds commit_timeout = std::chrono::minutes(10);
+  // Sent as "Authorization: Bearer <api_key>" on every call, for a vLLM
+  // started with --api-key; empty: none.
+  std::string api_key;
 };
 
 class VllmEngine final : public Engine {

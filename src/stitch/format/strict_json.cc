@@ -11,6 +11,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/core/json_value_handler.h"
 
 namespace stitch {
 namespace json = boost::json;
@@ -19,20 +20,12 @@ namespace {
 // boost::json::parser's own handler plus a record of each open object's keys.
 // Duplicates are detected when the object closes (sort + adjacent compare), so
 // a header with thousands of tensors costs one sort, not a hash set per object.
-struct StrictHandler {
-  static constexpr std::size_t max_object_size = json::object::max_size();
-  static constexpr std::size_t max_array_size = json::array::max_size();
-  static constexpr std::size_t max_key_size = json::string::max_size();
-  static constexpr std::size_t max_string_size = json::string::max_size();
-
-  json::value_stack st;
+struct StrictHandler : JsonValueHandler {
   std::vector<std::vector<std::string>> keys;  // one entry per open object, reused
   size_t depth = 0;
   std::string key_buf;
   std::string duplicate;  // set when parsing stopped on a repeated key
 
-  bool on_document_begin(json::error_code&) { return true; }
-  bool on_document_end(json::error_code&) { return true; }
   bool on_object_begin(json::error_code&) {
     if (depth == keys.size()) keys.emplace_back();
     keys[depth].clear();
@@ -67,37 +60,6 @@ struct StrictHandler {
     st.push_key(s);
     return true;
   }
-  bool on_string_part(json::string_view s, std::size_t, json::error_code&) {
-    st.push_chars(s);
-    return true;
-  }
-  bool on_string(json::string_view s, std::size_t, json::error_code&) {
-    st.push_string(s);
-    return true;
-  }
-  bool on_number_part(json::string_view, json::error_code&) { return true; }
-  bool on_int64(std::int64_t i, json::string_view, json::error_code&) {
-    st.push_int64(i);
-    return true;
-  }
-  bool on_uint64(std::uint64_t u, json::string_view, json::error_code&) {
-    st.push_uint64(u);
-    return true;
-  }
-  bool on_double(double d, json::string_view, json::error_code&) {
-    st.push_double(d);
-    return true;
-  }
-  bool on_bool(bool b, json::error_code&) {
-    st.push_bool(b);
-    return true;
-  }
-  bool on_null(json::error_code&) {
-    st.push_null();
-    return true;
-  }
-  bool on_comment_part(json::string_view, json::error_code&) { return true; }
-  bool on_comment(json::string_view, json::error_code&) { return true; }
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "stitch/api/server_info.h"
 #include "stitch/gateway/relay.h"
 #include "stitch/gateway/replica_table.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/net/prometheus.h"
 
@@ -31,6 +32,7 @@ ReplicaTableOptions TableOptions(const GatewayOptions& options) {
   t.poll_interval = options.poll_interval;
   t.probe_timeout = options.probe_timeout;
   t.stall_timeout = options.stall_timeout;
+  t.bearer_token = options.auth_token;
   return t;
 }
 
@@ -146,9 +148,13 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
   Impl* self = impl.get();
   HttpRouter router;
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
-  router.Add("GET", "/replicas", [self](HttpExchange& ex) { return self->Replicas(ex); });
+  router.Add("GET", "/replicas",
+             RequireBearerToken(self->options.auth_token,
+                                [self](HttpExchange& ex) { return self->Replicas(ex); }));
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->Metrics(ex); });
-  router.SetFallback([self](HttpExchange& ex) { return DispatchApiRequest(ex, self->handlers); });
+  router.SetFallback(RequireBearerToken(
+      self->options.auth_data_plane ? self->options.auth_token : std::string(),
+      [self](HttpExchange& ex) { return DispatchApiRequest(ex, self->handlers); }));
   auto server = HttpServer::Start(executor, self->options.server, router.AsHandler());
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);

@@ -50,6 +50,9 @@
 // Inside: a replica table (replica_table.h: discovery, probes, stalls), a
 // pure chooser (chooser.h), and a relay (relay.h: forwarding, streams,
 // retries, waits). docs/gateway.md is the operator's view.
+// With a bearer token (GatewayOptions::auth_token) /replicas needs it, with
+// auth_data_plane every route but /health and /metrics does, and the
+// gateway presents it to the replicas in place of the client's.
 //
 // Threading: everything runs on one event loop; Pool calls (blocking) run on
 // a worker pool. Choosing a replica costs the same whatever the pool's size:
@@ -104,6 +107,9 @@ struct GatewayOptions {
   // Memory the session table may count (ids and entries): 64 MiB holds
   // about 200,000 sessions of 256-byte ids, far more of typical ones.
   size_t session_table_bytes = size_t{64} << 20;
+  // The fleet's bearer token (net/auth.h); empty: none.
+  std::string auth_token;
+  bool auth_data_plane = false;
 };
 
 // Counters for /metrics and tests.

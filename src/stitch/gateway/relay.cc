@@ -9,6 +9,7 @@
 #include "stitch/api/headers.h"
 #include "stitch/api/request.h"
 #include "stitch/api/response.h"
+#include "stitch/net/auth.h"
 
 namespace stitch {
 
@@ -56,6 +57,14 @@ Relay::Relay(HttpClient& client, ReplicaTable& table, Clock& clock, const Gatewa
       chooser_(std::random_device{}()),
       sessions_(options.session_table_bytes) {}
 
+HttpHeaders Relay::UpstreamHeaders(const HttpHeaders& from) const {
+  HttpHeaders headers = RequestHeadersToForward(from, BodyRelay::kUnchanged);
+  if (!options_.auth_token.empty()) {
+    headers.Set("Authorization", BearerValue(options_.auth_token));
+  }
+  return headers;
+}
+
 awaitable<void> Relay::Versioned(HttpExchange& exchange) {
   ++counters_.requests;
   absl::StatusOr<VersionedAsk> ask = ReadVersionedAsk(exchange.request().body);
@@ -79,8 +88,7 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     session = std::string(*s);
   }
 
-  const HttpHeaders headers =
-      RequestHeadersToForward(exchange.request().headers, BodyRelay::kUnchanged);
+  const HttpHeaders headers = UpstreamHeaders(exchange.request().headers);
   const std::string& target = exchange.request().target;
   const std::string payload = std::move(exchange.request().body);
 
@@ -288,7 +296,7 @@ awaitable<void> Relay::Other(HttpExchange& exchange) {
   HttpRequest up;
   up.method = exchange.request().method;
   up.target = r->endpoint.prefix + exchange.request().target;
-  up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kUnchanged);
+  up.headers = UpstreamHeaders(exchange.request().headers);
   up.body = std::move(exchange.request().body);
   absl::StatusOr<HttpResponse> response;
   {

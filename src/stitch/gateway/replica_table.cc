@@ -259,7 +259,7 @@ awaitable<void> ReplicaTable::Probe(ReplicaPtr r) {
   const TaskScope task(this);
   const Clock::TimePoint deadline = clock_.Now() + options_.probe_timeout;
   CallOptions call;
-  auto fetch = FetchServerInfo(client_, r->endpoint, call);
+  auto fetch = FetchServerInfo(client_, r->endpoint, call, options_.bearer_token);
   auto timeout = clock_.SleepUntil(deadline);
   auto stop = stop_->Wait();
   std::variant<absl::StatusOr<ReplicaState>, std::monostate, bool> outcome =

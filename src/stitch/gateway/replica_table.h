@@ -46,6 +46,8 @@ struct ReplicaTableOptions {
   std::chrono::milliseconds waiting_poll_interval = std::chrono::milliseconds(200);
   std::chrono::milliseconds probe_timeout = std::chrono::seconds(2);
   std::chrono::milliseconds stall_timeout = std::chrono::seconds(5);
+  // Presented with every probe when not empty (net/auth.h).
+  std::string bearer_token;
 };
 
 // What the table counts, for the gateway's /metrics.

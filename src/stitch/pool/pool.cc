@@ -18,6 +18,7 @@ int WakeReplicas(const std::vector<std::string>& urls, const WakeOptions& option
   ReplicaCallOptions calls;
   calls.timeout = std::max(options.timeout, std::chrono::milliseconds(1));
   calls.concurrency = static_cast<size_t>(std::max(1, options.max_concurrency));
+  calls.bearer_token = options.bearer_token;
   const std::vector<absl::Status> woken = WakeEach(urls, calls);
   int succeeded = 0;
   for (size_t i = 0; i < urls.size(); ++i) {

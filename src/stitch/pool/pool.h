@@ -42,6 +42,9 @@ struct WakeOptions {
   std::chrono::milliseconds timeout{2000};
   // At most this many wakes in flight at once.
   int max_concurrency = 32;
+  // Sent as "Authorization: Bearer <bearer_token>" when not empty: the
+  // replicas' token (docs/sidecar.md, "Bearer tokens").
+  std::string bearer_token;
 };
 
 // POSTs `<url>/wake` (empty JSON body) to each of `urls` concurrently, as

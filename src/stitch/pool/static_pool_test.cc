@@ -61,6 +61,17 @@ TEST(StaticPoolTest, WakePostsToEveryReplicaAndCountsAnswers) {
   EXPECT_THAT(b.requests(), ElementsAre("POST /wake"));
 }
 
+TEST(StaticPoolTest, WakesPresentTheBearerTokenWhenGivenOne) {
+  LoopbackHttpServer a;
+  auto with = StaticPool::Parse("static:" + a.url(), WakeOptions{.bearer_token = "tok-1"});
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ((*with)->Wake(), 1);
+  auto without = StaticPool::Parse("static:" + a.url());
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ((*without)->Wake(), 1);
+  EXPECT_THAT(a.authorizations(), ElementsAre("Bearer tok-1", ""));
+}
+
 TEST(StaticPoolTest, FailedWakesAreCountedOutNeverFatal) {
   LoopbackHttpServer ok;
   LoopbackHttpServer failing(LoopbackHttpServer::Options{.status = 500});

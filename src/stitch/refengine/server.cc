@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/core/errors.h"
 #include "stitch/format/index.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/http.h"
 #include "stitch/net/prometheus.h"
@@ -998,8 +999,16 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::Start(EngineOptions 
   ServerOptions server_options;
   server_options.host = impl->options.host;
   server_options.port = impl->options.port;
+  HttpHandler routes = impl->Routes().AsHandler();
+  if (!impl->options.api_key.empty()) {
+    // As SGLang: health checks stay open, everything else needs the key.
+    routes = [open = routes,
+              guarded = RequireBearerToken(impl->options.api_key, routes)](HttpExchange& ex) {
+      return TargetPath(ex.request().target) == "/health" ? open(ex) : guarded(ex);
+    };
+  }
   absl::StatusOr<std::unique_ptr<HttpServer>> http =
-      HttpServer::Start(impl->loop.executor(), server_options, impl->Routes().AsHandler());
+      HttpServer::Start(impl->loop.executor(), server_options, std::move(routes));
   if (!http.ok()) return Annotate(http.status(), "engine");
   impl->http = *std::move(http);
   return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));

@@ -54,6 +54,9 @@ struct EngineOptions {
   int worker_threads = 2;
   // Threads for the delta codec inside one staging (0: its default).
   int codec_threads = 0;
+  // As SGLang's --api-key: when not empty, every route but /health needs
+  // "Authorization: Bearer <api_key>" (401 otherwise).
+  std::string api_key;
 
   // InvalidArgument naming the option.
   [[nodiscard]] absl::Status Validate() const;

@@ -600,6 +600,25 @@ TEST_F(EngineServerTest, BadInputGets4xxWithAMessageAndTheEngineKeepsServing) {
   ExpectGeneratesLike(*Weights(0), "0");
 }
 
+TEST_F(EngineServerTest, AnApiKeyGuardsEveryRouteButHealth) {
+  EngineOptions options;
+  options.api_key = "engine-key";
+  Start(options);
+  EXPECT_EQ(Get("/health").status, 200);
+  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+           {"POST", "/generate"}, {"GET", "/model_info"}, {"POST", "/pause_generation"}}) {
+    HttpResponse refused = Call(method, path, method == "POST" ? "{}" : "");
+    EXPECT_EQ(refused.status, 401) << method << " " << path;
+    EXPECT_THAT(refused.body, HasSubstr("Unauthorized"));
+  }
+  FetchOptions with;
+  with.headers.Set("Authorization", "Bearer engine-key");
+  auto answer = HttpFetch("POST", server_->url() + "/generate", GenerateBody("Check", 4), with);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->status, 200) << answer->body;
+  EXPECT_EQ(HttpFetch("GET", server_->url() + "/model_info", {}, with)->status, 200);
+}
+
 TEST_F(EngineServerTest, HealthIs503WhileTheSchedulerMakesNoProgress) {
   std::atomic<int64_t> fake_ms{0};
   EngineOptions options;

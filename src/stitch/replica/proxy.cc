@@ -21,6 +21,7 @@
 #include "stitch/api/response.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/json.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/sse.h"
 
 namespace stitch {
@@ -242,6 +243,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   up.method = "POST";
   up.target = exchange.request().target;
   up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kRewritten);
+  PresentEngineToken(up.headers);
   up.headers.Set("Content-Type", "application/json");
   up.body = json::serialize(parsed);
 
@@ -398,6 +400,17 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
   (void)co_await exchange.EndStream();
 }
 
+void VersionedProxy::PresentEngineToken(HttpHeaders& headers) const {
+  // A client's Authorization was for the sidecar (when it checks one) and
+  // never reaches the engine; the engine gets its own token, if any.
+  if (options_.own_authorization || !options_.engine_token.empty()) {
+    headers.Remove("authorization");
+  }
+  if (!options_.engine_token.empty()) {
+    headers.Set("Authorization", BearerValue(options_.engine_token));
+  }
+}
+
 awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   ++counters_.forwarded;
   // Held while a commit holds admission closed and drained by the commits
@@ -416,6 +429,7 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   up.method = exchange.request().method;
   up.target = exchange.request().target;
   up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kRewritten);
+  PresentEngineToken(up.headers);
   if (std::optional<std::string_view> type = exchange.request().headers.Get("content-type")) {
     up.headers.Set("Content-Type", *type);
   }
@@ -439,6 +453,7 @@ awaitable<std::optional<std::string>> VersionedProxy::EngineMetrics(
     std::chrono::milliseconds timeout) {
   HttpRequest request;
   request.target = "/metrics";
+  PresentEngineToken(request.headers);
   CallOptions call;
   call.timeout = timeout;
   auto response = co_await client_.Send(options_.engine, std::move(request), call);

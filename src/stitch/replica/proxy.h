@@ -72,6 +72,13 @@ struct ProxyOptions {
   // Idle keep-alive connections kept to the engine (one per concurrent
   // request is what a busy replica needs).
   size_t max_idle_connections = 4096;
+  // Sent to the engine as "Authorization: Bearer <engine_token>" in place
+  // of the client's Authorization (an engine's --api-key); empty: none.
+  std::string engine_token;
+  // The sidecar checks a token of its own, so the client's Authorization is
+  // its credential for the sidecar and is not forwarded. Without either
+  // this or an engine token, the client's Authorization passes through.
+  bool own_authorization = false;
 };
 
 // Counters of the proxy, for /metrics.
@@ -131,6 +138,8 @@ class VersionedProxy {
   boost::asio::awaitable<void> HandleVersioned(HttpExchange& exchange, ApiRoute route);
   boost::asio::awaitable<void> BadRequest(HttpExchange& exchange, std::string message);
   boost::asio::awaitable<void> Forward(HttpExchange& exchange);
+  // The Authorization the engine sees (ProxyOptions::engine_token).
+  void PresentEngineToken(HttpHeaders& headers) const;
   boost::asio::awaitable<void> Relay(HttpExchange& exchange, Call& call);
   boost::asio::awaitable<void> RelayStream(HttpExchange& exchange, Call& call);
   boost::asio::awaitable<void> EngineUnavailable(HttpExchange& exchange, Call* call,

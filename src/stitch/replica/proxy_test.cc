@@ -4,6 +4,7 @@
 #include "stitch/replica/proxy.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -74,7 +75,8 @@ class ProxyTest : public ::testing::Test {
     loop_.reset();
   }
 
-  void Start(const std::string& engine_url) {
+  void Start(const std::string& engine_url,
+             const std::function<void(Sidecar::Settings&)>& tweak = nullptr) {
     auto url = ParseHttpUrl(engine_url);
     ASSERT_TRUE(url.ok()) << url.status();
     Sidecar::Settings settings;
@@ -84,6 +86,7 @@ class ProxyTest : public ::testing::Test {
     settings.watchdog.interval = Clock::Duration::zero();
     settings.proxy.engine = url->origin;
     settings.proxy.upstream_timeout = std::chrono::seconds(20);
+    if (tweak) tweak(settings);
     Sidecar::Ports ports{loop_->executor(), pool_.get(), store_.get(), engine_.get(), clock_.get()};
     auto started = loop_->BlockOn(Sidecar::Start(settings, ports));
     ASSERT_TRUE(started.ok()) << started.status();
@@ -128,8 +131,11 @@ class ProxyTest : public ::testing::Test {
                         "Content-Length: ", body.size(), "\r\n\r\n", body);
   }
 
-  HttpResponse Send(std::string method, std::string path, std::string body = {}) {
-    auto r = HttpFetch(method, sidecar_->url() + path, std::move(body));
+  HttpResponse Send(std::string method, std::string path, std::string body = {},
+                    std::string authorization = {}) {
+    FetchOptions options;
+    if (!authorization.empty()) options.headers.Set("Authorization", authorization);
+    auto r = HttpFetch(method, sidecar_->url() + path, std::move(body), options);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : HttpResponse{};
   }
@@ -562,6 +568,66 @@ TEST_F(ProxyTest, WakeAnswersWithServerInfo) {
   ASSERT_TRUE(state.ok()) << state.status() << r.body;
   EXPECT_EQ(state->run_id, "r1");
   EXPECT_EQ(state->applied, (VersionRef{"r1", 0}));
+}
+
+TEST_F(ProxyTest, TheTokenGuardsWakeAndWithTheDataPlaneEveryRouteButHealthAndMetrics) {
+  fake_.SetAnswer("/model_info", JsonResponse(200, R"({"model_path":"/m"})"));
+  Start(fake_.url(), [](Sidecar::Settings& s) {
+    s.auth_token = "fleet-token";
+    s.auth_data_plane = true;
+    s.proxy.own_authorization = true;
+    s.proxy.engine_token = "engine-key";
+  });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  const std::string generate = R"({"text":"hi","sampling_params":{}})";
+  for (const auto& [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"POST", "/wake"},
+                                                        {"GET", "/server_info"},
+                                                        {"POST", "/generate"},
+                                                        {"GET", "/model_info"}}) {
+    HttpResponse refused = Send(method, path, method == "POST" ? generate : "");
+    EXPECT_EQ(refused.status, 401) << method << " " << path << ": " << refused.body;
+    EXPECT_NE(refused.body.find("\"Unauthorized\""), std::string::npos) << refused.body;
+    EXPECT_EQ(Send(method, path, method == "POST" ? generate : "", "Bearer wrong").status, 401);
+  }
+  EXPECT_EQ(Send("GET", "/health").status, 200);
+  EXPECT_EQ(Send("GET", "/metrics").status, 200);
+  // Only the sidecar's own scrape of the engine's metrics reached it.
+  ASSERT_EQ(fake_.requests().size(), 1u) << "nothing unauthorized reached the engine";
+  EXPECT_EQ(fake_.requests()[0].target, "/metrics");
+
+  EXPECT_EQ(Send("POST", "/wake", "", "Bearer fleet-token").status, 200);
+  EXPECT_EQ(Send("GET", "/server_info", "", "Bearer fleet-token").status, 200);
+  EXPECT_EQ(Send("POST", "/generate", generate, "Bearer fleet-token").status, 200);
+  EXPECT_EQ(Send("GET", "/model_info", "", "Bearer fleet-token").status, 200);
+  // The engine sees its own key, never the fleet's token.
+  ASSERT_EQ(fake_.requests().size(), 3u);
+  for (const HttpRequest& r : fake_.requests()) {
+    EXPECT_EQ(r.headers.Get("authorization"), "Bearer engine-key") << r.target;
+  }
+}
+
+TEST_F(ProxyTest, WithoutTheDataPlaneOnlyWakeNeedsTheToken) {
+  Start(fake_.url(), [](Sidecar::Settings& s) {
+    s.auth_token = "fleet-token";
+    s.proxy.own_authorization = true;
+  });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  EXPECT_EQ(Send("POST", "/wake").status, 401);
+  EXPECT_EQ(Send("GET", "/server_info").status, 200);
+  EXPECT_EQ(Send("POST", "/generate", R"({"text":"hi"})", "Bearer fleet-token").status, 200);
+  // The client's credential was for the sidecar: it does not reach the engine.
+  ASSERT_EQ(fake_.requests().size(), 1u);
+  EXPECT_FALSE(fake_.requests()[0].headers.Has("authorization"));
+}
+
+TEST_F(ProxyTest, WithoutTokensAClientsAuthorizationReachesTheEngine) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  EXPECT_EQ(Send("POST", "/wake").status, 200);
+  EXPECT_EQ(Send("POST", "/generate", R"({"text":"hi"})", "Bearer client-key").status, 200);
+  ASSERT_EQ(fake_.requests().size(), 1u);
+  EXPECT_EQ(fake_.requests()[0].headers.Get("authorization"), "Bearer client-key");
 }
 
 TEST_F(ProxyTest, RequestWaitingForACommitIsReleasedWhenItsClientLeaves) {

@@ -154,6 +154,13 @@ void Reconciler::SetState(SyncState state, std::string reason) {
   reason_ = std::move(reason);
 }
 
+absl::Status Reconciler::PointerVanished(const std::string& held) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "store ", store_.uri(), ": the pointer reads unset, yet the engine holds ", held,
+      "; a pointer never goes back to unset, so the store is missing or unreadable: check that "
+      "its path or volume is there (the engine keeps its weights until the pointer is back)"));
+}
+
 void Reconciler::SetError(const absl::Status& status) {
   ++counters_.errors;
   spdlog::warn("reconcile: {} (will retry)", std::string(status.message()));
@@ -451,6 +458,17 @@ awaitable<Reconciler::PassResult> Reconciler::Establish() {
   VersionRef verified;
   const std::string unverified = co_await Verify(*report, *head, &verified);
   if (!terminal_.ok() || stopping_) co_return PassResult::kTerminal;
+  if (!unverified.empty() && !head->has_value() && report->held.has_value() &&
+      (report->held->run_id.empty() || report->held->run_id == run_id_) &&
+      report->held->version > options_.boot_version) {
+    // A pointer never goes back to unset: an unset one beside an engine
+    // that holds a later version of this run says the store is missing or
+    // unreadable (an unmounted volume, a renamed root), not that there is
+    // nothing to follow. Resetting the engine to its boot weights would
+    // throw a published version away; the replica waits for the store.
+    SetError(PointerVanished(report->held->ToString()));
+    co_return PassResult::kError;
+  }
   if (unverified.empty()) {
     // The label as the engine gave it: responses carry it.
     VersionRef label = *report->held;
@@ -623,7 +641,13 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     ready_ = true;
     return PassResult::kCaughtUp;
   };
-  if (!head->has_value()) co_return caught_up();
+  if (!head->has_value()) {
+    if (applied().version == options_.boot_version) co_return caught_up();
+    // Serving a later version, the replica keeps it (and its place in
+    // rotation, as through any store error) until the pointer is back.
+    SetError(PointerVanished(applied().ToString()));
+    co_return PassResult::kError;
+  }
   VersionRef pointer = **head;
 
   if (PlanFollow(applied(), pointer) == FollowAction::kRunReset) {

@@ -21,7 +21,9 @@
 // the engine's state unknown, which is terminal.
 //
 // Then it runs passes. Each pass:
-//   1. refreshes the store and reads the pointer (unset: nothing to follow);
+//   1. refreshes the store and reads the pointer (unset: nothing to follow,
+//      unless the replica or its engine holds a later version than boot: a
+//      pointer never goes back to unset, so the store is missing, an error);
 //   2. when the pointer names another run, switches runs: admission closes,
 //      every request drains, the engine resets to the boot checkpoint (only
 //      when its weights are not already the boot weights), and the served
@@ -239,6 +241,9 @@ class Reconciler {
     return options_.commit_mode == CommitMode::kQuiesce ? DrainScope::kAll : DrainScope::kExactPins;
   }
   void SetError(const absl::Status& status);
+  // The error of a pointer that reads unset while `held` (a later version
+  // than boot) is held: the store is missing or unreadable.
+  absl::Status PointerVanished(const std::string& held) const;
   // The reason while not yet ready ("" once ready).
   std::string CatchingUp() const;
   void SetState(SyncState state, std::string reason);

@@ -832,6 +832,42 @@ TEST_F(ReconcilerTrustTest, SidecarRestartedBesideALiveEngineVerifiesWhatItHolds
   });
 }
 
+// A pointer never goes back to unset. Read unset beside an engine that
+// holds a later version (the store's root renamed away or its volume gone),
+// it means the store is missing, not that there is nothing to follow: the
+// engine is not reset to its boot weights and the replica does not enter
+// rotation at the boot version; it waits for the pointer.
+TEST_F(ReconcilerTrustTest, AnUnsetPointerNeverRollsTheEngineBackToItsBootWeights) {
+  WriteBoot();
+  DistinctFull(3);
+  engine_->Holds(Ref("r1", 3));
+  engine_->fingerprint_of[3] = FingerprintOfVersion(3);
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_FALSE(reconciler_->ready());
+    EXPECT_FALSE(reconciler_->State().applied.has_value());
+    EXPECT_NE(reconciler_->State().sync_error.find("the pointer reads unset, yet the engine holds "
+                                                   "r1/weight_v000003"),
+              std::string::npos)
+        << reconciler_->State().sync_error;
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000000"});
+    // The store is back: what the engine holds is verified, nothing loaded.
+    SetPointer(Ref("r1", 3));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000000"});
+    // It vanishes again under a replica in rotation: it keeps serving v3.
+    mem_->SetPointerTextForTesting(std::nullopt);
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return reconciler_->sync_state() == SyncState::kError; }));
+    EXPECT_TRUE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    EXPECT_EQ(engine_->calls, std::vector<std::string>{"init:r1/weight_v000000"});
+  });
+}
+
 // Until the engine answers, nothing versioned is admitted and the replica
 // says it serves nothing: a sidecar must never stamp its boot version on
 // weights it has not seen.

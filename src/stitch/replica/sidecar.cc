@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/errors.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/prometheus.h"
 
 namespace stitch {
@@ -46,12 +47,20 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   sidecar->proxy_->SetMislabelListener(
       [self](std::string why) { self->reconciler_->Distrust(std::move(why)); });
 
+  // Health and metrics stay open for probes and scrapers; the control route
+  // needs the token, and with auth_data_plane everything else does too.
+  const std::string data_token = settings.auth_data_plane ? settings.auth_token : std::string();
   HttpRouter router;
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
-  router.Add("GET", "/server_info", [self](HttpExchange& ex) { return self->ServerInfo(ex); });
+  router.Add("GET", "/server_info", RequireBearerToken(data_token, [self](HttpExchange& ex) {
+               return self->ServerInfo(ex);
+             }));
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); });
-  router.Add("POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); });
-  router.SetFallback([self](HttpExchange& ex) { return self->proxy_->Handle(ex); });
+  router.Add("POST", "/wake", RequireBearerToken(settings.auth_token, [self](HttpExchange& ex) {
+               return self->Wake(ex);
+             }));
+  router.SetFallback(RequireBearerToken(
+      data_token, [self](HttpExchange& ex) { return self->proxy_->Handle(ex); }));
   auto server = HttpServer::Start(ports.loop, settings.server, router.AsHandler());
   if (!server.ok()) co_return Annotate(server.status(), "sidecar");
   sidecar->server_ = *std::move(server);

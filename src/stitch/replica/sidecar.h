@@ -11,7 +11,9 @@
 //   GET  /server_info  ReplicaState as JSON (core/state.h)
 //   POST /wake         asks for a reconcile pass; answers like /server_info
 //   GET  /metrics      Prometheus text: the sidecar's (metrics.h), then the engine's own
-// Everything else goes to the proxy (proxy.h).
+// Everything else goes to the proxy (proxy.h). With a bearer token
+// (Settings::auth_token), /wake needs it, and with auth_data_plane every
+// route but /health and /metrics does (docs/sidecar.md, "Bearer tokens").
 //
 // Threading: everything runs on one event loop; store and codec work on a
 // worker pool.
@@ -58,6 +60,10 @@ class Sidecar {
     // Called once, on the loop, when the replica turns terminal (the process
     // should then exit non-zero).
     std::function<void(const absl::Status&)> on_terminal;
+    // When not empty, POST /wake needs "Authorization: Bearer <auth_token>",
+    // and with auth_data_plane so does every route but /health and /metrics.
+    std::string auth_token;
+    bool auth_data_plane = false;
   };
 
   // Starts listening, reconciling and watching. Must run on `ports.loop`.
