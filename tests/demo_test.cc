@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/support/browser.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -53,6 +54,7 @@ TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
     const std::string n = std::to_string(step);
     EXPECT_THAT(r.out, HasSubstr(n + "/6  published v" + n + " ")) << r.out;
   }
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("stitch demo: dashboard http://[0-9.]+:[0-9]+/ui "));
   EXPECT_THAT(r.out, HasSubstr("join: starting replica r2"));
   EXPECT_THAT(r.out, HasSubstr("kill: SIGKILL to replica r1"));
   EXPECT_THAT(r.out, HasSubstr("3 started, 1 joined, 1 killed"));
@@ -65,9 +67,21 @@ TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
   EXPECT_THAT(html, HasSubstr("<svg"));
   EXPECT_THAT(html, HasSubstr("All checks passed"));
   EXPECT_THAT(html, HasSubstr("r2 (joined)"));
+  EXPECT_THAT(html, HasSubstr("<h2>Samples</h2>"));
+  EXPECT_THAT(html, HasSubstr("<h2>Staleness</h2>"));
   EXPECT_TRUE(std::filesystem::exists(dir / "logs" / "gateway.log"));
   // Every process the demo started (they all name the directory) is gone.
   EXPECT_THAT(ProcessesMentioning(dir.string()), ::testing::IsEmpty());
+
+  // What a person sees: the report rendered by a real browser.
+  ASSERT_FALSE(testing::ChromiumBinary().empty())
+      << "no chromium: install Debian's chromium package (scripts/install-deps)";
+  const std::filesystem::path png = testing::ArtifactsDir() / "demo-report.png";
+  ProcessResult shot =
+      testing::Screenshot("file://" + (dir / "report.html").string(),
+                          std::chrono::milliseconds(500), png, 1000, 2600, tmp / "browser");
+  EXPECT_EQ(shot.exit_code, 0) << shot.err;
+  EXPECT_GT(std::filesystem::file_size(png), 10000u);
 }
 
 // The same run on vLLM's API: engines with --api vllm behind sidecars with

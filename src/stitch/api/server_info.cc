@@ -38,6 +38,13 @@ json::object ReplicaStateObject(const ReplicaState& s) {
   json::object m;
   for (const auto& [k, v] : s.metrics) m[k] = v;
   o["metrics"] = std::move(m);
+  if (s.pointer) {
+    o["pointer"] = s.pointer->ToString();
+    o["pointer_version"] = s.pointer->version;
+  } else {
+    o["pointer"] = nullptr;
+    o["pointer_version"] = nullptr;
+  }
   return o;
 }
 
@@ -81,6 +88,13 @@ absl::StatusOr<ReplicaState> ReplicaStateFrom(const json::value& v) {
     auto ref = VersionRef::Parse(text);
     if (!ref.ok()) return Annotate(ref.status(), "server_info.applied");
     s.applied = *ref;
+  }
+  text.clear();
+  if (absl::Status st = get_string("pointer", text); !st.ok()) return st;
+  if (!text.empty()) {
+    auto ref = VersionRef::Parse(text);
+    if (!ref.ok()) return Annotate(ref.status(), "server_info.pointer");
+    s.pointer = *ref;
   }
   text.clear();
   if (absl::Status st = get_string("sync_state", text); !st.ok()) return st;

@@ -15,7 +15,8 @@ namespace stitch {
 // {"ready", "applied" (an identity or null), "applied_version", "sync_state",
 // "reason", "run_id", "commit_mode", "active_requests",
 // "update_destination_ready", "update_destination_error", "terminal_error",
-// "sync_error", "metrics": {name: number}}.
+// "sync_error", "metrics": {name: number}, "pointer" (the store's pointer as
+// the replica last read it: an identity or null), "pointer_version"}.
 std::string ServerInfoJson(const ReplicaState& state);
 
 // Reads ServerInfoJson's form; absent fields keep their defaults, unknown

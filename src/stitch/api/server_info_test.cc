@@ -17,6 +17,7 @@ TEST(ServerInfoTest, JsonRoundTrip) {
   s.active_requests = 3;
   s.update_destination_ready = true;
   s.metrics["stage_s"] = 0.25;
+  s.pointer = VersionRef{"run-a", 9};
   auto back = ParseServerInfo(ServerInfoJson(s));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->ready);
@@ -27,18 +28,20 @@ TEST(ServerInfoTest, JsonRoundTrip) {
   EXPECT_EQ(back->active_requests, 3);
   EXPECT_TRUE(back->update_destination_ready);
   EXPECT_DOUBLE_EQ(back->metrics.at("stage_s"), 0.25);
+  EXPECT_EQ(back->pointer, s.pointer);
 }
 
 TEST(ServerInfoTest, JsonFieldsFollowTheContract) {
   ReplicaState s;
   auto v = boost::json::parse(ServerInfoJson(s));
   const auto& o = v.as_object();
-  for (const char* key :
-       {"ready", "applied", "sync_state", "reason", "run_id", "commit_mode", "active_requests",
-        "update_destination_ready", "update_destination_error", "terminal_error", "metrics"}) {
+  for (const char* key : {"ready", "applied", "sync_state", "reason", "run_id", "commit_mode",
+                          "active_requests", "update_destination_ready", "update_destination_error",
+                          "terminal_error", "metrics", "pointer"}) {
     EXPECT_TRUE(o.contains(key)) << key;
   }
   EXPECT_TRUE(o.at("applied").is_null());
+  EXPECT_TRUE(o.at("pointer").is_null());
   EXPECT_EQ(o.at("sync_state").as_string(), "IDLE");
   EXPECT_EQ(o.at("commit_mode").as_string(), "in_place");
 }

@@ -77,6 +77,15 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--learning-rate", options.learning_rate, "The trainer's step size")
       ->capture_default_str();
+  cmd->add_option("--entropy-bonus", options.entropy_bonus,
+                  "Weight of the policy's entropy, up to --entropy-floor, in the trainer's "
+                  "objective (keeps it from collapsing onto one byte)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--entropy-floor", options.entropy_floor,
+                  "Entropy (nats) below which the bonus pulls the policy back")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--model-hidden", options.model_hidden, "Hidden size of the demo's model")
       ->capture_default_str();
   cmd->add_option("--model-layers", options.model_layers, "Decoder layers of the demo's model")

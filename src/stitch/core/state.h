@@ -46,6 +46,9 @@ struct ReplicaState {
   std::string sync_error;
   // Timings and counters of the last reconcile pass (stage_s, commit_s, ...).
   std::map<std::string, double> metrics;
+  // The store's pointer as the replica last read it; nullopt before its
+  // first successful read, or when the store has no pointer.
+  std::optional<VersionRef> pointer;
 };
 
 // What a gateway knows about one replica.

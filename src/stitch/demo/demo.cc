@@ -54,6 +54,8 @@ constexpr int kExitInterrupted = 130;
 constexpr const char* kRunId = "demo";
 constexpr int kRolloutThreads = 16;
 constexpr int kMaxAttempts = 6;
+// Completions the report shows per sampled step (one per prompt).
+constexpr size_t kSamplesPerStep = 3;
 constexpr auto kRolloutTimeout = std::chrono::seconds(90);
 constexpr auto kFleetReadyTimeout = std::chrono::seconds(90);
 constexpr auto kConvergeTimeout = std::chrono::seconds(30);
@@ -438,6 +440,8 @@ absl::Status Demo::SetUp() {
   if (!loaded.ok()) return loaded.status();
   TrainerOptions trainer_options;
   trainer_options.learning_rate = options_.learning_rate;
+  trainer_options.entropy_bonus = options_.entropy_bonus;
+  trainer_options.entropy_floor = options_.entropy_floor;
   auto trainer = LmHeadTrainer::Create(loaded->first, loaded->second, trainer_options);
   if (!trainer.ok()) return trainer.status();
   trainer_ = *std::move(trainer);
@@ -465,6 +469,8 @@ absl::Status Demo::SetUp() {
   if (absl::Status s = fleet_->StartGateway(); !s.ok()) return s;
   console_.Line(absl::StrCat("stitch demo: gateway ", fleet_->gateway_url(),
                              " over file:", fleet_->pool_file().string()));
+  console_.Line(absl::StrCat("stitch demo: dashboard ", fleet_->gateway_url(),
+                             "/ui (open it in a browser while the demo runs; --keep keeps it up)"));
   if (absl::Status s = fleet_->WaitReady(options_.replicas, kFleetReadyTimeout); !s.ok()) return s;
   for (const ReplicaView& v : fleet_->Views()) seen_ready_[v.name] = v.ready;
   console_.Line(absl::StrFormat("stitch demo: %d replicas ready at v%d after %.1f s: %s",
@@ -623,8 +629,14 @@ absl::Status Demo::Train() {
     s.dropped = stats.dropped;
     s.crossed = stats.crossed;
     record_.steps.push_back(s);
-    if (step == 1) record_.first_sample = Decode(generated.front().output_ids);
-    record_.last_sample = Decode(generated.front().output_ids);
+    if (step == 1 || step == (steps + 1) / 2 || step == steps) {
+      std::vector<std::string> texts;
+      const auto group = static_cast<size_t>(options_.group_size);
+      for (size_t i = 0; i < generated.size() && texts.size() < kSamplesPerStep; i += group) {
+        texts.push_back(Decode(generated[i].output_ids));
+      }
+      record_.samples.emplace_back(step, std::move(texts));
+    }
     {
       absl::MutexLock lock(&progress_mu_);
       last_reward_ = stats.mean_reward;
@@ -696,9 +708,10 @@ void Demo::Keep() {
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) self = "stitch";
   console_.Line(absl::StrCat(
-      "\nThe fleet keeps running (--keep); Ctrl-C stops it.\n  gateway  ", gateway, "\n  store    ",
-      (dir_ / "store").string(), "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway,
-      sample_latest, "\n  curl -s ", gateway, sample_pinned,
+      "\nThe fleet keeps running (--keep); Ctrl-C stops it.\n  gateway    ", gateway,
+      "\n  dashboard  ", gateway, "/ui\n  store      ", (dir_ / "store").string(),
+      "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway, sample_latest,
+      "\n  curl -s ", gateway, sample_pinned,
       "\n"
       "      # a 409 after the gateway's ",
       FleetOptions{}.gateway_admission_wait_s,

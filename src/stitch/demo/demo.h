@@ -44,7 +44,13 @@ struct DemoOptions {
   int prompts_per_step = 16;
   int group_size = 4;  // completions per prompt (group-relative advantages)
   int max_new_tokens = 16;
-  double learning_rate = 4.0;
+  double learning_rate = 3.0;
+  // The trainer's entropy bonus and floor in nats (TrainerOptions): without
+  // them the policy collapses onto one target byte ("oooo..."); with them it
+  // keeps writing a spread of letters (the floor is about 25 equally likely
+  // bytes).
+  double entropy_bonus = 0.3;
+  double entropy_floor = 3.2;
   int epochs = 2;  // gradient steps per batch
   // The reward must rise by this much from the first to the last quarter.
   double min_improvement = 0.05;

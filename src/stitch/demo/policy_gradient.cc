@@ -161,6 +161,20 @@ double LmHeadTrainer::ObjectiveOn(std::span<const Rollout> batch,
       const double scale = r.weight / static_cast<double>(tokens);
       const bool unclipped_active = ratio * a <= clipped * a;
       objective += scale * (unclipped_active ? ratio * a : clipped * a);
+      const double beta = options_.entropy_bonus;
+      if (beta > 0) {
+        double entropy = 0;
+        for (int64_t v = 0; v < vocab; ++v) entropy -= std::exp(logp[v]) * logp[v];
+        objective += scale * beta * std::min(entropy, options_.entropy_floor);
+        if (gradient != nullptr && entropy < options_.entropy_floor) {
+          // dH/d logit_v = -p_v (log p_v + H).
+          for (int64_t v = 0; v < vocab; ++v) {
+            const double d = -scale * beta * std::exp(logp[v]) * (logp[v] + entropy);
+            double* g = gradient->data() + v * hidden_size;
+            for (int64_t k = 0; k < hidden_size; ++k) g[k] += d * h[k];
+          }
+        }
+      }
       if (gradient == nullptr || !unclipped_active) continue;
       // d(ratio * a)/d logit_v = ratio * a * (1[v == y] - p_v); d logit_v / d W_v = h.
       const double coef = scale * ratio * a;

@@ -8,7 +8,8 @@
 // (ComputeHiddenStates) and the gradient of the objective with respect to the
 // LM head is exact and computed here, in double precision:
 //
-//   J = sum_s w_s / T * sum_t min(r_t A_s, clip(r_t, 1 - eps, 1 + eps) A_s)
+//   J = sum_s w_s / T * sum_t [min(r_t A_s, clip(r_t, 1 - eps, 1 + eps) A_s)
+//                              + beta min(H(pi(. | h_t)), H0)]
 //   r_t = exp(log pi(y_t | h_t) - behaviour_logprob_t)
 //
 // with A_s the group-relative advantage, T the number of completion tokens in
@@ -63,6 +64,13 @@ struct Rollout {
 struct TrainerOptions {
   double learning_rate = 0.5;
   double clip_epsilon = 0.2;
+  // beta and H0: J gains beta * min(H, H0) per completion position
+  // (weighted like the samples), H the policy's entropy there in nats. A
+  // floor, not a push towards uniform: a policy above H0 is left to the
+  // reward, one collapsing onto a few tokens (below H0) is pulled back, so
+  // that it keeps spreading over the many tokens the reward accepts.
+  double entropy_bonus = 0;
+  double entropy_floor = 0;
 };
 
 struct StepStats {

@@ -12,10 +12,13 @@
 namespace stitch {
 namespace {
 
-std::unique_ptr<LmHeadTrainer> MakeTrainer(double learning_rate) {
+std::unique_ptr<LmHeadTrainer> MakeTrainer(double learning_rate, double entropy_bonus = 0,
+                                           double entropy_floor = 0) {
   ModelConfig config = testing::TinyConfig();
   TrainerOptions options;
   options.learning_rate = learning_rate;
+  options.entropy_bonus = entropy_bonus;
+  options.entropy_floor = entropy_floor;
   auto trainer = LmHeadTrainer::Create(config, RandomCheckpointTensors(config, 7), options);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   return *std::move(trainer);
@@ -68,8 +71,14 @@ TEST(DemoTask, StaleSamplesAreDroppedAndCrossingSamplesDiscounted) {
   EXPECT_EQ(StalenessWeight(5, 6, 6, 1), 0.5);
 }
 
-TEST(LmHeadTrainer, GradientMatchesFiniteDifferences) {
-  auto trainer = MakeTrainer(0.5);
+class LmHeadTrainerGradient : public ::testing::TestWithParam<double> {};
+
+// Without the entropy bonus, and with it (a floor no policy reaches, so
+// that it acts everywhere).
+INSTANTIATE_TEST_SUITE_P(EntropyBonus, LmHeadTrainerGradient, ::testing::Values(0.0, 0.5));
+
+TEST_P(LmHeadTrainerGradient, GradientMatchesFiniteDifferences) {
+  auto trainer = MakeTrainer(0.5, GetParam(), 100.0);
   ByteSet targets = MakeByteSet("aceg");
   std::vector<Rollout> batch = FixedBatch(*trainer, targets);
   std::vector<double> gradient;
@@ -120,6 +129,36 @@ TEST(LmHeadTrainer, TrainingOnAFixedBatchRaisesTheTargetMass) {
   bool found = false;
   for (const TensorView& t : trainer->Tensors()) found |= t.name == "lm_head.weight";
   EXPECT_TRUE(found);
+}
+
+// Rewarded for one byte only, a policy collapses onto it; the entropy floor
+// keeps it spread.
+TEST(LmHeadTrainer, TheEntropyFloorKeepsThePolicyFromCollapsingOntoOneByte) {
+  const ByteSet only_a = MakeByteSet("a");
+  auto mass_on_a = [&](double bonus) {
+    auto trainer = MakeTrainer(1.0, bonus, 3.0);
+    // One group: a completion of 'a's (reward 1) and three of other bytes.
+    std::vector<Rollout> batch;
+    std::vector<double> rewards;
+    for (char c : {'a', 'b', 'c', 'd'}) {
+      Rollout r;
+      r.prompt = {kBosToken, 'x'};
+      r.completion.assign(6, c);
+      rewards.push_back(ByteSetReward(r.completion, only_a));
+      batch.push_back(std::move(r));
+    }
+    std::vector<double> advantages = GroupRelativeAdvantages(rewards, 4);
+    for (size_t i = 0; i < batch.size(); ++i) batch[i].advantage = advantages[i];
+    for (int i = 0; i < 300; ++i) {
+      for (Rollout& r : batch) r.behaviour_logprobs = *trainer->PolicyLogProbs(r);
+      EXPECT_TRUE(trainer->Step(batch).ok());
+    }
+    return *trainer->TargetMass(std::span<const Rollout>(batch.data(), 1), only_a);
+  };
+  const double collapsed = mass_on_a(0.0);
+  const double spread = mass_on_a(1.0);
+  EXPECT_GT(collapsed, 0.99);
+  EXPECT_LT(spread, 0.9) << "without the bonus " << collapsed;
 }
 
 TEST(LmHeadTrainer, RefusesLogProbabilitiesThatDoNotMatchTheCompletion) {

@@ -146,103 +146,229 @@ std::string RewardChart(const DemoRecord& record) {
   return s;
 }
 
-std::string FleetChart(const DemoRecord& record) {
-  Frame f;
-  f.height = 320;
-  f.right = 90;
-  f.x0 = 0;
-  f.x1 = std::max(1.0, record.wall_s);
-  f.y0 = static_cast<double>(record.boot_version);
-  f.y1 = std::max<double>(f.y0 + 1, static_cast<double>(record.final_version()));
-  std::string s = OpenChart(f, "applied version of each replica over time", "seconds since start",
-                            "version", true);
-  // The store's pointer: a step line through the publish instants.
-  std::string pointer = absl::StrFormat("%.1f,%.1f", f.X(0), f.Y(f.y0));
-  double last_y = f.y0;
+// The store's pointer at time `t`: the newest version published by then.
+int64_t PointerAt(const DemoRecord& record, double t) {
+  int64_t pointer = record.boot_version;
   for (const DemoStep& step : record.steps) {
-    const double v = static_cast<double>(step.version);
-    absl::StrAppendFormat(&pointer, " %.1f,%.1f %.1f,%.1f", f.X(step.published_at), f.Y(last_y),
-                          f.X(step.published_at), f.Y(v));
-    last_y = v;
-    absl::StrAppendFormat(
-        &s,
-        R"svg(<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555"><title>v%d published at %.2fs (%s)</title></line>)svg",
-        f.X(step.published_at), f.height - f.bottom, f.X(step.published_at),
-        f.height - f.bottom - 6, step.version, step.published_at, step.full ? "FULL" : "DELTA");
+    if (step.published_at <= t) pointer = std::max(pointer, step.version);
   }
-  absl::StrAppendFormat(&pointer, " %.1f,%.1f", f.X(f.x1), f.Y(last_y));
+  return pointer;
+}
+
+// A replica's applied version at time `t` (-1: none yet).
+int64_t AppliedAt(const DemoReplica& r, double t) {
+  int64_t applied = -1;
+  for (const DemoReplicaSample& sample : r.timeline) {
+    if (sample.t > t) break;
+    applied = sample.applied;
+  }
+  return applied;
+}
+
+// Small multiples: one lane per replica, each with the store's pointer
+// (dashed) and the replica's applied version over the same time axis, the
+// lag between them shaded, the time before it was first ready greyed, a
+// ring at a join, a dot where it became ready and a cross at a kill.
+std::string FleetChart(const DemoRecord& record) {
+  constexpr double kWidth = 760;
+  constexpr double kLeft = 110;
+  constexpr double kRight = 16;
+  constexpr double kLane = 64;
+  constexpr double kGap = 10;
+  constexpr double kTop = 8;
+  constexpr double kAxis = 36;
+  double t1 = std::max(1.0, record.wall_s);
+  for (const DemoStep& step : record.steps) t1 = std::max(t1, step.published_at);
+  for (const DemoReplica& r : record.replicas) {
+    if (!r.timeline.empty()) t1 = std::max(t1, r.timeline.back().t);
+  }
+  const auto v0 = static_cast<double>(record.boot_version);
+  const double v1 = std::max(v0 + 1, static_cast<double>(record.final_version()));
+  const double height = kTop + static_cast<double>(record.replicas.size()) * (kLane + kGap) + kAxis;
+  auto x = [&](double t) {
+    return kLeft + std::clamp(t / t1, 0.0, 1.0) * (kWidth - kLeft - kRight);
+  };
+  std::string s = absl::StrFormat(
+      R"svg(<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" role="img" aria-label="each replica's applied version against the store's pointer">)svg"
+      "\n",
+      kWidth, height, kWidth, height);
+  // Every time at which the pointer or some replica moved, in order.
+  std::vector<double> times = {0, t1};
+  for (const DemoStep& step : record.steps) times.push_back(step.published_at);
+  for (const DemoReplica& r : record.replicas) {
+    for (const DemoReplicaSample& sample : r.timeline) times.push_back(sample.t);
+  }
+  std::sort(times.begin(), times.end());
+  times.erase(std::unique(times.begin(), times.end()), times.end());
+
   for (size_t i = 0; i < record.replicas.size(); ++i) {
     const DemoReplica& r = record.replicas[i];
-    std::string points;
-    double y = -1;
-    double end = r.killed_at.value_or(f.x1);
-    for (const DemoReplicaSample& sample : r.timeline) {
-      if (sample.applied < 0) continue;
-      const double v = static_cast<double>(sample.applied);
-      if (y < 0) {
-        absl::StrAppendFormat(&points, "%.1f,%.1f", f.X(sample.t), f.Y(v));
-      } else {
-        absl::StrAppendFormat(&points, " %.1f,%.1f %.1f,%.1f", f.X(sample.t), f.Y(y), f.X(sample.t),
-                              f.Y(v));
-      }
-      y = v;
-    }
-    if (y >= 0) {
-      absl::StrAppendFormat(&points, " %.1f,%.1f", f.X(end), f.Y(y));
-      // Replicas that keep up draw on top of each other: each one is drawn
-      // thinner than the one before, so that every colour stays visible.
-      const double width = std::max(1.5, 7.0 - 1.5 * static_cast<double>(i));
-      absl::StrAppendFormat(
-          &s, R"svg(<polyline fill="none" stroke="%s" stroke-width="%.1f" points="%s"/>)svg",
-          Color(i + 1), width, points);
-    }
-    const double legend_y = f.top + 14 + 16 * static_cast<double>(i);
+    const double top = kTop + static_cast<double>(i) * (kLane + kGap);
+    auto y = [&](double v) { return top + 4 + (1 - (v - v0) / (v1 - v0)) * (kLane - 8); };
+    const double end = r.killed_at.value_or(t1);
+    const std::optional<double> ready = r.ready_at();
     absl::StrAppendFormat(
         &s,
-        R"svg(<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2"/>)svg"
-        R"svg(<text x="%.1f" y="%.1f" font-size="11">%s%s</text>)svg",
-        f.width - f.right + 8, legend_y - 4, f.width - f.right + 24, legend_y - 4, Color(i + 1),
-        f.width - f.right + 28, legend_y, HtmlEscape(r.name),
-        r.joined ? " (joined)" : (r.killed_at.has_value() ? " (killed)" : ""));
+        R"svg(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#fafafa" stroke="#ccc"/>)svg"
+        R"svg(<text x="4" y="%.1f" font-size="12" fill="%s">%s%s</text>)svg"
+        R"svg(<text x="4" y="%.1f" font-size="10" fill="#777">v%.0f..v%.0f</text>)svg"
+        "\n",
+        kLeft, top, kWidth - kLeft - kRight, kLane, top + kLane / 2, Color(i + 1),
+        HtmlEscape(r.name), r.joined ? " (joined)" : (r.killed_at.has_value() ? " (killed)" : ""),
+        top + kLane / 2 + 14, v0, v1);
+    // Not serving yet: from its start until it was first ready.
+    const double ready_t = ready.value_or(end);
+    if (ready_t > r.started_at) {
+      absl::StrAppendFormat(
+          &s,
+          R"svg(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#e3e3e3"><title>%s starting: not ready until %.2fs</title></rect>)svg",
+          x(r.started_at), top, x(ready_t) - x(r.started_at), kLane, HtmlEscape(r.name), ready_t);
+    }
+    // Gone: after a kill.
+    if (r.killed_at.has_value()) {
+      absl::StrAppendFormat(
+          &s,
+          R"svg(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#f3d5d5"><title>%s killed at %.2fs</title></rect>)svg",
+          x(*r.killed_at), top, x(t1) - x(*r.killed_at), kLane, HtmlEscape(r.name), *r.killed_at);
+    }
+    // The lag: wherever it served a version older than the pointer.
+    for (size_t k = 0; k + 1 < times.size(); ++k) {
+      const double a = std::max(times[k], ready_t);
+      const double b = std::min(times[k + 1], end);
+      if (b <= a) continue;
+      const int64_t applied = AppliedAt(r, a);
+      const int64_t pointer = PointerAt(record, a);
+      if (applied < 0 || applied >= pointer) continue;
+      absl::StrAppendFormat(
+          &s,
+          R"svg(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#f5a623" opacity="0.45"><title>%s %d behind at %.2fs</title></rect>)svg",
+          x(a), y(static_cast<double>(pointer)), std::max(0.5, x(b) - x(a)),
+          y(static_cast<double>(applied)) - y(static_cast<double>(pointer)), HtmlEscape(r.name),
+          pointer - applied, a);
+    }
+    // The pointer, the same in every lane.
+    std::string pointer = absl::StrFormat("%.1f,%.1f", x(0), y(v0));
+    double last = v0;
+    for (const DemoStep& step : record.steps) {
+      const auto v = static_cast<double>(step.version);
+      absl::StrAppendFormat(&pointer, " %.1f,%.1f %.1f,%.1f", x(step.published_at), y(last),
+                            x(step.published_at), y(v));
+      last = v;
+    }
+    absl::StrAppendFormat(&pointer, " %.1f,%.1f", x(t1), y(last));
+    // The replica's applied version, from its first report to its end.
+    std::string points;
+    double applied = -1;
+    for (const DemoReplicaSample& sample : r.timeline) {
+      if (sample.applied < 0 || sample.t > end) continue;
+      const auto v = static_cast<double>(sample.applied);
+      if (applied < 0) {
+        absl::StrAppendFormat(&points, "%.1f,%.1f", x(sample.t), y(v));
+      } else {
+        absl::StrAppendFormat(&points, " %.1f,%.1f %.1f,%.1f", x(sample.t), y(applied), x(sample.t),
+                              y(v));
+      }
+      applied = v;
+    }
+    if (applied >= 0) {
+      absl::StrAppendFormat(&points, " %.1f,%.1f", x(end), y(applied));
+      absl::StrAppendFormat(
+          &s, R"svg(<polyline fill="none" stroke="%s" stroke-width="2.5" points="%s"/>)svg",
+          Color(i + 1), points);
+    }
+    absl::StrAppendFormat(
+        &s,
+        R"svg(<polyline fill="none" stroke="#000" stroke-width="1" stroke-dasharray="4 3" points="%s"/>)svg"
+        "\n",
+        pointer);
     if (r.joined) {
       absl::StrAppendFormat(
           &s,
-          R"svg(<circle cx="%.1f" cy="%.1f" r="5" fill="none" stroke="%s" stroke-width="2"><title>%s started at %.2fs</title></circle>)svg",
-          f.X(r.started_at), f.Y(f.y0), Color(i + 1), HtmlEscape(r.name), r.started_at);
-      for (const DemoReplicaSample& sample : r.timeline) {
-        if (!sample.ready) continue;
-        absl::StrAppendFormat(
-            &s,
-            R"svg(<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s ready at %.2fs</title></circle>)svg",
-            f.X(sample.t), f.Y(static_cast<double>(std::max(sample.applied, int64_t{0}))),
-            Color(i + 1), HtmlEscape(r.name), sample.t);
-        break;
-      }
+          R"svg(<circle cx="%.1f" cy="%.1f" r="6" fill="none" stroke="%s" stroke-width="2"><title>%s started at %.2fs</title></circle>)svg",
+          x(r.started_at), top + kLane / 2, Color(i + 1), HtmlEscape(r.name), r.started_at);
     }
-    if (r.killed_at.has_value()) {
-      const double x = f.X(*r.killed_at);
-      const double yy = f.Y(y < 0 ? f.y0 : y);
+    if (ready.has_value()) {
       absl::StrAppendFormat(
           &s,
-          R"svg(<path d="M%.1f %.1f l10 10 m0 -10 l-10 10" stroke="%s" stroke-width="3"><title>%s killed (SIGKILL) at %.2fs</title></path>)svg",
-          x - 5, yy - 5, Color(i + 1), HtmlEscape(r.name), *r.killed_at);
+          R"svg(<circle cx="%.1f" cy="%.1f" r="4" fill="%s"><title>%s ready at %.2fs</title></circle>)svg",
+          x(*ready), y(static_cast<double>(std::max<int64_t>(AppliedAt(r, *ready), 0))),
+          Color(i + 1), HtmlEscape(r.name), *ready);
+    }
+    if (r.killed_at.has_value()) {
+      absl::StrAppendFormat(
+          &s,
+          R"svg(<path d="M%.1f %.1f l12 12 m0 -12 l-12 12" stroke="#c00" stroke-width="3"><title>%s killed (SIGKILL) at %.2fs</title></path>)svg",
+          x(*r.killed_at) - 6, top + kLane / 2 - 6, HtmlEscape(r.name), *r.killed_at);
     }
     s += "\n";
   }
-  // The pointer goes on top, so that it stays visible over replicas that
-  // keep up with it.
+  // The shared time axis, with a tick per publish instant.
+  const double axis = height - kAxis + 4;
+  for (const DemoStep& step : record.steps) {
+    absl::StrAppendFormat(
+        &s,
+        R"svg(<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555"><title>v%d published at %.2fs (%s)</title></line>)svg",
+        x(step.published_at), axis, x(step.published_at), axis + 5, step.version, step.published_at,
+        step.full ? "FULL" : "DELTA");
+  }
+  for (double t : Ticks(0, t1, 8)) {
+    absl::StrAppendFormat(
+        &s, R"svg(<text x="%.1f" y="%.1f" font-size="11" text-anchor="middle">%s</text>)svg", x(t),
+        axis + 17, TickLabel(t));
+  }
   absl::StrAppendFormat(
       &s,
-      R"svg(<polyline fill="none" stroke="#000" stroke-width="1" stroke-dasharray="4 3" points="%s"/>)svg"
-      "\n",
-      pointer);
-  const double legend_y = f.top + 14 + 16 * static_cast<double>(record.replicas.size());
-  absl::StrAppendFormat(
-      &s,
-      R"svg(<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-dasharray="4 3"/>)svg"
-      R"svg(<text x="%.1f" y="%.1f" font-size="11">published</text>)svg",
-      f.width - f.right + 8, legend_y - 4, f.width - f.right + 24, legend_y - 4,
-      f.width - f.right + 28, legend_y);
+      R"svg(<text x="%.1f" y="%.1f" font-size="12" text-anchor="middle">seconds since start</text>)svg"
+      "\n</svg>\n",
+      (kLeft + kWidth - kRight) / 2, height - 2);
+  return s;
+}
+
+std::string Samples(const DemoRecord& record) {
+  if (record.samples.empty()) return "";
+  std::string s =
+      "<h2>Samples</h2>\n<p>Completions of the policy at the start, middle and end of the run "
+      "(one per prompt).</p>\n<table class=\"samples\"><tr><th>step</th><th>completion</th></tr>\n";
+  for (const auto& [step, texts] : record.samples) {
+    for (const std::string& text : texts) {
+      absl::StrAppend(&s, "<tr><td>", step, "</td><td>&ldquo;", HtmlEscape(text),
+                      "&rdquo;</td></tr>\n");
+    }
+  }
+  s += "</table>\n";
+  return s;
+}
+
+std::string StalenessChart(const DemoSummary& summary) {
+  Frame f;
+  f.height = 200;
+  f.x0 = -0.5;
+  f.x1 = static_cast<double>(summary.staleness.size()) - 0.5;
+  int64_t most = 1;
+  int64_t total = 0;
+  for (int64_t n : summary.staleness) {
+    most = std::max(most, n);
+    total += n;
+  }
+  if (total == 0) return "";
+  f.y0 = 0;
+  f.y1 = static_cast<double>(most) * 1.15;
+  std::string s = OpenChart(f, "staleness of the rollouts served",
+                            "versions behind the store's pointer when served", "rollouts", true);
+  const double bar = (f.X(1) - f.X(0)) * 0.7;
+  for (size_t i = 0; i < summary.staleness.size(); ++i) {
+    const int64_t n = summary.staleness[i];
+    const double x = f.X(static_cast<double>(i));
+    const bool last = i + 1 == summary.staleness.size();
+    absl::StrAppendFormat(
+        &s,
+        R"svg(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%d%s behind: %d rollouts</title></rect>)svg"
+        R"svg(<text x="%.1f" y="%.1f" font-size="11" text-anchor="middle">%.0f%%</text>)svg",
+        x - bar / 2, f.Y(static_cast<double>(n)), bar, f.Y(0) - f.Y(static_cast<double>(n)),
+        i == 0 ? "#2ca02c" : "#ff7f0e", i, last ? " or more" : "", n, x,
+        f.Y(static_cast<double>(n)) - 4,
+        100.0 * static_cast<double>(n) / static_cast<double>(total));
+  }
   s += "\n</svg>\n";
   return s;
 }
@@ -388,8 +514,13 @@ DemoSummary Summarize(const DemoRecord& record) {
     s.killed += r.killed_at.has_value() ? 1 : 0;
   }
   std::map<int64_t, int64_t> served;
+  s.staleness.assign(DemoSummary::kStalenessBuckets, 0);
   for (const DemoResponse& response : record.responses) {
     ++served[response.version_end];
+    const int64_t behind =
+        std::max<int64_t>(0, PointerAt(record, response.received_at) - response.version_end);
+    ++s.staleness[static_cast<size_t>(
+        std::min<int64_t>(behind, DemoSummary::kStalenessBuckets - 1))];
     if (response.version_start < response.min_version ||
         response.version_end < response.version_start) {
       ++s.violations;
@@ -477,9 +608,12 @@ std::string FormatSummary(const DemoRecord& record, const DemoSummary& summary,
                         PrintableBytes(record.targets));
   absl::StrAppendFormat(&s, "reward         %.3f -> %.3f (mean of the first and last %d steps)\n",
                         summary.reward_first, summary.reward_last, window);
-  if (!record.first_sample.empty()) {
-    absl::StrAppendFormat(&s, "sample         first step \"%s\"\n", record.first_sample);
-    absl::StrAppendFormat(&s, "               last step  \"%s\"\n", record.last_sample);
+  bool first = true;
+  for (const auto& [step, texts] : record.samples) {
+    if (texts.empty()) continue;
+    absl::StrAppendFormat(&s, "%-15sstep %-3d \"%s\"\n", first ? "samples" : "", step,
+                          texts.front());
+    first = false;
   }
   absl::StrAppendFormat(&s, "versions       %d published: %d FULL", summary.versions,
                         summary.full_versions);
@@ -533,6 +667,12 @@ std::string FormatSummary(const DemoRecord& record, const DemoSummary& summary,
                         "staleness      %d samples dropped as too stale, %d half-weighted "
                         "(generated across a weight change)\n",
                         dropped, crossed);
+  s += "served         versions behind the pointer when served:";
+  for (size_t i = 0; i < summary.staleness.size(); ++i) {
+    absl::StrAppend(&s, " ", i, i + 1 == summary.staleness.size() ? "+" : "", ":",
+                    summary.staleness[i]);
+  }
+  s += "\n";
   absl::StrAppendFormat(&s, "retries        %d by the gateway, %d by the demo\n",
                         record.gateway_retries, record.client_retries);
   absl::StrAppendFormat(&s, "violations     %d constraint violations\n", summary.violations);
@@ -551,7 +691,9 @@ std::string RenderHtmlReport(const DemoRecord& record, const DemoSummary& summar
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
       "<title>stitch demo report</title>\n<style>"
       "body{font-family:system-ui,sans-serif;margin:24px;max-width:900px;color:#222}"
-      "pre{background:#f6f6f6;padding:12px;overflow-x:auto;font-size:12px}"
+      "pre{background:#f6f6f6;padding:12px;font-size:12px;white-space:pre-wrap;"
+      "overflow-wrap:anywhere}svg{max-width:100%;height:auto}"
+      ".samples td{text-align:left;font-family:monospace;white-space:pre-wrap}"
       "table{border-collapse:collapse;font-size:13px}td,th{padding:2px 10px;text-align:right}"
       "th{border-bottom:1px solid #999}td:first-child,th:first-child{text-align:left}"
       ".ok{color:#2ca02c}.fail{color:#d62728;font-weight:bold}svg{display:block;margin:8px 0 "
@@ -575,10 +717,15 @@ std::string RenderHtmlReport(const DemoRecord& record, const DemoSummary& summar
   absl::StrAppendFormat(&s, "<h2>Reward</h2>\n<p>%.3f &rarr; %.3f (first and last quarter).</p>\n",
                         summary.reward_first, summary.reward_last);
   s += RewardChart(record);
-  s += "<h2>Fleet</h2>\n<p>Each replica's applied version; the dashed line is the store's "
-       "pointer, ticks on the time axis are publish instants, a ring marks a join and a cross a "
-       "kill.</p>\n";
+  s += Samples(record);
+  s += "<h2>Fleet</h2>\n<p>One lane per replica: its applied version (solid) against the "
+       "store's pointer (dashed), the lag between them shaded orange, grey until it was first "
+       "ready, red after a kill; a ring marks a join, a dot readiness and a cross the kill. Ticks "
+       "on the time axis are publish instants.</p>\n";
   s += FleetChart(record);
+  s += "<h2>Staleness</h2>\n<p>How many versions behind the store's pointer each rollout's "
+       "version was when it arrived (bounded by the lag the requests asked for).</p>\n";
+  s += StalenessChart(summary);
   s += "<h2>Rollouts served per version</h2>\n";
   s += ServedChart(summary);
   s += "<h2>Replicas</h2>\n<table><tr><th>name</th><th>url</th><th>started</th><th>ready</th>"

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace stitch {
@@ -80,9 +81,9 @@ struct DemoRecord {
   int64_t client_retries = 0;
   // Attempts the gateway retried on another replica (its retried_total).
   int64_t gateway_retries = 0;
-  // A sample completion of the first and of the last step, as text.
-  std::string first_sample;
-  std::string last_sample;
+  // A few completions, as text, from the start, the middle and the end of
+  // the run: (step, completions of that step's batch), in step order.
+  std::vector<std::pair<int64_t, std::vector<std::string>>> samples;
   double wall_s = 0;
 
   // The version the last step published (the boot version without steps).
@@ -118,6 +119,11 @@ struct DemoSummary {
   int64_t killed = 0;
   // Rollouts per serving version (weight_version_end), ascending.
   std::vector<std::pair<int64_t, int64_t>> served_per_version;
+  // Staleness of what was served: responses by how many versions their end
+  // version was behind the store's pointer when they arrived; the last
+  // bucket counts kStalenessBuckets - 1 behind or more.
+  static constexpr size_t kStalenessBuckets = 6;
+  std::vector<int64_t> staleness;
   int64_t violations = 0;  // responses that did not satisfy their constraint
 };
 
@@ -140,8 +146,10 @@ std::string FormatSummary(const DemoRecord& record, const DemoSummary& summary,
                           const std::vector<std::string>& failures);
 
 // The self-contained HTML report: the summary, the reward over the steps,
-// each replica's applied version over time with the publish instants, joins
-// and kills marked, and the rollouts served per version.
+// sample completions from the start, middle and end, each replica's applied
+// version against the store's pointer in a lane of its own (the lag shaded,
+// joins, readiness and kills marked), the staleness of what was served, and
+// the rollouts served per version.
 std::string RenderHtmlReport(const DemoRecord& record, const DemoSummary& summary,
                              const std::vector<std::string>& failures);
 

@@ -176,12 +176,54 @@ TEST(RenderHtmlReport, IsSelfContainedWithChartsAndEscapedText) {
   for (size_t at = html.find("<svg"); at != std::string::npos; at = html.find("<svg", at + 1)) {
     ++charts;
   }
-  EXPECT_EQ(charts, 3u);
+  EXPECT_EQ(charts, 4u);  // reward, fleet lanes, staleness, served per version
   EXPECT_THAT(html, HasSubstr("&lt;b&gt;"));
   EXPECT_THAT(html, HasSubstr("a &lt;failure&gt;"));
   EXPECT_THAT(html, Not(HasSubstr("<failure>")));
   EXPECT_THAT(html, HasSubstr("r1 (joined)"));
   EXPECT_THAT(html, HasSubstr("killed (SIGKILL)"));
+}
+
+TEST(Summarize, StalenessIsThePointerWhenServedMinusTheServedVersion) {
+  DemoRecord record = SampleRecord();
+  // Pointer v1 from 10 s, v2 from 20 s, v4 from 40 s.
+  record.responses = {{0, 0, 0, 5, "r0"},   // v0 at pointer v0: 0 behind
+                      {0, 0, 0, 12, "r0"},  // v0 at pointer v1: 1 behind
+                      {0, 1, 1, 45, "r0"},  // v1 at pointer v4: 3 behind
+                      {0, 4, 4, 45, "r0"}};
+  DemoSummary s = Summarize(record);
+  ASSERT_EQ(s.staleness.size(), DemoSummary::kStalenessBuckets);
+  EXPECT_EQ(s.staleness[0], 2);
+  EXPECT_EQ(s.staleness[1], 1);
+  EXPECT_EQ(s.staleness[3], 1);
+  EXPECT_THAT(FormatSummary(record, s, {}), HasSubstr("0:2 1:1 2:0 3:1 4:0 5+:0"));
+}
+
+TEST(RenderHtmlReport, EachReplicaHasItsOwnLaneWithItsLagShaded) {
+  DemoRecord record = SampleRecord();
+  DemoSummary s = Summarize(record);
+  std::string html = RenderHtmlReport(record, s, {});
+  // One lane per replica, the lag of the replica that joined late shown.
+  for (const char* lane : {">r0</text>", ">r1 (joined)</text>", ">r2 (killed)</text>"}) {
+    EXPECT_THAT(html, HasSubstr(lane));
+  }
+  EXPECT_THAT(html, HasSubstr("r0 1 behind at 40.00s"));
+  EXPECT_THAT(html, HasSubstr("r2 killed at 25.00s"));
+  EXPECT_THAT(html, HasSubstr("r1 starting: not ready until 21.00s"));
+}
+
+TEST(RenderHtmlReport, ShowsSamplesAndWrapsTheSummary) {
+  DemoRecord record = SampleRecord();
+  record.samples = {{1, {"xq", "zz"}}, {2, {"the cat"}}, {4, {"sat on <a> mat"}}};
+  DemoSummary s = Summarize(record);
+  std::string html = RenderHtmlReport(record, s, {});
+  EXPECT_THAT(html, HasSubstr("<td>1</td><td>&ldquo;xq&rdquo;</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>4</td><td>&ldquo;sat on &lt;a&gt; mat&rdquo;</td>"));
+  EXPECT_THAT(html, HasSubstr("white-space:pre-wrap"));
+  EXPECT_THAT(html, Not(HasSubstr("overflow-x:auto")));
+  const std::string text = FormatSummary(record, s, {});
+  EXPECT_THAT(text, HasSubstr("samples        step 1   \"xq\"\n"));
+  EXPECT_THAT(text, HasSubstr("               step 4   \"sat on <a> mat\"\n"));
 }
 
 }  // namespace

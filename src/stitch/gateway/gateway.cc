@@ -1,5 +1,7 @@
 #include "stitch/gateway/gateway.h"
 
+#include <optional>
+#include <string>
 #include <utility>
 
 #include <boost/json/object.hpp>
@@ -7,6 +9,7 @@
 
 #include "stitch/api/dispatch.h"
 #include "stitch/api/server_info.h"
+#include "stitch/gateway/dashboard_page.h"
 #include "stitch/gateway/relay.h"
 #include "stitch/gateway/replica_table.h"
 #include "stitch/net/auth.h"
@@ -36,12 +39,17 @@ ReplicaTableOptions TableOptions(const GatewayOptions& options) {
   return t;
 }
 
+// How long one serialization of /ui/state serves every viewer: however many
+// dashboards are open, the loop that routes serializes at most this often.
+constexpr auto kUiStateReuse = std::chrono::milliseconds(250);
+
 }  // namespace
 
 struct Gateway::Impl {
   Impl(boost::asio::any_io_executor executor, Pool& pool, WorkerPool& workers, Clock& clock,
        GatewayOptions gateway_options)
       : options(std::move(gateway_options)),
+        clock(clock),
         client(executor, UpstreamClientOptions(options)),
         table(executor, pool, workers, client, clock, TableOptions(options)),
         relay(client, table, clock, options, counters) {
@@ -53,12 +61,15 @@ struct Gateway::Impl {
   }
 
   const GatewayOptions options;
+  Clock& clock;
   GatewayCounters counters;
   HttpClient client;
   ReplicaTable table;
   Relay relay;
   ApiHandlers handlers;
   std::unique_ptr<HttpServer> server;
+  std::string ui_state;  // the last /ui/state body, and when it was made
+  std::optional<Clock::TimePoint> ui_state_at;
 
   GatewayCounters Counters() const {
     GatewayCounters c = counters;
@@ -82,6 +93,24 @@ struct Gateway::Impl {
 
   awaitable<void> Replicas(HttpExchange& exchange) {
     HttpResponse response = JsonResponse(200, ReplicasJson(table.Snapshot()));
+    (void)co_await exchange.Respond(std::move(response));
+  }
+
+  awaitable<void> Ui(HttpExchange& exchange) {
+    HttpResponse response{200, {}, std::string(DashboardPage())};
+    response.headers.Set("Content-Type", "text/html; charset=utf-8");
+    response.headers.Set("Cache-Control", "no-store");
+    (void)co_await exchange.Respond(std::move(response));
+  }
+
+  awaitable<void> UiState(HttpExchange& exchange) {
+    const Clock::TimePoint now = clock.Now();
+    if (!ui_state_at.has_value() || now - *ui_state_at >= kUiStateReuse) {
+      ui_state = table.history().Json(table.replicas());
+      ui_state_at = now;
+    }
+    HttpResponse response = JsonResponse(200, ui_state);
+    response.headers.Set("Cache-Control", "no-store");
     (void)co_await exchange.Respond(std::move(response));
   }
 
@@ -152,6 +181,11 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
              RequireBearerToken(self->options.auth_token,
                                 [self](HttpExchange& ex) { return self->Replicas(ex); }));
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->Metrics(ex); });
+  // The page holds no data; what it draws is the fleet's, as on /replicas.
+  router.Add("GET", "/ui", [self](HttpExchange& ex) { return self->Ui(ex); });
+  router.Add("GET", "/ui/state",
+             RequireBearerToken(self->options.auth_token,
+                                [self](HttpExchange& ex) { return self->UiState(ex); }));
   router.SetFallback(RequireBearerToken(
       self->options.auth_data_plane ? self->options.auth_token : std::string(),
       [self](HttpExchange& ex) { return DispatchApiRequest(ex, self->handlers); }));

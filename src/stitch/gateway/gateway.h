@@ -43,6 +43,9 @@
 //   GET /metrics   Prometheus text: routed, retried, waited, rejected,
 //                  stalls, sessions, request body bytes, and per-replica
 //                  in-flight, ready, stalled and version
+//   GET /ui        the dashboard: a self-contained page (dashboard_page.h)
+//   GET /ui/state  what it draws: the fleet's bounded history as JSON
+//                  (fleet_history.h), serialized at most every 250 ms
 //
 // Time (polls, probe timeouts, waits for the fleet, the stall watch) comes
 // from the injected Clock.
@@ -50,7 +53,8 @@
 // Inside: a replica table (replica_table.h: discovery, probes, stalls), a
 // pure chooser (chooser.h), and a relay (relay.h: forwarding, streams,
 // retries, waits). docs/gateway.md is the operator's view.
-// With a bearer token (GatewayOptions::auth_token) /replicas needs it, with
+// With a bearer token (GatewayOptions::auth_token) /replicas and /ui/state
+// need it, with
 // auth_data_plane every route but /health and /metrics does, and the
 // gateway presents it to the replicas in place of the client's.
 //

@@ -652,6 +652,58 @@ TEST_F(GatewayTest, HealthReplicasAndMetrics) {
               HasSubstr("stitch_gateway_replica_in_flight{replica=\"" + replica.url() + "\"} 0\n"));
 }
 
+TEST_F(GatewayTest, TheDashboardPageAndItsStateAreServed) {
+  ScriptedReplica& replica = AddReplica(true, 3);
+  StartGateway(StaticSpec());
+  ASSERT_TRUE(ReadyCount(1));
+  EXPECT_EQ(Generate("").status, 200);
+  EXPECT_EQ(Generate(R"({"exact_version":1})").status, 409);  // passed: at once
+
+  auto page = HttpFetch("GET", gateway_->url() + "/ui");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(std::string(page->headers.Get("Content-Type").value_or("")), HasSubstr("text/html"));
+  EXPECT_THAT(page->body, HasSubstr("fetch(\"/ui/state\""));
+  // Self-contained: no script, style or image fetched from elsewhere.
+  EXPECT_THAT(page->body, ::testing::Not(HasSubstr("src=")));
+  EXPECT_THAT(page->body, ::testing::Not(HasSubstr("<link")));
+
+  auto state = HttpFetch("GET", gateway_->url() + "/ui/state");
+  ASSERT_TRUE(state.ok()) << state.status();
+  json::object doc = Parse(state->body);
+  ASSERT_TRUE(doc.contains("replicas")) << state->body;
+  const json::object& lane = doc["replicas"].as_array().at(0).as_object();
+  EXPECT_EQ(lane.at("url").as_string(), replica.url());
+  EXPECT_EQ(lane.at("state").as_string(), "serving");
+  EXPECT_EQ(lane.at("version").as_int64(), 3);
+  int64_t served = 0, conflicts = 0;
+  for (const json::value& s : doc["seconds"].as_array()) {
+    if (const json::value* n = s.at("served").as_object().if_contains("3")) served += n->as_int64();
+    conflicts += s.at("conflicts").as_int64();
+  }
+  EXPECT_EQ(served, 1);
+  EXPECT_GE(conflicts, 1);
+}
+
+TEST_F(GatewayTest, TheDashboardsStateNeedsTheFleetsTokenLikeReplicas) {
+  AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 50ms);
+  options.auth_token = "s3cret";
+  StartGateway(StaticSpec(), options);
+  auto page = HttpFetch("GET", gateway_->url() + "/ui");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->status, 200);  // the page holds no data
+  auto refused = HttpFetch("GET", gateway_->url() + "/ui/state");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 401);
+  FetchOptions with_token;
+  with_token.headers.Set("Authorization", "Bearer s3cret");
+  auto state = HttpFetch("GET", gateway_->url() + "/ui/state", "", with_token);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->status, 200);
+  EXPECT_TRUE(Parse(state->body).contains("replicas")) << state->body;
+}
+
 TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {
   testing::TempDir tmp;
   ScriptedReplica& first = AddReplica(true, 1);

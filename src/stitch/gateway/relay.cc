@@ -122,7 +122,10 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
       continue;
     }
     tried.push_back(replica);
-    if (tried.size() > 1) ++counters_.retried;
+    if (tried.size() > 1) {
+      ++counters_.retried;
+      table_.history().Retried();
+    }
     ++counters_.routed;
     // Each attempt takes its own copy: a retry sends the same request.
     HttpRequest upstream{"POST", replica->endpoint.prefix + target, headers, payload};
@@ -144,6 +147,7 @@ awaitable<void> Relay::Versioned(HttpExchange& exchange) {
     co_return;
   }
   ++counters_.rejected;
+  table_.history().Conflict();
   if (why == NotServed::kNeverServable) ++counters_.unservable;
   HttpResponse conflict = NotReady(constraint, why);
   (void)co_await exchange.Respond(std::move(conflict));
@@ -173,6 +177,7 @@ HttpResponse Relay::NotReady(const VersionConstraint& constraint, NotServed why)
 HttpResponse Relay::Unreachable(ReplicaEntry& r, const absl::Status& status) {
   const std::string why(status.message());
   table_.MarkFailed(r, why, Reachability::kUnreachable);
+  table_.history().Unavailable();
   return UnavailableResponse(Unavailable::kReplica,
                              absl::StrCat("replica ", r.url, " failed: ", why, "; retry"));
 }
@@ -183,10 +188,12 @@ HttpResponse Relay::Unreachable(ReplicaEntry& r, const absl::Status& status) {
 bool Relay::Refused(ReplicaEntry& r, HttpResponse& out, std::optional<HttpResponse>* last_failure) {
   if (out.status != 409 && out.status != 503) return false;
   if (out.status == 409) {
+    table_.history().Conflict();
     if (std::optional<VersionRef> applied = NotReadyApplied(out.body); applied.has_value()) {
       table_.LearnApplied(r, *applied);
     }
   } else {
+    table_.history().Unavailable();
     table_.MarkFailed(r, absl::StrCat("HTTP 503: ", out.body), Reachability::kReached);
   }
   last_failure->emplace(std::move(out));
@@ -217,9 +224,9 @@ awaitable<Relay::Outcome> Relay::Attempt(HttpExchange& exchange, ReplicaEntry& r
                    std::move(response->body)};
   if (Refused(r, out, last_failure)) co_return Outcome::kRetry;
   if (out.status == 200) {
-    if (std::optional<int64_t> v = StampedEndVersion(out.body); v.has_value()) {
-      table_.LearnVersion(r, *v);
-    }
+    std::optional<int64_t> served = StampedEndVersion(out.body);
+    if (served.has_value()) table_.LearnVersion(r, *served);
+    table_.history().Served(served.has_value() ? served : r.version());
   }
   (void)co_await exchange.Respond(std::move(out));
   co_return Outcome::kDone;
@@ -262,6 +269,7 @@ awaitable<Relay::Outcome> Relay::RelayStream(HttpExchange& exchange, ReplicaEntr
     (void)co_await exchange.Respond(std::move(out));
     co_return Outcome::kDone;
   }
+  table_.history().Served(r.version());
   const absl::Status begun =
       co_await exchange.BeginStream(200, ResponseHeaders(stream->headers(), r.url));
   if (!begun.ok()) co_return Outcome::kClientGone;

@@ -61,6 +61,7 @@ ReplicaTable::ReplicaTable(boost::asio::any_io_executor executor, Pool& pool, Wo
       client_(client),
       clock_(clock),
       options_(options),
+      history_(clock),
       changed_(std::make_unique<LoopSignal>(executor)),
       poll_now_(std::make_unique<LoopSignal>(executor)),
       stop_(std::make_unique<LoopSignal>(executor)),
@@ -124,6 +125,7 @@ void ReplicaTable::Progress(ReplicaEntry& r) {
   if (r.stalled) {
     r.stalled = false;
     spdlog::info("gateway: replica {} answers again; it takes new requests", r.url);
+    history_.Observe(r);
     Changed();
   }
 }
@@ -156,6 +158,7 @@ void ReplicaTable::CheckStalls(Clock::TimePoint now) {
         "gateway: replica {} sent nothing for {:.1f} s with {} requests outstanding; new "
         "requests go to other replicas until it answers",
         r->url, std::chrono::duration<double>(quiet).count(), r->in_flight);
+    history_.Observe(*r);
     Changed();
   }
 }
@@ -169,11 +172,13 @@ void ReplicaTable::MarkFailed(ReplicaEntry& r, std::string why, Reachability rea
     r.state.ready = false;
     Changed();
   }
+  history_.Observe(r);
 }
 
 void ReplicaTable::LearnApplied(ReplicaEntry& r, const VersionRef& applied) {
   if (r.state.applied == applied) return;
   r.state.applied = applied;
+  history_.Observe(r);
   Changed();
 }
 
@@ -184,6 +189,7 @@ void ReplicaTable::LearnVersion(ReplicaEntry& r, int64_t version) {
   } else {
     r.state.applied = VersionRef{"", version};
   }
+  history_.Observe(r);
   Changed();
 }
 
@@ -239,7 +245,10 @@ awaitable<void> ReplicaTable::PollOnce() {
       next.emplace(url, std::move(r));
     }
     for (auto& [url, r] : replicas_) {
-      if (!next.contains(url)) r->discovered = false;
+      if (!next.contains(url)) {
+        r->discovered = false;
+        history_.Gone(url);
+      }
     }
     if (next.size() != replicas_.size() ||
         !std::equal(next.begin(), next.end(), replicas_.begin(),
@@ -248,6 +257,7 @@ awaitable<void> ReplicaTable::PollOnce() {
       Changed();
     }
   }
+  history_.Sample(replicas_);
   for (auto& [url, r] : replicas_) {
     if (r->probing) continue;
     r->probing = true;
@@ -280,6 +290,7 @@ awaitable<void> ReplicaTable::Probe(ReplicaPtr r) {
     r->reachable = true;
     r->state = *std::move(state);
     r->last_error = r->state.ready ? "" : r->state.reason;
+    history_.Observe(*r);
     if (changed) Changed();
     co_return;
   }
@@ -287,6 +298,7 @@ awaitable<void> ReplicaTable::Probe(ReplicaPtr r) {
   r->reachable = false;
   r->state.ready = false;
   r->last_error = std::string(state.status().message());
+  history_.Observe(*r);
   if (was_routable) Changed();
 }
 

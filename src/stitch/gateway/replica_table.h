@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "stitch/core/state.h"
 #include "stitch/gateway/chooser.h"
+#include "stitch/gateway/fleet_history.h"
 #include "stitch/net/client.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/worker_pool.h"
@@ -108,6 +109,10 @@ class ReplicaTable {
   // Every replica as the gateway's /replicas shows it.
   PoolState Snapshot() const;
   const ReplicaTableCounters& counters() const { return counters_; }
+  // What the dashboard shows; the table records every replica's changes in
+  // it, the relay what it served.
+  FleetHistory& history() { return history_; }
+  const FleetHistory& history() const { return history_; }
 
  private:
   void Changed();
@@ -134,6 +139,7 @@ class ReplicaTable {
   RoutingIndex index_;
   std::string last_discover_error_;
   ReplicaTableCounters counters_;
+  FleetHistory history_;
   int waiting_ = 0;  // requests in WaitForChange
   bool wake_running_ = false;
   bool stopping_ = false;

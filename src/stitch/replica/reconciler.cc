@@ -184,6 +184,7 @@ ReplicaState Reconciler::State() const {
   s.update_destination_error = destination_error_;
   s.terminal_error = terminal_.ok() ? std::string() : std::string(terminal_.message());
   s.metrics = last_pass_;
+  s.pointer = pointer_seen_;
   return s;
 }
 
@@ -556,6 +557,7 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
   }
   reads_failing_since_.reset();
   read_started_.reset();
+  pointer_seen_ = *head;
   if (lost && clock_.Now() - started >= options_.store_outage_limit) {
     // This answer may have left the store when the outage began (a response
     // held up in the network): what the store says now takes a fresh read.

@@ -299,6 +299,8 @@ class Reconciler {
   absl::Status terminal_;
   ReconcilerCounters counters_;
   std::map<std::string, double> last_pass_;
+  // The store's pointer as the last successful read found it.
+  std::optional<VersionRef> pointer_seen_;
 };
 
 }  // namespace stitch

@@ -149,6 +149,7 @@ TEST_F(ReconcilerTest, FreshReconcileStagesAndCommitsThePointer) {
     ReplicaState state = reconciler_->State();
     EXPECT_TRUE(state.ready);
     EXPECT_EQ(state.applied, Ref("r1", 3));
+    EXPECT_EQ(state.pointer, Ref("r1", 3));
     EXPECT_TRUE(state.update_destination_ready);
     EXPECT_EQ(state.commit_mode, CommitMode::kQuiesce);
     EXPECT_EQ(state.metrics.at("target_version"), 3);
