@@ -84,6 +84,32 @@ TEST(DemoTest, AShortRunPassesItsChecksAndWritesTheReport) {
   EXPECT_GT(std::filesystem::file_size(png), 10000u);
 }
 
+// The same run on vLLM's API: engines with --api vllm behind sidecars with
+// --engine vllm (the sidecars stage), rollouts on /v1/completions.
+TEST(DemoTest, AShortRunOnTheVllmApiPassesItsChecks) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  TempDir tmp;
+  const std::filesystem::path dir = tmp / "demo";
+  ProcessResult r = RunStitch(
+      {"demo", "--engine-api", "vllm", "--replicas", "2", "--steps", "6", "--dir", dir.string()});
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_THAT(r.out, HasSubstr("6/6  published v6 "));
+  EXPECT_THAT(r.out, HasSubstr("kill: SIGKILL to replica r1"));
+  EXPECT_THAT(r.out, HasSubstr(" 0 constraint violations"));
+  EXPECT_THAT(r.out, HasSubstr("checks         all passed"));
+  const std::string engine_log = Slurp(dir / "logs" / "engine-r0.log");
+  EXPECT_THAT(engine_log, HasSubstr("vllm API"));
+  EXPECT_THAT(ProcessesMentioning(dir.string()), ::testing::IsEmpty());
+}
+
+TEST(DemoTest, RefusesAnUnknownEngineApi) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  ProcessResult r = RunStitch({"demo", "--engine-api", "trtllm"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--engine-api"));
+  EXPECT_THAT(r.err, HasSubstr("expected sglang|vllm"));
+}
+
 TEST(DemoTest, RefusesANonEmptyDirectory) {
   ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
   TempDir tmp;

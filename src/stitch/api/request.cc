@@ -122,10 +122,12 @@ std::string PromptPrefix(std::string_view body, size_t n) {
 void StripConstraint(json::object& body) { body.erase(kConstraintField); }
 
 absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, json::object& body,
-                                            std::string_view base) {
+                                            std::string_view base, EngineRidField field) {
   EngineRids rids;
-  const size_t batch = route == ApiRoute::kGenerate ? BatchSize(body) : 0;
-  const json::value* given = body.if_contains("rid");
+  const std::string_view key = field == EngineRidField::kRid ? "rid" : "request_id";
+  const size_t batch =
+      route == ApiRoute::kGenerate && field == EngineRidField::kRid ? BatchSize(body) : 0;
+  const json::value* given = body.if_contains(key);
   if (given != nullptr && given->is_null()) given = nullptr;
   if (batch > 0) {
     if (given != nullptr) {
@@ -157,14 +159,14 @@ absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, json::object& body,
     return rids;
   }
   if (given != nullptr && !given->is_string()) {
-    return absl::InvalidArgumentError("rid must be a string");
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(key), " must be a string"));
   }
   std::string client = given != nullptr
                            ? std::string(given->get_string().data(), given->get_string().size())
                            : std::string();
   std::string rid(base);
   if (!client.empty()) absl::StrAppend(&rid, "-", client);
-  body["rid"] = rid;
+  body[key] = rid;
   rids.engine.push_back(std::move(rid));
   rids.client.push_back(std::move(client));
   return rids;

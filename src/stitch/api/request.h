@@ -70,9 +70,14 @@ struct EngineRids {
 // one width up to the client's part, so that none is a prefix of another:
 // engines abort every request whose id starts with the one given.
 // InvalidArgument, with the message of the 400 to answer, when `rid` is not
-// a string (a list of one string per prompt for a batch).
-[[nodiscard]] absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, boost::json::object& body,
-                                                          std::string_view base);
+// a string (a list of one string per prompt for a batch). With `field`
+// kRequestId the same holds of `request_id`, and there is no batch.
+// Which body field carries an engine's request id: SGLang's `rid`, or
+// vLLM's `request_id` (one string: vLLM serves no batched /generate).
+enum class EngineRidField { kRid, kRequestId };
+[[nodiscard]] absl::StatusOr<EngineRids> AssignEngineRids(
+    ApiRoute route, boost::json::object& body, std::string_view base,
+    EngineRidField field = EngineRidField::kRid);
 
 // The prefix that isolates one serving version in an engine's prefix cache:
 // "wv<version>;<run_id>/".

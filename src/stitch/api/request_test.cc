@@ -133,6 +133,23 @@ TEST(EngineRidsTest, OnePromptGetsTheBaseAndTheClientsRidAfterIt) {
   EXPECT_THAT(rids->client, ElementsAre(""));
 }
 
+// vLLM carries the id in `request_id`; `rid` is left alone.
+TEST(EngineRidsTest, VllmGetsItsIdInRequestId) {
+  json::object body = Parse(R"({"prompt":"x","request_id":"job-7","rid":"other"})");
+  auto rids = AssignEngineRids(ApiRoute::kCompletions, body, "base", EngineRidField::kRequestId);
+  ASSERT_TRUE(rids.ok()) << rids.status();
+  EXPECT_THAT(rids->engine, ElementsAre("base-job-7"));
+  EXPECT_THAT(rids->client, ElementsAre("job-7"));
+  EXPECT_EQ(body.at("request_id").as_string(), "base-job-7");
+  EXPECT_EQ(body.at("rid").as_string(), "other");
+
+  json::object number = Parse(R"({"prompt":"x","request_id":7})");
+  EXPECT_EQ(AssignEngineRids(ApiRoute::kCompletions, number, "b", EngineRidField::kRequestId)
+                .status()
+                .message(),
+            "request_id must be a string");
+}
+
 TEST(EngineRidsTest, ABatchGetsZeroPaddedIndicesOfOneWidth) {
   json::object body = Parse(
       R"({"text":["a","b","c","d","e","f","g","h","i","j","k"],

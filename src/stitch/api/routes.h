@@ -6,8 +6,9 @@
 //              /v1/chat/completions (OpenAI): a body may carry
 //              `weight_version`, and the response reports the versions that
 //              produced it
-//   blocked    the engine's control routes (weight updates, pause, flush,
-//              abort, memory, profiling, LoRA): only a replica's sidecar
+//   blocked    the engine's control routes, SGLang's and vLLM's (weight
+//              updates, pause, flush, abort, memory, sleep, RPC, profiling,
+//              LoRA): only a replica's sidecar
 //              drives its engine, so nothing in front of it forwards them
 //   other      everything else (/model_info, /v1/models, ...), forwarded as is
 #pragma once

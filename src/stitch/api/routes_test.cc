@@ -23,9 +23,17 @@ TEST(RoutesTest, EngineControlRoutesAreBlockedWithOrWithoutATrailingSlash) {
   }
 }
 
+TEST(RoutesTest, VllmControlRoutesAreBlocked) {
+  for (const char* path : {"/pause", "/resume", "/collective_rpc", "/update_weight_version",
+                           "/abort_requests", "/reset_prefix_cache", "/sleep", "/wake_up/"}) {
+    EXPECT_EQ(ClassifyRoute(path).kind, RouteClass::kBlocked) << path;
+  }
+}
+
 TEST(RoutesTest, EverythingElseIsForwarded) {
-  for (const char* path : {"/", "/model_info", "/get_model_info", "/v1/models", "/health",
-                           "/update_weights_from_disk_x"}) {
+  for (const char* path :
+       {"/", "/model_info", "/get_model_info", "/v1/models", "/health",
+        "/update_weights_from_disk_x", "/is_paused", "/weight_info", "/metrics"}) {
     EXPECT_EQ(ClassifyRoute(path).kind, RouteClass::kOther) << path;
   }
 }

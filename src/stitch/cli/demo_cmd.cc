@@ -6,12 +6,14 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <string>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/stop_signals.h"
+#include "stitch/core/errors.h"
 #include "stitch/demo/demo.h"
 
 namespace stitch {
@@ -19,7 +21,13 @@ namespace {
 
 constexpr int kExitRefused = 2;
 
-int RunDemoCommand(const DemoOptions& options) {
+int RunDemoCommand(DemoOptions options, const std::string& engine_api) {
+  absl::StatusOr<EngineApi> api = ParseEngineApi(engine_api);
+  if (!api.ok()) {
+    ReportFailure(Annotate(api.status(), "demo: --engine-api"));
+    return kExitRefused;
+  }
+  options.engine_api = *api;
   if (options.replicas < 2 || options.steps < 3 || options.lag < 0 || options.targets.empty()) {
     ReportFailure(absl::InvalidArgumentError(
         "demo: --replicas must be at least 2 (one is killed on stage), --steps at least 3, "
@@ -35,6 +43,7 @@ int RunDemoCommand(const DemoOptions& options) {
 
 void AddDemoCommand(CLI::App& app, int* exit_code) {
   static DemoOptions options;
+  static std::string engine_api = "sglang";
   CLI::App* cmd = app.add_subcommand(
       "demo",
       "Asynchronous RL on a local elastic fleet: a trainer learning and publishing, reference "
@@ -54,6 +63,11 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                 "Leave the fleet running after the summary and print what to try, until Ctrl-C");
   cmd->add_option("--targets", options.targets,
                   "The task: completions are rewarded for the fraction of these bytes")
+      ->capture_default_str();
+  cmd->add_option("--engine-api", engine_api,
+                  "Whose API the replicas speak: sglang (rollouts on /generate) or vllm (engines "
+                  "with --api vllm behind sidecars with --engine vllm; rollouts on "
+                  "/v1/completions)")
       ->capture_default_str();
   cmd->add_option("--seed", options.seed, "Seed of the base checkpoint and the sampling")
       ->capture_default_str();
@@ -82,7 +96,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--tokens", options.max_new_tokens, "Tokens per completion")
       ->capture_default_str();
-  cmd->callback([exit_code] { *exit_code = RunDemoCommand(options); });
+  cmd->callback([exit_code] { *exit_code = RunDemoCommand(options, engine_api); });
 }
 
 }  // namespace stitch

@@ -119,6 +119,7 @@ struct ServeArgs {
   int64_t boot_version = 0;
   std::string run_id;
   std::string served_model_name;
+  std::string api = "sglang";
   int64_t max_running = 64;
   int64_t max_queued = 256;
   int64_t prefill_chunk = 512;
@@ -138,6 +139,9 @@ int RunServe(const ServeArgs& args) {
   options.boot_version = args.boot_version;
   options.run_id = args.run_id;
   options.served_model_name = args.served_model_name;
+  absl::StatusOr<EngineApi> api = ParseEngineApi(args.api);
+  if (!api.ok()) return ReportFailure(Annotate(api.status(), "engine: --api"));
+  options.api = *api;
   options.scheduler.max_running = args.max_running;
   options.scheduler.max_queued = args.max_queued;
   options.scheduler.prefill_chunk = args.prefill_chunk;
@@ -160,7 +164,7 @@ int RunServe(const ServeArgs& args) {
   if (!server.ok()) return ReportFailure(server.status());
   const EngineStatus status = (*server)->Status();
   std::cout << "stitch engine: serving " << args.model << " (" << status.parameters
-            << " parameters, weight_version "
+            << " parameters, " << EngineApiName(options.api) << " API, weight_version "
             << WeightVersionString(status.scheduler.weight_version)
             << (args.faults.any() ? ", fault injection on" : "") << ") on " << (*server)->url()
             << std::endl;
@@ -183,6 +187,11 @@ void AddServeOptions(CLI::App& engine, ServeArgs& args) {
                   "The version number reported for the boot checkpoint")
       ->capture_default_str();
   engine.add_option("--run-id", args.run_id, "The run the boot checkpoint belongs to");
+  engine
+      .add_option("--api", args.api,
+                  "Whose HTTP API to speak: sglang (its routes and Stitch's staging routes) or "
+                  "vllm (vLLM's OpenAI server with its development and RL routes)")
+      ->capture_default_str();
   engine.add_option("--served-model-name", args.served_model_name,
                     "Model name in OpenAI responses (default: the model directory's name)");
   engine

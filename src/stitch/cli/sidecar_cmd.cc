@@ -25,6 +25,7 @@
 #include "stitch/cli/sidecar_flags.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
+#include "stitch/engine/vllm_engine.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
@@ -134,8 +135,20 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
     auto made = SglangEngine::Make(loop->executor(), engine_options);
     if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
     engine = *std::move(made);
-  } else {
+  } else if (config->engine == EngineKind::kSglangStock) {
     auto made = StockSglangEngine::Make(loop->executor(), engine_options, pool);
+    if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
+    engine = *std::move(made);
+  } else {
+    VllmEngineOptions vllm_options;
+    vllm_options.url = config->engine_url;
+    vllm_options.base_checkpoint_dir = config->reconciler.base_checkpoint_dir;
+    vllm_options.local_checkpoint_dir = config->local_checkpoint;
+    vllm_options.pause_mode = config->reconciler.commit_mode == CommitMode::kQuiesce
+                                  ? VllmPauseMode::kWait
+                                  : VllmPauseMode::kKeep;
+    vllm_options.api_key = *engine_token;
+    auto made = VllmEngine::Make(loop->executor(), vllm_options, pool);
     if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
     engine = *std::move(made);
   }
@@ -144,6 +157,8 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   settings.reconciler = config->reconciler;
   settings.watchdog = config->watchdog;
   settings.proxy.engine = config->engine_http.origin;
+  settings.proxy.rid_field =
+      config->engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
   settings.proxy.engine_token = *engine_token;
   settings.proxy.own_authorization = !auth_token->empty();
   settings.auth_token = *auth_token;
@@ -207,7 +222,7 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--run-id", flags.run_id, "The run the base checkpoint belongs to")->required();
   cmd->add_option("--engine", flags.engine,
-                  "sglang (stages by itself) or sglang-stock (the sidecar stages)")
+                  "sglang (stages by itself), sglang-stock or vllm (the sidecar stages)")
       ->capture_default_str();
   cmd->add_option("--engine-url,--upstream", flags.engine_url, "The engine's URL, http://host:port")
       ->required();

@@ -50,10 +50,13 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
     config.engine = EngineKind::kSglang;
   } else if (flags.engine == "sglang-stock") {
     config.engine = EngineKind::kSglangStock;
+  } else if (flags.engine == "vllm") {
+    config.engine = EngineKind::kVllm;
   } else {
     return Refuse(
-        absl::StrCat("--engine must be sglang or sglang-stock (got \"", flags.engine, "\")"));
+        absl::StrCat("--engine must be sglang, sglang-stock or vllm (got \"", flags.engine, "\")"));
   }
+  const bool sidecar_stages = config.engine != EngineKind::kSglang;
   auto url = ParseHttpUrl(flags.engine_url);
   if (!url.ok()) return Refuse(absl::StrCat("--engine-url: ", url.status().message()));
   config.engine_url = flags.engine_url;
@@ -66,16 +69,17 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   auto mode = ParseUpdateDestination(flags.update_mode);
   if (!mode.ok()) return Refuse(absl::StrCat("--update-mode: ", mode.status().message()));
   config.update_mode = *mode;
-  if (config.engine == EngineKind::kSglangStock && config.update_mode == UpdateDestination::kCpu) {
-    return Refuse(
-        "--update-mode cpu needs an engine that stages by itself: --engine sglang-stock loads "
-        "versions only from disk (use --update-mode disk, or --engine sglang)");
+  if (sidecar_stages && config.update_mode == UpdateDestination::kCpu) {
+    return Refuse(absl::StrCat("--update-mode cpu needs an engine that stages by itself: --engine ",
+                               flags.engine,
+                               " loads versions only from disk (use --update-mode disk, or "
+                               "--engine sglang)"));
   }
   if (flags.local_checkpoint.empty()) {
-    if (config.engine == EngineKind::kSglangStock) {
-      return Refuse(
-          "--engine sglang-stock needs --local-checkpoint: give the directory the sidecar stages "
-          "versions into");
+    if (sidecar_stages) {
+      return Refuse(absl::StrCat("--engine ", flags.engine,
+                                 " needs --local-checkpoint: give the directory the sidecar "
+                                 "stages versions into"));
     }
     if (config.update_mode == UpdateDestination::kDisk) {
       return Refuse(
@@ -91,6 +95,11 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
     return Refuse(absl::StrCat("--disk-load-format \"", flags.disk_load_format,
                                "\" is not a load format name: give one the engine knows, such as "
                                "auto or safetensors"));
+  }
+  if (config.engine == EngineKind::kVllm && flags.disk_load_format != "auto") {
+    return Refuse(absl::StrCat("--disk-load-format ", flags.disk_load_format,
+                               " does not apply to --engine vllm: vLLM reloads with the loader it "
+                               "was started with (give it to vllm serve as --load-format)"));
   }
   config.disk_load_format = flags.disk_load_format;
   auto commit = ParseCommitMode(flags.commit_mode);

@@ -46,6 +46,7 @@ struct SidecarFlags {
 enum class EngineKind {
   kSglang,       // stages by itself (/stage_weight_update)
   kSglangStock,  // the sidecar stages into --local-checkpoint
+  kVllm,         // vLLM; the sidecar stages into --local-checkpoint
 };
 
 // The flags, checked and parsed.
@@ -65,8 +66,8 @@ struct SidecarConfig {
 // Checks the flags for consistency without touching anything. Errors are
 // InvalidArgument with one line naming the flag and saying what to do: an
 // empty or invalid run id, a negative boot version, disk mode (or the stock
-// engine) without --local-checkpoint, cpu mode with the stock engine (it
-// loads versions only from disk), an unknown engine, mode or commit mode, a
+// engine) without --local-checkpoint, cpu mode with the stock engine or vLLM
+// (they load versions only from disk), an unknown engine, mode or commit mode, a
 // bad engine URL, negative intervals, a threshold below 1, a port out of
 // range, a missing --store or --base-checkpoint.
 [[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);

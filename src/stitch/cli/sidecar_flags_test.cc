@@ -54,6 +54,15 @@ TEST(SidecarFlagsTest, ConsistentFlagsAreAccepted) {
   EXPECT_EQ(config->reconciler.boot_version, 119);
 }
 
+TEST(SidecarFlagsTest, VllmIsAnEngineTheSidecarStagesFor) {
+  SidecarFlags f = Good();
+  f.engine = "vllm";
+  auto config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine, EngineKind::kVllm);
+  EXPECT_EQ(config->local_checkpoint, f.local_checkpoint);
+}
+
 // As the original Stitch: port 8000, disks loaded with load_format auto.
 TEST(SidecarFlagsTest, DefaultsAreTheOriginalsPortAndLoadFormat) {
   auto config = CheckSidecarFlags(Good());
@@ -104,8 +113,23 @@ TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   ExpectRefused(f, "--run-id");
 
   f = Good();
-  f.engine = "vllm";
+  f.engine = "trtllm";
   ExpectRefused(f, "--engine");
+
+  f = Good();
+  f.engine = "vllm";
+  f.local_checkpoint.clear();
+  ExpectRefused(f, "--engine vllm needs --local-checkpoint");
+
+  f = Good();
+  f.engine = "vllm";
+  f.update_mode = "cpu";
+  ExpectRefused(f, "--update-mode cpu");  // vLLM loads only from disk
+
+  f = Good();
+  f.engine = "vllm";
+  f.disk_load_format = "safetensors";
+  ExpectRefused(f, "does not apply to --engine vllm");
 
   f = Good();
   f.engine_url = "localhost:30000";

@@ -158,8 +158,9 @@ struct PendingBatch {
 // a 503, a dropped connection) a bounded number of times.
 class RolloutDispatcher {
  public:
-  RolloutDispatcher(std::string gateway, std::function<double()> now, const std::atomic<bool>* stop)
-      : gateway_(std::move(gateway)), now_(std::move(now)), stop_(stop) {
+  RolloutDispatcher(std::string gateway, EngineApi api, std::function<double()> now,
+                    const std::atomic<bool>* stop)
+      : gateway_(std::move(gateway)), api_(api), now_(std::move(now)), stop_(stop) {
     for (int i = 0; i < kRolloutThreads; ++i) threads_.emplace_back([this] { Work(); });
   }
 
@@ -238,7 +239,9 @@ class RolloutDispatcher {
   }
 
   absl::StatusOr<RolloutOutcome> Run(const RolloutRequest& request) {
-    const std::string body = GenerateRequestBody(request);
+    const bool vllm = api_ == EngineApi::kVllm;
+    const std::string body = vllm ? CompletionRequestBody(request) : GenerateRequestBody(request);
+    const std::string route = vllm ? "/v1/completions" : "/generate";
     std::string last_error;
     for (int attempt = 1; attempt <= kMaxAttempts; ++attempt) {
       if (stop_->load()) return absl::CancelledError("demo: interrupted");
@@ -248,7 +251,7 @@ class RolloutDispatcher {
       }
       FetchOptions options;
       options.timeout = kRolloutTimeout;
-      auto response = HttpFetch("POST", gateway_ + "/generate", body, options);
+      auto response = HttpFetch("POST", gateway_ + route, body, options);
       if (!response.ok()) {
         last_error = std::string(response.status().message());
         continue;
@@ -257,7 +260,8 @@ class RolloutDispatcher {
         last_error = absl::StrCat("HTTP ", response->status, ": ", response->body.substr(0, 200));
         continue;
       }
-      auto generated = ParseGenerateResponse(response->body);
+      auto generated =
+          vllm ? ParseCompletionResponse(response->body) : ParseGenerateResponse(response->body);
       if (!generated.ok()) return generated.status();
       RolloutOutcome out;
       out.response.min_version = request.min_version.value_or(0);
@@ -276,6 +280,7 @@ class RolloutDispatcher {
   }
 
   const std::string gateway_;
+  const EngineApi api_;
   const std::function<double()> now_;
   const std::atomic<bool>* stop_;
   absl::Mutex mu_;
@@ -455,6 +460,7 @@ absl::Status Demo::SetUp() {
   fleet.store = (dir_ / "store").string();
   fleet.run_id = kRunId;
   fleet.base_checkpoint = base;
+  fleet.api = options_.engine_api;
   fleet_ = std::make_unique<LocalFleet>(supervisor_, fleet, epoch_, &stop_);
   for (int i = 0; i < options_.replicas; ++i) {
     auto name = fleet_->StartReplica(false);
@@ -532,7 +538,7 @@ absl::Status Demo::Train() {
   // Owned by the demo, not this function: on an interrupt its threads may
   // still wait on requests, which end only once the fleet is stopped.
   dispatcher_ = std::make_unique<RolloutDispatcher>(
-      fleet_->gateway_url(), [this] { return Now(); }, &stop_);
+      fleet_->gateway_url(), options_.engine_api, [this] { return Now(); }, &stop_);
   RolloutDispatcher& dispatcher = *dispatcher_;
   const int64_t steps = options_.steps;
   const int64_t join_step = std::max<int64_t>(1, steps / 3);
@@ -690,17 +696,24 @@ int Demo::Finish() {
 
 void Demo::Keep() {
   const std::string gateway = fleet_->gateway_url();
+  const bool vllm = options_.engine_api == EngineApi::kVllm;
+  const std::string sample_latest = absl::StrCat(
+      vllm ? "/v1/completions -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 16"
+           : "/generate -d '{\"text\": \"Once upon a time\", \"sampling_params\": "
+             "{\"max_new_tokens\": 16}",
+      ", \"weight_version\": {\"min_version\": ", record_.final_version(), "}}'");
+  const std::string sample_pinned = absl::StrCat(
+      vllm ? "/v1/completions -d '{\"prompt\": \"hi\"" : "/generate -d '{\"text\": \"hi\"",
+      ", \"weight_version\": {\"exact_version\": 0}}'");
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) self = "stitch";
   console_.Line(absl::StrCat(
       "\nThe fleet keeps running (--keep); Ctrl-C stops it.\n  gateway    ", gateway,
       "\n  dashboard  ", gateway, "/ui\n  store      ", (dir_ / "store").string(),
-      "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway,
-      "/generate -d '{\"text\": \"Once upon a time\", \"sampling_params\": {\"max_new_tokens\": "
-      "16}, \"weight_version\": {\"min_version\": ",
-      record_.final_version(), "}}'\n  curl -s ", gateway,
-      "/generate -d '{\"text\": \"hi\", \"weight_version\": {\"exact_version\": 0}}'\n"
+      "\n\nTry:\n  curl -s ", gateway, "/replicas\n  curl -s ", gateway, sample_latest,
+      "\n  curl -s ", gateway, sample_pinned,
+      "\n"
       "      # a 409 after the gateway's ",
       FleetOptions{}.gateway_admission_wait_s,
       " s admission wait: no replica serves v0 any more\n  curl -s ", gateway, "/metrics\n  ",

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "stitch/refengine/engine_api.h"
+
 namespace stitch {
 
 struct DemoOptions {
@@ -32,6 +34,10 @@ struct DemoOptions {
   std::string targets = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,";
   uint64_t seed = 0;
   int anchor_every = 10;
+  // Whose API the replicas' engines speak: SGLang's (rollouts on /generate)
+  // or vLLM's (`stitch engine --api vllm` behind `stitch sidecar --engine
+  // vllm`; rollouts on /v1/completions).
+  EngineApi engine_api = EngineApi::kSglang;
   // The base checkpoint's size (`stitch engine init-model --hidden --layers`).
   int model_hidden = 128;
   int model_layers = 2;

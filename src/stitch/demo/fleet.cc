@@ -153,8 +153,11 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   std::filesystem::create_directories(dir, ec);
   std::filesystem::create_directories(logs, ec);
 
-  auto engine = supervisor_.Start(absl::StrCat("engine ", name),
-                                  EngineArgs(options_.base_checkpoint, options_.run_id, /*port=*/0),
+  std::vector<std::string> engine_args =
+      EngineArgs(options_.base_checkpoint, options_.run_id, /*port=*/0);
+  engine_args.push_back("--api");
+  engine_args.push_back(std::string(EngineApiName(options_.api)));
+  auto engine = supervisor_.Start(absl::StrCat("engine ", name), std::move(engine_args),
                                   logs / absl::StrCat("engine-", name, ".log"));
   if (!engine.ok()) return fail(engine.status());
   {
@@ -171,6 +174,11 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   launch.base_checkpoint = options_.base_checkpoint;
   launch.local_checkpoint = dir / "local";
   launch.reconcile_interval_s = options_.reconcile_interval_s;
+  // vLLM loads versions only from disk: the sidecar stages them.
+  if (options_.api == EngineApi::kVllm) {
+    launch.engine = "vllm";
+    launch.update_mode = "disk";
+  }
   auto sidecar = supervisor_.Start(absl::StrCat("sidecar ", name), SidecarArgs(launch),
                                    logs / absl::StrCat("sidecar-", name, ".log"));
   if (!sidecar.ok()) return fail(sidecar.status());

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/demo/report.h"
 #include "stitch/demo/supervisor.h"
+#include "stitch/refengine/engine_api.h"
 
 namespace stitch {
 
@@ -63,6 +64,8 @@ struct FleetOptions {
   std::string store;          // store URI the sidecars follow
   std::string run_id;
   std::filesystem::path base_checkpoint;
+  // The engines' API, and so the sidecars' engine adapter.
+  EngineApi api = EngineApi::kSglang;
   // Sidecar backstop reconcile period; publishes also wake the fleet.
   double reconcile_interval_s = 0.5;
   double gateway_poll_interval_s = 0.2;

@@ -6,15 +6,17 @@
 #include <boost/json/value.hpp>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
 #include "stitch/core/json.h"
 
 namespace stitch {
 namespace {
 
-absl::Status Bad(std::string_view what) {
+absl::Status Bad(std::string_view what, std::string_view route = "/generate") {
   return absl::InvalidArgumentError(
-      absl::StrCat("demo: /generate response: ", absl::string_view(what.data(), what.size())));
+      absl::StrCat("demo: ", AbslView(route), " response: ", AbslView(what)));
 }
 
 std::optional<int64_t> AsInt(const boost::json::value* v) {
@@ -91,6 +93,73 @@ absl::StatusOr<GeneratedRollout> ParseGenerateResponse(std::string_view body) {
   }
   if (out.logprobs.size() != out.output_ids.size()) {
     return Bad("output_token_logprobs and output_ids differ in length");
+  }
+  return out;
+}
+
+std::string CompletionRequestBody(const RolloutRequest& request) {
+  boost::json::object body;
+  boost::json::array ids;
+  for (int32_t id : request.prompt) ids.emplace_back(id);
+  body["prompt"] = std::move(ids);
+  body["max_tokens"] = request.max_new_tokens;
+  body["temperature"] = request.temperature;
+  body["seed"] = request.seed;
+  body["ignore_eos"] = true;
+  body["logprobs"] = 0;
+  body["return_tokens_as_token_ids"] = true;
+  if (request.min_version.has_value()) {
+    body["weight_version"] =
+        ConstraintToJsonValue(VersionConstraint::AtLeast(*request.min_version));
+  }
+  return boost::json::serialize(body);
+}
+
+absl::StatusOr<GeneratedRollout> ParseCompletionResponse(std::string_view body) {
+  constexpr std::string_view kRoute = "/v1/completions";
+  boost::system::error_code ec;
+  boost::json::value doc =
+      boost::json::parse(boost::json::string_view(body.data(), body.size()), ec);
+  if (ec || !doc.is_object()) return Bad("not a JSON object", kRoute);
+  const boost::json::object& root = doc.as_object();
+  GeneratedRollout out;
+  std::optional<int64_t> start = AsInt(root.if_contains("weight_version_start"));
+  std::optional<int64_t> end = AsInt(root.if_contains("weight_version_end"));
+  if (!start.has_value() || !end.has_value()) {
+    return Bad("no weight_version_start/end (is a sidecar in front of the engine?)", kRoute);
+  }
+  out.version_start = *start;
+  out.version_end = *end;
+  const boost::json::value* choices = root.if_contains("choices");
+  if (choices == nullptr || !choices->is_array() || choices->as_array().size() != 1 ||
+      !choices->as_array()[0].is_object()) {
+    return Bad("choices is not a list of one choice", kRoute);
+  }
+  const boost::json::value* logprobs = choices->as_array()[0].as_object().if_contains("logprobs");
+  if (logprobs == nullptr || !logprobs->is_object()) {
+    return Bad("the choice has no logprobs (send logprobs: 0)", kRoute);
+  }
+  const boost::json::value* tokens = logprobs->as_object().if_contains("tokens");
+  const boost::json::value* values = logprobs->as_object().if_contains("token_logprobs");
+  if (tokens == nullptr || !tokens->is_array() || values == nullptr || !values->is_array() ||
+      tokens->as_array().size() != values->as_array().size()) {
+    return Bad("logprobs.tokens and logprobs.token_logprobs are not lists of one length", kRoute);
+  }
+  constexpr std::string_view kPrefix = "token_id:";
+  for (const boost::json::value& token : tokens->as_array()) {
+    int32_t id = 0;
+    if (!token.is_string()) return Bad("a token is not a string", kRoute);
+    std::string_view text(token.as_string().data(), token.as_string().size());
+    if (!text.starts_with(kPrefix) ||
+        !absl::SimpleAtoi(AbslView(text.substr(kPrefix.size())), &id)) {
+      return Bad("a token is not \"token_id:<id>\" (send return_tokens_as_token_ids)", kRoute);
+    }
+    out.output_ids.push_back(id);
+  }
+  for (const boost::json::value& v : values->as_array()) {
+    std::optional<double> lp = AsDouble(v);
+    if (!lp.has_value()) return Bad("a token log-probability is not a number", kRoute);
+    out.logprobs.push_back(*lp);
   }
   return out;
 }

@@ -41,4 +41,14 @@ struct GeneratedRollout {
 // a different number of log-probabilities than output ids.
 [[nodiscard]] absl::StatusOr<GeneratedRollout> ParseGenerateResponse(std::string_view body);
 
+// The same rollout as a /v1/completions body for vLLM's API: the prompt as
+// token ids, `logprobs: 0` and `return_tokens_as_token_ids`.
+std::string CompletionRequestBody(const RolloutRequest& request);
+
+// Reads a stamped /v1/completions response: the ids from the
+// "token_id:<id>" tokens of the choice's logprobs, their log-probabilities,
+// and the top-level weight_version_start/end. InvalidArgument naming what
+// is missing otherwise.
+[[nodiscard]] absl::StatusOr<GeneratedRollout> ParseCompletionResponse(std::string_view body);
+
 }  // namespace stitch

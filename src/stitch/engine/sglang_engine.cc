@@ -8,9 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/fileio.h"
-#include "stitch/net/auth.h"
+#include "stitch/engine/local_checkpoint.h"
 
 namespace stitch {
 
@@ -20,38 +18,6 @@ using boost::asio::awaitable;
 namespace {
 
 std::string PathString(const std::filesystem::path& p) { return p.string(); }
-
-// The engine's own explanation in a refusal: `message` (or `error`, or
-// `detail`) of a JSON answer, else the body itself, shortened.
-std::string EngineMessage(const HttpResponse& r) {
-  boost::system::error_code ec;
-  json::value v = json::parse(r.body, ec);
-  if (!ec && v.is_object()) {
-    for (std::string_view key : {"message", "error", "detail"}) {
-      if (const json::value* m = v.get_object().if_contains(key); m != nullptr) {
-        if (m->is_string()) return std::string(m->get_string().data(), m->get_string().size());
-        if (m->is_object()) {
-          if (const json::value* inner = m->get_object().if_contains("message");
-              inner != nullptr && inner->is_string()) {
-            return std::string(inner->get_string().data(), inner->get_string().size());
-          }
-        }
-        return json::serialize(*m);
-      }
-    }
-  }
-  constexpr size_t kMax = 300;
-  return r.body.size() <= kMax ? r.body : absl::StrCat(r.body.substr(0, kMax), "...");
-}
-
-// False when the answer carries `"success": false`.
-bool AnswerSucceeded(const HttpResponse& r) {
-  boost::system::error_code ec;
-  json::value v = json::parse(r.body, ec);
-  if (ec || !v.is_object()) return true;
-  const json::value* success = v.get_object().if_contains("success");
-  return success == nullptr || !success->is_bool() || success->get_bool();
-}
 
 absl::StatusOr<HttpUrl> ParseEngineUrl(const SglangEngineOptions& options) {
   auto url = ParseHttpUrl(options.url);
@@ -67,61 +33,19 @@ absl::Status RequireDir(const std::filesystem::path& dir, std::string_view flag)
   return absl::OkStatus();
 }
 
-// A FULL version holds only the index and the tensors, but an engine loads a
-// directory that also has config.json (and tokenizer files): those come from
-// the base checkpoint when the staged directory lacks them.
-absl::Status CopyCheckpointExtras(const std::filesystem::path& base,
-                                  const std::filesystem::path& local) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file(ec) || name.starts_with(".") || name == kIndexFileName ||
-        entry.path().extension() == ".safetensors") {
-      continue;
-    }
-    if (std::filesystem::exists(local / name, ec)) continue;
-    if (absl::Status s = CopyFileDurably(entry.path(), local / name); !s.ok()) return s;
-  }
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("listing the base checkpoint ", base.string(), ": ", ec.message()));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 SglangHttpEngine::SglangHttpEngine(boost::asio::any_io_executor executor,
                                    SglangEngineOptions options, HttpUrl url)
-    : options_(std::move(options)), url_(std::move(url)), client_(std::move(executor)) {}
+    : options_(std::move(options)),
+      url_(url),
+      http_(std::move(executor), std::move(url), options_.api_key) {}
 
 SglangHttpEngine::~SglangHttpEngine() = default;
 
 awaitable<absl::Status> SglangHttpEngine::Call(std::string_view path, std::string body,
                                                std::chrono::milliseconds timeout) {
-  HttpRequest request;
-  request.method = "POST";
-  request.target = std::string(path);
-  request.headers.Set("Content-Type", "application/json");
-  if (!options_.api_key.empty())
-    request.headers.Set("Authorization", BearerValue(options_.api_key));
-  request.body = std::move(body);
-  CallOptions call;
-  call.timeout = timeout;
-  auto response = co_await client_.Send(url_.origin, std::move(request), call);
-  std::string where = absl::StrCat("engine ", url_.origin.ToString(), ": POST ", AbslView(path));
-  if (!response.ok()) {
-    absl::Status s = response.status();
-    if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) {
-      co_return absl::UnavailableError(absl::StrCat(where, ": ", s.message()));
-    }
-    co_return Annotate(s, where);
-  }
-  if (response->status < 200 || response->status >= 300 || !AnswerSucceeded(*response)) {
-    co_return absl::InternalError(
-        absl::StrCat(where, " refused (HTTP ", response->status, "): ", EngineMessage(*response)));
-  }
-  co_return absl::OkStatus();
+  co_return co_await http_.Post(path, std::move(body), timeout);
 }
 
 awaitable<absl::Status> SglangHttpEngine::Pause() {
@@ -141,30 +65,11 @@ awaitable<absl::Status> SglangHttpEngine::FlushCache() {
 
 awaitable<absl::StatusOr<HttpResponse>> SglangHttpEngine::Get(std::string_view path,
                                                               std::chrono::milliseconds timeout) {
-  HttpRequest request;
-  request.target = std::string(path);
-  if (!options_.api_key.empty())
-    request.headers.Set("Authorization", BearerValue(options_.api_key));
-  CallOptions call;
-  call.timeout = timeout;
-  auto response = co_await client_.Send(url_.origin, std::move(request), call);
-  if (!response.ok()) {
-    co_return absl::UnavailableError(absl::StrCat("engine ", url_.origin.ToString(), ": GET ",
-                                                  AbslView(path), ": ",
-                                                  response.status().message()));
-  }
-  co_return response;
+  co_return co_await http_.Get(path, timeout);
 }
 
 awaitable<absl::Status> SglangHttpEngine::Health(std::chrono::milliseconds timeout) {
-  auto response = co_await Get("/health", timeout);
-  if (!response.ok()) co_return response.status();
-  if (response->status != 200) {
-    co_return absl::UnavailableError(absl::StrCat("engine ", url_.origin.ToString(),
-                                                  ": GET /health: HTTP ", response->status, ": ",
-                                                  EngineMessage(*response)));
-  }
-  co_return absl::OkStatus();
+  co_return co_await http_.Health("/health", timeout);
 }
 
 awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
@@ -299,64 +204,18 @@ absl::StatusOr<std::unique_ptr<StockSglangEngine>> StockSglangEngine::Make(
 }
 
 awaitable<absl::Status> StockSglangEngine::InitializeDestination(const VersionRef& boot) {
-  const std::filesystem::path base = options_.base_checkpoint_dir;
-  const std::filesystem::path local = options_.local_checkpoint_dir;
-  co_return co_await RunBlocking(pool_, [&]() -> absl::Status {
-    ApplyOptions apply;
-    apply.run_id = boot.run_id;
-    apply.anchor_version = boot.version;
-    auto done = MaterializeCheckpoint(base, {}, local, apply);
-    if (!done.ok()) {
-      return Annotate(done.status(), absl::StrCat("seeding the local checkpoint ", local.string(),
-                                                  " from the base checkpoint"));
-    }
-    return absl::OkStatus();
-  });
+  co_return co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
+                                         options_.local_checkpoint_dir, boot);
 }
 
 awaitable<absl::Status> StockSglangEngine::Stage(const StagePlan& plan) {
-  if (plan.chain.empty()) {
-    co_return absl::InvalidArgumentError(
-        absl::StrCat("staging ", plan.target.ToString(), ": the plan holds no version"));
-  }
-  const std::filesystem::path local = options_.local_checkpoint_dir;
-  co_return co_await RunBlocking(pool_, [&]() -> absl::Status {
-    std::filesystem::path anchor = plan.base_checkpoint_dir;
-    ApplyOptions apply;
-    apply.run_id = plan.target.run_id;
-    apply.anchor_version = plan.base_version;
-    std::vector<std::filesystem::path> deltas;
-    size_t first = 0;
-    if (plan.chain.front().manifest.kind == VersionKind::kFull) {
-      anchor = plan.chain.front().dir;
-      apply.anchor_version = plan.chain.front().version;
-      first = 1;
-    }
-    for (size_t i = first; i < plan.chain.size(); ++i) deltas.push_back(plan.chain[i].dir);
-    auto done = MaterializeCheckpoint(anchor, deltas, local, apply);
-    if (!done.ok()) {
-      return Annotate(done.status(),
-                      absl::StrCat("staging ", plan.target.ToString(), " into ", local.string()));
-    }
-    if (done->version.version != plan.target.version) {
-      return absl::InternalError(absl::StrCat("staging ", plan.target.ToString(), " into ",
-                                              local.string(), " produced version ",
-                                              done->version.ToString()));
-    }
-    return Annotate(CopyCheckpointExtras(plan.base_checkpoint_dir, local),
-                    absl::StrCat("staging ", plan.target.ToString()));
-  });
+  co_return co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
 }
 
 awaitable<absl::Status> StockSglangEngine::Commit(const VersionRef& target, CommitOptions options) {
   const std::filesystem::path local = options_.local_checkpoint_dir;
-  auto held = co_await RunBlocking(pool_, [&] { return ReadHeldVersion(local); });
-  if (!held.ok()) co_return Annotate(held.status(), "committing");
-  if (!held->has_value() || (*held)->version != target.version) {
-    co_return absl::FailedPreconditionError(
-        absl::StrCat("committing ", target.ToString(), ": the local checkpoint ", local.string(),
-                     " holds ", held->has_value() ? (*held)->ToString() : std::string("nothing"),
-                     ", not the staged target"));
+  if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
+    co_return held;
   }
   co_return co_await LoadFromDisk(local, target, options.flush_cache);
 }

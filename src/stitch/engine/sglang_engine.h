@@ -34,11 +34,28 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/engine/engine.h"
+#include "stitch/engine/engine_http.h"
 #include "stitch/net/client.h"
 #include "stitch/net/http.h"
 #include "stitch/net/worker_pool.h"
 
 namespace stitch {
+
+// The routes the adapters call, "METHOD /path" (engine_api_drift_test checks
+// them against the list taken from SGLang's source and the fork's staging
+// routes).
+inline constexpr std::string_view kSglangEngineRoutes[] = {
+    "POST /pause_generation",
+    "POST /continue_generation",
+    "POST /flush_cache",
+    "GET /health",
+    "GET /model_info",
+    "GET /get_model_info",
+    "POST /abort_request",
+    "POST /update_weights_from_disk",
+    "POST /update_weights_from_cpu",
+    "POST /stage_weight_update",
+};
 
 struct SglangEngineOptions {
   // The engine's base URL, "http://host:port".
@@ -98,7 +115,7 @@ class SglangHttpEngine : public Engine {
 
   const SglangEngineOptions options_;
   const HttpUrl url_;
-  HttpClient client_;
+  EngineHttp http_;
   std::string_view model_info_route_ = "/model_info";
 };
 

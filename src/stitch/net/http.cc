@@ -104,6 +104,15 @@ std::string_view TargetPath(std::string_view target) {
   return std::string_view(path.data(), path.size());
 }
 
+std::optional<std::string> TargetQueryParam(std::string_view target, std::string_view name) {
+  auto parsed = boost::urls::parse_origin_form(target);
+  if (!parsed) return std::nullopt;
+  for (const auto& param : parsed->params()) {
+    if (param.key == name) return param.has_value ? param.value : std::string();
+  }
+  return std::nullopt;
+}
+
 std::string_view StatusReason(int status) {
   switch (status) {
     case 100:

@@ -124,6 +124,11 @@ std::string JsonErrorBody(std::string_view type, std::string_view message, bool 
 // percent-encoded. An unparseable target is returned whole.
 std::string_view TargetPath(std::string_view target);
 
+// The decoded value of query parameter `name` in an origin-form request
+// target ("" for "?name" without a value); nullopt when the target has no
+// such parameter or does not parse.
+std::optional<std::string> TargetQueryParam(std::string_view target, std::string_view name);
+
 // The standard reason phrase of `status` ("Not Found"), or "" when unknown.
 std::string_view StatusReason(int status);
 

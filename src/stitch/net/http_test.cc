@@ -110,6 +110,14 @@ TEST(HttpTest, TargetPathDropsTheQuery) {
   EXPECT_EQ(TargetPath("/"), "/");
 }
 
+TEST(HttpTest, TargetQueryParamDecodesOneParameter) {
+  EXPECT_EQ(TargetQueryParam("/pause?mode=keep&x=1", "mode"), "keep");
+  EXPECT_EQ(TargetQueryParam("/pause?x=1&mode=a%20b", "mode"), "a b");
+  EXPECT_EQ(TargetQueryParam("/pause?mode", "mode"), "");
+  EXPECT_EQ(TargetQueryParam("/pause?modes=keep", "mode"), std::nullopt);
+  EXPECT_EQ(TargetQueryParam("/pause", "mode"), std::nullopt);
+}
+
 TEST(HttpTest, JsonErrorBodyIsNestedAndEscapes) {
   EXPECT_EQ(JsonErrorBody("Bad", "a \"quoted\"\nline"),
             R"({"error":{"type":"Bad","message":"a \"quoted\"\nline"}})");

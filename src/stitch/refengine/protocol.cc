@@ -311,6 +311,11 @@ void RefuseUnsupportedTopLevel(FieldReader& r) {
 }
 
 void ReadCacheKey(FieldReader& r, ApiRequest* out) {
+  if (out->api == EngineApi::kVllm) {
+    if (auto salt = r.String("cache_salt")) out->generation.extra_key = *salt;
+    if (auto id = r.String("request_id")) out->response_rid = *id;
+    return;
+  }
   std::optional<std::string> extra_key = r.String("extra_key");
   std::optional<std::string> cache_salt = r.String("cache_salt");
   if (extra_key && cache_salt && *extra_key != *cache_salt) {
@@ -476,6 +481,9 @@ absl::Status ParseCompletions(const json::object& body, const ModelConfig& confi
           "0 for the sampled tokens' log-probabilities");
     }
     out->return_logprob = true;
+  }
+  if (out->api == EngineApi::kVllm) {
+    if (auto b = r.Bool("return_tokens_as_token_ids")) out->tokens_as_ids = *b;
   }
   r.RefuseSet("echo");
   r.RefuseUnless(
@@ -675,11 +683,16 @@ json::object GenerateObject(const ApiRequest& request, const GenerationProgress&
 }
 
 // OpenAI log-probabilities of tokens [from, to).
-json::value CompletionLogprobs(const GenerationProgress& p, size_t from, size_t to) {
+json::value CompletionLogprobs(const ApiRequest& request, const GenerationProgress& p, size_t from,
+                               size_t to) {
   json::array tokens;
   json::array token_logprobs;
   for (size_t i = from; i < to; ++i) {
-    tokens.emplace_back(TokenText(p.tokens[i].id));
+    if (request.tokens_as_ids) {
+      tokens.emplace_back(absl::StrCat("token_id:", p.tokens[i].id));
+    } else {
+      tokens.emplace_back(TokenText(p.tokens[i].id));
+    }
     token_logprobs.emplace_back(p.tokens[i].logprob);
   }
   json::object o;
@@ -724,12 +737,60 @@ std::string VersionText(const VersionRef& v) { return v.ToString(); }
 
 }  // namespace
 
+std::string_view EngineApiName(EngineApi api) {
+  return api == EngineApi::kVllm ? "vllm" : "sglang";
+}
+
+absl::StatusOr<EngineApi> ParseEngineApi(std::string_view name) {
+  if (name == "sglang") return EngineApi::kSglang;
+  if (name == "vllm") return EngineApi::kVllm;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown engine API \"", AbslView(name), "\" (expected sglang|vllm)"));
+}
+
+std::string VllmEngineRid(ApiRoute route, std::string_view request_id) {
+  if (route == ApiRoute::kChatCompletions) return absl::StrCat("chatcmpl-", AbslView(request_id));
+  return absl::StrCat("cmpl-", AbslView(request_id), "-0");
+}
+
+std::string VllmErrorJson(int http_status, std::string_view message) {
+  std::string_view type = "InternalServerError";
+  switch (http_status) {
+    case 400:
+      type = "BadRequestError";
+      break;
+    case 404:
+      type = "NotFoundError";
+      break;
+    case 409:
+      type = "ConflictError";
+      break;
+    case 422:
+      type = "UnprocessableEntityError";
+      break;
+    case 503:
+      type = "ServiceUnavailableError";
+      break;
+    default:
+      break;
+  }
+  json::object error;
+  error["message"] = JsonView(message);
+  error["type"] = JsonView(type);
+  error["param"] = nullptr;
+  error["code"] = http_status;
+  json::object o;
+  o["error"] = std::move(error);
+  return json::serialize(o);
+}
+
 absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body,
-                                           const ModelConfig& config) {
+                                           const ModelConfig& config, EngineApi api) {
   absl::StatusOr<json::object> object = ParseObject(body, RoutePath(route));
   if (!object.ok()) return object.status();
   ApiRequest request;
   request.route = route;
+  request.api = api;
   absl::Status status;
   switch (route) {
     case ApiRoute::kGenerate:
@@ -777,16 +838,17 @@ std::string FormatResponse(const ApiRequest& request, const GenerationProgress& 
         request.return_logprob ? ChatLogprobs(p, 0, p.tokens.size()) : json::value(nullptr);
   } else {
     choice["text"] = p.text;
-    choice["logprobs"] =
-        request.return_logprob ? CompletionLogprobs(p, 0, p.tokens.size()) : json::value(nullptr);
+    choice["logprobs"] = request.return_logprob ? CompletionLogprobs(request, p, 0, p.tokens.size())
+                                                : json::value(nullptr);
   }
   choice["finish_reason"] = OpenAiFinishReason(p.finish);
-  choice["matched_stop"] = MatchedStop(p.finish);
+  const bool vllm = request.api == EngineApi::kVllm;
+  choice[vllm ? "stop_reason" : "matched_stop"] = MatchedStop(p.finish);
   json::array choices;
   choices.emplace_back(std::move(choice));
   o["choices"] = std::move(choices);
   o["usage"] = Usage(p);
-  o["metadata"] = Metadata(p);
+  if (!vllm) o["metadata"] = Metadata(p);
   o["weight_version_spans"] = Spans(p);
   return json::serialize(o);
 }
@@ -822,16 +884,20 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
                                  : json::value(nullptr);
       } else {
         choice["text"] = delta;
-        choice["logprobs"] = request.return_logprob
-                                 ? CompletionLogprobs(p, cursor->tokens_sent, p.tokens.size())
-                                 : json::value(nullptr);
+        choice["logprobs"] =
+            request.return_logprob
+                ? CompletionLogprobs(request, p, cursor->tokens_sent, p.tokens.size())
+                : json::value(nullptr);
       }
       choice["finish_reason"] = OpenAiFinishReason(p.finish);
-      if (finished) choice["matched_stop"] = MatchedStop(p.finish);
+      if (finished) {
+        choice[request.api == EngineApi::kVllm ? "stop_reason" : "matched_stop"] =
+            MatchedStop(p.finish);
+      }
       json::array choices;
       choices.emplace_back(std::move(choice));
       o["choices"] = std::move(choices);
-      o["metadata"] = Metadata(p);
+      if (request.api != EngineApi::kVllm) o["metadata"] = Metadata(p);
       o["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(o));
       cursor->role_sent = true;

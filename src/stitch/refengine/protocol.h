@@ -29,6 +29,7 @@
 #include "stitch/api/routes.h"
 #include "stitch/core/version.h"
 #include "stitch/refengine/config.h"
+#include "stitch/refengine/engine_api.h"
 #include "stitch/refengine/faults.h"
 #include "stitch/refengine/scheduler.h"
 #include "stitch/refengine/staging.h"
@@ -37,6 +38,11 @@ namespace stitch {
 
 struct ApiRequest {
   ApiRoute route = ApiRoute::kGenerate;
+  EngineApi api = EngineApi::kSglang;
+  // vLLM: the id the response names (`request_id`, or one the server
+  // draws); generation.rid is then the id vLLM derives from it
+  // (VllmEngineRid). Empty for SGLang, whose responses name generation.rid.
+  std::string response_rid;
   // Prompt tokens (text prompts get BOS first), limits, stops, rid (empty
   // when the client sent none) and cache key. sampling.seed is only
   // meaningful when `seed` is set.
@@ -46,13 +52,25 @@ struct ApiRequest {
   bool return_logprob = false;           // output_token_logprobs / logprobs
   bool return_text_in_logprobs = false;  // SGLang: token text as the triple's third item
   bool include_usage = false;            // OpenAI stream_options.include_usage
-  std::string model;                     // OpenAI `model`, echoed back
+  // vLLM's return_tokens_as_token_ids: completion log-probabilities name
+  // each token "token_id:<id>" instead of its text.
+  bool tokens_as_ids = false;
+  std::string model;  // OpenAI `model`, echoed back
 };
 
-// Parses a generation request for `route`. The prompt is checked against the
-// model (vocabulary, context) later, when it is submitted.
+// Parses a generation request for `route` in the `api` dialect: SGLang
+// reads the request id from `rid` and the cache key from `extra_key` or
+// `cache_salt`; vLLM reads `request_id` and `cache_salt` only. The prompt is
+// checked against the model (vocabulary, context) later, when it is
+// submitted.
 [[nodiscard]] absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body,
-                                                         const ModelConfig& config);
+                                                         const ModelConfig& config,
+                                                         EngineApi api = EngineApi::kSglang);
+
+// The id vLLM runs a request under, from the request id the client gave:
+// "cmpl-<id>-0" for /v1/completions (one prompt), "chatcmpl-<id>" for
+// /v1/chat/completions. /abort_requests matches these exactly.
+std::string VllmEngineRid(ApiRoute route, std::string_view request_id);
 
 // One generation as the HTTP layer accumulates it from GenerationUpdates.
 struct GenerationProgress {
@@ -103,6 +121,10 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request,
 
 // {"success": false, "type": type, "message": message}.
 std::string ErrorJson(std::string_view type, std::string_view message);
+// vLLM's error body: {"error": {"message", "type", "param": null, "code":
+// http_status}}, `type` from the status (BadRequestError, NotFoundError,
+// InternalServerError, ...).
+std::string VllmErrorJson(int http_status, std::string_view message);
 // {"success": true, "message": message, <name>: <number>...}.
 std::string SuccessJson(std::string_view message,
                         std::initializer_list<std::pair<std::string_view, int64_t>> numbers = {});

@@ -250,6 +250,47 @@ TEST(ProtocolTest, FormatsOpenAiResponsesAndDeltas) {
   EXPECT_EQ(JsonGet(c, "choices.0.logprobs.tokens.1"), "i");
 }
 
+// vLLM's dialect reads request_id and cache_salt, and only those.
+TEST(ProtocolTest, TheVllmDialectReadsRequestIdAndCacheSalt) {
+  absl::StatusOr<ApiRequest> r = ParseApiRequest(
+      ApiRoute::kCompletions,
+      R"({"prompt":"x","request_id":"job","cache_salt":"s","rid":"other","extra_key":"k",)"
+      R"("logprobs":0,"return_tokens_as_token_ids":true})",
+      EngineTestConfig(), EngineApi::kVllm);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response_rid, "job");
+  EXPECT_EQ(r->generation.extra_key, "s");
+  EXPECT_EQ(r->generation.rid, "");
+  EXPECT_TRUE(r->tokens_as_ids);
+  absl::StatusOr<ApiRequest> sglang =
+      Parse(ApiRoute::kCompletions, R"({"prompt":"x","return_tokens_as_token_ids":true})");
+  ASSERT_TRUE(sglang.ok());
+  EXPECT_FALSE(sglang->tokens_as_ids);
+  EXPECT_EQ(VllmEngineRid(ApiRoute::kCompletions, "job"), "cmpl-job-0");
+  EXPECT_EQ(VllmEngineRid(ApiRoute::kChatCompletions, "job"), "chatcmpl-job");
+}
+
+TEST(ProtocolTest, TheVllmDialectFormatsLikeVllm) {
+  ApiRequest completion;
+  completion.route = ApiRoute::kCompletions;
+  completion.api = EngineApi::kVllm;
+  completion.return_logprob = true;
+  completion.tokens_as_ids = true;
+  const std::string c = FormatResponse(completion, Progress(true), ResponseContext{"m", 5});
+  EXPECT_EQ(JsonGet(c, "metadata.weight_version"), std::nullopt);
+  EXPECT_EQ(JsonGet(c, "choices.0.logprobs.tokens.1"), "token_id:105");
+  EXPECT_TRUE(JsonGet(c, "choices.0.stop_reason").has_value());
+  EXPECT_EQ(JsonGet(c, "choices.0.matched_stop"), std::nullopt);
+
+  const std::string error = VllmErrorJson(400, "bad \"x\"");
+  EXPECT_EQ(JsonGet(error, "error.message"), "bad \"x\"");
+  EXPECT_EQ(JsonGet(error, "error.type"), "BadRequestError");
+  EXPECT_EQ(JsonGet(error, "error.code"), "400");
+  EXPECT_EQ(JsonGet(VllmErrorJson(500, "x"), "error.type"), "InternalServerError");
+  EXPECT_TRUE(ParseEngineApi("vllm").ok());
+  EXPECT_THAT(ParseEngineApi("tgi").status().message(), HasSubstr("expected sglang|vllm"));
+}
+
 TEST(ProtocolTest, ParsesControlBodies) {
   EXPECT_EQ(*ParsePauseRequest(""), PauseMode::kAbort);
   EXPECT_EQ(*ParsePauseRequest(R"({"mode": "in_place"})"), PauseMode::kInPlace);

@@ -17,6 +17,8 @@ std::string_view PauseModeName(PauseMode mode) {
       return "retract";
     case PauseMode::kInPlace:
       return "in_place";
+    case PauseMode::kWait:
+      return "wait";
   }
   return "in_place";
 }
@@ -93,6 +95,7 @@ Scheduler::~Scheduler() {
   }
   for (Command& c : commands) std::move(c)();
   AbortWhere([](const Entry&) { return true; }, "the engine is shutting down");
+  if (drain_done_) std::exchange(drain_done_, nullptr)(drain_affected_);
 }
 
 absl::StatusOr<uint64_t> Scheduler::Submit(GenerationRequest request, GenerationSink sink) {
@@ -133,16 +136,26 @@ void Scheduler::Abort(uint64_t id) {
   });
 }
 
-void Scheduler::AbortMatching(AbortScope scope, std::string rid_prefix,
+void Scheduler::AbortMatching(AbortScope scope, std::string rid,
                               absl::AnyInvocable<void(int64_t) &&> done) {
-  Post([this, scope, rid_prefix = std::move(rid_prefix), done = std::move(done)]() mutable {
+  Post([this, scope, rid = std::move(rid), done = std::move(done)]() mutable {
     std::string message =
         scope == AbortScope::kAll
             ? std::string("aborted by /abort_request (abort_all)")
-            : absl::StrCat("aborted by /abort_request (rid \"", rid_prefix, "\")");
+            : absl::StrCat("aborted by ",
+                           scope == AbortScope::kRidExact ? "/abort_requests" : "/abort_request",
+                           " (rid \"", rid, "\")");
     const int64_t n = AbortWhere(
         [&](const Entry& e) {
-          return scope == AbortScope::kAll || e.request.rid.starts_with(rid_prefix);
+          switch (scope) {
+            case AbortScope::kAll:
+              return true;
+            case AbortScope::kRidExact:
+              return e.request.rid == rid;
+            case AbortScope::kRidPrefix:
+              return e.request.rid.starts_with(rid);
+          }
+          return false;
         },
         message);
     std::move(done)(n);
@@ -150,7 +163,14 @@ void Scheduler::AbortMatching(AbortScope scope, std::string rid_prefix,
 }
 
 void Scheduler::Pause(PauseMode mode, absl::AnyInvocable<void(int64_t) &&> done) {
-  Post([this, mode, done = std::move(done)]() mutable {
+  // A kWait pause holds back what is submitted after this call, even before
+  // the scheduler thread runs the command.
+  uint64_t boundary = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    boundary = next_id_;
+  }
+  Post([this, mode, boundary, done = std::move(done)]() mutable {
     int64_t affected = 0;
     switch (mode) {
       case PauseMode::kAbort:
@@ -176,14 +196,51 @@ void Scheduler::Pause(PauseMode mode, absl::AnyInvocable<void(int64_t) &&> done)
       case PauseMode::kInPlace:
         for (const std::unique_ptr<Entry>& e : running_) affected += e->finished ? 0 : 1;
         break;
+      case PauseMode::kWait: {
+        // Requests queued or running now end before the pause takes hold;
+        // those submitted later wait behind it.
+        for (const std::unique_ptr<Entry>& e : running_) affected += e->finished ? 0 : 1;
+        {
+          absl::MutexLock lock(&mu_);
+          for (const std::unique_ptr<Entry>& e : waiting_) affected += e->id < boundary ? 1 : 0;
+          paused_ = false;
+          drain_before_ = boundary;
+        }
+        if (drain_done_) std::exchange(drain_done_, nullptr)(drain_affected_);
+        drain_done_ = std::move(done);
+        drain_affected_ = affected;
+        return;
+      }
+    }
+    if (drain_done_) {
+      // Another mode replaces a drain still in progress.
+      std::exchange(drain_done_, nullptr)(drain_affected_);
     }
     {
       absl::MutexLock lock(&mu_);
       paused_ = true;
       pause_mode_ = mode;
+      drain_before_.reset();
     }
     std::move(done)(affected);
   });
+}
+
+void Scheduler::MaybeFinishDrain() {
+  if (!drain_done_) return;
+  for (const std::unique_ptr<Entry>& e : running_) {
+    if (!e->finished) return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!waiting_.empty() && drain_before_.has_value() && waiting_.front()->id < *drain_before_) {
+      return;
+    }
+    paused_ = true;
+    pause_mode_ = PauseMode::kWait;
+    drain_before_.reset();
+  }
+  std::exchange(drain_done_, nullptr)(drain_affected_);
 }
 
 void Scheduler::Continue(absl::AnyInvocable<void(bool) &&> done) {
@@ -191,9 +248,11 @@ void Scheduler::Continue(absl::AnyInvocable<void(bool) &&> done) {
     bool was_paused = false;
     {
       absl::MutexLock lock(&mu_);
-      was_paused = paused_;
+      was_paused = paused_ || drain_before_.has_value();
       paused_ = false;
+      drain_before_.reset();
     }
+    if (drain_done_) std::exchange(drain_done_, nullptr)(drain_affected_);
     std::move(done)(was_paused);
   });
 }
@@ -263,6 +322,7 @@ SchedulerStats Scheduler::stats() const {
   s.queued = static_cast<int64_t>(waiting_.size());
   s.paused = paused_;
   s.pause_mode = pause_mode_;
+  s.draining = drain_before_.has_value();
   s.weight_version = version_;
   s.weights_fingerprint = fingerprint_;
   s.pending_commands = static_cast<int64_t>(commands_.size());
@@ -290,7 +350,9 @@ bool Scheduler::Healthy() const {
 }
 
 bool Scheduler::HasWork() const {
-  return stopping_ || !commands_.empty() || (!paused_ && !waiting_.empty());
+  const bool admissible =
+      !waiting_.empty() && (!drain_before_.has_value() || waiting_.front()->id < *drain_before_);
+  return stopping_ || !commands_.empty() || (!paused_ && admissible);
 }
 
 void Scheduler::Run() {
@@ -307,6 +369,7 @@ void Scheduler::Run() {
     SweepFinished();
     AdmitWaiting();
     SweepFinished();
+    MaybeFinishDrain();
     bool paused = false;
     {
       absl::MutexLock lock(&mu_);
@@ -328,7 +391,8 @@ void Scheduler::AdmitWaiting() {
   {
     absl::MutexLock lock(&mu_);
     if (paused_) return;
-    while (running_count_ < options_.max_running && !waiting_.empty()) {
+    while (running_count_ < options_.max_running && !waiting_.empty() &&
+           (!drain_before_.has_value() || waiting_.front()->id < *drain_before_)) {
       admitted.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
       ++running_count_;

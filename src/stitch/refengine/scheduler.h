@@ -56,9 +56,15 @@ enum class PauseMode {
              // tokens generated so far under the weights current then
   kInPlace,  // keep them resident with their KV caches; after continue they
              // go on under whatever weights are current then
+  kWait,     // admit nothing submitted from now on; the requests running or
+             // queued at the pause run to their end, then generation stops
+             // (vLLM's `wait`)
 };
 
-std::string_view PauseModeName(PauseMode mode);  // "abort", "retract", "in_place"
+// "abort", "retract", "in_place", "wait".
+std::string_view PauseModeName(PauseMode mode);
+// SGLang's modes: "abort", "retract", "in_place" (kWait is vLLM's, named by
+// its own dialect).
 [[nodiscard]] absl::StatusOr<PauseMode> ParsePauseMode(std::string_view name);
 
 // One generation as the scheduler runs it.
@@ -153,6 +159,7 @@ struct SchedulerStats {
   int64_t queued = 0;   // waiting for admission (retracted ones included)
   bool paused = false;
   PauseMode pause_mode = PauseMode::kInPlace;  // meaningful when paused
+  bool draining = false;                       // a kWait pause is waiting for its requests to end
   VersionRef weight_version;
   Checksum128 weights_fingerprint;  // ModelWeights::fingerprint() of the serving weights
   int64_t pending_commands = 0;     // posted, not yet run
@@ -201,18 +208,21 @@ class Scheduler {
   // Aborts one request (a client that went away). No-op once it finished.
   void Abort(uint64_t id);
 
-  // Aborts every running or waiting request whose rid starts with
-  // `rid_prefix` (every request when `all`); `done` gets how many.
-  enum class AbortScope { kRidPrefix, kAll };
-  void AbortMatching(AbortScope scope, std::string rid_prefix,
-                     absl::AnyInvocable<void(int64_t) &&> done);
+  // Aborts every running or waiting request whose rid starts with `rid`
+  // (kRidPrefix, SGLang's rule), whose rid is `rid` (kRidExact, vLLM's), or
+  // every request (kAll); `done` gets how many.
+  enum class AbortScope { kRidPrefix, kRidExact, kAll };
+  void AbortMatching(AbortScope scope, std::string rid, absl::AnyInvocable<void(int64_t) &&> done);
 
   // Pauses generation between two steps (see PauseMode); `done` gets how
-  // many requests the mode affected (aborted, retracted or held). Pausing an
-  // engine already paused switches the mode and applies it. Requests
-  // submitted while paused wait in the queue.
+  // many requests the mode affected (aborted, retracted, held, or waited
+  // for). Pausing an engine already paused switches the mode and applies it.
+  // Requests submitted while paused wait in the queue. A kWait pause calls
+  // `done` only once the requests it waits for have ended (or a Continue
+  // cancelled it); until then stats().draining is true.
   void Pause(PauseMode mode, absl::AnyInvocable<void(int64_t) &&> done);
-  // Resumes generation; `done` gets whether it was paused.
+  // Resumes generation (and ends a kWait pause still draining); `done` gets
+  // whether it was paused.
   void Continue(absl::AnyInvocable<void(bool) &&> done);
 
   // OK, and the prefix cache emptied, when no request is running or
@@ -253,6 +263,8 @@ class Scheduler {
   void SweepFinished();
   // Aborts the running and waiting entries `match` selects; returns how many.
   int64_t AbortWhere(const std::function<bool(const Entry&)>& match, std::string_view message);
+  // Completes a kWait pause once nothing it waits for is left.
+  void MaybeFinishDrain();
 
   const ModelConfig config_;
   const SchedulerOptions options_;
@@ -269,6 +281,8 @@ class Scheduler {
   double last_swap_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point heartbeat_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // While a kWait pause drains: only requests with smaller ids are admitted.
+  std::optional<uint64_t> drain_before_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> tokens_generated_{0};
@@ -278,6 +292,8 @@ class Scheduler {
 
   // Scheduler thread only.
   PrefixCache prefix_cache_{options_.prefix_cache_bytes};
+  absl::AnyInvocable<void(int64_t) &&> drain_done_;  // the kWait pause's callback
+  int64_t drain_affected_ = 0;
   std::shared_ptr<const ModelWeights> weights_;
   VersionRef serving_version_;  // version_'s value, without the lock
   std::vector<std::unique_ptr<Entry>> running_;

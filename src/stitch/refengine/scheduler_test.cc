@@ -317,6 +317,25 @@ TEST_F(SchedulerTest, AbortsByRidPrefixAndAll) {
   EXPECT_EQ(s->stats().requests_aborted, 3u);
 }
 
+// vLLM aborts by exact request id: an id that merely starts with another's
+// is not touched.
+TEST_F(SchedulerTest, AbortsByExactRid) {
+  auto s = Make();
+  PauseNow(*s, PauseMode::kInPlace);
+  Collector exact, longer;
+  ASSERT_TRUE(s->Submit(Request({65}, 50, 0, 0, "cmpl-a-0"), exact.Sink()).ok());
+  ASSERT_TRUE(s->Submit(Request({66}, 50, 0, 0, "cmpl-a-0-0"), longer.Sink()).ok());
+  Waiter<int64_t> aborted;
+  s->AbortMatching(Scheduler::AbortScope::kRidExact, "cmpl-a-0", aborted.Callback());
+  EXPECT_EQ(aborted.Get(), 1);
+  ASSERT_TRUE(exact.Wait());
+  EXPECT_EQ(exact.finish().type, FinishType::kAbort);
+  EXPECT_EQ(s->stats().queued, 1);
+  ContinueNow(*s);
+  ASSERT_TRUE(longer.Wait());
+  EXPECT_EQ(longer.finish().type, FinishType::kLength);
+}
+
 // Submits `r`, holds the scheduler once it produced `k` tokens, pauses it
 // there, and returns; the request is then resident with exactly k tokens.
 // The gate is armed before the request exists: a small model generates
@@ -365,6 +384,36 @@ TEST_F(InFlightTest, InPlacePauseAndSwapContinueOnTheNewWeights) {
   std::vector<int64_t> versions(6, 0);
   versions.resize(40, 1);
   EXPECT_EQ(c.versions(), versions);
+}
+
+// vLLM's `wait`: what runs when the pause is asked for runs to its end; what
+// arrives afterwards waits until generation continues.
+TEST_F(InFlightTest, WaitPauseLetsRequestsInFlightFinishAndHoldsLaterOnes) {
+  auto s = Make();
+  Collector first, later;
+  gate_.Arm([&first] { return first.size() >= 3; });
+  ASSERT_TRUE(s->Submit(Request({65, 66}, 30, 0, 0, "first"), first.Sink()).ok());
+  ASSERT_TRUE(gate_.WaitHeld());
+  Waiter<int64_t> paused;
+  s->Pause(PauseMode::kWait, paused.Callback());
+  // Submitted after the pause was asked for: it waits behind it, even though
+  // the scheduler has not run the pause yet.
+  ASSERT_TRUE(s->Submit(Request({67}, 5, 0, 0, "later"), later.Sink()).ok());
+  gate_.Release();
+  // The pause answers once the request in flight has run to its end.
+  EXPECT_EQ(paused.Get(), 1);
+  ASSERT_TRUE(first.Wait());
+  EXPECT_EQ(first.finish().type, FinishType::kLength);
+  EXPECT_EQ(first.size(), 30u);
+  const SchedulerStats stats = s->stats();
+  EXPECT_TRUE(stats.paused);
+  EXPECT_FALSE(stats.draining);
+  EXPECT_EQ(stats.pause_mode, PauseMode::kWait);
+  EXPECT_EQ(stats.queued, 1);
+  EXPECT_EQ(later.size(), 0u);
+  ContinueNow(*s);
+  ASSERT_TRUE(later.Wait());
+  EXPECT_EQ(later.size(), 5u);
 }
 
 TEST_F(InFlightTest, RetractRecomputesUnderTheWeightsCurrentAtContinue) {

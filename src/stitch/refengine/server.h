@@ -46,6 +46,8 @@ struct EngineOptions {
   std::string run_id;
   // The model name in OpenAI responses; default: model_dir's last component.
   std::string served_model_name;
+  // Whose HTTP API it speaks (protocol.h).
+  EngineApi api = EngineApi::kSglang;
   SchedulerOptions scheduler;
   FaultOptions faults;
   // Threads loading and staging checkpoints.

@@ -272,7 +272,7 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
 
   Call call;
   call.route = route;
-  absl::StatusOr<EngineRids> rids = AssignEngineRids(route, body, NextRid());
+  absl::StatusOr<EngineRids> rids = AssignEngineRids(route, body, NextRid(), options_.rid_field);
   if (!rids.ok()) {
     std::string message(rids.status().message());
     co_await BadRequest(exchange, std::move(message));

@@ -55,6 +55,7 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/api/dispatch.h"
+#include "stitch/api/request.h"
 #include "stitch/api/response.h"
 #include "stitch/api/routes.h"
 #include "stitch/engine/engine.h"
@@ -73,6 +74,9 @@ namespace stitch {
 struct ProxyOptions {
   // The engine's data plane.
   HttpOrigin engine;
+  // The body field that carries the engine's request id (`rid` for SGLang,
+  // `request_id` for vLLM).
+  EngineRidField rid_field = EngineRidField::kRid;
   // A non-streamed request: the whole exchange with the engine. A streamed
   // one: until the response header.
   std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);

@@ -1,0 +1,171 @@
+// The vLLM adapter (engine/vllm_engine.h) against the reference engine's
+// vLLM dialect, in process: pause modes, abort by request id, commits that
+// reload and label, and the refusals.
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/engine/vllm_engine.h"
+#include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
+#include "stitch/net/net_test_util.h"
+#include "stitch/net/worker_pool.h"
+#include "stitch/refengine/engine_test_util.h"
+#include "stitch/refengine/server.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+using ::stitch::testing::Eventually;
+using ::stitch::testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr auto kWait = std::chrono::seconds(30);
+
+class VllmEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ModelConfig config = testing::EngineTestConfig();
+    ASSERT_TRUE(
+        testing::WriteModel(tmp_ / "base", config, testing::EngineTestTensors(config, 1)).ok());
+    EngineOptions options;
+    options.model_dir = tmp_ / "base";
+    options.api = EngineApi::kVllm;
+    auto server = EngineServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::unique_ptr<VllmEngine> Make(VllmPauseMode mode) {
+    VllmEngineOptions options;
+    options.url = server_->url();
+    options.base_checkpoint_dir = tmp_ / "base";
+    options.local_checkpoint_dir = tmp_ / "local";
+    options.pause_mode = mode;
+    auto engine = VllmEngine::Make(loop_.executor(), options, pool_);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? *std::move(engine) : nullptr;
+  }
+
+  // A completion of `tokens` greedy tokens under vLLM request id `id`,
+  // answered on another thread: its finish_reason, or the error.
+  std::future<std::string> Complete(const std::string& id, int tokens) {
+    const std::string url = server_->url() + "/v1/completions";
+    const std::string body =
+        absl::StrCat(R"({"prompt":"hello","max_tokens":)", tokens,
+                     R"(,"temperature":0,"ignore_eos":true,"request_id":")", id, R"("})");
+    return std::async(std::launch::async, [url, body]() -> std::string {
+      FetchOptions options;
+      options.timeout = std::chrono::seconds(60);
+      auto r = HttpFetch("POST", url, body, options);
+      if (!r.ok()) return std::string(r.status().message());
+      if (r->status != 200) return absl::StrCat("HTTP ", r->status, ": ", r->body);
+      boost::json::value doc = boost::json::parse(r->body);
+      return std::string(doc.at("choices").at(0).at("finish_reason").as_string());
+    });
+  }
+
+  TempDir tmp_;
+  std::unique_ptr<EngineServer> server_;
+  EventLoop loop_;
+  WorkerPool pool_{1};
+};
+
+TEST_F(VllmEngineTest, AbortEndsOnlyTheRequestsWithTheGivenIds) {
+  auto engine = Make(VllmPauseMode::kKeep);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(loop_.BlockOn(engine->Pause()).ok());
+  // Held while paused: "a" and "ab" wait in the queue ("a" is a prefix of
+  // "ab": vLLM aborts by exact id, so only "a" may end).
+  auto a = Complete("a", 4);
+  auto ab = Complete("ab", 4);
+  ASSERT_TRUE(Eventually([&] { return server_->scheduler().stats().queued == 2; }, kWait));
+  std::vector<std::string> ids = {"a"};
+  loop_.BlockOn(engine->Abort(std::move(ids)));
+  EXPECT_EQ(a.get(), "abort");
+  EXPECT_EQ(server_->scheduler().stats().queued, 1);
+  ASSERT_TRUE(loop_.BlockOn(engine->Resume()).ok());
+  EXPECT_EQ(ab.get(), "length");
+}
+
+TEST_F(VllmEngineTest, AWaitPauseAnswersOnceTheRequestsInFlightFinished) {
+  // A request held by a keep pause is in flight when the wait pause comes:
+  // it runs to its end before the wait pause answers.
+  auto keep = Make(VllmPauseMode::kKeep);
+  auto engine = Make(VllmPauseMode::kWait);
+  ASSERT_NE(keep, nullptr);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(loop_.BlockOn(keep->Pause()).ok());
+  auto running = Complete("r", 24);
+  ASSERT_TRUE(Eventually([&] { return server_->scheduler().stats().queued == 1; }, kWait));
+  ASSERT_TRUE(loop_.BlockOn(engine->Pause()).ok());
+  // The pause answered: the request had already run to its end in the
+  // engine (its answer may still be on the way to the client).
+  const SchedulerStats stats = server_->scheduler().stats();
+  EXPECT_EQ(stats.requests_finished, 1u);
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.queued, 0);
+  EXPECT_TRUE(stats.paused);
+  EXPECT_EQ(running.get(), "length");
+  ASSERT_TRUE(loop_.BlockOn(engine->Resume()).ok());
+}
+
+TEST_F(VllmEngineTest, ACommitReloadsTheStagedCheckpointAndLabelsIt) {
+  auto engine = Make(VllmPauseMode::kKeep);
+  ASSERT_NE(engine, nullptr);
+  const VersionRef boot{"r1", 0};
+  // vLLM starts unlabelled.
+  auto before = loop_.BlockOn(engine->Report(std::chrono::seconds(5)));
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_FALSE(before->held.has_value());
+
+  ASSERT_TRUE(loop_.BlockOn(engine->InitializeDestination(boot)).ok());
+  ASSERT_TRUE(loop_.BlockOn(engine->Pause()).ok());
+  absl::Status committed = loop_.BlockOn(engine->Commit(boot, Engine::CommitOptions{true}));
+  ASSERT_TRUE(committed.ok()) << committed;
+  ASSERT_TRUE(loop_.BlockOn(engine->Resume()).ok());
+  auto after = loop_.BlockOn(engine->Report(std::chrono::seconds(5)));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->label, "r1/weight_v000000");
+  ASSERT_TRUE(after->held.has_value());
+  EXPECT_EQ(*after->held, boot);
+  EXPECT_EQ(server_->scheduler().stats().weight_swaps, 1u);
+}
+
+TEST_F(VllmEngineTest, ACommitOfAVersionNotStagedIsRefusedBeforeVllmIsAsked) {
+  auto engine = Make(VllmPauseMode::kKeep);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(loop_.BlockOn(engine->InitializeDestination(VersionRef{"r1", 0})).ok());
+  absl::Status s = loop_.BlockOn(engine->Commit(VersionRef{"r1", 5}, Engine::CommitOptions{}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("not the staged target"));
+  EXPECT_EQ(server_->scheduler().stats().weight_swaps, 0u);
+}
+
+TEST_F(VllmEngineTest, AnEngineThatRefusesOrIsGoneGivesErrorsNamingTheRoute) {
+  VllmEngineOptions options;
+  options.url = server_->url();
+  options.base_checkpoint_dir = tmp_ / "base";
+  auto no_local = VllmEngine::Make(loop_.executor(), options, pool_);
+  EXPECT_TRUE(absl::IsInvalidArgument(no_local.status()));
+  EXPECT_THAT(no_local.status().message(), HasSubstr("--local-checkpoint"));
+
+  auto engine = Make(VllmPauseMode::kKeep);
+  ASSERT_NE(engine, nullptr);
+  server_->Shutdown();
+  absl::Status paused = loop_.BlockOn(engine->Pause());
+  EXPECT_TRUE(absl::IsUnavailable(paused)) << paused;
+  EXPECT_THAT(paused.message(), HasSubstr("POST /pause?mode=keep"));
+}
+
+}  // namespace
+}  // namespace stitch
