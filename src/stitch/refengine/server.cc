@@ -217,6 +217,14 @@ struct EngineServer::Impl {
   // Loop thread only.
   std::mt19937_64 random{std::random_device{}()};
   bool committing = false;
+  // Starts a weight load (committing set): Aborted with `busy` while another
+  // runs, or the fault injected into commits.
+  absl::Status BeginCommit(std::string_view busy) {
+    if (committing) return absl::AbortedError(AbslView(busy));
+    if (absl::Status fault = faults.OnCommit(); !fault.ok()) return fault;
+    committing = true;
+    return absl::OkStatus();
+  }
   // vLLM: the label /update_weight_version set; nullopt before the first.
   std::optional<std::string> vllm_weight_version;
   // vLLM: the cache_salt of the latest generation request (for /metrics).
@@ -514,15 +522,9 @@ awaitable<void> EngineServer::Impl::UpdateFromDisk(HttpExchange& ex) {
     co_await RespondError(ex, parsed.status());
     co_return;
   }
-  if (committing) {
-    const absl::Status busy = absl::AbortedError("another commit is in progress; retry after it");
-    co_await RespondError(ex, busy);
-    co_return;
-  }
-  committing = true;
-  if (absl::Status fault = faults.OnCommit(); !fault.ok()) {
-    committing = false;
-    co_await RespondError(ex, fault);
+  if (absl::Status begun = BeginCommit("another commit is in progress; retry after it");
+      !begun.ok()) {
+    co_await RespondError(ex, begun);
     co_return;
   }
   UpdateFromDiskRequest request = *std::move(parsed);
@@ -606,15 +608,9 @@ awaitable<void> EngineServer::Impl::UpdateFromCpu(HttpExchange& ex) {
     co_await RespondError(ex, parsed.status());
     co_return;
   }
-  if (committing) {
-    const absl::Status busy = absl::AbortedError("another commit is in progress; retry after it");
-    co_await RespondError(ex, busy);
-    co_return;
-  }
-  committing = true;
-  if (absl::Status fault = faults.OnCommit(); !fault.ok()) {
-    committing = false;
-    co_await RespondError(ex, fault);
+  if (absl::Status begun = BeginCommit("another commit is in progress; retry after it");
+      !begun.ok()) {
+    co_await RespondError(ex, begun);
     co_return;
   }
   const VersionRef target = parsed->target_version;
@@ -797,15 +793,8 @@ awaitable<void> EngineServer::Impl::VllmCollectiveRpc(HttpExchange& ex) {
     co_await RespondError(ex, body.status());
     co_return;
   }
-  if (committing) {
-    const absl::Status busy = absl::AbortedError("another weight load is in progress");
-    co_await RespondError(ex, busy);
-    co_return;
-  }
-  committing = true;
-  if (absl::Status fault = faults.OnCommit(); !fault.ok()) {
-    committing = false;
-    co_await RespondError(ex, fault);
+  if (absl::Status begun = BeginCommit("another weight load is in progress"); !begun.ok()) {
+    co_await RespondError(ex, begun);
     co_return;
   }
   std::optional<int64_t> recorded;  // the checkpoint's metadata.version, when it has one
