@@ -151,6 +151,18 @@ TEST_F(VllmEngineTest, ACommitOfAVersionNotStagedIsRefusedBeforeVllmIsAsked) {
   EXPECT_EQ(server_->scheduler().stats().weight_swaps, 0u);
 }
 
+// collective_rpc reaches the workers' methods; the reference engine's
+// workers have one, and any other is a client's mistake named in a 400.
+TEST_F(VllmEngineTest, AWorkerMethodOtherThanReloadWeightsIsRefusedByName) {
+  auto r = HttpFetch("POST", server_->url() + "/collective_rpc",
+                     R"({"method":"init_weight_transfer","kwargs":{}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_THAT(r->body, HasSubstr("have no method"));
+  EXPECT_THAT(r->body, HasSubstr("init_weight_transfer"));
+  EXPECT_THAT(r->body, HasSubstr("reload_weights"));
+}
+
 TEST_F(VllmEngineTest, AnEngineThatRefusesOrIsGoneGivesErrorsNamingTheRoute) {
   VllmEngineOptions options;
   options.url = server_->url();

@@ -588,3 +588,13 @@ def test_a_trainer_written_against_the_original_runs_unchanged_on_s3(s3, tmp_pat
     out = run_original_trainer("s3", f"s3://{s3['bucket']}/trainer", str(tmp_path / "work"),
                                replica.url, s3["endpoint"])
     assert out == EXPECTED_RUN
+
+
+def test_a_pool_must_say_how_it_discovers_replicas_and_its_gateway():
+    class Incomplete(stitch.pools.Pool):
+        def discover_replicas(self):
+            return []
+
+    with pytest.raises(TypeError, match="gateway_url"):
+        Incomplete()
+    assert RecordingPool(gateway=None).gateway_url() is None

@@ -80,7 +80,7 @@ TEST(ReadReplyTest, RefusalsAndBrokenCallsAreRetryableOthersFailed) {
   EXPECT_EQ(Read("generate", left).outcome, Outcome::kClientLeft);
 }
 
-TEST(ReadReplyTest, AStreamIsAnsweredOnlyWhenEveryEventIsStampedUpToDone) {
+TEST(ReadReplyTest, AStreamIsAnsweredOnlyWhenEveryEventIsStampedUntilDone) {
   const std::string first =
       R"({"output_ids":[72],"meta_info":{"weight_version_start":4,"weight_version_end":4}})";
   const RequestRecord done = Read("generate", Stream({first, kGenerate, "[DONE]"}));

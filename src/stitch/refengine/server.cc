@@ -778,9 +778,9 @@ awaitable<void> EngineServer::Impl::VllmCollectiveRpc(HttpExchange& ex) {
     if (method == nullptr || method->is_null()) {
       body = absl::InvalidArgumentError("Missing 'method' in request body");
     } else if (!method->is_string() || method->get_string() != "reload_weights") {
-      body = absl::UnimplementedError(
-          absl::StrCat("the reference engine's workers implement only reload_weights, not ",
-                       boost::json::serialize(*method)));
+      body = absl::NotFoundError(absl::StrCat("the reference engine's workers have no method ",
+                                              boost::json::serialize(*method),
+                                              "; the one they have is reload_weights"));
     } else if (const boost::json::value* kwargs = body->if_contains("kwargs");
                kwargs != nullptr && kwargs->is_object()) {
       if (const boost::json::value* path = kwargs->get_object().if_contains("weights_path");

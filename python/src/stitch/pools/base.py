@@ -9,6 +9,7 @@ for another discovery (the original's Modal pools are not provided).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from typing import List, Optional
 
@@ -16,20 +17,20 @@ from stitch import _stitch
 from stitch._stitch import VersionRef
 
 
-class Pool:
+class Pool(abc.ABC):
     """A client of a running pool of replicas. Subclasses implement
     ``gateway_url`` and ``discover_replicas``; ``wake`` and ``scale`` are
     optional (replicas poll the store on their own; the pool scales itself).
     The ``*_async`` variants run the synchronous ones on a worker thread."""
 
+    @abc.abstractmethod
     def gateway_url(self) -> Optional[str]:
         """The URL rollout traffic goes to, or None when there is no gateway."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def discover_replicas(self) -> List[str]:
         """The base URLs of the replicas live now (a snapshot: replicas come
         and go, so callers tolerate a stale list)."""
-        raise NotImplementedError
 
     def wake(self, replicas: List[str], ref: VersionRef) -> None:
         """Asks ``replicas`` to reconcile now (best effort; default: nothing)."""

@@ -104,10 +104,7 @@ def await_pool_ready(pool: Union[Pool, str], *, replica_floor: int, timeout: flo
 
 
 async def _gateway_serves(pool: Pool) -> bool:
-    try:
-        gateway = await _gateway_url(pool)
-    except NotImplementedError:
-        gateway = None
+    gateway = await _gateway_url(pool)
     if gateway is None:
         return True
     try:
