@@ -274,7 +274,15 @@ struct EngineServer::Impl {
   awaitable<void> VllmResetPrefixCache(HttpExchange& ex);
   awaitable<void> VllmHealth(HttpExchange& ex);
   awaitable<void> VllmMetrics(HttpExchange& ex);
-  // Swaps `weights` in as `version` and answers the commit.
+  // Swaps `weights` in as `version` (the scheduler holds between two
+  // steps), frees the old ones off the loop: what the commit did, or the
+  // scheduler's error. Records nothing.
+  awaitable<absl::StatusOr<CommitOutcome>> SwapIn(std::shared_ptr<const ModelWeights> weights,
+                                                  VersionRef version,
+                                                  std::chrono::steady_clock::time_point start);
+  // The last commit, as /server_info reports it.
+  void RecordCommit(const CommitOutcome& outcome);
+  // SwapIn, then records and answers the commit.
   awaitable<void> Commit(HttpExchange& ex, std::shared_ptr<const ModelWeights> weights,
                          VersionRef version, std::string what,
                          std::chrono::steady_clock::time_point start);
@@ -476,10 +484,9 @@ awaitable<void> EngineServer::Impl::Stage(HttpExchange& ex) {
   co_await RespondJson(ex, 200, body);
 }
 
-awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
-                                           std::shared_ptr<const ModelWeights> weights,
-                                           VersionRef version, std::string what,
-                                           std::chrono::steady_clock::time_point start) {
+awaitable<absl::StatusOr<CommitOutcome>> EngineServer::Impl::SwapIn(
+    std::shared_ptr<const ModelWeights> weights, VersionRef version,
+    std::chrono::steady_clock::time_point start) {
   Scheduler* s = scheduler.get();
   FaultInjector* f = &faults;
   CommandStart<absl::StatusOr<SwapResult>> swap =
@@ -490,10 +497,7 @@ awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
       };
   absl::StatusOr<SwapResult> swapped =
       co_await SchedulerCall<absl::StatusOr<SwapResult>>(std::move(swap));
-  if (!swapped.ok()) {
-    co_await RespondError(ex, swapped.status());
-    co_return;
-  }
+  if (!swapped.ok()) co_return swapped.status();
   // The old weights are freed off the loop and off the scheduler thread.
   std::shared_ptr<const ModelWeights> previous = std::move(swapped->previous);
   auto release = [&previous] { previous.reset(); };
@@ -504,14 +508,28 @@ awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
   outcome.pause_seconds = swapped->pause_seconds;
   outcome.resident_requests = swapped->resident_requests;
   outcome.seconds = SecondsSince(start);
-  outcome.message =
-      absl::StrCat("committed ", version.ToString(), " from ", what, "; ",
-                   outcome.resident_requests, " resident requests continue on the new weights");
-  {
-    absl::MutexLock lock(&mu);
-    last_commit = outcome;
+  co_return outcome;
+}
+
+void EngineServer::Impl::RecordCommit(const CommitOutcome& outcome) {
+  absl::MutexLock lock(&mu);
+  last_commit = outcome;
+}
+
+awaitable<void> EngineServer::Impl::Commit(HttpExchange& ex,
+                                           std::shared_ptr<const ModelWeights> weights,
+                                           VersionRef version, std::string what,
+                                           std::chrono::steady_clock::time_point start) {
+  absl::StatusOr<CommitOutcome> outcome = co_await SwapIn(std::move(weights), version, start);
+  if (!outcome.ok()) {
+    co_await RespondError(ex, outcome.status());
+    co_return;
   }
-  const std::string body = FormatCommitResult(outcome);
+  outcome->message =
+      absl::StrCat("committed ", version.ToString(), " from ", what, "; ",
+                   outcome->resident_requests, " resident requests continue on the new weights");
+  RecordCommit(*outcome);
+  const std::string body = FormatCommitResult(*outcome);
   co_await RespondJson(ex, 200, body);
 }
 
@@ -830,36 +848,14 @@ awaitable<void> EngineServer::Impl::VllmCollectiveRpc(HttpExchange& ex) {
     }
   }
   if (recorded.has_value()) version.version = *recorded;
-  Scheduler* s = scheduler.get();
-  FaultInjector* f = &faults;
-  std::shared_ptr<const ModelWeights> weights = *std::move(loaded);
-  CommandStart<absl::StatusOr<SwapResult>> swap =
-      [s, f, weights = std::move(weights),
-       version](CommandDone<absl::StatusOr<SwapResult>> done) mutable {
-        s->SwapWeights(
-            std::move(weights), version, [f] { f->OnCommitPaused(); }, std::move(done));
-      };
-  absl::StatusOr<SwapResult> swapped =
-      co_await SchedulerCall<absl::StatusOr<SwapResult>>(std::move(swap));
+  absl::StatusOr<CommitOutcome> outcome = co_await SwapIn(*std::move(loaded), version, start);
   committing = false;
-  if (!swapped.ok()) {
-    co_await RespondError(ex, swapped.status());
+  if (!outcome.ok()) {
+    co_await RespondError(ex, outcome.status());
     co_return;
   }
-  std::shared_ptr<const ModelWeights> previous = std::move(swapped->previous);
-  auto release = [&previous] { previous.reset(); };
-  co_await RunBlocking(*workers, std::move(release));
-  CommitOutcome outcome;
-  outcome.weight_version = version;
-  outcome.previous_version = swapped->previous_version;
-  outcome.pause_seconds = swapped->pause_seconds;
-  outcome.resident_requests = swapped->resident_requests;
-  outcome.seconds = SecondsSince(start);
-  outcome.message = absl::StrCat("reloaded ", dir.string());
-  {
-    absl::MutexLock lock(&mu);
-    last_commit = outcome;
-  }
+  outcome->message = absl::StrCat("reloaded ", dir.string());
+  RecordCommit(*outcome);
   co_await RespondJson(ex, 200, R"({"results":[null]})");
 }
 
