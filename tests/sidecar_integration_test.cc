@@ -32,6 +32,7 @@
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
 #include "stitch/net/sse.h"
+#include "tests/replica_steps.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
@@ -80,11 +81,7 @@ class SidecarIntegrationTest : public ::testing::Test {
     InitModel(base_, 1);
   }
 
-  void InitModel(const std::string& dir, int seed) {
-    ExpectOk(RunStitch({"engine", "init-model", dir, "--layers", "1", "--hidden", "32", "--heads",
-                        "2", "--seed", std::to_string(seed), "--max-positions", "256"}),
-             "init-model");
-  }
+  void InitModel(const std::string& dir, int seed) { testing::InitTinyModel(dir, seed); }
 
   // Starts the engine on the base checkpoint and a sidecar in front of it.
   void StartFleet(const FleetOptions& options = {}) {
@@ -159,34 +156,16 @@ class SidecarIntegrationTest : public ::testing::Test {
   }
   // Waits until the sidecar is ready and serves `version` of r1.
   bool ServesVersion(int64_t version) {
-    return Eventually(
-        [&] {
-          auto s = ServerInfo();
-          return s.has_value() && s->ready && s->applied.has_value() &&
-                 s->applied->version == version && s->applied->run_id == "r1" &&
-                 s->sync_state == SyncState::kIdle;
-        },
-        kConverge);
+    return testing::ServesVersionOfR1(url_, version, kConverge);
   }
 
-  // Writes checkpoint `seed` as a FULL version directory and publishes it.
+  // Publishes `checkpoint` as FULL `version`, waking the sidecar.
   void PublishFull(int64_t version, const std::string& checkpoint) {
-    std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
-    ExpectOk(RunStitch({"delta", "full", "--checkpoint", checkpoint, "--out", dir, "--version",
-                        std::to_string(version), "--run-id", "r1"}),
-             "delta full");
-    ExpectOk(RunStitch(
-                 {"publish", "--store", store_, "--run-id", "r1", "--pool", "static:" + url_, dir}),
-             "publish FULL");
+    Run().PublishFull(version, checkpoint, url_);
   }
-  // Encodes base -> target as a DELTA version directory and publishes it.
+  testing::RunOfR1 Run() const { return {store_, tmp_ / "out"}; }
   void PublishDelta(int64_t version, const std::string& base, const std::string& target) {
-    std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
-    ExpectOk(RunStitch({"delta", "encode", "--base", base, "--target", target, "--out", dir,
-                        "--version", std::to_string(version), "--base-version",
-                        std::to_string(version - 1), "--run-id", "r1"}),
-             "delta encode");
-    ExpectOk(RunStitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish DELTA");
+    Run().PublishDelta(version, base, target);
   }
 
   // A greedy generation through `url`: its output ids and stamps.

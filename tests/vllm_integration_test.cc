@@ -27,6 +27,7 @@
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
 #include "stitch/net/sse.h"
+#include "tests/replica_steps.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
@@ -77,11 +78,7 @@ class VllmIntegrationTest : public ::testing::Test {
     InitModel(base_, 1);
   }
 
-  void InitModel(const std::string& dir, int seed) {
-    ExpectOk(RunStitch({"engine", "init-model", dir, "--layers", "1", "--hidden", "32", "--heads",
-                        "2", "--seed", std::to_string(seed), "--max-positions", "256"}),
-             "init-model");
-  }
+  void InitModel(const std::string& dir, int seed) { testing::InitTinyModel(dir, seed); }
 
   // Whether the engine is labelled before the sidecar meets it.
   enum class BootLabel { kNone, kBootVersion };
@@ -135,31 +132,15 @@ class VllmIntegrationTest : public ::testing::Test {
   }
 
   bool ServesVersion(int64_t version) {
-    return Eventually(
-        [&] {
-          auto r = Fetch("GET", url_ + "/server_info");
-          if (!r.ok() || r->status != 200) return false;
-          auto s = ParseServerInfo(r->body);
-          return s.ok() && s->ready && s->applied.has_value() && s->applied->version == version &&
-                 s->applied->run_id == "r1" && s->sync_state == SyncState::kIdle;
-        },
-        kConverge);
+    return testing::ServesVersionOfR1(url_, version, kConverge);
   }
 
   void PublishFull(int64_t version, const std::string& checkpoint) {
-    std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
-    ExpectOk(RunStitch({"delta", "full", "--checkpoint", checkpoint, "--out", dir, "--version",
-                        std::to_string(version), "--run-id", "r1"}),
-             "delta full");
-    ExpectOk(RunStitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish FULL");
+    Run().PublishFull(version, checkpoint);
   }
+  testing::RunOfR1 Run() const { return {store_, tmp_ / "out"}; }
   void PublishDelta(int64_t version, const std::string& base, const std::string& target) {
-    std::string dir = (tmp_ / "out" / VersionDirName(version)).string();
-    ExpectOk(RunStitch({"delta", "encode", "--base", base, "--target", target, "--out", dir,
-                        "--version", std::to_string(version), "--base-version",
-                        std::to_string(version - 1), "--run-id", "r1"}),
-             "delta encode");
-    ExpectOk(RunStitch({"publish", "--store", store_, "--run-id", "r1", dir}), "publish DELTA");
+    Run().PublishDelta(version, base, target);
   }
 
   struct Completion {
