@@ -160,6 +160,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   settings.proxy.rid_field =
       config->engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
   settings.proxy.engine_token = *engine_token;
+  settings.proxy.assemble_whole_generate = config->assemble_whole_generate;
   settings.proxy.own_authorization = !auth_token->empty();
   settings.auth_token = *auth_token;
   settings.auth_data_plane = flags.auth_data_plane;
@@ -245,6 +246,12 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--flush-cache-on-commit", flags.flush_cache_on_commit,
                 "Flush the engine's prefix cache with every commit");
+  cmd->add_option("--whole-generate", flags.whole_generate,
+                  "How a whole (not streamed) /generate reaches an SGLang engine: stream (the "
+                  "engine streams it and the sidecar assembles the answer, so that version spans "
+                  "across a commit are exact; not once the engine reports spans itself) or relay "
+                  "(sent whole; spans across a commit are then \"unknown\")")
+      ->capture_default_str();
   cmd->add_option("--reconcile-interval", flags.reconcile_interval_s,
                   "Seconds between backstop reconciles (0 disables them)")
       ->capture_default_str();

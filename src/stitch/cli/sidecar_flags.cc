@@ -105,6 +105,13 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   auto commit = ParseCommitMode(flags.commit_mode);
   if (!commit.ok()) return Refuse(absl::StrCat("--commit-mode: ", commit.status().message()));
 
+  if (flags.whole_generate != "stream" && flags.whole_generate != "relay") {
+    return Refuse(absl::StrCat("--whole-generate must be stream or relay (got \"",
+                               flags.whole_generate, "\")"));
+  }
+  config.assemble_whole_generate =
+      flags.whole_generate == "stream" && config.engine != EngineKind::kVllm;
+
   auto reconcile = Seconds(flags.reconcile_interval_s, "--reconcile-interval");
   if (!reconcile.ok()) return reconcile.status();
   auto outage = Seconds(flags.store_outage_limit_s, "--store-outage-limit");

@@ -30,6 +30,9 @@ struct SidecarFlags {
   std::string commit_mode = "in_place";
   int64_t boot_version = 0;
   bool flush_cache_on_commit = false;
+  // How a whole /generate reaches the engine: "stream" (assembled from its
+  // stream, for exact version spans) or "relay".
+  std::string whole_generate = "stream";
   double reconcile_interval_s = 5;
   double store_outage_limit_s = 30;
   double watchdog_interval_s = 1;
@@ -58,6 +61,9 @@ struct SidecarConfig {
   std::filesystem::path local_checkpoint;
   std::string disk_load_format;
   UpdateDestination update_mode = UpdateDestination::kDisk;
+  // ProxyOptions::assemble_whole_generate: --whole-generate stream, for an
+  // SGLang engine (vLLM labels no streamed event, so streaming cannot help).
+  bool assemble_whole_generate = false;
   ReconcilerOptions reconciler;
   WatchdogOptions watchdog;
   ServerOptions server;
@@ -67,7 +73,8 @@ struct SidecarConfig {
 // InvalidArgument with one line naming the flag and saying what to do: an
 // empty or invalid run id, a negative boot version, disk mode (or the stock
 // engine) without --local-checkpoint, cpu mode with the stock engine or vLLM
-// (they load versions only from disk), an unknown engine, mode or commit mode, a
+// (they load versions only from disk), an unknown engine, mode, commit mode or
+// --whole-generate, a
 // bad engine URL, negative intervals, a threshold below 1, a port out of
 // range, a missing --store or --base-checkpoint.
 [[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);

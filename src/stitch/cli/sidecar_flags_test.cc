@@ -84,6 +84,27 @@ TEST(SidecarFlagsTest, ALoadFormatIsKeptAsGivenOrRefusedWhenItIsNoName) {
   }
 }
 
+// Whole /generate requests are assembled from the engine's stream unless
+// relayed is asked for, and never for vLLM, whose events carry no label.
+TEST(SidecarFlagsTest, WholeGenerateIsAssembledForSglangUnlessRelayIsAsked) {
+  SidecarFlags f = Good();
+  auto config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->assemble_whole_generate);
+  f.whole_generate = "relay";
+  config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->assemble_whole_generate);
+  f = Good();
+  f.engine = "vllm";
+  config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->assemble_whole_generate);
+  f = Good();
+  f.whole_generate = "buffer";
+  ExpectRefused(f, "--whole-generate");
+}
+
 TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   SidecarFlags f = Good();
   f.local_checkpoint.clear();

@@ -6,7 +6,10 @@
 //     generation result echoing the request body as `request`, or, with
 //     `stream: true`, server-sent events (`events` of them, then
 //     `data: [DONE]`), the second one held until ReleaseStream() or until
-//     the client goes away, which it records;
+//     the client goes away, which it records (or, stepwise, each event
+//     after the first held until Step() was called once more); the events
+//     carry the whole answer so far (`text`, `output_ids`), or, like
+//     SGLang's --incremental-streaming-output, only what is new;
 //   - a route set to hang (Hang): no answer until the client goes away,
 //     which it records;
 //   - like SGLang, it keeps a weight label ("default" until set): the
@@ -32,6 +35,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -91,6 +95,27 @@ class FakeSglangServer {
     absl::MutexLock lock(&mu_);
     events_ = n;
   }
+  // Streams send event i (i >= 1) only once Step() was called i times.
+  void SetStepwise(bool stepwise) {
+    absl::MutexLock lock(&mu_);
+    stepwise_ = stepwise;
+  }
+  void Step() {
+    boost::asio::post(loop_->executor(), [this] {
+      ++steps_;
+      if (stream_gate_) stream_gate_->cancel();
+    });
+  }
+  // Events carry only what is new instead of the whole answer so far.
+  void SetIncrementalStreams(bool incremental) {
+    absl::MutexLock lock(&mu_);
+    incremental_ = incremental;
+  }
+  // Streamed events written so far, over all streams.
+  int events_sent() const {
+    absl::MutexLock lock(&mu_);
+    return events_sent_;
+  }
   // Lets held streams send the rest of their events.
   void ReleaseStream() {
     boost::asio::post(loop_->executor(), [this] {
@@ -146,6 +171,7 @@ class FakeSglangServer {
     std::optional<HttpResponse> answer;
     bool hang = false;
     int events = 0;
+    StreamForm form;
     NoteLabel(path, ex.request().body);
     {
       absl::MutexLock lock(&mu_);
@@ -153,15 +179,45 @@ class FakeSglangServer {
       if (auto it = answers_.find(path); it != answers_.end()) answer = it->second;
       hang = hanging_.contains(path);
       events = events_;
+      form = StreamForm{stepwise_, incremental_};
       ++in_flight_;
     }
-    co_await Answer(ex, path, std::move(answer), hang, events);
+    co_await Answer(ex, path, std::move(answer), hang, events, form);
     absl::MutexLock lock(&mu_);
     --in_flight_;
   }
 
+  struct StreamForm {
+    bool stepwise = false;
+    bool incremental = false;
+  };
+
+  // Waits until `event` may be sent; false when the client went away first.
+  boost::asio::awaitable<bool> MaySend(HttpExchange& ex, int event, bool stepwise) {
+    using namespace boost::asio::experimental::awaitable_operators;
+    if (stepwise) {
+      while (steps_ < event) {
+        stream_gate_->expires_at(boost::asio::steady_timer::time_point::max());
+        (void)co_await (
+            stream_gate_->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)) ||
+            ex.WaitDisconnected());
+        if (ex.disconnected()) break;
+      }
+    } else if (event == 1 && !stream_released_) {
+      (void)co_await (stream_gate_->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)) ||
+                      ex.WaitDisconnected());
+    }
+    const bool may = stepwise ? steps_ >= event : event != 1 || stream_released_;
+    if (!may) {
+      absl::MutexLock lock(&mu_);
+      ++disconnects_;
+    }
+    co_return may;
+  }
+
   boost::asio::awaitable<void> Answer(HttpExchange& ex, const std::string& path,
-                                      std::optional<HttpResponse> answer, bool hang, int events) {
+                                      std::optional<HttpResponse> answer, bool hang, int events,
+                                      StreamForm form) {
     if (answer.has_value()) {
       (void)co_await ex.Respond(*std::move(answer));
       co_return;
@@ -219,29 +275,25 @@ class FakeSglangServer {
     absl::Status begun = co_await ex.BeginStream(200, std::move(headers));
     if (!begun.ok()) co_return;
     for (int i = 0; i < events; ++i) {
-      if (i == 1 && !stream_released_) {
-        using namespace boost::asio::experimental::awaitable_operators;
-        (void)co_await (
-            stream_gate_->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)) ||
-            ex.WaitDisconnected());
-        if (!stream_released_) {
-          absl::MutexLock lock(&mu_);
-          ++disconnects_;
-          co_return;
-        }
-      }
+      if (!co_await MaySend(ex, i, form.stepwise)) co_return;
+      // One token per event, its id the event's number from 1.
       boost::json::object event;
-      event["text"] = std::string(static_cast<size_t>(i + 1), 'x');
+      boost::json::array ids;
+      for (int id = form.incremental ? i + 1 : 1; id <= i + 1; ++id) ids.emplace_back(id);
+      event["text"] = std::string(form.incremental ? 1 : static_cast<size_t>(i + 1), 'x');
+      event["output_ids"] = std::move(ids);
       event["index"] = i;
       if (path == "/generate") {
         boost::json::object meta;
         meta["weight_version"] = weight_version();
-        meta["completion_tokens"] = i + 1;  // one token per event, as counted by SGLang
+        meta["completion_tokens"] = i + 1;  // the tokens so far, as counted by SGLang
         event["meta_info"] = std::move(meta);
       }
       std::string chunk = SseEvent(boost::json::serialize(event));
       absl::Status written = co_await ex.WriteChunk(std::move(chunk));
       if (!written.ok()) co_return;
+      absl::MutexLock lock(&mu_);
+      ++events_sent_;
     }
     std::string done = SseEvent("[DONE]");
     (void)co_await ex.WriteChunk(std::move(done));
@@ -252,11 +304,15 @@ class FakeSglangServer {
   std::unique_ptr<boost::asio::steady_timer> stream_gate_;  // loop thread only
   std::unique_ptr<HttpServer> server_;
   bool stream_released_ = false;  // loop thread only
+  int steps_ = 0;                 // loop thread only
   mutable absl::Mutex mu_;
   std::vector<HttpRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, HttpResponse> answers_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> hanging_ ABSL_GUARDED_BY(mu_);
   int events_ ABSL_GUARDED_BY(mu_) = 3;
+  bool stepwise_ ABSL_GUARDED_BY(mu_) = false;
+  bool incremental_ ABSL_GUARDED_BY(mu_) = false;
+  int events_sent_ ABSL_GUARDED_BY(mu_) = 0;
   std::string weight_version_ ABSL_GUARDED_BY(mu_) = "default";
   int disconnects_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -24,6 +24,9 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
         m.proxy.client_disconnects);
   w.One("streamed_requests_total", "counter", "Versioned requests with stream: true.",
         m.proxy.streamed);
+  w.One("assembled_responses_total", "counter",
+        "Whole /generate answers assembled from the engine's stream, for exact version spans.",
+        m.proxy.assembled);
   w.One("forwarded_requests_total", "counter", "Other requests forwarded to the engine as is.",
         m.proxy.forwarded);
   w.Header("applied_version", "gauge",

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "stitch/api/answers.h"
+#include "stitch/api/assembly.h"
 #include "stitch/api/dispatch.h"
 #include "stitch/api/headers.h"
 #include "stitch/api/request.h"
@@ -125,6 +126,29 @@ VersionedProxy::Verdict VersionedProxy::Vouch(Call& call, std::string& text, std
   boost::system::error_code ec;
   json::value doc = json::parse(text, ec, arena.storage());
   if (ec || !(doc.is_object() || doc.is_array())) return Verdict::kNotJson;
+  const Verdict verdict = VouchDocument(call, doc, why);
+  if (verdict == Verdict::kStamped) text = json::serialize(doc);
+  return verdict;
+}
+
+VersionedProxy::Verdict VersionedProxy::VouchDocument(Call& call, json::value& doc,
+                                                      std::string* why) {
+  std::vector<std::optional<VersionSpans>> spans;
+  if (Judge(call, doc, &spans, why) == Verdict::kUnvouched) return Verdict::kUnvouched;
+  const VersionStamp stamp = call.ticket->Stamp();
+  ForEachItem(doc, [&](json::object& item, size_t i) {
+    if (i < call.client_rids.size() && !call.client_rids[i].empty()) {
+      RestoreRid(call.route, item, call.rids[i], call.client_rids[i]);
+    }
+    StampResponse(call.route, item, stamp);
+    if (i < spans.size()) StampSpans(call.route, item, spans[i]);
+  });
+  return Verdict::kStamped;
+}
+
+VersionedProxy::Verdict VersionedProxy::Judge(Call& call, const json::value& doc,
+                                              std::vector<std::optional<VersionSpans>>* spans,
+                                              std::string* why) {
   if (!call.ticket->trusted()) {
     *why = absl::StrCat(
         "the sidecar stopped vouching for the engine's weights while this request "
@@ -139,30 +163,27 @@ VersionedProxy::Verdict VersionedProxy::Vouch(Call& call, std::string& text, std
       return Verdict::kUnvouched;
     }
   }
-  const VersionStamp stamp = call.ticket->Stamp();
-  std::vector<std::optional<VersionSpans>> spans;
   absl::Status spans_ok;
-  ForEachItem(doc, [&](json::object& item, size_t) {
+  auto judge_item = [&](const json::object& item) {
     absl::StatusOr<std::optional<VersionSpans>> s = Spans(call, doc, item);
     if (!s.ok()) {
       if (spans_ok.ok()) spans_ok = s.status();
       return;
     }
-    spans.push_back(*std::move(s));
-  });
+    if (spans != nullptr) spans->push_back(*std::move(s));
+  };
+  if (doc.is_object()) {
+    judge_item(doc.get_object());
+  } else if (doc.is_array()) {
+    for (const json::value& item : doc.get_array()) {
+      if (item.is_object()) judge_item(item.get_object());
+    }
+  }
   if (!spans_ok.ok()) {
     *why = std::string(spans_ok.message());
     if (on_mislabel_) on_mislabel_(*why);
     return Verdict::kUnvouched;
   }
-  ForEachItem(doc, [&](json::object& item, size_t i) {
-    if (i < call.client_rids.size() && !call.client_rids[i].empty()) {
-      RestoreRid(call.route, item, call.rids[i], call.client_rids[i]);
-    }
-    StampResponse(call.route, item, stamp);
-    if (i < spans.size()) StampSpans(call.route, item, spans[i]);
-  });
-  text = json::serialize(doc);
   return Verdict::kStamped;
 }
 
@@ -183,6 +204,7 @@ absl::StatusOr<std::optional<VersionSpans>> VersionedProxy::Spans(Call& call,
       }
     }
     labelled = **reported;
+    engine_reports_spans_ = true;
   } else if (doc.is_object() && call.deriver.has_value()) {
     // One generation (batches are never streamed): derive from its labels.
     std::optional<int64_t> label;
@@ -314,11 +336,19 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
   up.headers = RequestHeadersToForward(exchange.request().headers, BodyRelay::kRewritten);
   PresentEngineToken(up.headers);
   up.headers.Set("Content-Type", "application/json");
+  // A whole /generate is streamed from the engine, so that its spans can be
+  // derived per event, while that is asked for and can help.
+  const bool assemble = !ask->stream && route == ApiRoute::kGenerate &&
+                        options_.assemble_whole_generate && !engine_reports_spans_ &&
+                        !assembly_failed_ && IsSingleGeneration(body);
+  if (assemble) body["stream"] = true;
   up.body = json::serialize(parsed);
 
   if (ask->stream) {
     ++counters_.streamed;
     co_await RelayStream(exchange, call);
+  } else if (assemble) {
+    co_await RelayAssembled(exchange, call);
   } else {
     co_await Relay(exchange, call);
   }
@@ -374,29 +404,7 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
     co_return;
   }
   if (stream->status() != 200 || !IsEventStream(stream->headers())) {
-    // An error answer (or a server that ignored `stream`): relay it whole.
-    auto body = co_await stream->ReadAll();
-    if (!body.ok()) {
-      if (exchange.disconnected()) {
-        AbortUpstream(call);
-        ++counters_.client_disconnects;
-        co_return;
-      }
-      std::string why(body.status().message());
-      co_await EngineUnavailable(exchange, &call, why);
-      co_return;
-    }
-    HttpResponse out{stream->status(),
-                     ResponseHeadersToRelay(stream->headers(), BodyRelay::kRewritten),
-                     *std::move(body)};
-    std::string why;
-    if (out.status == 200 && Vouch(call, out.body, &why) == Verdict::kUnvouched) {
-      co_await Unvouched(exchange, call, why);
-      co_return;
-    }
-    call.ticket.reset();
-    ++counters_.completed;
-    (void)co_await exchange.Respond(std::move(out));
+    co_await RelayWhole(exchange, call, *stream);
     co_return;
   }
 
@@ -467,6 +475,153 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
   }
   ++counters_.completed;
   (void)co_await exchange.EndStream();
+}
+
+awaitable<void> VersionedProxy::RelayWhole(HttpExchange& exchange, Call& call,
+                                           HttpResponseStream& stream) {
+  auto body = co_await stream.ReadAll();
+  if (!body.ok()) {
+    if (exchange.disconnected()) {
+      AbortUpstream(call);
+      ++counters_.client_disconnects;
+      co_return;
+    }
+    std::string why(body.status().message());
+    co_await EngineUnavailable(exchange, &call, why);
+    co_return;
+  }
+  HttpResponse out{stream.status(), ResponseHeadersToRelay(stream.headers(), BodyRelay::kRewritten),
+                   *std::move(body)};
+  std::string why;
+  if (out.status == 200 && Vouch(call, out.body, &why) == Verdict::kUnvouched) {
+    co_await Unvouched(exchange, call, why);
+    co_return;
+  }
+  call.ticket.reset();
+  ++counters_.completed;
+  (void)co_await exchange.Respond(std::move(out));
+}
+
+awaitable<void> VersionedProxy::NotAssembled(HttpExchange& exchange, Call& call,
+                                             std::string_view why) {
+  assembly_failed_ = true;
+  AbortUpstream(call);
+  call.ticket.reset();
+  ++counters_.engine_unavailable;
+  HttpResponse response = UnavailableResponse(
+      Unavailable::kEngine,
+      absl::StrCat("the engine's stream of this /generate could not be assembled into a whole "
+                   "answer (",
+                   AbslView(why), "); later whole /generate requests are sent to it whole; retry"));
+  (void)co_await exchange.Respond(std::move(response));
+}
+
+awaitable<void> VersionedProxy::RelayAssembled(HttpExchange& exchange, Call& call) {
+  auto stream = co_await client_.SendStreamed(options_.engine, std::move(call.upstream),
+                                              EndedWithTheClient(exchange));
+  if (!stream.ok()) {
+    if (exchange.disconnected()) {
+      AbortUpstream(call);
+      ++counters_.client_disconnects;
+      co_return;
+    }
+    std::string why(stream.status().message());
+    co_await EngineUnavailable(exchange, &call, why);
+    co_return;
+  }
+  if (stream->status() != 200 || !IsEventStream(stream->headers())) {
+    co_await RelayWhole(exchange, call, *stream);
+    co_return;
+  }
+  GenerateAssembler assembler;
+  SseEventSplitter splitter;
+  std::string unvouched;   // why the answer cannot be vouched for
+  std::string not_placed;  // why the stream cannot be assembled
+  std::optional<std::string> error_event;
+  // One event's data; false once the stream is settled either way.
+  auto take = [&](std::string_view data) {
+    if (data == "[DONE]") return true;
+    JsonArena arena;
+    boost::system::error_code ec;
+    json::value doc = json::parse(data, ec, arena.storage());
+    if (ec || !doc.is_object()) {
+      not_placed = absl::StrCat("event ", assembler.events() + 1, " is not a JSON object");
+      return false;
+    }
+    if (doc.get_object().contains("error") && !doc.get_object().contains("output_ids")) {
+      error_event = std::string(data);
+      return false;
+    }
+    if (Judge(call, doc, nullptr, &unvouched) == Verdict::kUnvouched) return false;
+    if (absl::Status added = assembler.Add(json::object(doc.get_object(), json::storage_ptr()));
+        !added.ok()) {
+      not_placed = std::string(added.message());
+      return false;
+    }
+    return true;
+  };
+  bool open = true;
+  while (open) {
+    auto chunk = co_await stream->Read();
+    if (!chunk.ok()) {
+      AbortUpstream(call);
+      if (exchange.disconnected()) {
+        ++counters_.client_disconnects;
+        co_return;
+      }
+      std::string why = absl::StrCat("the engine stream broke: ", chunk.status().message());
+      co_await EngineUnavailable(exchange, &call, why);
+      co_return;
+    }
+    if (chunk->empty()) {
+      // A final event the engine ended without a blank line counts too.
+      if (std::optional<std::string> data = SseData(splitter.pending())) open = take(*data);
+      break;
+    }
+    splitter.Append(*chunk);
+    while (open) {
+      std::optional<std::string> event = splitter.Next();
+      if (!event.has_value()) break;
+      if (std::optional<std::string> data = SseData(*event)) open = take(*data);
+    }
+  }
+  if (!unvouched.empty()) {
+    AbortUpstream(call);
+    co_await Unvouched(exchange, call, unvouched);
+    co_return;
+  }
+  if (!not_placed.empty()) {
+    co_await NotAssembled(exchange, call, not_placed);
+    co_return;
+  }
+  if (error_event.has_value()) {
+    // What SGLang answers a whole request that fails so.
+    AbortUpstream(call);
+    call.ticket.reset();
+    ++counters_.completed;
+    HttpResponse out = JsonResponse(400, *std::move(error_event));
+    (void)co_await exchange.Respond(std::move(out));
+    co_return;
+  }
+  absl::StatusOr<json::object> answer = std::move(assembler).Finish();
+  if (!answer.ok()) {
+    std::string why(answer.status().message());
+    co_await NotAssembled(exchange, call, why);
+    co_return;
+  }
+  json::value doc(*std::move(answer));
+  std::string why;
+  if (VouchDocument(call, doc, &why) == Verdict::kUnvouched) {
+    co_await Unvouched(exchange, call, why);
+    co_return;
+  }
+  // The generation is over: a slow client reading the answer must not hold
+  // up a commit.
+  call.ticket.reset();
+  ++counters_.completed;
+  ++counters_.assembled;
+  HttpResponse out = JsonResponse(200, json::serialize(doc));
+  (void)co_await exchange.Respond(std::move(out));
 }
 
 void VersionedProxy::PresentEngineToken(HttpHeaders& headers) const {

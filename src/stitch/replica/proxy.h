@@ -15,6 +15,15 @@
 //     `target_version`, `applied`, `message` when its constraint is unmet;
 //     while a commit holds admission closed it waits);
 //   - it is tagged for prefix-cache isolation (TagRequest, api/request.h);
+//   - a whole (not streamed) /generate of one generation is streamed from
+//     the engine and assembled into the whole answer (GenerateAssembler,
+//     api/assembly.h) when ProxyOptions::assemble_whole_generate is set, so
+//     that its spans can be derived per event as a stream's are; not once
+//     the engine has reported spans itself (they are exact either way), nor
+//     once a stream could not be assembled (that answer is a retryable 503
+//     EngineUnavailable; later ones go whole). An error event in the stream
+//     is answered as SGLang answers the whole request's error: 400 with its
+//     body;
 //   - the response, or each event of a `stream: true` response as it
 //     arrives, is stamped with the start and end versions (StampResponse,
 //     api/response.h) and with `weight_version_spans` (StampSpans): the
@@ -49,6 +58,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -86,6 +96,10 @@ struct ProxyOptions {
   // Sent to the engine as "Authorization: Bearer <engine_token>" in place
   // of the client's Authorization (an engine's --api-key); empty: none.
   std::string engine_token;
+  // Whether a whole /generate of one generation is streamed from the engine
+  // and assembled (see above): for engines that label each streamed event
+  // (SGLang) but report no spans.
+  bool assemble_whole_generate = false;
   // The sidecar checks a token of its own, so the client's Authorization is
   // its credential for the sidecar and is not forwarded. Without either
   // this or an engine token, the client's Authorization passes through.
@@ -96,6 +110,7 @@ struct ProxyOptions {
 struct ProxyCounters {
   uint64_t versioned_requests = 0;  // versioned requests received
   uint64_t streamed = 0;            // of which `stream: true`
+  uint64_t assembled = 0;           // whole /generate answers assembled from the engine's stream
   uint64_t completed = 0;           // answered by the engine, to the end
   uint64_t bad_requests = 0;        // 400: body or constraint unusable
   uint64_t route_blocked = 0;       // 403
@@ -146,6 +161,12 @@ class VersionedProxy {
   // Checks the engine's label and the ticket's trust, restores the client's
   // rids and stamps `text` (one document) in place. kUnvouched sets `why`.
   Verdict Vouch(Call& call, std::string& text, std::string* why);
+  // The same for a parsed document (an object or a batch), in place.
+  Verdict VouchDocument(Call& call, boost::json::value& doc, std::string* why);
+  // The checks alone, and the spans of each item of `doc` (when `spans` is
+  // not null); the span deriver sees `doc` as the next event.
+  Verdict Judge(Call& call, const boost::json::value& doc,
+                std::vector<std::optional<VersionSpans>>* spans, std::string* why);
   // The spans to stamp on `item` of response document `doc`, in served
   // versions (nullopt: unknown); an error when the engine reported spans
   // that are malformed or name weights it did not hold.
@@ -158,6 +179,15 @@ class VersionedProxy {
   void PresentEngineToken(HttpHeaders& headers) const;
   boost::asio::awaitable<void> Relay(HttpExchange& exchange, Call& call);
   boost::asio::awaitable<void> RelayStream(HttpExchange& exchange, Call& call);
+  boost::asio::awaitable<void> RelayAssembled(HttpExchange& exchange, Call& call);
+  // Answers with what the engine sent instead of an event stream (an error,
+  // or a whole answer from a server that ignored `stream`), vouched for.
+  boost::asio::awaitable<void> RelayWhole(HttpExchange& exchange, Call& call,
+                                          HttpResponseStream& stream);
+  // The answer when a stream could not be assembled (why); later whole
+  // /generate requests are relayed whole.
+  boost::asio::awaitable<void> NotAssembled(HttpExchange& exchange, Call& call,
+                                            std::string_view why);
   boost::asio::awaitable<void> EngineUnavailable(HttpExchange& exchange, Call* call,
                                                  std::string_view why);
   void AbortUpstream(Call& call);
@@ -175,6 +205,10 @@ class VersionedProxy {
   std::function<void(std::string_view)> on_unreachable_;
   std::function<void(std::string)> on_mislabel_;
   std::unordered_set<Call*> in_flight_;
+  // Whole /generate requests are assembled from streams while
+  // options_.assemble_whole_generate holds and neither of these was seen.
+  bool engine_reports_spans_ = false;
+  bool assembly_failed_ = false;
   ApiHandlers handlers_;
 };
 

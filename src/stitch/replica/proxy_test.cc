@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -179,6 +180,8 @@ class ProxyTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : HttpResponse{};
   }
+
+  void WholeGenerateAcrossTwoCommits(bool incremental);
 
   stitch::testing::TempDir tmp_;
   FakeSglangServer fake_;
@@ -575,6 +578,158 @@ TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) 
   HttpResponse refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_EQ(refused.body.find("weight_version_start"), std::string::npos) << refused.body;
+}
+
+// A whole /generate sent to an engine that labels each streamed event, with
+// two in-place commits landing inside the generation: the sidecar streams it
+// from the engine, places each commit exactly, and answers with the whole
+// answer. `incremental`: the engine streams only what is new.
+void ProxyTest::WholeGenerateAcrossTwoCommits(bool incremental) {
+  fake_.SetStreamEvents(4);
+  fake_.SetStepwise(true);
+  fake_.SetIncrementalStreams(incremental);
+  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.assemble_whole_generate = true; });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  auto whole = std::async(std::launch::async, [&] {
+    return Send("POST", "/generate", R"({"text":"hi","rid":"whole-1"})");
+  });
+  // However this ends, the engine's stream ends and the request returns.
+  struct Unblock {
+    FakeSglangServer& fake;
+    ~Unblock() {
+      for (int i = 0; i < 4; ++i) fake.Step();
+    }
+  } unblock{fake_};
+  ASSERT_TRUE(WaitUntil([&] { return fake_.events_sent() == 1; }));
+  CommitInPlace(1);
+  fake_.Step();
+  ASSERT_TRUE(WaitUntil([&] { return fake_.events_sent() == 2; }));
+  CommitInPlace(2);
+  fake_.Step();
+  fake_.Step();
+  HttpResponse r = whole.get();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers.Get("content-type"), "application/json");
+  const json::object answer = Parse(r.body);
+  EXPECT_EQ(answer.at("text").as_string(), "xxxx");
+  EXPECT_EQ(json::serialize(answer.at("output_ids")), "[1,2,3,4]");
+  const json::object& meta = answer.at("meta_info").as_object();
+  // Token 0 from version 0, token 1 from 1, the rest from 2.
+  EXPECT_EQ(json::serialize(meta.at("weight_version_spans")), "[[0,0],[1,1],[2,2]]");
+  EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
+  EXPECT_EQ(meta.at("weight_version_end").as_int64(), 2);
+  EXPECT_EQ(meta.at("completion_tokens").as_int64(), 4);
+  // The engine was asked to stream it; the client gets its own rid back.
+  std::vector<HttpRequest> sent = fake_.RequestsTo("/generate");
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(Parse(sent[0].body).at("stream").as_bool(), true);
+  EXPECT_EQ(Active(), 0);
+  HttpResponse metrics = Send("GET", "/metrics");
+  EXPECT_NE(metrics.body.find("stitch_sidecar_assembled_responses_total 1"), std::string::npos)
+      << metrics.body;
+  EXPECT_NE(metrics.body.find("stitch_sidecar_streamed_requests_total 0"), std::string::npos)
+      << metrics.body;
+}
+
+TEST_F(ProxyTest, AWholeGenerateIsAssembledFromTheEnginesStreamWithExactSpans) {
+  WholeGenerateAcrossTwoCommits(/*incremental=*/false);
+}
+
+TEST_F(ProxyTest, AWholeGenerateIsAssembledFromAnIncrementalStreamWithExactSpans) {
+  WholeGenerateAcrossTwoCommits(/*incremental=*/true);
+}
+
+// A client that leaves while its whole answer is being assembled ends the
+// engine's stream, and its generation, as any client that leaves.
+TEST_F(ProxyTest, AClientThatLeavesWhileItsAnswerIsAssembledEndsTheEngineStream) {
+  fake_.SetStreamEvents(3);
+  fake_.SetStepwise(true);
+  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.assemble_whole_generate = true; });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  {
+    RawSocket client(sidecar_->port());
+    ASSERT_TRUE(client.connected());
+    client.Send(RawGenerate(R"({"text":"hi","rid":"gone-3"})"));
+    ASSERT_TRUE(WaitUntil([&] { return fake_.events_sent() == 1; }));
+    EXPECT_EQ(Active(), 1);
+  }  // the client goes away while the engine holds the second event
+  ExpectTheGenerationEndedWithItsClient("gone-3");
+}
+
+// An SSE body of the given events (each a JSON document), then [DONE].
+HttpResponse EventStream(std::initializer_list<std::string_view> events) {
+  std::string body;
+  for (std::string_view e : events) body += SseEvent(std::string(e));
+  body += SseEvent("[DONE]");
+  HttpResponse r{200, {}, std::move(body)};
+  r.headers.Set("Content-Type", "text/event-stream");
+  return r;
+}
+
+// Streaming from the engine stops once it shows it reports spans itself
+// (they are exact whole too), and is never used for a batch.
+TEST_F(ProxyTest, WholeGenerateGoesWholeForABatchAndOnceTheEngineReportsSpans) {
+  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.assemble_whole_generate = true; });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  HttpResponse batch = Send("POST", "/generate", R"({"text":["a","b"]})");
+  EXPECT_EQ(batch.status, 200) << batch.body;
+  fake_.SetAnswer("/generate",
+                  EventStream({R"({"text":"ab","output_ids":[5,6],"meta_info":{"id":"x",)"
+                               R"("weight_version":"0","completion_tokens":2,)"
+                               R"("weight_version_spans":[[0,0]]}})"}));
+  HttpResponse first = Send("POST", "/generate", R"({"text":"hi"})");
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(json::serialize(Parse(first.body).at("meta_info").at("weight_version_spans")),
+            "[[0,0]]");
+  fake_.SetAnswer("/generate", JsonResponse(200, R"({"text":"ab","meta_info":{"id":"x",)"
+                                                 R"("weight_version":"0","completion_tokens":2,)"
+                                                 R"("weight_version_spans":[[0,0]]}})"));
+  HttpResponse second = Send("POST", "/generate", R"({"text":"hi"})");
+  ASSERT_EQ(second.status, 200) << second.body;
+  std::vector<HttpRequest> sent = fake_.RequestsTo("/generate");
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_FALSE(Parse(sent[0].body).contains("stream")) << sent[0].body;
+  EXPECT_EQ(Parse(sent[1].body).at("stream").as_bool(), true);
+  EXPECT_FALSE(Parse(sent[2].body).contains("stream")) << sent[2].body;
+}
+
+// A stream that cannot be assembled exactly is never guessed at: the answer
+// is a retryable 503, and later whole requests go to the engine whole.
+TEST_F(ProxyTest, AStreamThatCannotBeAssembledIsARetryable503AndLaterOnesGoWhole) {
+  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.assemble_whole_generate = true; });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  fake_.SetAnswer("/generate",
+                  EventStream({R"({"text":"a","output_ids":[5],)"
+                               R"("meta_info":{"weight_version":"0","completion_tokens":1}})",
+                               R"({"text":"abc","output_ids":[5,6,7],)"
+                               R"("meta_info":{"weight_version":"0","completion_tokens":2}})"}));
+  HttpResponse refused = Send("POST", "/generate", R"({"text":"hi"})");
+  ASSERT_EQ(refused.status, 503) << refused.body;
+  EXPECT_EQ(refused.headers.Get("retry-after"), "1");
+  EXPECT_NE(refused.body.find("could not be assembled"), std::string::npos) << refused.body;
+  EXPECT_NE(refused.body.find("event 2"), std::string::npos) << refused.body;
+  EXPECT_EQ(Active(), 0);
+  fake_.SetAnswer("/generate", JsonResponse(200, R"({"text":"ab","meta_info":{"id":"x",)"
+                                                 R"("weight_version":"0"}})"));
+  HttpResponse whole = Send("POST", "/generate", R"({"text":"hi"})");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(json::serialize(Parse(whole.body).at("meta_info").at("weight_version_spans")),
+            "[[0,0]]");
+  std::vector<HttpRequest> sent = fake_.RequestsTo("/generate");
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_FALSE(Parse(sent[1].body).contains("stream")) << sent[1].body;
+}
+
+// An error the engine streams is what SGLang answers the whole request: a
+// 400 with that body.
+TEST_F(ProxyTest, AnErrorEventInTheEnginesStreamIsAnsweredAsTheWholeRequestsError) {
+  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.assemble_whole_generate = true; });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  fake_.SetAnswer("/generate", EventStream({R"({"error":{"message":"prompt too long"}})"}));
+  HttpResponse r = Send("POST", "/generate", R"({"text":"hi"})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(r.body, R"({"error":{"message":"prompt too long"}})");
+  EXPECT_EQ(Active(), 0);
 }
 
 TEST_F(ProxyTest, AStreamingClientThatLeavesEndsTheEngineStreamAndReleasesAdmission) {
