@@ -108,7 +108,7 @@ ChaosFigures CheckHistory(const std::vector<HistoryEntry>& history, const CheckO
   auto example = [&](std::vector<std::string>& list, std::string line) {
     if (list.size() < options.max_examples) list.push_back(std::move(line));
   };
-  std::vector<std::string> violations, unpublished, mislabelled, failed;
+  std::vector<std::string> violations, unpublished, mislabelled, failed, wrong_spans;
   std::vector<Window> windows;
   for (const FaultEntry* e : faults) {
     if (!e->skipped) windows.push_back({e->applied_s, e->ended_s, e->fault.kind});
@@ -159,6 +159,16 @@ ChaosFigures CheckHistory(const std::vector<HistoryEntry>& history, const CheckO
         (!published.contains(*r->start) || !published.contains(*r->end))) {
       ++f.unpublished;
       example(unpublished, Describe(*r));
+    }
+    if (r->spans_check == "exact") {
+      ++f.spans_exact;
+      if (r->spans.find("],[") != std::string::npos) ++f.spans_exact_crossed;
+    } else if (r->spans_check == "unknown") {
+      ++f.spans_unknown;
+    } else if (!r->spans_check.empty()) {
+      ++f.spans_wrong;
+      example(wrong_spans, absl::StrCat(Describe(*r), "; spans ", r->spans, ": ",
+                                        r->spans_check.substr(r->spans_check.find(':') + 2)));
     }
     switch (r->verdict) {
       case Verdict::kSame:
@@ -285,6 +295,11 @@ ChaosFigures CheckHistory(const std::vector<HistoryEntry>& history, const CheckO
       f.mislabelled == 0,
       absl::StrCat(f.mislabelled, " answers' labels disagree with the weights that produced them"),
       mislabelled);
+  check(f.spans_wrong == 0,
+        absl::StrCat(f.spans_wrong,
+                     " answers' version spans disagree with the weights that "
+                     "produced them"),
+        wrong_spans);
   check(f.failed == 0,
         absl::StrCat(f.failed,
                      " requests failed otherwise (not a 409, a 503 or a dropped "
@@ -365,6 +380,10 @@ std::string FormatFigures(const ChaosFigures& f) {
                         "             judged: %d on one version, %d across a commit (switch "
                         "points found exactly), %d across a commit not judged\n",
                         f.judged_same, f.judged_crossed, f.unjudged);
+  absl::StrAppendFormat(&out,
+                        "             version spans: %d exact (%d across a commit), %d unknown, "
+                        "%d wrong\n",
+                        f.spans_exact, f.spans_exact_crossed, f.spans_unknown, f.spans_wrong);
   absl::StrAppendFormat(&out,
                         "versions     final v%d; published %d FULL, %d DELTA; publishes killed "
                         "%d, failed %d; pointer seen at %d values, %d incomplete\n",

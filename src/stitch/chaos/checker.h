@@ -81,6 +81,12 @@ struct ChaosFigures {
   int64_t judged_same = 0;
   int64_t judged_crossed = 0;
   int64_t unjudged = 0;
+  // Answers' version spans: explained by the weights (of which across a
+  // commit: more than one span), "unknown", and wrong (must be 0).
+  int64_t spans_exact = 0;
+  int64_t spans_exact_crossed = 0;
+  int64_t spans_unknown = 0;
+  int64_t spans_wrong = 0;
 
   int64_t publish_attempts = 0;
   int64_t published_full = 0;

@@ -155,6 +155,33 @@ TEST(CheckerTest, AnswersFromUnpublishedVersionsAndWrongLabelsAreCounted) {
   EXPECT_THAT(FormatFigures(f), HasSubstr("it is v1's greedy output"));
 }
 
+// Spans the weights explain are counted; spans they do not fail the run.
+TEST(CheckerTest, VersionSpansAreCountedAndWrongOnesFail) {
+  std::vector<HistoryEntry> h = CleanHistory();
+  RequestRecord crossed = Answered(50, 5, 1, 2);
+  crossed.spans = "[[0,1],[4,2]]";
+  crossed.spans_check = "exact";
+  RequestRecord unknown = Answered(51, 5, 1, 2);
+  unknown.spans = "unknown";
+  unknown.spans_check = "unknown";
+  h.insert(h.begin() + 1, {crossed, unknown});
+  ChaosFigures f = CheckHistory(h);
+  EXPECT_EQ(f.spans_exact, 1);
+  EXPECT_EQ(f.spans_exact_crossed, 1);
+  EXPECT_EQ(f.spans_unknown, 1);
+  EXPECT_THAT(f.failures, IsEmpty());
+  EXPECT_THAT(FormatFigures(f), HasSubstr("version spans: 1 exact (1 across a commit), 1 unknown"));
+  RequestRecord wrong = Answered(52, 5, 1, 2);
+  wrong.spans = "[[0,1],[3,2]]";
+  wrong.spans_check = "wrong: the versions they name do not produce the answer";
+  h.insert(h.begin() + 1, wrong);
+  f = CheckHistory(h);
+  EXPECT_EQ(f.spans_wrong, 1);
+  ASSERT_EQ(f.failures.size(), 1u);
+  EXPECT_THAT(f.failures[0], HasSubstr("version spans disagree"));
+  EXPECT_THAT(FormatFigures(f), HasSubstr("spans [[0,1],[3,2]]: the versions they name"));
+}
+
 TEST(CheckerTest, OtherFailuresIncompletePointersAndLeftoversFail) {
   std::vector<HistoryEntry> h = CleanHistory();
   RequestRecord broken = Refused(40, 5);

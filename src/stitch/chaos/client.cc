@@ -51,6 +51,7 @@ struct Piece {
   std::vector<int32_t> tokens;  // generate: output_ids (cumulative when streamed)
   std::string text;             // completions: the text (a delta when streamed)
   std::string error;            // an error event's message
+  std::string spans;            // weight_version_spans: its JSON, or "unknown"; empty: none
 };
 
 // Parses one answer of `route`; an error event (a "type" and no stamps) has
@@ -81,6 +82,9 @@ absl::StatusOr<Piece> ReadPiece(const std::string& route, std::string_view data)
       }
     }
   }
+  if (const json::value* spans = stamps->if_contains("weight_version_spans"); spans != nullptr) {
+    piece.spans = spans->is_string() ? std::string(spans->get_string()) : json::serialize(*spans);
+  }
   piece.start = IntField(*stamps, "weight_version_start");
   piece.end = IntField(*stamps, "weight_version_end");
   if (!piece.start.has_value() && o.contains("type")) {
@@ -93,6 +97,30 @@ absl::StatusOr<Piece> ReadPiece(const std::string& route, std::string_view data)
 }
 
 }  // namespace
+
+absl::StatusOr<VersionSpans> ParseSpans(std::string_view text, int64_t start, int64_t end) {
+  boost::system::error_code ec;
+  json::value doc = json::parse(json::string_view(text.data(), text.size()), ec);
+  if (ec || !doc.is_array()) return absl::InvalidArgumentError("not a list of [offset, version]");
+  VersionSpans spans;
+  for (const json::value& pair : doc.get_array()) {
+    if (!pair.is_array() || pair.get_array().size() != 2 || !pair.get_array()[0].is_int64() ||
+        !pair.get_array()[1].is_int64()) {
+      return absl::InvalidArgumentError("not a list of [offset, version]");
+    }
+    const VersionSpan span{pair.get_array()[0].get_int64(), pair.get_array()[1].get_int64()};
+    if (span.version < start || span.version > end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("v", span.version, " is outside the stamps [", start, ", ", end, "]"));
+    }
+    if (!spans.empty() &&
+        (span.offset <= spans.back().offset || span.version <= spans.back().version)) {
+      return absl::InvalidArgumentError("offsets and versions must both rise");
+    }
+    spans.push_back(span);
+  }
+  return spans;
+}
 
 void ReadReply(const Reply& reply, RequestRecord& record) {
   record.status = reply.status;
@@ -128,6 +156,7 @@ void ReadReply(const Reply& reply, RequestRecord& record) {
     record.end = piece->end;
     record.tokens = std::move(piece->tokens);
     record.text = std::move(piece->text);
+    record.spans = std::move(piece->spans);
     record.outcome = Outcome::kAnswered;
     return;
   }
@@ -161,6 +190,8 @@ void ReadReply(const Reply& reply, RequestRecord& record) {
     }
     record.start = piece->start;
     record.end = piece->end;
+    // Each event's spans are those so far: the last one's are the answer's.
+    if (!piece->spans.empty()) record.spans = std::move(piece->spans);
     if (!piece->tokens.empty()) tokens = std::move(piece->tokens);
     text += piece->text;
   }
@@ -402,6 +433,30 @@ struct RolloutLoad::Impl {
     r.versions = j.versions;
     r.switch_at = j.switch_at;
     r.matches = j.matches;
+    CheckSpans(r);
+  }
+
+  // Judges the answer's version spans (RequestRecord::spans_check).
+  void CheckSpans(RequestRecord& r) {
+    if (r.outcome != Outcome::kAnswered || r.spans.empty() || !r.start.has_value() ||
+        !r.end.has_value()) {
+      return;
+    }
+    if (r.spans == "unknown") {
+      r.spans_check = "unknown";
+      return;
+    }
+    absl::StatusOr<VersionSpans> spans = ParseSpans(r.spans, *r.start, *r.end);
+    if (!spans.ok()) {
+      r.spans_check = absl::StrCat("wrong: ", spans.status().message());
+      return;
+    }
+    const bool explained = r.route == "generate"
+                               ? oracle.SpansExplainTokens(r.prompt, r.max_tokens, r.tokens, *spans)
+                               : oracle.SpansExplainText(r.prompt, r.max_tokens, r.text, *spans);
+    r.spans_check = explained ? "exact"
+                              : "wrong: the versions they name, switching where they say, do not "
+                                "produce the answer";
   }
 
   // Returns the request's outcome.

@@ -29,7 +29,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "stitch/chaos/history.h"
 #include "stitch/chaos/oracle.h"
@@ -57,6 +60,12 @@ struct Reply {
 // is stamped with weight_version_start and _end, the start constant and the
 // end never decreasing; kFailed for anything else, saying why.
 void ReadReply(const Reply& reply, RequestRecord& record);
+
+// Reads an answer's weight_version_spans (JSON text) stamped [start, end]:
+// [offset, version] pairs whose offsets and versions both rise, every
+// version within the stamps. InvalidArgument saying what is wrong.
+[[nodiscard]] absl::StatusOr<VersionSpans> ParseSpans(std::string_view text, int64_t start,
+                                                      int64_t end);
 
 struct RolloutLoadOptions {
   int lanes = 4;

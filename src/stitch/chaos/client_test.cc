@@ -51,6 +51,36 @@ TEST(ReadReplyTest, AStampedAnswerIsAnsweredWithItsStampsAndOutput) {
   EXPECT_EQ(c.start, 3);
 }
 
+// The spans of a whole answer, and of a stream its last event's (each
+// event's are those so far), are kept as given.
+TEST(ReadReplyTest, SpansAreKeptAsAnswered) {
+  const RequestRecord g = Read(
+      "generate", Whole(200, R"({"output_ids":[1,2],"meta_info":{"weight_version_start":4,)"
+                             R"("weight_version_end":5,"weight_version_spans":[[0,4],[1,5]]}})"));
+  EXPECT_EQ(g.spans, "[[0,4],[1,5]]");
+  const RequestRecord s =
+      Read("completions",
+           Stream({R"({"choices":[{"text":"a"}],"weight_version_start":3,"weight_version_end":3,)"
+                   R"("weight_version_spans":[[0,3]]})",
+                   R"({"choices":[{"text":"b"}],"weight_version_start":3,"weight_version_end":4,)"
+                   R"("weight_version_spans":"unknown"})",
+                   "[DONE]"}));
+  EXPECT_EQ(s.outcome, Outcome::kAnswered);
+  EXPECT_EQ(s.spans, "unknown");
+  EXPECT_TRUE(Read("generate", Whole(200, kGenerate)).spans.empty());
+}
+
+TEST(ParseSpansTest, SpansRiseWithinTheStamps) {
+  auto ok = ParseSpans("[[0,4],[3,6]]", 4, 6);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, (VersionSpans{{0, 4}, {3, 6}}));
+  EXPECT_THAT(ParseSpans("[[0,3]]", 4, 6).status().message(), HasSubstr("outside the stamps"));
+  EXPECT_THAT(ParseSpans("[[0,5],[3,4]]", 4, 6).status().message(), HasSubstr("rise"));
+  EXPECT_THAT(ParseSpans("[[0,4],[0,5]]", 4, 6).status().message(), HasSubstr("rise"));
+  EXPECT_FALSE(ParseSpans("[[0]]", 4, 6).ok());
+  EXPECT_FALSE(ParseSpans("{}", 4, 6).ok());
+}
+
 TEST(ReadReplyTest, AnAnswerWithoutStampsOrWithABadBodyFailed) {
   const RequestRecord unstamped = Read("generate", Whole(200, R"({"output_ids":[1]})"));
   EXPECT_EQ(unstamped.outcome, Outcome::kFailed);

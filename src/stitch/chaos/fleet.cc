@@ -116,6 +116,9 @@ std::vector<std::string> ChaosFleet::Args(const Proc& p) const {
   switch (p.role) {
     case Role::kEngine: {
       std::vector<std::string> args = EngineArgs(options_.base_checkpoint, options_.run_id, p.port);
+      // Like a stock SGLang, the stock replica's engine reports no spans:
+      // its sidecar derives them from the engine's labels.
+      if (ReplicaMode(p.replica) == "stock") args.push_back("--no-weight-version-spans");
       args.insert(args.end(), options_.engine_args.begin(), options_.engine_args.end());
       return args;
     }

@@ -92,6 +92,8 @@ json::object ToObject(const RequestRecord& r) {
   if (!r.versions.empty()) o["versions"] = Numbers(r.versions);
   if (!r.switch_at.empty()) o["switch_at"] = Numbers(r.switch_at);
   if (r.matches.has_value()) o["matches"] = *r.matches;
+  if (!r.spans.empty()) o["spans"] = r.spans;
+  if (!r.spans_check.empty()) o["spans_check"] = r.spans_check;
   return o;
 }
 
@@ -406,6 +408,8 @@ absl::StatusOr<HistoryEntry> ParseHistoryLine(std::string_view line) {
     q.versions = r.IntList<int64_t>("versions");
     q.switch_at = r.IntList<int>("switch_at");
     q.matches = r.OptionalInt("matches");
+    q.spans = r.String("spans");
+    q.spans_check = r.String("spans_check");
     return Finish(r, q);
   }
   if (type == "fault") {

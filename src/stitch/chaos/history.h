@@ -72,6 +72,13 @@ struct RequestRecord {
   std::vector<int64_t> versions;   // kCrossed: the weights in order; kSame: the one
   std::vector<int> switch_at;      // kCrossed: the token at which each next version took over
   std::optional<int64_t> matches;  // kMismatch: the version whose greedy output it is, if any
+  // weight_version_spans as answered (the last event's for a stream): its
+  // JSON ("[[0,3],[5,4]]"), "unknown", or empty when the answer had none.
+  std::string spans;
+  // What the oracle made of them: "exact" (the versions they name, switching
+  // where they say, produce the answer), "unknown", "wrong: <why>", or empty
+  // (not checked: not answered, or no spans).
+  std::string spans_check;
 };
 
 struct RunEntry {

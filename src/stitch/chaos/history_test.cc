@@ -34,6 +34,8 @@ RequestRecord Answer() {
   r.verdict = Verdict::kCrossed;
   r.versions = {5, 6};
   r.switch_at = {2};
+  r.spans = "[[0,5],[2,6]]";
+  r.spans_check = "exact";
   return r;
 }
 
@@ -67,6 +69,8 @@ TEST(HistoryTest, ARequestRoundTrips) {
   EXPECT_EQ(back.verdict, r.verdict);
   EXPECT_EQ(back.versions, r.versions);
   EXPECT_EQ(back.switch_at, r.switch_at);
+  EXPECT_EQ(back.spans, r.spans);
+  EXPECT_EQ(back.spans_check, r.spans_check);
 }
 
 TEST(HistoryTest, AFailureAndAnExactPinRoundTrip) {

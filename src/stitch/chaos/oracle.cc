@@ -127,6 +127,56 @@ Judgement Oracle::JudgeText(int prompt, int64_t length, std::string_view text, i
   return Judge(prompt, length, observed, start, end);
 }
 
+bool Oracle::SpansExplainTokens(int prompt, int64_t length, std::span<const int32_t> tokens,
+                                const VersionSpans& spans) {
+  Observed observed;
+  observed.tokens = tokens;
+  return Follows(prompt, length, observed, spans);
+}
+
+bool Oracle::SpansExplainText(int prompt, int64_t length, std::string_view text,
+                              const VersionSpans& spans) {
+  Observed observed;
+  observed.text = text;
+  observed.by_text = true;
+  return Follows(prompt, length, observed, spans);
+}
+
+bool Oracle::Follows(int prompt, int64_t length, const Observed& observed,
+                     const VersionSpans& spans) {
+  if (prompt < 0 || static_cast<size_t>(prompt) >= options_.prompts.size()) return false;
+  if (!spans.empty() && spans.front().offset != 0) return false;
+  if (spans.size() == 1) {
+    // One version: its greedy output, computed once.
+    const std::vector<int32_t> greedy = Greedy(spans[0].version, prompt, length);
+    return !greedy.empty() && Equal(observed, greedy);
+  }
+  std::vector<std::shared_ptr<const ModelWeights>> weights;
+  for (const VersionSpan& span : spans) {
+    if (span.version < 0) return false;
+    weights.push_back(Weights(span.version));
+  }
+  auto seq = Sequence::Create(options_.config, options_.prompts[static_cast<size_t>(prompt)],
+                              ::stitch::Greedy());
+  if (!seq.ok()) return false;
+  size_t s = 0;
+  int64_t pos = 0;
+  for (; pos < length && seq->CanAdvance(); ++pos) {
+    if (spans.empty()) return false;
+    while (s + 1 < spans.size() && spans[s + 1].offset <= pos) ++s;
+    std::optional<int32_t> t = Step(*weights[s], *seq);
+    if (!t.has_value()) return false;
+    if (!observed.by_text && (static_cast<size_t>(pos) >= observed.tokens.size() ||
+                              *t != observed.tokens[static_cast<size_t>(pos)])) {
+      return false;
+    }
+  }
+  // Each span covers at least one of the tokens generated.
+  if (!spans.empty() && spans.back().offset >= pos) return false;
+  if (observed.by_text) return DecodeTokens(seq->generated()) == observed.text;
+  return static_cast<size_t>(pos) == observed.tokens.size();
+}
+
 bool Oracle::Equal(const Observed& observed, const std::vector<int32_t>& candidate) const {
   if (observed.by_text) return DecodeTokens(candidate) == observed.text;
   return std::equal(observed.tokens.begin(), observed.tokens.end(), candidate.begin(),

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 
 #include "absl/base/thread_annotations.h"
+#include "stitch/api/response.h"
 #include "stitch/chaos/history.h"
 #include "stitch/format/checksum.h"
 #include "stitch/refengine/config.h"
@@ -88,6 +89,16 @@ class Oracle {
   Judgement JudgeText(int prompt, int64_t length, std::string_view text, int64_t start,
                       int64_t end);
 
+  // Whether version spans ([offset, version] pairs) explain an answer to
+  // prompt `prompt`: the version each span names, producing the tokens from
+  // its offset up to the next span's, gives exactly the answer's output ids
+  // (or its text). Every span must cover at least one token, the first at
+  // offset 0; no tokens, no spans.
+  bool SpansExplainTokens(int prompt, int64_t length, std::span<const int32_t> tokens,
+                          const VersionSpans& spans);
+  bool SpansExplainText(int prompt, int64_t length, std::string_view text,
+                        const VersionSpans& spans);
+
  private:
   struct Observed {
     std::span<const int32_t> tokens;  // empty when judging text
@@ -96,6 +107,7 @@ class Oracle {
   };
   Judgement Judge(int prompt, int64_t length, const Observed& observed, int64_t start, int64_t end);
   bool Equal(const Observed& observed, const std::vector<int32_t>& candidate) const;
+  bool Follows(int prompt, int64_t length, const Observed& observed, const VersionSpans& spans);
 
   const OracleOptions options_;
   const std::vector<HostTensor> base_;

@@ -117,6 +117,21 @@ TEST(OracleTest, TwoCommitsInOneRequestAreExplained) {
     }
   }
   const std::vector<int32_t> tokens(seq->generated().begin(), seq->generated().end());
+  // The spans that say so explain it; spans one token off, or naming other
+  // versions, do not.
+  EXPECT_TRUE(oracle.SpansExplainTokens(0, kTokens, tokens, {{0, 2}, {3, 3}, {7, 4}}));
+  EXPECT_FALSE(oracle.SpansExplainTokens(0, kTokens, tokens, {{0, 2}, {4, 3}, {7, 4}}));
+  EXPECT_FALSE(oracle.SpansExplainTokens(0, kTokens, tokens, {{0, 2}, {3, 3}, {6, 4}}));
+  EXPECT_FALSE(oracle.SpansExplainTokens(0, kTokens, tokens, {{0, 2}, {3, 4}}));
+  EXPECT_FALSE(oracle.SpansExplainTokens(0, kTokens, tokens, {{0, 3}}));
+  // A span that covers no token claims what is not there.
+  EXPECT_FALSE(
+      oracle.SpansExplainTokens(0, kTokens, tokens, {{0, 2}, {3, 3}, {7, 4}, {kTokens, 5}}));
+  EXPECT_FALSE(oracle.SpansExplainTokens(0, kTokens, tokens, {}));
+  EXPECT_FALSE(oracle.SpansExplainText(0, kTokens, DecodeTokens(tokens), {{1, 2}}));
+  EXPECT_TRUE(oracle.SpansExplainText(0, kTokens, DecodeTokens(tokens), {{0, 2}, {3, 3}, {7, 4}}));
+  // One version: its greedy output.
+  EXPECT_TRUE(oracle.SpansExplainTokens(0, kTokens, oracle.Greedy(3, 0, kTokens), {{0, 3}}));
   const Judgement j = oracle.JudgeTokens(0, kTokens, tokens, 2, 4);
   EXPECT_EQ(j.verdict, Verdict::kCrossed);
   EXPECT_EQ(j.versions, (std::vector<int64_t>{2, 3, 4}));

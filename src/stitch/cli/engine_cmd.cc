@@ -127,6 +127,7 @@ struct ServeArgs {
   double stall_timeout_seconds = 10;
   int worker_threads = 2;
   std::string api_key;
+  bool report_spans = true;
   FaultOptions faults;
 };
 
@@ -151,6 +152,7 @@ int RunServe(const ServeArgs& args) {
   options.worker_threads = args.worker_threads;
   options.faults = args.faults;
   options.api_key = args.api_key;
+  options.report_spans = args.report_spans;
 
   // Every thread the engine starts inherits this mask, so the signals reach
   // only the sigwait below.
@@ -223,6 +225,11 @@ void AddServeOptions(CLI::App& engine, ServeArgs& args) {
       ->capture_default_str();
   engine.add_option("--api-key", args.api_key,
                     "As SGLang's: every route but /health needs \"Authorization: Bearer KEY\"");
+  engine
+      .add_flag("--weight-version-spans,!--no-weight-version-spans", args.report_spans,
+                "Report weight_version_spans on every response and event (off: answer as "
+                "stock SGLang does, a label per response and event and no spans)")
+      ->capture_default_str();
   engine.add_option("--fault-fail-stagings,--fail-stagings", args.faults.fail_stagings,
                     "Fault injection: the next N /stage_weight_update calls fail (500)");
   engine.add_option("--fault-fail-commits,--fail-commits", args.faults.fail_commits,

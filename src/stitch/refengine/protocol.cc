@@ -660,7 +660,7 @@ json::object GenerateObject(const ApiRequest& request, const GenerationProgress&
   meta["completion_tokens"] = completion;
   meta["cached_tokens"] = p.cached_tokens;
   meta["weight_version"] = WeightVersionString(p.weight_version);
-  meta["weight_version_spans"] = Spans(p);
+  if (request.report_spans) meta["weight_version_spans"] = Spans(p);
   if (request.return_logprob) {
     json::array logprobs;
     logprobs.reserve(p.tokens.size());
@@ -849,7 +849,7 @@ std::string FormatResponse(const ApiRequest& request, const GenerationProgress& 
   o["choices"] = std::move(choices);
   o["usage"] = Usage(p);
   if (!vllm) o["metadata"] = Metadata(p);
-  o["weight_version_spans"] = Spans(p);
+  if (request.report_spans) o["weight_version_spans"] = Spans(p);
   return json::serialize(o);
 }
 
@@ -898,7 +898,7 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
       choices.emplace_back(std::move(choice));
       o["choices"] = std::move(choices);
       if (request.api != EngineApi::kVllm) o["metadata"] = Metadata(p);
-      o["weight_version_spans"] = Spans(p);
+      if (request.report_spans) o["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(o));
       cursor->role_sent = true;
     }
@@ -907,7 +907,7 @@ std::vector<std::string> FormatStreamEvents(const ApiRequest& request, const Gen
           OpenAiEnvelope(request, p, context, chat ? "chat.completion.chunk" : "text_completion");
       u["choices"] = json::array();
       u["usage"] = Usage(p);
-      u["weight_version_spans"] = Spans(p);
+      if (request.report_spans) u["weight_version_spans"] = Spans(p);
       events.push_back(json::serialize(u));
     }
   }

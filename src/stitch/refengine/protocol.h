@@ -56,6 +56,9 @@ struct ApiRequest {
   // each token "token_id:<id>" instead of its text.
   bool tokens_as_ids = false;
   std::string model;  // OpenAI `model`, echoed back
+  // `weight_version_spans` on the response and its events (off: as stock
+  // SGLang and vLLM, which report none; EngineOptions::report_spans).
+  bool report_spans = true;
 };
 
 // Parses a generation request for `route` in the `api` dialect: SGLang

@@ -317,6 +317,7 @@ awaitable<void> EngineServer::Impl::Generate(HttpExchange& ex, ApiRoute route) {
     co_return;
   }
   ApiRequest& request = *parsed;
+  request.report_spans = options.report_spans;
   GenerationRequest& g = request.generation;
   if (options.api == EngineApi::kVllm) {
     if (request.response_rid.empty()) request.response_rid = NewRid();

@@ -57,6 +57,10 @@ struct EngineOptions {
   // As SGLang's --api-key: when not empty, every route but /health needs
   // "Authorization: Bearer <api_key>" (401 otherwise).
   std::string api_key;
+  // Whether responses carry `weight_version_spans` (protocol.h). Off, the
+  // engine answers as stock SGLang does: a label per response and event,
+  // no spans (for testing what a sidecar derives from that).
+  bool report_spans = true;
 
   // InvalidArgument naming the option.
   [[nodiscard]] absl::Status Validate() const;

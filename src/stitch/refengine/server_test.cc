@@ -324,6 +324,33 @@ TEST_F(EngineServerTest, SpansNameEachInPlaceCommitInsideOneGenerationExactly) {
   EXPECT_EQ(JsonGet(steady.body, "meta_info.weight_version_spans"), "[[0,3]]");
 }
 
+// Started without spans, it answers as stock SGLang: a label on every
+// response and event, no spans.
+TEST_F(EngineServerTest, WithoutSpansItLabelsEveryAnswerAndReportsNoSpans) {
+  EngineOptions options;
+  options.report_spans = false;
+  Start(std::move(options));
+  HttpResponse whole = Post("/generate", GenerateBody("Spans", 4));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(JsonGet(whole.body, "meta_info.weight_version"), "0");
+  EXPECT_EQ(whole.body.find("weight_version_spans"), std::string::npos) << whole.body;
+  SseClient sse;
+  ASSERT_EQ(
+      *sse.Open(server_->url(), "/generate", GenerateBody("Spans", 4, 0, 0, R"( "stream": true,)")),
+      200);
+  absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 2u);
+  for (size_t i = 0; i + 1 < events->size(); ++i) {
+    EXPECT_EQ(JsonGet((*events)[i], "meta_info.weight_version"), "0") << (*events)[i];
+    EXPECT_EQ((*events)[i].find("weight_version_spans"), std::string::npos) << (*events)[i];
+  }
+  HttpResponse completion =
+      Post("/v1/completions", R"({"prompt": "Spans", "max_tokens": 3, "temperature": 0})");
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  EXPECT_EQ(completion.body.find("weight_version_spans"), std::string::npos) << completion.body;
+}
+
 TEST_F(EngineServerTest, GenerateMatchesTheReferenceForwardPass) {
   Start();
   const std::vector<int32_t> prompt = EncodeText("Hello", BosMode::kPrepend);
