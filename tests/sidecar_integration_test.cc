@@ -35,6 +35,7 @@
 #include "tests/replica_steps.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/cli_expect.h"
+#include "tests/support/json_object.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -55,12 +56,7 @@ using ::testing::HasSubstr;
 constexpr auto kStartTimeout = std::chrono::seconds(60);
 constexpr auto kConverge = std::chrono::seconds(60);
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 struct FleetOptions {
   std::string engine = "sglang";
@@ -192,7 +188,7 @@ class SidecarIntegrationTest : public ::testing::Test {
     g.status = r->status;
     g.body = r->body;
     if (r->status != 200) return g;
-    json::object o = Parse(r->body);
+    json::object o = ParseObject(r->body);
     if (const json::value* ids = o.if_contains("output_ids")) g.output = json::serialize(*ids);
     if (const json::value* meta = o.if_contains("meta_info"); meta && meta->is_object()) {
       const json::object& m = meta->get_object();
@@ -248,7 +244,7 @@ class SidecarIntegrationTest : public ::testing::Test {
     auto stale = Call("POST", "/generate", R"({"text":"x","weight_version":{"exact_version":1}})");
     ASSERT_TRUE(stale.ok()) << stale.status();
     EXPECT_EQ(stale->status, 409);
-    json::object conflict = Parse(stale->body);
+    json::object conflict = ParseObject(stale->body);
     EXPECT_EQ(conflict.at("type").as_string(), "WeightVersionNotReady");
     EXPECT_EQ(conflict.at("target_version").as_int64(), 1);
     EXPECT_EQ(conflict.at("applied").as_int64(), 2);
@@ -319,7 +315,7 @@ TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {
     auto r = Call("POST", path, "{}");
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->status, 403) << path;
-    EXPECT_EQ(Parse(r->body).at("error").at("type").as_string(), "RouteBlocked");
+    EXPECT_EQ(ParseObject(r->body).at("error").at("type").as_string(), "RouteBlocked");
   }
   // The engine was never paused: generation still works.
   EXPECT_EQ(Generate(url_, "").status, 200);
@@ -333,7 +329,7 @@ TEST_F(SidecarIntegrationTest, RequestBodiesAreBoundedByTheFlags) {
   auto big = Call("POST", "/generate", R"({"text":")" + std::string(2048, 'a') + R"("})");
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(big->status, 413);
-  EXPECT_EQ(Parse(big->body).at("error").at("type").as_string(), "PayloadTooLarge");
+  EXPECT_EQ(ParseObject(big->body).at("error").at("type").as_string(), "PayloadTooLarge");
   EXPECT_THAT(big->body, HasSubstr("1024"));
   EXPECT_EQ(Generate(url_, "").status, 200);
 }
@@ -369,7 +365,7 @@ TEST_F(SidecarIntegrationTest, StreamedEventsAreEachStamped) {
         done = true;
         continue;
       }
-      json::object o = Parse(*data);
+      json::object o = ParseObject(*data);
       const json::object& meta = o.at("meta_info").as_object();
       EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
       EXPECT_EQ(meta.at("weight_version_end").as_int64(), 0);
@@ -389,7 +385,7 @@ TEST_F(SidecarIntegrationTest, KilledEngineGivesRetryable503ThenTheSidecarExits)
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, 503) << r->body;
   EXPECT_EQ(r->headers.Get("retry-after"), "1");
-  json::object body = Parse(r->body);
+  json::object body = ParseObject(r->body);
   EXPECT_EQ(body.at("error").at("type").as_string(), "EngineUnavailable");
   EXPECT_EQ(body.at("error").at("retryable").as_bool(), true);
   // The watchdog (3 probes, 0.5 s apart) ends the replica.
@@ -547,7 +543,7 @@ TEST_F(SidecarIntegrationTest, VersionLabelsHoldThroughRestartsAndOutOfBandLoads
   // verifies what the engine holds and serves it without reloading.
   auto swaps = [&] {
     auto info = EngineCall("GET", "/server_info");
-    return info.ok() ? Parse(info->body).at("weight_swaps").as_int64() : -1;
+    return info.ok() ? ParseObject(info->body).at("weight_swaps").as_int64() : -1;
   };
   const int64_t swaps_before = swaps();
   sidecar_->Signal(SIGKILL);
@@ -602,7 +598,7 @@ TEST_F(SidecarIntegrationTest, AClientThatLeavesAbortsOnlyItsOwnGeneration) {
       R"(,"text":"The policy","sampling_params":{"max_new_tokens":12,"temperature":0,"ignore_eos":true}})";
   auto queued = [&] {
     auto info = EngineCall("GET", "/server_info");
-    return info.ok() ? Parse(info->body).at("num_queued_requests").as_int64() : -1;
+    return info.ok() ? ParseObject(info->body).at("num_queued_requests").as_int64() : -1;
   };
   auto url = ParseHttpUrl(url_);
   ASSERT_TRUE(url.ok());
@@ -626,7 +622,7 @@ TEST_F(SidecarIntegrationTest, AClientThatLeavesAbortsOnlyItsOwnGeneration) {
   auto answer = kept.get();
   ASSERT_TRUE(answer.ok()) << answer.status();
   ASSERT_EQ(answer->status, 200) << answer->body;
-  json::object o = Parse(answer->body);
+  json::object o = ParseObject(answer->body);
   EXPECT_EQ(o.at("meta_info").at("finish_reason").at("type").as_string(), "length") << answer->body;
   EXPECT_EQ(o.at("meta_info").at("id").as_string(), "job-12");
   EXPECT_EQ(o.at("output_ids").as_array().size(), 12u);
@@ -704,7 +700,7 @@ TEST_F(SidecarIntegrationTest, AReplicaThatCannotApplyAVersionSaysWhyEverywhere)
   auto conflict = Call("POST", "/generate", R"({"text":"x","weight_version":{"min_version":1}})");
   ASSERT_TRUE(conflict.ok());
   EXPECT_EQ(conflict->status, 409);
-  const std::string message(Parse(conflict->body).at("message").as_string());
+  const std::string message(ParseObject(conflict->body).at("message").as_string());
   EXPECT_THAT(message, HasSubstr("cannot catch up"));
   EXPECT_THAT(message, HasSubstr("weight_v000001"));
   ProcessResult status = RunStitch({"status", "--pool", "static:" + url_, "--store", store_});

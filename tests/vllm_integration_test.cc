@@ -30,6 +30,7 @@
 #include "tests/replica_steps.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/cli_expect.h"
+#include "tests/support/json_object.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -47,12 +48,7 @@ using ::testing::HasSubstr;
 constexpr auto kStartTimeout = std::chrono::seconds(60);
 constexpr auto kConverge = std::chrono::seconds(60);
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 absl::StatusOr<HttpResponse> Fetch(const std::string& method, const std::string& url,
                                    std::string body = {}) {
@@ -162,7 +158,7 @@ class VllmIntegrationTest : public ::testing::Test {
     c.status = r->status;
     c.body = r->body;
     if (r->status != 200) return c;
-    json::object o = Parse(r->body);
+    json::object o = ParseObject(r->body);
     c.text = json::serialize(o.at("choices").as_array().at(0).as_object().at("text"));
     if (o.contains("weight_version_start")) c.start = o.at("weight_version_start").as_int64();
     if (o.contains("weight_version_end")) c.end = o.at("weight_version_end").as_int64();
@@ -211,7 +207,7 @@ class VllmIntegrationTest : public ::testing::Test {
     // vLLM itself says what it holds: the label the sidecar set.
     auto info = Fetch("GET", engine_url_ + "/weight_info");
     ASSERT_TRUE(info.ok()) << info.status();
-    EXPECT_EQ(Parse(info->body).at("weight_version").as_string(), "r1/weight_v000002");
+    EXPECT_EQ(ParseObject(info->body).at("weight_version").as_string(), "r1/weight_v000002");
   }
 
   TempDir tmp_;
@@ -268,7 +264,7 @@ TEST_F(VllmIntegrationTest, StreamedCompletionsAndChatEventsAreEachStamped) {
           done = true;
           continue;
         }
-        json::object o = Parse(*data);
+        json::object o = ParseObject(*data);
         EXPECT_EQ(o.at("weight_version_start").as_int64(), 0) << *data;
         EXPECT_EQ(o.at("weight_version_end").as_int64(), 0) << *data;
         ++stamped;
@@ -292,7 +288,7 @@ TEST_F(VllmIntegrationTest, VllmControlRoutesAreBlockedWith403) {
   // Nothing reached the engine: it is not paused and still generates.
   auto paused = Fetch("GET", engine_url_ + "/is_paused");
   ASSERT_TRUE(paused.ok());
-  EXPECT_FALSE(Parse(paused->body).at("is_paused").as_bool());
+  EXPECT_FALSE(ParseObject(paused->body).at("is_paused").as_bool());
   EXPECT_EQ(Complete(url_, "").status, 200);
 }
 
@@ -304,7 +300,7 @@ TEST_F(VllmIntegrationTest, TheClientsRequestIdAndCacheSaltSurviveTheVersionTag)
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status, 200) << r->body;
   // vLLM names the response after the request id: the client's own again.
-  EXPECT_EQ(Parse(r->body).at("id").as_string(), "cmpl-job-7");
+  EXPECT_EQ(ParseObject(r->body).at("id").as_string(), "cmpl-job-7");
   // The salt that reached vLLM isolated the version and kept the tenant's:
   // the engine's metrics count what it saw.
   auto served = Fetch("GET", engine_url_ + "/metrics");
@@ -353,7 +349,7 @@ TEST_F(VllmIntegrationTest, AClientThatLeavesAbortsOnlyItsOwnGeneration) {
   auto answer = kept.get();
   ASSERT_TRUE(answer.ok()) << answer.status();
   ASSERT_EQ(answer->status, 200) << answer->body;
-  json::object o = Parse(answer->body);
+  json::object o = ParseObject(answer->body);
   EXPECT_EQ(o.at("id").as_string(), "cmpl-job-12");
   EXPECT_EQ(o.at("choices").at(0).at("finish_reason").as_string(), "length") << answer->body;
   EXPECT_EQ(o.at("usage").at("completion_tokens").as_int64(), 12);

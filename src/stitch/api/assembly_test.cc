@@ -7,51 +7,49 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "tests/support/json_object.h"
+
 namespace stitch {
 namespace {
 
 namespace json = boost::json;
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 TEST(SingleGenerationTest, OnePromptSampledOnceIsASingleGeneration) {
-  EXPECT_TRUE(IsSingleGeneration(Parse(R"({"text":"hi"})")));
-  EXPECT_TRUE(IsSingleGeneration(Parse(R"({"input_ids":[1,2,3],"text":null})")));
-  EXPECT_TRUE(IsSingleGeneration(Parse(R"({"text":"hi","sampling_params":{"n":1}})")));
-  EXPECT_TRUE(IsSingleGeneration(Parse(R"({"text":"hi","sampling_params":{"temperature":0}})")));
+  EXPECT_TRUE(IsSingleGeneration(ParseObject(R"({"text":"hi"})")));
+  EXPECT_TRUE(IsSingleGeneration(ParseObject(R"({"input_ids":[1,2,3],"text":null})")));
+  EXPECT_TRUE(IsSingleGeneration(ParseObject(R"({"text":"hi","sampling_params":{"n":1}})")));
+  EXPECT_TRUE(
+      IsSingleGeneration(ParseObject(R"({"text":"hi","sampling_params":{"temperature":0}})")));
 }
 
 TEST(SingleGenerationTest, BatchesParallelSamplingAndOddPromptsAreNot) {
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"text":["a","b"]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"text":["a"]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"input_ids":[[1,2],[3]]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"input_ids":[]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"text":"hi","input_ids":[1]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"text":"hi","sampling_params":{"n":4}})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"text":"hi","sampling_params":[{}]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"input_embeds":[[0.5]]})")));
-  EXPECT_FALSE(IsSingleGeneration(Parse(R"({"sampling_params":{}})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"text":["a","b"]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"text":["a"]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"input_ids":[[1,2],[3]]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"input_ids":[]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"text":"hi","input_ids":[1]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"text":"hi","sampling_params":{"n":4}})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"text":"hi","sampling_params":[{}]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"input_embeds":[[0.5]]})")));
+  EXPECT_FALSE(IsSingleGeneration(ParseObject(R"({"sampling_params":{}})")));
 }
 
 // SGLang's default: every event is the whole answer so far; the last one is
 // the answer, whatever it carries.
 TEST(GenerateAssemblerTest, CumulativeEventsGiveTheLastOne) {
   GenerateAssembler a;
-  ASSERT_TRUE(a.Add(Parse(R"({"text":"a","output_ids":[7],)"
-                          R"("meta_info":{"completion_tokens":1,"weight_version":"3"}})"))
+  ASSERT_TRUE(a.Add(ParseObject(R"({"text":"a","output_ids":[7],)"
+                                R"("meta_info":{"completion_tokens":1,"weight_version":"3"}})"))
                   .ok());
-  ASSERT_TRUE(a.Add(Parse(R"({"text":"ab","output_ids":[7,8],)"
-                          R"("meta_info":{"completion_tokens":2,"weight_version":"4"}})"))
+  ASSERT_TRUE(a.Add(ParseObject(R"({"text":"ab","output_ids":[7,8],)"
+                                R"("meta_info":{"completion_tokens":2,"weight_version":"4"}})"))
                   .ok());
   ASSERT_TRUE(
-      a.Add(Parse(R"({"text":"abc","output_ids":[7,8,9],"meta_info":{"completion_tokens":3,)"
-                  R"("weight_version":"4","finish_reason":{"type":"length"},)"
-                  R"("output_token_logprobs":[[-1,7],[-2,8],[-3,9]]}})"))
+      a.Add(ParseObject(R"({"text":"abc","output_ids":[7,8,9],"meta_info":{"completion_tokens":3,)"
+                        R"("weight_version":"4","finish_reason":{"type":"length"},)"
+                        R"("output_token_logprobs":[[-1,7],[-2,8],[-3,9]]}})"))
           .ok());
   EXPECT_EQ(a.events(), 3);
   auto answer = std::move(a).Finish();
@@ -66,15 +64,17 @@ TEST(GenerateAssemblerTest, CumulativeEventsGiveTheLastOne) {
 // lists are joined; everything else is the last event's.
 TEST(GenerateAssemblerTest, IncrementalEventsAreJoined) {
   GenerateAssembler a;
-  ASSERT_TRUE(a.Add(Parse(R"({"text":"ab","output_ids":[7,8],"meta_info":{"completion_tokens":2,)"
-                          R"("weight_version":"3","output_token_logprobs":[[-1,7],[-2,8]]}})"))
-                  .ok());
-  ASSERT_TRUE(a.Add(Parse(R"({"text":"c","output_ids":[9],"meta_info":{"completion_tokens":3,)"
-                          R"("weight_version":"4","output_token_logprobs":[[-3,9]]}})"))
-                  .ok());
-  ASSERT_TRUE(a.Add(Parse(R"({"text":"","output_ids":[],"meta_info":{"completion_tokens":3,)"
-                          R"("weight_version":"4","finish_reason":{"type":"stop"},)"
-                          R"("output_token_logprobs":[]}})"))
+  ASSERT_TRUE(
+      a.Add(ParseObject(R"({"text":"ab","output_ids":[7,8],"meta_info":{"completion_tokens":2,)"
+                        R"("weight_version":"3","output_token_logprobs":[[-1,7],[-2,8]]}})"))
+          .ok());
+  ASSERT_TRUE(
+      a.Add(ParseObject(R"({"text":"c","output_ids":[9],"meta_info":{"completion_tokens":3,)"
+                        R"("weight_version":"4","output_token_logprobs":[[-3,9]]}})"))
+          .ok());
+  ASSERT_TRUE(a.Add(ParseObject(R"({"text":"","output_ids":[],"meta_info":{"completion_tokens":3,)"
+                                R"("weight_version":"4","finish_reason":{"type":"stop"},)"
+                                R"("output_token_logprobs":[]}})"))
                   .ok());
   auto answer = std::move(a).Finish();
   ASSERT_TRUE(answer.ok()) << answer.status();
@@ -92,8 +92,10 @@ TEST(GenerateAssemblerTest, IncrementalEventsAreJoined) {
 TEST(GenerateAssemblerTest, EventsThatCannotBePlacedAreRefused) {
   {
     GenerateAssembler a;
-    ASSERT_TRUE(a.Add(Parse(R"({"output_ids":[1,2],"meta_info":{"completion_tokens":2}})")).ok());
-    absl::Status s = a.Add(Parse(R"({"output_ids":[3,4],"meta_info":{"completion_tokens":5}})"));
+    ASSERT_TRUE(
+        a.Add(ParseObject(R"({"output_ids":[1,2],"meta_info":{"completion_tokens":2}})")).ok());
+    absl::Status s =
+        a.Add(ParseObject(R"({"output_ids":[3,4],"meta_info":{"completion_tokens":5}})"));
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_NE(s.message().find("event 2"), std::string_view::npos) << s;
     EXPECT_NE(s.message().find("neither the whole answer so far nor what is new"),
@@ -104,18 +106,21 @@ TEST(GenerateAssemblerTest, EventsThatCannotBePlacedAreRefused) {
   {
     // Cumulative, then something that only fits the incremental form.
     GenerateAssembler a;
-    ASSERT_TRUE(a.Add(Parse(R"({"output_ids":[1],"meta_info":{"completion_tokens":1}})")).ok());
-    ASSERT_TRUE(a.Add(Parse(R"({"output_ids":[1,2],"meta_info":{"completion_tokens":2}})")).ok());
-    EXPECT_FALSE(a.Add(Parse(R"({"output_ids":[3],"meta_info":{"completion_tokens":3}})")).ok());
+    ASSERT_TRUE(
+        a.Add(ParseObject(R"({"output_ids":[1],"meta_info":{"completion_tokens":1}})")).ok());
+    ASSERT_TRUE(
+        a.Add(ParseObject(R"({"output_ids":[1,2],"meta_info":{"completion_tokens":2}})")).ok());
+    EXPECT_FALSE(
+        a.Add(ParseObject(R"({"output_ids":[3],"meta_info":{"completion_tokens":3}})")).ok());
   }
   {
     GenerateAssembler a;
-    absl::Status s = a.Add(Parse(R"({"text":"x","meta_info":{"completion_tokens":1}})"));
+    absl::Status s = a.Add(ParseObject(R"({"text":"x","meta_info":{"completion_tokens":1}})"));
     EXPECT_NE(s.message().find("no output_ids"), std::string_view::npos) << s;
   }
   {
     GenerateAssembler a;
-    absl::Status s = a.Add(Parse(R"({"text":"x","output_ids":[1],"meta_info":{}})"));
+    absl::Status s = a.Add(ParseObject(R"({"text":"x","output_ids":[1],"meta_info":{}})"));
     EXPECT_NE(s.message().find("completion_tokens"), std::string_view::npos) << s;
   }
   {

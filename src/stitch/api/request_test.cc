@@ -8,6 +8,8 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "tests/support/json_object.h"
+
 namespace stitch {
 namespace {
 
@@ -15,12 +17,7 @@ namespace json = boost::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 // Tagging ---------------------------------------------------------------------
 
@@ -41,12 +38,12 @@ TEST(WithConstraintTest, SetsWeightVersionAndKeepsTheRest) {
 }
 
 TEST(TaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
-  json::object body = Parse(R"({"text":"hi","extra_key":"user-7"})");
+  json::object body = ParseObject(R"({"text":"hi","extra_key":"user-7"})");
   TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 7});
   EXPECT_EQ(body.at("extra_key").as_string(), "wv7;r1/user-7");
   EXPECT_FALSE(body.contains("cache_salt"));
 
-  json::object bare = Parse(R"({"text":"hi"})");
+  json::object bare = ParseObject(R"({"text":"hi"})");
   TagRequest(ApiRoute::kGenerate, bare, VersionRef{"r1", 12});
   EXPECT_EQ(bare.at("extra_key").as_string(), "wv12;r1/");
 }
@@ -54,7 +51,7 @@ TEST(TaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
 // A batch's keys are a list, one per prompt: each is prefixed, none is
 // lost to a single string.
 TEST(TaggingTest, EachKeyOfABatchIsPrefixed) {
-  json::object body = Parse(R"({"text":["a","b","c"],"extra_key":["x","y",7]})");
+  json::object body = ParseObject(R"({"text":["a","b","c"],"extra_key":["x","y",7]})");
   TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 2});
   const json::array& keys = body.at("extra_key").as_array();
   ASSERT_EQ(keys.size(), 3u);
@@ -65,7 +62,7 @@ TEST(TaggingTest, EachKeyOfABatchIsPrefixed) {
 
 TEST(TaggingTest, OpenAiRoutesGetACacheSalt) {
   for (ApiRoute route : {ApiRoute::kCompletions, ApiRoute::kChatCompletions}) {
-    json::object body = Parse(R"({"prompt":"hi","cache_salt":"s"})");
+    json::object body = ParseObject(R"({"prompt":"hi","cache_salt":"s"})");
     TagRequest(route, body, VersionRef{"run-b", 3});
     EXPECT_EQ(body.at("cache_salt").as_string(), "wv3;run-b/s");
     EXPECT_FALSE(body.contains("extra_key"));
@@ -73,9 +70,9 @@ TEST(TaggingTest, OpenAiRoutesGetACacheSalt) {
 }
 
 TEST(TaggingTest, DifferentVersionsNeverShareACacheKey) {
-  json::object a = Parse(R"({"extra_key":"k"})");
-  json::object b = Parse(R"({"extra_key":"k"})");
-  json::object c = Parse(R"({"extra_key":"k"})");
+  json::object a = ParseObject(R"({"extra_key":"k"})");
+  json::object b = ParseObject(R"({"extra_key":"k"})");
+  json::object c = ParseObject(R"({"extra_key":"k"})");
   TagRequest(ApiRoute::kGenerate, a, VersionRef{"r1", 1});
   TagRequest(ApiRoute::kGenerate, b, VersionRef{"r1", 11});
   TagRequest(ApiRoute::kGenerate, c, VersionRef{"r2", 1});
@@ -119,14 +116,14 @@ TEST(VersionedBodyTest, BadBodiesAreRefusedWithTheMessageOfThe400) {
 // Request ids ---------------------------------------------------------------------
 
 TEST(EngineRidsTest, OnePromptGetsTheBaseAndTheClientsRidAfterIt) {
-  json::object body = Parse(R"({"text":"x","rid":"mine"})");
+  json::object body = ParseObject(R"({"text":"x","rid":"mine"})");
   auto rids = AssignEngineRids(ApiRoute::kGenerate, body, "stitch-0000000a-0000000000000001");
   ASSERT_TRUE(rids.ok()) << rids.status();
   EXPECT_THAT(rids->engine, ElementsAre("stitch-0000000a-0000000000000001-mine"));
   EXPECT_THAT(rids->client, ElementsAre("mine"));
   EXPECT_EQ(body.at("rid").as_string(), "stitch-0000000a-0000000000000001-mine");
 
-  json::object none = Parse(R"({"prompt":"x","rid":null})");
+  json::object none = ParseObject(R"({"prompt":"x","rid":null})");
   rids = AssignEngineRids(ApiRoute::kCompletions, none, "base");
   ASSERT_TRUE(rids.ok());
   EXPECT_THAT(rids->engine, ElementsAre("base"));
@@ -135,7 +132,7 @@ TEST(EngineRidsTest, OnePromptGetsTheBaseAndTheClientsRidAfterIt) {
 
 // vLLM carries the id in `request_id`; `rid` is left alone.
 TEST(EngineRidsTest, VllmGetsItsIdInRequestId) {
-  json::object body = Parse(R"({"prompt":"x","request_id":"job-7","rid":"other"})");
+  json::object body = ParseObject(R"({"prompt":"x","request_id":"job-7","rid":"other"})");
   auto rids = AssignEngineRids(ApiRoute::kCompletions, body, "base", EngineRidField::kRequestId);
   ASSERT_TRUE(rids.ok()) << rids.status();
   EXPECT_THAT(rids->engine, ElementsAre("base-job-7"));
@@ -143,7 +140,7 @@ TEST(EngineRidsTest, VllmGetsItsIdInRequestId) {
   EXPECT_EQ(body.at("request_id").as_string(), "base-job-7");
   EXPECT_EQ(body.at("rid").as_string(), "other");
 
-  json::object number = Parse(R"({"prompt":"x","request_id":7})");
+  json::object number = ParseObject(R"({"prompt":"x","request_id":7})");
   EXPECT_EQ(AssignEngineRids(ApiRoute::kCompletions, number, "b", EngineRidField::kRequestId)
                 .status()
                 .message(),
@@ -151,7 +148,7 @@ TEST(EngineRidsTest, VllmGetsItsIdInRequestId) {
 }
 
 TEST(EngineRidsTest, ABatchGetsZeroPaddedIndicesOfOneWidth) {
-  json::object body = Parse(
+  json::object body = ParseObject(
       R"({"text":["a","b","c","d","e","f","g","h","i","j","k"],
           "rid":["r0","","r2","r3","r4","r5","r6","r7","r8","r9","r10"]})");
   auto rids = AssignEngineRids(ApiRoute::kGenerate, body, "b");
@@ -162,20 +159,20 @@ TEST(EngineRidsTest, ABatchGetsZeroPaddedIndicesOfOneWidth) {
   EXPECT_EQ(rids->engine[10], "b-10-r10");
   EXPECT_EQ(body.at("rid").as_array().size(), 11u);
 
-  json::object ids = Parse(R"({"input_ids":[[1],[2]]})");
+  json::object ids = ParseObject(R"({"input_ids":[[1],[2]]})");
   rids = AssignEngineRids(ApiRoute::kGenerate, ids, "b");
   ASSERT_TRUE(rids.ok());
   EXPECT_THAT(rids->engine, ElementsAre("b-0", "b-1"));
 }
 
 TEST(EngineRidsTest, RidsOfTheWrongShapeAreRefused) {
-  json::object number = Parse(R"({"text":"x","rid":7})");
+  json::object number = ParseObject(R"({"text":"x","rid":7})");
   EXPECT_EQ(AssignEngineRids(ApiRoute::kGenerate, number, "b").status().message(),
             "rid must be a string");
-  json::object short_list = Parse(R"({"text":["a","b"],"rid":["x"]})");
+  json::object short_list = ParseObject(R"({"text":["a","b"],"rid":["x"]})");
   EXPECT_THAT(AssignEngineRids(ApiRoute::kGenerate, short_list, "b").status().message(),
               HasSubstr("a list of 2 strings"));
-  json::object mixed = Parse(R"({"text":["a","b"],"rid":["x",1]})");
+  json::object mixed = ParseObject(R"({"text":["a","b"],"rid":["x",1]})");
   EXPECT_THAT(AssignEngineRids(ApiRoute::kGenerate, mixed, "b").status().message(),
               HasSubstr("list of strings"));
 }

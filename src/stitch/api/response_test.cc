@@ -7,20 +7,17 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "tests/support/json_object.h"
+
 namespace stitch {
 namespace {
 
 namespace json = boost::json;
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 TEST(StampingTest, GenerateIsStampedInsideMetaInfo) {
-  json::object body = Parse(R"({"text":"x","meta_info":{"id":"a","weight_version":"9"}})");
+  json::object body = ParseObject(R"({"text":"x","meta_info":{"id":"a","weight_version":"9"}})");
   StampResponse(ApiRoute::kGenerate, body, VersionStamp{4, 5});
   const json::object& meta = body.at("meta_info").as_object();
   EXPECT_EQ(meta.at("weight_version_start").as_int64(), 4);
@@ -30,13 +27,13 @@ TEST(StampingTest, GenerateIsStampedInsideMetaInfo) {
   EXPECT_EQ(meta.at("id").as_string(), "a");
   EXPECT_FALSE(body.contains("weight_version_start"));
 
-  json::object no_meta = Parse(R"({"text":"x"})");
+  json::object no_meta = ParseObject(R"({"text":"x"})");
   StampResponse(ApiRoute::kGenerate, no_meta, VersionStamp{2, 2});
   EXPECT_EQ(no_meta.at("meta_info").at("weight_version_end").as_int64(), 2);
 }
 
 TEST(StampingTest, OpenAiRoutesAreStampedAtTheTopLevel) {
-  json::object body = Parse(R"({"id":"cmpl","choices":[]})");
+  json::object body = ParseObject(R"({"id":"cmpl","choices":[]})");
   StampResponse(ApiRoute::kChatCompletions, body, VersionStamp{7, 8});
   EXPECT_EQ(body.at("weight_version_start").as_int64(), 7);
   EXPECT_EQ(body.at("weight_version_end").as_int64(), 8);
@@ -45,7 +42,7 @@ TEST(StampingTest, OpenAiRoutesAreStampedAtTheTopLevel) {
 
 TEST(StampingTest, TheStampedEndVersionIsReadBack) {
   for (ApiRoute route : {ApiRoute::kGenerate, ApiRoute::kCompletions}) {
-    json::object body = Parse(R"({"text":"x","meta_info":{"id":"a"}})");
+    json::object body = ParseObject(R"({"text":"x","meta_info":{"id":"a"}})");
     StampResponse(route, body, VersionStamp{3, 6});
     EXPECT_EQ(StampedEndVersion(json::serialize(body)), 6);
   }
@@ -76,56 +73,57 @@ TEST(ResponseLabelTest, ResponseLabelsAreReadWhereEachRoutePutsThem) {
 }
 
 TEST(RestoreRidTest, TheClientsOwnIdComesBackWhereTheEnginesWas) {
-  json::object generate = Parse(R"({"meta_info":{"id":"stitch-1-mine"}})");
+  json::object generate = ParseObject(R"({"meta_info":{"id":"stitch-1-mine"}})");
   RestoreRid(ApiRoute::kGenerate, generate, "stitch-1-mine", "mine");
   EXPECT_EQ(generate.at("meta_info").at("id").as_string(), "mine");
 
-  json::object chat = Parse(R"({"id":"chatcmpl-stitch-1-mine"})");
+  json::object chat = ParseObject(R"({"id":"chatcmpl-stitch-1-mine"})");
   RestoreRid(ApiRoute::kChatCompletions, chat, "stitch-1-mine", "mine");
   EXPECT_EQ(chat.at("id").as_string(), "chatcmpl-mine");
 
-  json::object other = Parse(R"({"meta_info":{"id":"someone-else"}})");
+  json::object other = ParseObject(R"({"meta_info":{"id":"someone-else"}})");
   RestoreRid(ApiRoute::kGenerate, other, "stitch-1-mine", "mine");
   EXPECT_EQ(other.at("meta_info").at("id").as_string(), "someone-else");
 }
 
 TEST(SpansTest, StampedAsPairsOrUnknownBesideTheVersions) {
-  json::object generate = Parse(R"({"text":"x"})");
+  json::object generate = ParseObject(R"({"text":"x"})");
   StampSpans(ApiRoute::kGenerate, generate, VersionSpans{{0, 4}, {37, 5}});
   EXPECT_EQ(json::serialize(generate.at("meta_info").at("weight_version_spans")), "[[0,4],[37,5]]");
-  json::object chat = Parse(R"({"id":"c"})");
+  json::object chat = ParseObject(R"({"id":"c"})");
   StampSpans(ApiRoute::kChatCompletions, chat, std::nullopt);
   EXPECT_EQ(chat.at("weight_version_spans").as_string(), "unknown");
 }
 
 TEST(SpansTest, ReportedSpansAreReadWhereTheyAreStampedAndChecked) {
   auto read = ReportedSpans(ApiRoute::kGenerate,
-                            Parse(R"({"meta_info":{"weight_version_spans":[[0,1],[3,2]]}})"));
+                            ParseObject(R"({"meta_info":{"weight_version_spans":[[0,1],[3,2]]}})"));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, (VersionSpans{{0, 1}, {3, 2}}));
-  read = ReportedSpans(ApiRoute::kCompletions, Parse(R"({"weight_version_spans":[]})"));
+  read = ReportedSpans(ApiRoute::kCompletions, ParseObject(R"({"weight_version_spans":[]})"));
   ASSERT_TRUE(read.ok());
   EXPECT_EQ(*read, VersionSpans{});
-  read = ReportedSpans(ApiRoute::kCompletions, Parse(R"({"text":"x"})"));
+  read = ReportedSpans(ApiRoute::kCompletions, ParseObject(R"({"text":"x"})"));
   ASSERT_TRUE(read.ok());
   EXPECT_FALSE(read->has_value());
   for (const char* bad :
        {R"({"weight_version_spans":[[1,1]]})", R"({"weight_version_spans":[[0,1],[0,2]]})",
         R"({"weight_version_spans":[[0,-1]]})", R"({"weight_version_spans":[[0,"1"]]})",
         R"({"weight_version_spans":{"0":1}})"}) {
-    EXPECT_FALSE(ReportedSpans(ApiRoute::kCompletions, Parse(bad)).ok()) << bad;
+    EXPECT_FALSE(ReportedSpans(ApiRoute::kCompletions, ParseObject(bad)).ok()) << bad;
   }
 }
 
 TEST(SpansTest, CompletionTokensComeFromMetaInfoOutputIdsOrUsage) {
   EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kGenerate,
-                                     Parse(R"({"meta_info":{"completion_tokens":7}})")),
+                                     ParseObject(R"({"meta_info":{"completion_tokens":7}})")),
             7);
-  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kGenerate, Parse(R"({"output_ids":[1,2]})")), 2);
+  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kGenerate, ParseObject(R"({"output_ids":[1,2]})")),
+            2);
   EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kChatCompletions,
-                                     Parse(R"({"usage":{"completion_tokens":3}})")),
+                                     ParseObject(R"({"usage":{"completion_tokens":3}})")),
             3);
-  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kChatCompletions, Parse(R"({"choices":[]})")),
+  EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kChatCompletions, ParseObject(R"({"choices":[]})")),
             std::nullopt);
 }
 

@@ -14,6 +14,7 @@
 #include "stitch/format/delta_encode.h"
 #include "stitch/format/fileio.h"
 #include "stitch/net/event_loop.h"
+#include "tests/support/json_object.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/version_dirs.h"
@@ -24,12 +25,7 @@ namespace {
 namespace json = boost::json;
 using testing::FakeSglangServer;
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 // What engines say they hold -------------------------------------------------
 
@@ -114,7 +110,7 @@ TEST_F(SglangEngineTest, DiskDestinationStagesAndCommitsThroughTheEngine) {
 
   auto stages = fake_.RequestsTo("/stage_weight_update");
   ASSERT_EQ(stages.size(), 2u);
-  json::object init = Parse(stages[0].body);
+  json::object init = ParseObject(stages[0].body);
   EXPECT_EQ(init.at("base_checkpoint_dir").as_string(), (tmp_ / "base").string());
   EXPECT_EQ(init.at("base_version").as_int64(), 0);
   EXPECT_EQ(init.at("target_version").as_int64(), 0);
@@ -122,16 +118,16 @@ TEST_F(SglangEngineTest, DiskDestinationStagesAndCommitsThroughTheEngine) {
   EXPECT_EQ(init.at("local_checkpoint_dir").as_string(), (tmp_ / "local").string());
   EXPECT_FALSE(init.contains("checkpoint_source_dir"));
   EXPECT_EQ(init.at("run_id").as_string(), "r1");
-  json::object stage = Parse(stages[1].body);
+  json::object stage = ParseObject(stages[1].body);
   EXPECT_EQ(stage.at("target_version").as_int64(), 3);
   EXPECT_EQ(stage.at("checkpoint_source_dir").as_string(), (tmp_ / "store/updates").string());
 
   auto pauses = fake_.RequestsTo("/pause_generation");
   ASSERT_EQ(pauses.size(), 1u);
-  EXPECT_EQ(Parse(pauses[0].body).at("mode").as_string(), "in_place");
+  EXPECT_EQ(ParseObject(pauses[0].body).at("mode").as_string(), "in_place");
   auto loads = fake_.RequestsTo("/update_weights_from_disk");
   ASSERT_EQ(loads.size(), 1u);
-  json::object load = Parse(loads[0].body);
+  json::object load = ParseObject(loads[0].body);
   EXPECT_EQ(load.at("model_path").as_string(), (tmp_ / "local").string());
   EXPECT_EQ(load.at("weight_version").as_string(), "r1/weight_v000003");
   EXPECT_EQ(load.at("load_format").as_string(), "auto");
@@ -159,12 +155,12 @@ TEST_F(SglangEngineTest, CpuDestinationCommitsFromMemory) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_TRUE(Await((*engine)->Stage(Plan(tmp_ / "updates"))).ok());
   EXPECT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 3}, Engine::CommitOptions{false})).ok());
-  json::object stage = Parse(fake_.RequestsTo("/stage_weight_update").at(0).body);
+  json::object stage = ParseObject(fake_.RequestsTo("/stage_weight_update").at(0).body);
   EXPECT_EQ(stage.at("destination").as_string(), "cpu");
   EXPECT_FALSE(stage.contains("local_checkpoint_dir"));
   auto commits = fake_.RequestsTo("/update_weights_from_cpu");
   ASSERT_EQ(commits.size(), 1u);
-  json::object commit = Parse(commits[0].body);
+  json::object commit = ParseObject(commits[0].body);
   EXPECT_EQ(commit.at("target_version").as_int64(), 3);
   EXPECT_EQ(commit.at("flush_cache").as_bool(), false);
   EXPECT_TRUE(fake_.RequestsTo("/update_weights_from_disk").empty());
@@ -177,10 +173,10 @@ TEST_F(SglangEngineTest, ResetLoadsTheBaseCheckpointThenReinitialisesTheDestinat
   auto requests = fake_.requests();
   ASSERT_EQ(requests.size(), 2u);
   EXPECT_EQ(requests[0].target, "/update_weights_from_disk");
-  EXPECT_EQ(Parse(requests[0].body).at("model_path").as_string(), (tmp_ / "base").string());
-  EXPECT_EQ(Parse(requests[0].body).at("weight_version").as_string(), "r2/weight_v000004");
+  EXPECT_EQ(ParseObject(requests[0].body).at("model_path").as_string(), (tmp_ / "base").string());
+  EXPECT_EQ(ParseObject(requests[0].body).at("weight_version").as_string(), "r2/weight_v000004");
   EXPECT_EQ(requests[1].target, "/stage_weight_update");
-  EXPECT_EQ(Parse(requests[1].body).at("target_version").as_int64(), 4);
+  EXPECT_EQ(ParseObject(requests[1].body).at("target_version").as_int64(), 4);
 }
 
 // The configured load format goes with every load from disk: a commit's and
@@ -196,7 +192,7 @@ TEST_F(SglangEngineTest, TheDiskLoadFormatGoesWithEveryLoadFromDisk) {
   auto loads = fake_.RequestsTo("/update_weights_from_disk");
   ASSERT_EQ(loads.size(), 2u);
   for (const auto& load : loads) {
-    EXPECT_EQ(Parse(load.body).at("load_format").as_string(), "fastsafetensors") << load.body;
+    EXPECT_EQ(ParseObject(load.body).at("load_format").as_string(), "fastsafetensors") << load.body;
   }
 }
 
@@ -287,7 +283,7 @@ TEST_F(SglangEngineTest, AbortSendsEachRid) {
   Await((*engine)->Abort({"a", "b"}));
   auto aborts = fake_.RequestsTo("/abort_request");
   ASSERT_EQ(aborts.size(), 2u);
-  EXPECT_EQ(Parse(aborts[1].body).at("rid").as_string(), "b");
+  EXPECT_EQ(ParseObject(aborts[1].body).at("rid").as_string(), "b");
 }
 
 TEST_F(SglangEngineTest, InconsistentOptionsAreRefused) {
@@ -372,7 +368,7 @@ TEST_F(SglangEngineTest, StockEngineMaterializesDeltasIntoTheLocalCheckpoint) {
   ASSERT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 2}, Engine::CommitOptions{})).ok());
   auto loads = fake_.RequestsTo("/update_weights_from_disk");
   ASSERT_EQ(loads.size(), 1u);
-  EXPECT_EQ(Parse(loads[0].body).at("model_path").as_string(), (tmp_ / "local").string());
+  EXPECT_EQ(ParseObject(loads[0].body).at("model_path").as_string(), (tmp_ / "local").string());
   EXPECT_TRUE(fake_.RequestsTo("/stage_weight_update").empty());
 
   // A FULL version holds no config.json: the staged directory still gets

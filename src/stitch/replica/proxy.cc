@@ -358,13 +358,7 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
   auto response = co_await client_.Send(options_.engine, std::move(call.upstream),
                                         EndedWithTheClient(exchange));
   if (!response.ok()) {
-    if (exchange.disconnected()) {
-      AbortUpstream(call);
-      ++counters_.client_disconnects;
-      co_return;
-    }
-    std::string why(response.status().message());
-    co_await EngineUnavailable(exchange, &call, why);
+    co_await CallFailed(exchange, call, response.status());
     co_return;
   }
   HttpResponse out{response->status,
@@ -391,22 +385,8 @@ awaitable<void> VersionedProxy::Relay(HttpExchange& exchange, Call& call) {
 }
 
 awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) {
-  auto stream = co_await client_.SendStreamed(options_.engine, std::move(call.upstream),
-                                              EndedWithTheClient(exchange));
-  if (!stream.ok()) {
-    if (exchange.disconnected()) {
-      AbortUpstream(call);
-      ++counters_.client_disconnects;
-      co_return;
-    }
-    std::string why(stream.status().message());
-    co_await EngineUnavailable(exchange, &call, why);
-    co_return;
-  }
-  if (stream->status() != 200 || !IsEventStream(stream->headers())) {
-    co_await RelayWhole(exchange, call, *stream);
-    co_return;
-  }
+  std::optional<HttpResponseStream> stream = co_await OpenEventStream(exchange, call);
+  if (!stream.has_value()) co_return;
 
   if (absl::Status begun = co_await exchange.BeginStream(
           200, ResponseHeadersToRelay(stream->headers(), BodyRelay::kRewritten));
@@ -477,17 +457,37 @@ awaitable<void> VersionedProxy::RelayStream(HttpExchange& exchange, Call& call) 
   (void)co_await exchange.EndStream();
 }
 
+awaitable<void> VersionedProxy::CallFailed(HttpExchange& exchange, Call& call,
+                                           const absl::Status& why) {
+  if (exchange.disconnected()) {
+    AbortUpstream(call);
+    ++counters_.client_disconnects;
+    co_return;
+  }
+  std::string message(why.message());
+  co_await EngineUnavailable(exchange, &call, message);
+}
+
+awaitable<std::optional<HttpResponseStream>> VersionedProxy::OpenEventStream(HttpExchange& exchange,
+                                                                             Call& call) {
+  auto stream = co_await client_.SendStreamed(options_.engine, std::move(call.upstream),
+                                              EndedWithTheClient(exchange));
+  if (!stream.ok()) {
+    co_await CallFailed(exchange, call, stream.status());
+    co_return std::nullopt;
+  }
+  if (stream->status() != 200 || !IsEventStream(stream->headers())) {
+    co_await RelayWhole(exchange, call, *stream);
+    co_return std::nullopt;
+  }
+  co_return *std::move(stream);
+}
+
 awaitable<void> VersionedProxy::RelayWhole(HttpExchange& exchange, Call& call,
                                            HttpResponseStream& stream) {
   auto body = co_await stream.ReadAll();
   if (!body.ok()) {
-    if (exchange.disconnected()) {
-      AbortUpstream(call);
-      ++counters_.client_disconnects;
-      co_return;
-    }
-    std::string why(body.status().message());
-    co_await EngineUnavailable(exchange, &call, why);
+    co_await CallFailed(exchange, call, body.status());
     co_return;
   }
   HttpResponse out{stream.status(), ResponseHeadersToRelay(stream.headers(), BodyRelay::kRewritten),
@@ -517,22 +517,8 @@ awaitable<void> VersionedProxy::NotAssembled(HttpExchange& exchange, Call& call,
 }
 
 awaitable<void> VersionedProxy::RelayAssembled(HttpExchange& exchange, Call& call) {
-  auto stream = co_await client_.SendStreamed(options_.engine, std::move(call.upstream),
-                                              EndedWithTheClient(exchange));
-  if (!stream.ok()) {
-    if (exchange.disconnected()) {
-      AbortUpstream(call);
-      ++counters_.client_disconnects;
-      co_return;
-    }
-    std::string why(stream.status().message());
-    co_await EngineUnavailable(exchange, &call, why);
-    co_return;
-  }
-  if (stream->status() != 200 || !IsEventStream(stream->headers())) {
-    co_await RelayWhole(exchange, call, *stream);
-    co_return;
-  }
+  std::optional<HttpResponseStream> stream = co_await OpenEventStream(exchange, call);
+  if (!stream.has_value()) co_return;
   GenerateAssembler assembler;
   SseEventSplitter splitter;
   std::string unvouched;   // why the answer cannot be vouched for
@@ -564,13 +550,9 @@ awaitable<void> VersionedProxy::RelayAssembled(HttpExchange& exchange, Call& cal
   while (open) {
     auto chunk = co_await stream->Read();
     if (!chunk.ok()) {
-      AbortUpstream(call);
-      if (exchange.disconnected()) {
-        ++counters_.client_disconnects;
-        co_return;
-      }
-      std::string why = absl::StrCat("the engine stream broke: ", chunk.status().message());
-      co_await EngineUnavailable(exchange, &call, why);
+      co_await CallFailed(exchange, call,
+                          absl::UnavailableError(
+                              absl::StrCat("the engine stream broke: ", chunk.status().message())));
       co_return;
     }
     if (chunk->empty()) {

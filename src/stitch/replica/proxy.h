@@ -180,6 +180,15 @@ class VersionedProxy {
   boost::asio::awaitable<void> Relay(HttpExchange& exchange, Call& call);
   boost::asio::awaitable<void> RelayStream(HttpExchange& exchange, Call& call);
   boost::asio::awaitable<void> RelayAssembled(HttpExchange& exchange, Call& call);
+  // Answers a call to the engine that failed (why): nothing when the client
+  // left (the generation is aborted), else 503 EngineUnavailable.
+  boost::asio::awaitable<void> CallFailed(HttpExchange& exchange, Call& call,
+                                          const absl::Status& why);
+  // Sends the call to the engine as a stream: its event stream, or nullopt
+  // once the exchange is answered otherwise (CallFailed, or RelayWhole when
+  // the engine answered something other than an event stream).
+  boost::asio::awaitable<std::optional<HttpResponseStream>> OpenEventStream(HttpExchange& exchange,
+                                                                            Call& call);
   // Answers with what the engine sent instead of an event stream (an error,
   // or a whole answer from a server that ignored `stream`), vouched for.
   boost::asio::awaitable<void> RelayWhole(HttpExchange& exchange, Call& call,

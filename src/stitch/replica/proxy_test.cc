@@ -25,6 +25,7 @@
 #include "stitch/replica/replica_test_util.h"
 #include "stitch/replica/sidecar.h"
 #include "stitch/store/mem_store.h"
+#include "tests/support/json_object.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/temp_dir.h"
 
@@ -46,12 +47,7 @@ bool IsUpstreamRidOf(std::string_view upstream, std::string_view rid) {
          upstream[kPrefix] == '-' && upstream.substr(kPrefix + 1) == rid;
 }
 
-json::object Parse(const std::string& text) {
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  EXPECT_FALSE(ec) << text;
-  return v.is_object() ? v.get_object() : json::object();
-}
+using testing::ParseObject;
 
 class ProxyTest : public ::testing::Test {
  protected:
@@ -201,7 +197,7 @@ TEST_F(ProxyTest, GenerateIsAdmittedTaggedAndStamped) {
       "POST", "/generate",
       R"({"text":"hi","extra_key":"user","weight_version":{"min_version":0},"sampling_params":{}})");
   ASSERT_EQ(r.status, 200) << r.body;
-  json::object body = Parse(r.body);
+  json::object body = ParseObject(r.body);
   const json::object& meta = body.at("meta_info").as_object();
   EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
   EXPECT_EQ(meta.at("weight_version_end").as_int64(), 0);
@@ -234,7 +230,7 @@ TEST_F(ProxyTest, LargeBodiesReachTheEngineAndComeBackIntact) {
   request["weight_version"] = json::object{{"min_version", 0}};
   HttpResponse r = Send("POST", "/generate", json::serialize(request));
   ASSERT_EQ(r.status, 200) << r.body.substr(0, 200);
-  json::object body = Parse(r.body);
+  json::object body = ParseObject(r.body);
   EXPECT_EQ(body.at("meta_info").at("weight_version_end").as_int64(), 0);
   json::object sent = body.at("request").as_object();
   EXPECT_EQ(sent.at("text"), request.at("text"));
@@ -254,7 +250,7 @@ TEST_F(ProxyTest, CallersRidComesBackAndTheEngineSeesAPrefixFreeId) {
   for (std::string rid : {"a", "ab", "a"}) {
     HttpResponse r = Send("POST", "/generate", absl::StrCat(R"({"text":"hi","rid":")", rid, "\"}"));
     ASSERT_EQ(r.status, 200) << r.body;
-    json::object body = Parse(r.body);
+    json::object body = ParseObject(r.body);
     EXPECT_EQ(body.at("meta_info").at("id").as_string(), rid);
     std::string sent(body.at("request").at("rid").as_string());
     EXPECT_TRUE(IsUpstreamRidOf(sent, rid)) << sent;
@@ -263,13 +259,13 @@ TEST_F(ProxyTest, CallersRidComesBackAndTheEngineSeesAPrefixFreeId) {
   // A batch gets one id per prompt, each the caller's behind an index.
   HttpResponse batch = Send("POST", "/generate", R"({"text":["a","b","c"],"rid":["x","xy","x"]})");
   ASSERT_EQ(batch.status, 200) << batch.body;
-  const json::object batch_body = Parse(batch.body);
+  const json::object batch_body = ParseObject(batch.body);
   for (const json::value& rid : batch_body.at("request").at("rid").as_array()) {
     upstream.emplace_back(rid.as_string());
   }
   HttpResponse anonymous = Send("POST", "/generate", R"({"text":["a","b"]})");
   ASSERT_EQ(anonymous.status, 200);
-  const json::object anonymous_body = Parse(anonymous.body);
+  const json::object anonymous_body = ParseObject(anonymous.body);
   for (const json::value& rid : anonymous_body.at("request").at("rid").as_array()) {
     upstream.emplace_back(rid.as_string());
   }
@@ -294,7 +290,7 @@ TEST_F(ProxyTest, OpenAiRoutesAreSaltedAndStampedAtTheTopLevel) {
     HttpResponse r =
         Send("POST", path, R"({"model":"m","prompt":"hi","weight_version":{"exact_version":0}})");
     ASSERT_EQ(r.status, 200) << r.body;
-    json::object body = Parse(r.body);
+    json::object body = ParseObject(r.body);
     EXPECT_EQ(body.at("weight_version_start").as_int64(), 0);
     EXPECT_EQ(body.at("weight_version_end").as_int64(), 0);
     EXPECT_FALSE(body.contains("meta_info"));
@@ -309,7 +305,7 @@ TEST_F(ProxyTest, UnmetConstraintGets409WithItsBodyAndWakesTheReconciler) {
   const uint64_t passes = OnLoop([&] { return sidecar_->reconciler().counters().passes; });
   HttpResponse r = Send("POST", "/generate", R"({"text":"hi","weight_version":{"min_version":5}})");
   ASSERT_EQ(r.status, 409) << r.body;
-  json::object body = Parse(r.body);
+  json::object body = ParseObject(r.body);
   EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
   EXPECT_EQ(body.at("target_version").as_int64(), 5);
   EXPECT_EQ(body.at("applied").as_int64(), 0);
@@ -336,7 +332,7 @@ TEST_F(ProxyTest, AStaleReplicaRefusesMaxStalenessWith409NamingTheBound) {
   HttpResponse r =
       Send("POST", "/generate", R"({"text":"hi","weight_version":{"max_staleness":1}})");
   ASSERT_EQ(r.status, 409) << r.body;
-  json::object body = Parse(r.body);
+  json::object body = ParseObject(r.body);
   EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
   EXPECT_EQ(body.at("failed_bound").as_string(), "max_staleness");
   EXPECT_TRUE(body.at("target_version").is_null());
@@ -345,7 +341,7 @@ TEST_F(ProxyTest, AStaleReplicaRefusesMaxStalenessWith409NamingTheBound) {
   HttpResponse min =
       Send("POST", "/generate", R"({"text":"hi","weight_version":{"min_version":4}})");
   ASSERT_EQ(min.status, 409) << min.body;
-  EXPECT_EQ(Parse(min.body).at("failed_bound").as_string(), "min_version");
+  EXPECT_EQ(ParseObject(min.body).at("failed_bound").as_string(), "min_version");
 }
 
 TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
@@ -353,7 +349,7 @@ TEST_F(ProxyTest, MalformedBodyOrConstraintGets400) {
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   HttpResponse not_json = Send("POST", "/generate", "{not json");
   EXPECT_EQ(not_json.status, 400);
-  EXPECT_EQ(Parse(not_json.body).at("error").at("type").as_string(), "BadRequest");
+  EXPECT_EQ(ParseObject(not_json.body).at("error").at("type").as_string(), "BadRequest");
   HttpResponse bad =
       Send("POST", "/generate", R"({"text":"x","weight_version":{"min_version":-1}})");
   EXPECT_EQ(bad.status, 400);
@@ -373,7 +369,7 @@ TEST_F(ProxyTest, ContradictoryConstraintsOrARepeatedConstraintKeyGets400) {
        }) {
     HttpResponse r = Send("POST", "/generate", body);
     EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
-    EXPECT_EQ(Parse(r.body).at("error").at("type").as_string(), "BadRequest");
+    EXPECT_EQ(ParseObject(r.body).at("error").at("type").as_string(), "BadRequest");
     EXPECT_NE(r.body.find("weight_version"), std::string::npos) << r.body;
   }
   EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
@@ -385,7 +381,7 @@ TEST_F(ProxyTest, EngineControlRoutesAreBlocked) {
                            "/abort_request", "/flush_cache"}) {
     HttpResponse r = Send("POST", path, "{}");
     EXPECT_EQ(r.status, 403) << path;
-    EXPECT_EQ(Parse(r.body).at("error").at("type").as_string(), "RouteBlocked");
+    EXPECT_EQ(ParseObject(r.body).at("error").at("type").as_string(), "RouteBlocked");
     EXPECT_NE(r.body.find(path), std::string::npos);
   }
   EXPECT_TRUE(fake_.requests().empty());
@@ -396,7 +392,7 @@ TEST_F(ProxyTest, OtherRoutesAreForwardedAsIs) {
   Start(fake_.url());
   HttpResponse r = Send("GET", "/model_info");
   EXPECT_EQ(r.status, 200);
-  EXPECT_EQ(Parse(r.body).at("model_path").as_string(), "/m");
+  EXPECT_EQ(ParseObject(r.body).at("model_path").as_string(), "/m");
   ASSERT_EQ(fake_.RequestsTo("/model_info").size(), 1u);
   EXPECT_EQ(fake_.RequestsTo("/model_info")[0].method, "GET");
 }
@@ -432,7 +428,7 @@ TEST_F(ProxyTest, TransportFailureGivesARetryable503AndReleasesAdmission) {
   HttpResponse r = Send("POST", "/generate", R"({"text":"hi","rid":"lost"})");
   ASSERT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.headers.Get("retry-after"), "1");
-  json::object body = Parse(r.body).at("error").as_object();
+  json::object body = ParseObject(r.body).at("error").as_object();
   EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
   EXPECT_EQ(body.at("retryable").as_bool(), true);
   EXPECT_EQ(Active(), 0);
@@ -490,7 +486,7 @@ TEST_F(ProxyTest, StreamedEventsAreStampedAsTheyArrive) {
   // sidecar streams, it does not buffer.
   std::optional<std::string> first = next_event();
   ASSERT_TRUE(first.has_value());
-  json::object e0 = Parse(*SseData(*first));
+  json::object e0 = ParseObject(*SseData(*first));
   EXPECT_EQ(e0.at("index").as_int64(), 0);
   EXPECT_EQ(e0.at("meta_info").at("weight_version_start").as_int64(), 0);
   EXPECT_EQ(e0.at("meta_info").at("weight_version_end").as_int64(), 0);
@@ -499,7 +495,7 @@ TEST_F(ProxyTest, StreamedEventsAreStampedAsTheyArrive) {
   for (int i = 1; i < 3; ++i) {
     std::optional<std::string> e = next_event();
     ASSERT_TRUE(e.has_value());
-    json::object event = Parse(*SseData(*e));
+    json::object event = ParseObject(*SseData(*e));
     EXPECT_EQ(event.at("index").as_int64(), i);
     EXPECT_EQ(event.at("meta_info").at("weight_version").as_string(), "0");
   }
@@ -521,13 +517,14 @@ TEST_F(ProxyTest, StreamedSpansAreDerivedFromTheEnginesLabelsAcrossACommit) {
   OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
   std::optional<std::string> first = s.Next();
   ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(json::serialize(Parse(*first).at("meta_info").at("weight_version_spans")), "[[0,0]]");
+  EXPECT_EQ(json::serialize(ParseObject(*first).at("meta_info").at("weight_version_spans")),
+            "[[0,0]]");
   CommitInPlace(1);
   fake_.ReleaseStream();
   for (int i = 1; i < 3; ++i) {
     std::optional<std::string> e = s.Next();
     ASSERT_TRUE(e.has_value());
-    const json::object meta = Parse(*e).at("meta_info").as_object();
+    const json::object meta = ParseObject(*e).at("meta_info").as_object();
     EXPECT_EQ(json::serialize(meta.at("weight_version_spans")), "[[0,0],[1,1]]") << *e;
     EXPECT_EQ(meta.at("weight_version_start").as_int64(), 0);
     EXPECT_EQ(meta.at("weight_version_end").as_int64(), 1);
@@ -547,13 +544,13 @@ TEST_F(ProxyTest, SpansAreUnknownWhenACommitHappensAndTheEngineReportsNothing) {
   std::optional<std::string> first = s.Next();
   ASSERT_TRUE(first.has_value());
   // Nothing changed yet: everything so far came from version 0.
-  EXPECT_EQ(json::serialize(Parse(*first).at("weight_version_spans")), "[[0,0]]");
+  EXPECT_EQ(json::serialize(ParseObject(*first).at("weight_version_spans")), "[[0,0]]");
   CommitInPlace(1);
   fake_.ReleaseStream();
   for (int i = 1; i < 3; ++i) {
     std::optional<std::string> e = s.Next();
     ASSERT_TRUE(e.has_value());
-    const json::object event = Parse(*e);
+    const json::object event = ParseObject(*e);
     EXPECT_EQ(event.at("weight_version_spans").as_string(), "unknown") << *e;
     EXPECT_EQ(event.at("weight_version_start").as_int64(), 0);
     EXPECT_EQ(event.at("weight_version_end").as_int64(), 1);
@@ -571,7 +568,7 @@ TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) 
                         R"("usage":{"completion_tokens":4},"weight_version_spans":[[0,0]]})"));
   HttpResponse ok = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   ASSERT_EQ(ok.status, 200) << ok.body;
-  EXPECT_EQ(json::serialize(Parse(ok.body).at("weight_version_spans")), "[[0,0]]");
+  EXPECT_EQ(json::serialize(ParseObject(ok.body).at("weight_version_spans")), "[[0,0]]");
   fake_.SetAnswer("/v1/completions",
                   JsonResponse(200, R"({"id":"cmpl-x","metadata":{"weight_version":"0"},)"
                                     R"("weight_version_spans":[[0,0],[2,3]]})"));
@@ -610,7 +607,7 @@ void ProxyTest::WholeGenerateAcrossTwoCommits(bool incremental) {
   HttpResponse r = whole.get();
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.headers.Get("content-type"), "application/json");
-  const json::object answer = Parse(r.body);
+  const json::object answer = ParseObject(r.body);
   EXPECT_EQ(answer.at("text").as_string(), "xxxx");
   EXPECT_EQ(json::serialize(answer.at("output_ids")), "[1,2,3,4]");
   const json::object& meta = answer.at("meta_info").as_object();
@@ -622,7 +619,7 @@ void ProxyTest::WholeGenerateAcrossTwoCommits(bool incremental) {
   // The engine was asked to stream it; the client gets its own rid back.
   std::vector<HttpRequest> sent = fake_.RequestsTo("/generate");
   ASSERT_EQ(sent.size(), 1u);
-  EXPECT_EQ(Parse(sent[0].body).at("stream").as_bool(), true);
+  EXPECT_EQ(ParseObject(sent[0].body).at("stream").as_bool(), true);
   EXPECT_EQ(Active(), 0);
   HttpResponse metrics = Send("GET", "/metrics");
   EXPECT_NE(metrics.body.find("stitch_sidecar_assembled_responses_total 1"), std::string::npos)
@@ -679,7 +676,7 @@ TEST_F(ProxyTest, WholeGenerateGoesWholeForABatchAndOnceTheEngineReportsSpans) {
                                R"("weight_version_spans":[[0,0]]}})"}));
   HttpResponse first = Send("POST", "/generate", R"({"text":"hi"})");
   ASSERT_EQ(first.status, 200) << first.body;
-  EXPECT_EQ(json::serialize(Parse(first.body).at("meta_info").at("weight_version_spans")),
+  EXPECT_EQ(json::serialize(ParseObject(first.body).at("meta_info").at("weight_version_spans")),
             "[[0,0]]");
   fake_.SetAnswer("/generate", JsonResponse(200, R"({"text":"ab","meta_info":{"id":"x",)"
                                                  R"("weight_version":"0","completion_tokens":2,)"
@@ -688,9 +685,9 @@ TEST_F(ProxyTest, WholeGenerateGoesWholeForABatchAndOnceTheEngineReportsSpans) {
   ASSERT_EQ(second.status, 200) << second.body;
   std::vector<HttpRequest> sent = fake_.RequestsTo("/generate");
   ASSERT_EQ(sent.size(), 3u);
-  EXPECT_FALSE(Parse(sent[0].body).contains("stream")) << sent[0].body;
-  EXPECT_EQ(Parse(sent[1].body).at("stream").as_bool(), true);
-  EXPECT_FALSE(Parse(sent[2].body).contains("stream")) << sent[2].body;
+  EXPECT_FALSE(ParseObject(sent[0].body).contains("stream")) << sent[0].body;
+  EXPECT_EQ(ParseObject(sent[1].body).at("stream").as_bool(), true);
+  EXPECT_FALSE(ParseObject(sent[2].body).contains("stream")) << sent[2].body;
 }
 
 // A stream that cannot be assembled exactly is never guessed at: the answer
@@ -713,11 +710,11 @@ TEST_F(ProxyTest, AStreamThatCannotBeAssembledIsARetryable503AndLaterOnesGoWhole
                                                  R"("weight_version":"0"}})"));
   HttpResponse whole = Send("POST", "/generate", R"({"text":"hi"})");
   ASSERT_EQ(whole.status, 200) << whole.body;
-  EXPECT_EQ(json::serialize(Parse(whole.body).at("meta_info").at("weight_version_spans")),
+  EXPECT_EQ(json::serialize(ParseObject(whole.body).at("meta_info").at("weight_version_spans")),
             "[[0,0]]");
   std::vector<HttpRequest> sent = fake_.RequestsTo("/generate");
   ASSERT_EQ(sent.size(), 2u);
-  EXPECT_FALSE(Parse(sent[1].body).contains("stream")) << sent[1].body;
+  EXPECT_FALSE(ParseObject(sent[1].body).contains("stream")) << sent[1].body;
 }
 
 // An error the engine streams is what SGLang answers the whole request: a
@@ -760,7 +757,7 @@ TEST_F(ProxyTest, AnAnswerLabelledWithOtherWeightsIsRefusedAndWithdrawsTrust) {
   HttpResponse r = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   ASSERT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.headers.Get("retry-after"), "1");
-  json::object body = Parse(r.body).at("error").as_object();
+  json::object body = ParseObject(r.body).at("error").as_object();
   EXPECT_EQ(body.at("type").as_string(), "EngineUnavailable");
   EXPECT_EQ(body.at("retryable").as_bool(), true);
   EXPECT_NE(r.body.find("weight_v000004"), std::string::npos) << r.body;
@@ -827,7 +824,7 @@ TEST_F(ProxyTest, MetricsBypassAdmissionBeforeTheFirstPointerExists) {
   }
   HttpResponse health = Send("GET", "/health");
   EXPECT_EQ(health.status, 503);
-  EXPECT_EQ(Parse(health.body).at("ready").as_bool(), false);
+  EXPECT_EQ(ParseObject(health.body).at("ready").as_bool(), false);
   EXPECT_NE(health.body.find("initializing"), std::string::npos) << health.body;
   HttpResponse info = Send("GET", "/server_info");
   EXPECT_EQ(info.status, 200);
