@@ -92,6 +92,13 @@ std::optional<int> ServerProcess::WaitForExit(std::chrono::milliseconds timeout)
     pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      // What it wrote before exiting is read before its exit is reported, so
+      // that out() and err() hold all of it.
+      const absl::Time drained_by =
+          absl::Now() + absl::FromChrono(deadline - std::chrono::steady_clock::now());
+      absl::MutexLock lock(&mu_);
+      while (!drained_ && !output_.WaitWithDeadline(&mu_, drained_by)) {
+      }
       return exit_code_;
     }
     if (r < 0 && errno != EINTR) return std::nullopt;

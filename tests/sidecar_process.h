@@ -39,8 +39,9 @@ class ServerProcess {
   // Sends `signal`.
   void Signal(int signal);
 
-  // Waits up to `timeout` for the process to exit; its exit code (128 +
-  // signal when killed), or nullopt when it still runs.
+  // Waits up to `timeout` for the process to exit, and for what it printed
+  // to be read; its exit code (128 + signal when killed), or nullopt when it
+  // still runs.
   std::optional<int> WaitForExit(std::chrono::milliseconds timeout);
 
   // Everything printed so far.
