@@ -49,6 +49,16 @@ std::string EngineMessage(const HttpResponse& r) {
   return r.body.size() <= kMax ? r.body : absl::StrCat(r.body.substr(0, kMax), "...");
 }
 
+absl::StatusOr<EngineReport> ReportFromAnswer(const HttpResponse& answer, std::string_view where) {
+  if (answer.status != 200) {
+    return absl::UnavailableError(
+        absl::StrCat(AbslView(where), ": HTTP ", answer.status, ": ", EngineMessage(answer)));
+  }
+  absl::StatusOr<EngineReport> report = ParseEngineReport(answer.body);
+  if (!report.ok()) return Annotate(report.status(), where);
+  return report;
+}
+
 EngineHttp::EngineHttp(boost::asio::any_io_executor executor, HttpUrl url, std::string api_key)
     : url_(std::move(url)), api_key_(std::move(api_key)), client_(std::move(executor)) {}
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "stitch/engine/engine.h"
 #include "stitch/net/client.h"
 #include "stitch/net/http.h"
 
@@ -28,6 +29,12 @@ namespace stitch {
 // `detail`; inside an `error` object too) of a JSON answer, else the body
 // itself, shortened.
 std::string EngineMessage(const HttpResponse& response);
+
+// The report an engine's answer to its report route carries (`where` names
+// the call, for messages): Unavailable naming the engine's message unless
+// it answered 200, else ParseEngineReport's.
+[[nodiscard]] absl::StatusOr<EngineReport> ReportFromAnswer(const HttpResponse& answer,
+                                                            std::string_view where);
 
 class EngineHttp {
  public:

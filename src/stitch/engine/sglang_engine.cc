@@ -80,15 +80,7 @@ awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
     response = co_await Get(model_info_route_, timeout);
   }
   if (!response.ok()) co_return response.status();
-  const std::string where =
-      absl::StrCat("engine ", url_.origin.ToString(), ": GET ", AbslView(model_info_route_));
-  if (response->status != 200) {
-    co_return absl::UnavailableError(
-        absl::StrCat(where, ": HTTP ", response->status, ": ", EngineMessage(*response)));
-  }
-  absl::StatusOr<EngineReport> report = ParseEngineReport(response->body);
-  if (!report.ok()) co_return Annotate(report.status(), where);
-  co_return report;
+  co_return ReportFromAnswer(*response, http_.Where("GET", model_info_route_));
 }
 
 awaitable<void> SglangHttpEngine::Abort(std::vector<std::string> rids) {

@@ -110,14 +110,7 @@ awaitable<absl::Status> VllmEngine::Health(std::chrono::milliseconds timeout) {
 awaitable<absl::StatusOr<EngineReport>> VllmEngine::Report(std::chrono::milliseconds timeout) {
   auto response = co_await http_.Get("/weight_info", timeout);
   if (!response.ok()) co_return response.status();
-  const std::string where = http_.Where("GET", "/weight_info");
-  if (response->status != 200) {
-    co_return absl::UnavailableError(
-        absl::StrCat(where, ": HTTP ", response->status, ": ", EngineMessage(*response)));
-  }
-  absl::StatusOr<EngineReport> report = ParseEngineReport(response->body);
-  if (!report.ok()) co_return Annotate(report.status(), where);
-  co_return report;
+  co_return ReportFromAnswer(*response, http_.Where("GET", "/weight_info"));
 }
 
 awaitable<void> VllmEngine::Abort(std::vector<std::string> rids) {
