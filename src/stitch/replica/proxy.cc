@@ -527,9 +527,9 @@ awaitable<void> VersionedProxy::RelayAssembled(HttpExchange& exchange, Call& cal
   // One event's data; false once the stream is settled either way.
   auto take = [&](std::string_view data) {
     if (data == "[DONE]") return true;
-    JsonArena arena;
+    // Parsed where the assembler keeps it: the event moves in, uncopied.
     boost::system::error_code ec;
-    json::value doc = json::parse(data, ec, arena.storage());
+    json::value doc = json::parse(data, ec);
     if (ec || !doc.is_object()) {
       not_placed = absl::StrCat("event ", assembler.events() + 1, " is not a JSON object");
       return false;
@@ -539,8 +539,7 @@ awaitable<void> VersionedProxy::RelayAssembled(HttpExchange& exchange, Call& cal
       return false;
     }
     if (Judge(call, doc, nullptr, &unvouched) == Verdict::kUnvouched) return false;
-    if (absl::Status added = assembler.Add(json::object(doc.get_object(), json::storage_ptr()));
-        !added.ok()) {
+    if (absl::Status added = assembler.Add(std::move(doc.get_object())); !added.ok()) {
       not_placed = std::string(added.message());
       return false;
     }
