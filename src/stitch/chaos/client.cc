@@ -13,6 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/api/response.h"
+#include "stitch/api/routes.h"
 #include "stitch/chaos/schedule.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
@@ -101,23 +103,22 @@ absl::StatusOr<Piece> ReadPiece(const std::string& route, std::string_view data)
 absl::StatusOr<VersionSpans> ParseSpans(std::string_view text, int64_t start, int64_t end) {
   boost::system::error_code ec;
   json::value doc = json::parse(json::string_view(text.data(), text.size()), ec);
-  if (ec || !doc.is_array()) return absl::InvalidArgumentError("not a list of [offset, version]");
-  VersionSpans spans;
-  for (const json::value& pair : doc.get_array()) {
-    if (!pair.is_array() || pair.get_array().size() != 2 || !pair.get_array()[0].is_int64() ||
-        !pair.get_array()[1].is_int64()) {
-      return absl::InvalidArgumentError("not a list of [offset, version]");
-    }
-    const VersionSpan span{pair.get_array()[0].get_int64(), pair.get_array()[1].get_int64()};
-    if (span.version < start || span.version > end) {
+  if (ec) return absl::InvalidArgumentError("not JSON");
+  // Read as the sidecar reads an engine's: pairs, offsets rising from 0.
+  json::object answer;
+  answer["weight_version_spans"] = std::move(doc);
+  absl::StatusOr<std::optional<VersionSpans>> read = ReportedSpans(ApiRoute::kCompletions, answer);
+  if (!read.ok()) return read.status();
+  if (!read->has_value()) return absl::InvalidArgumentError("not a list of [offset, version]");
+  const VersionSpans& spans = **read;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].version < start || spans[i].version > end) {
       return absl::InvalidArgumentError(
-          absl::StrCat("v", span.version, " is outside the stamps [", start, ", ", end, "]"));
+          absl::StrCat("v", spans[i].version, " is outside the stamps [", start, ", ", end, "]"));
     }
-    if (!spans.empty() &&
-        (span.offset <= spans.back().offset || span.version <= spans.back().version)) {
+    if (i > 0 && spans[i].version <= spans[i - 1].version) {
       return absl::InvalidArgumentError("offsets and versions must both rise");
     }
-    spans.push_back(span);
   }
   return spans;
 }
