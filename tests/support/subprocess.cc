@@ -57,6 +57,16 @@ ProcessResult WaitProcess(RunningProcess process,
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::hours(0));
   bool timed_out = false;
+  // Milliseconds left until the deadline; at the deadline, the process is
+  // killed (rather than waited on) and 0 is returned.
+  auto left_ms = [&]() -> int {
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() > 0) return static_cast<int>(left.count());
+    ::kill(process.pid, SIGKILL);
+    timed_out = true;
+    return 0;
+  };
   // Drain both pipes together so that a chatty child never blocks on a full
   // one while we wait on the other.
   pollfd fds[2] = {{process.out_fd, POLLIN, 0}, {process.err_fd, POLLIN, 0}};
@@ -66,16 +76,10 @@ ProcessResult WaitProcess(RunningProcess process,
   while (open > 0) {
     int wait_ms = -1;
     if (timeout.has_value()) {
-      auto left =
-          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        // Killed rather than waited on; its pipes are not drained any
-        // further, since a child of its own might hold them open.
-        ::kill(process.pid, SIGKILL);
-        timed_out = true;
-        break;
-      }
-      wait_ms = static_cast<int>(left.count());
+      // Once killed, its pipes are not drained any further, since a child
+      // of its own might hold them open.
+      wait_ms = left_ms();
+      if (timed_out) break;
     }
     int ready = ::poll(fds, 2, wait_ms);
     if (ready < 0) {
@@ -103,15 +107,10 @@ ProcessResult WaitProcess(RunningProcess process,
     // pidfd readable.
     int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, process.pid, 0));
     while (pidfd >= 0) {
-      auto left =
-          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
-        ::kill(process.pid, SIGKILL);
-        timed_out = true;
-        break;
-      }
+      const int wait = left_ms();
+      if (timed_out) break;
       pollfd p{pidfd, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) > 0) break;
+      if (::poll(&p, 1, wait) > 0) break;
     }
     if (pidfd >= 0) ::close(pidfd);
   }
