@@ -8,7 +8,15 @@ namespace stitch {
 
 boost::asio::awaitable<void> DispatchApiRequest(HttpExchange& exchange,
                                                 const ApiHandlers& handlers) {
-  const std::string_view path = TargetPath(exchange.request().target);
+  absl::StatusOr<CanonicalTarget> canonical = CanonicalizeTarget(exchange.request().target);
+  if (!canonical.ok()) {
+    HttpResponse refused = BadRequestResponse(std::string(canonical.status().message()));
+    (void)co_await exchange.Respond(std::move(refused));
+    co_return;
+  }
+  // Whatever is forwarded from here on names the path that was classified.
+  exchange.request().target = std::move(canonical->target);
+  const std::string path = std::move(canonical->path);
   const ClassifiedRoute route = ClassifyRoute(path);
   if (route.kind == RouteClass::kVersioned && exchange.request().method == "POST") {
     co_await handlers.versioned(exchange, route.api);

@@ -1,8 +1,10 @@
 // How a server of the rollout API routes the requests it does not serve
-// itself (the sidecar's proxy, the gateway), the same way in both: a POST to
-// a versioned route is handled as one; an engine control route is refused
-// with 403 RouteBlocked; everything else, a versioned path with another
-// method included, is forwarded as is.
+// itself (the sidecar's proxy, the gateway), the same way in both. The
+// target is first put in its canonical form (routes.h CanonicalizeTarget; a
+// target that has none is a 400 BadRequest), and the request carries that
+// form from then on. Then a POST to a versioned route is handled as one; an
+// engine control route is refused with 403 RouteBlocked; everything else, a
+// versioned path with another method included, is forwarded.
 #pragma once
 
 #include <functional>

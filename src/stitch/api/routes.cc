@@ -1,5 +1,16 @@
 #include "stitch/api/routes.h"
 
+#include <vector>
+
+#include <boost/url/parse.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "stitch/core/errors.h"
+
 namespace stitch {
 namespace {
 
@@ -45,7 +56,88 @@ constexpr std::string_view kBlockedRoutes[] = {
     "/weight_checker",
 };
 
+// The longest target quoted back in a refusal.
+constexpr size_t kMaxQuoted = 200;
+
+std::string Quoted(std::string_view target) {
+  return absl::StrCat("\"", AbslView(target.substr(0, kMaxQuoted)),
+                      target.size() > kMaxQuoted ? "...\"" : "\"");
+}
+
+// Which path bytes go on the wire unescaped: RFC 3986's unreserved and
+// sub-delimiters, ':', '@' and the separator '/'. Everything else, '%' and
+// '?' included, is escaped, so the engine decodes exactly `path`.
+bool PathByteIsPlain(unsigned char c) {
+  return absl::ascii_isalnum(c) || absl::StrContains("-._~!$&'()*+,;=:@/", static_cast<char>(c));
+}
+
+std::string EncodePath(std::string_view path) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(path.size());
+  for (const char ch : path) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (PathByteIsPlain(c)) {
+      out.push_back(ch);
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xF]);
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<CanonicalTarget> CanonicalizeTarget(std::string_view target) {
+  if (target.find('#') != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request target ", Quoted(target),
+                     " has a fragment ('#'); a fragment is not sent to a server: remove it"));
+  }
+  auto parsed = boost::urls::parse_origin_form(target);
+  if (!parsed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request target ", Quoted(target),
+        " is not a valid path and query (a '%' must begin an escape of two hex digits, and "
+        "spaces and other special characters must be escaped)"));
+  }
+  const std::string decoded = parsed->path();
+  for (const char ch : decoded) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7F) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request target ", Quoted(target), " decodes to a path with a control character"));
+    }
+  }
+  // Segments as an engine's router would resolve them once decoded: an
+  // escaped '/' separates like a plain one.
+  std::vector<absl::string_view> segments;
+  for (absl::string_view segment : absl::StrSplit(decoded, '/', absl::SkipEmpty())) {
+    if (segment == ".") continue;
+    if (segment == "..") {
+      if (segments.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request target ", Quoted(target), " climbs above the root with \"..\""));
+      }
+      segments.pop_back();
+      continue;
+    }
+    segments.push_back(segment);
+  }
+  CanonicalTarget out;
+  out.path = absl::StrCat("/", absl::StrJoin(segments, "/"));
+  const bool trailing = decoded.size() > 1 && decoded.back() == '/';
+  const bool dot_end = absl::EndsWith(decoded, "/.") || absl::EndsWith(decoded, "/..");
+  if ((trailing || dot_end) && !segments.empty()) out.path.push_back('/');
+  out.target = EncodePath(out.path);
+  if (parsed->has_query()) {
+    const auto query = parsed->encoded_query();
+    absl::StrAppend(&out.target, "?", AbslView(std::string_view(query.data(), query.size())));
+  }
+  return out;
+}
 
 std::string_view RoutePath(ApiRoute route) {
   switch (route) {
@@ -65,7 +157,7 @@ ClassifiedRoute ClassifyRoute(std::string_view path) {
   }
   while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
   for (std::string_view blocked : kBlockedRoutes) {
-    if (path == blocked) return {RouteClass::kBlocked};
+    if (absl::EqualsIgnoreCase(AbslView(path), AbslView(blocked))) return {RouteClass::kBlocked};
   }
   return {RouteClass::kOther};
 }

@@ -10,10 +10,19 @@
 //              updates, pause, flush, abort, memory, sleep, RPC, profiling,
 //              LoRA): only a replica's sidecar
 //              drives its engine, so nothing in front of it forwards them
-//   other      everything else (/model_info, /v1/models, ...), forwarded as is
+//   other      everything else (/model_info, /v1/models, ...), forwarded
+//
+// Paths are classified as the engines behind a sidecar read them, not as
+// they were sent: an engine served by uvicorn decodes `/%70ause_generation`
+// into `/pause_generation`, so a path is percent-decoded and normalized
+// first (CanonicalizeTarget), and what is forwarded is that canonical form,
+// so the engine reads the very path that was classified.
 #pragma once
 
+#include <string>
 #include <string_view>
+
+#include "absl/status/statusor.h"
 
 namespace stitch {
 
@@ -37,9 +46,26 @@ struct ClassifiedRoute {
   ApiRoute api = ApiRoute::kGenerate;  // meaningful for kVersioned only
 };
 
-// What a request path is. `path` is a target's path (TargetPath()), still
-// percent-encoded. Versioned paths match exactly; an engine control route
-// also with trailing slashes.
+// What a request path is. `path` is a canonical path (CanonicalTarget::path:
+// decoded and normalized). Versioned paths match exactly; an engine control
+// route also with trailing slashes and in any letter case.
 ClassifiedRoute ClassifyRoute(std::string_view path);
+
+// A request target in the one form every hop agrees on.
+struct CanonicalTarget {
+  // The path percent-decoded, with "." and ".." segments resolved and runs
+  // of slashes collapsed (a trailing slash is kept): what is classified.
+  std::string path;
+  // `path` percent-encoded again where needed, followed by the target's
+  // query as it was sent: what is forwarded.
+  std::string target;
+};
+
+// The canonical form of an origin-form `target` ("/path?query"). The
+// InvalidArgument message (one line, for a 400) names what is refused: a
+// fragment ('#'), a '%' not followed by two hex digits anywhere in the
+// target, any other character a target may not hold, a decoded path with a
+// control character (NUL included), or ".." above the root.
+[[nodiscard]] absl::StatusOr<CanonicalTarget> CanonicalizeTarget(std::string_view target);
 
 }  // namespace stitch

@@ -177,19 +177,21 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
   Impl* self = impl.get();
   HttpRouter router;
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
-  router.Add("GET", "/replicas",
-             RequireBearerToken(self->options.auth_token,
-                                [self](HttpExchange& ex) { return self->Replicas(ex); }));
+  router.Add(
+      "GET", "/replicas", [self](HttpExchange& ex) { return self->Replicas(ex); },
+      self->options.auth_token);
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->Metrics(ex); });
   // The page holds no data; what it draws is the fleet's, as on /replicas.
   router.Add("GET", "/ui", [self](HttpExchange& ex) { return self->Ui(ex); });
-  router.Add("GET", "/ui/state",
-             RequireBearerToken(self->options.auth_token,
-                                [self](HttpExchange& ex) { return self->UiState(ex); }));
-  router.SetFallback(RequireBearerToken(
-      self->options.auth_data_plane ? self->options.auth_token : std::string(),
-      [self](HttpExchange& ex) { return DispatchApiRequest(ex, self->handlers); }));
-  auto server = HttpServer::Start(executor, self->options.server, router.AsHandler());
+  router.Add(
+      "GET", "/ui/state", [self](HttpExchange& ex) { return self->UiState(ex); },
+      self->options.auth_token);
+  router.SetFallback([self](HttpExchange& ex) { return DispatchApiRequest(ex, self->handlers); },
+                     self->options.auth_data_plane ? self->options.auth_token : std::string());
+  // Strangers are refused at the header, before their bodies are held.
+  ServerOptions server_options = self->options.server;
+  server_options.head_check = router.TokenCheck();
+  auto server = HttpServer::Start(executor, server_options, router.AsHandler());
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);
   impl->table.Start();

@@ -31,6 +31,7 @@
 #include "stitch/api/server_info.h"
 #include "stitch/core/json.h"
 #include "stitch/core/state.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
@@ -119,6 +120,8 @@ class ScriptedReplica {
   int held() const { return held_; }
   void set_info_hangs(bool hangs) { info_hangs_ = hangs; }
   void set_mode(Mode mode) { mode_ = mode; }
+  // /wake then needs this bearer token, as a sidecar's does.
+  void set_wake_token(std::string token) { wake_token_ = std::move(token); }
   int generates() const { return generates_; }
   int wakes() const { return wakes_; }
   int others() const { return others_; }
@@ -145,6 +148,10 @@ class ScriptedReplica {
     (void)co_await ex.Respond(JsonResponse(200, std::move(body)));
   }
   awaitable<void> Wake(HttpExchange& ex) {
+    if (!wake_token_.empty() && !PresentsBearerToken(ex.request().headers, wake_token_)) {
+      (void)co_await ex.Respond(UnauthorizedResponse("POST /wake"));
+      co_return;
+    }
     ++wakes_;
     (void)co_await ex.Respond(JsonResponse(200, "{}"));
   }
@@ -254,6 +261,7 @@ class ScriptedReplica {
   std::atomic<int64_t> version_{0};
   std::atomic<int64_t> pointer_{-1};
   std::atomic<Mode> mode_{Mode::kServe};
+  std::string wake_token_;
   std::atomic<int> generates_{0};
   std::atomic<int> wakes_{0};
   std::atomic<int> others_{0};
@@ -801,6 +809,30 @@ TEST_F(GatewayTest, TheDashboardsStateNeedsTheFleetsTokenLikeReplicas) {
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->status, 200);
   EXPECT_TRUE(Parse(state->body).contains("replicas")) << state->body;
+}
+
+// Without --auth-data-plane the gateway serves strangers, but never with its
+// own token: a replica's token-protected /wake stays closed to them.
+TEST_F(GatewayTest, TheGatewayNeverLendsItsTokenToARequestItDidNotAuthenticate) {
+  ScriptedReplica& replica = AddReplica(true, 1);
+  replica.set_wake_token("s3cret");
+  GatewayOptions options = Options(30s, 50ms);
+  options.auth_token = "s3cret";
+  options.auth_data_plane = false;
+  StartGateway(StaticSpec(), options);
+  ASSERT_TRUE(ReadyCount(1));
+  auto stranger = HttpFetch("POST", gateway_->url() + "/wake", "{}");
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  EXPECT_EQ(stranger->status, 401) << stranger->body;
+  EXPECT_EQ(replica.wakes(), 0);
+  FetchOptions with_token;
+  with_token.headers.Set("Authorization", "Bearer s3cret");
+  auto member = HttpFetch("POST", gateway_->url() + "/wake", "{}", with_token);
+  ASSERT_TRUE(member.ok()) << member.status();
+  EXPECT_EQ(member->status, 200) << member->body;
+  EXPECT_EQ(replica.wakes(), 1);
+  // The open data plane still serves strangers.
+  EXPECT_EQ(Generate("").status, 200);
 }
 
 TEST_F(GatewayTest, AReplicaAddedToAFilePoolEntersRotationOnlyOnceReady) {

@@ -59,7 +59,11 @@ Relay::Relay(HttpClient& client, ReplicaTable& table, Clock& clock, const Gatewa
 
 HttpHeaders Relay::UpstreamHeaders(const HttpHeaders& from) const {
   HttpHeaders headers = RequestHeadersToForward(from, BodyRelay::kUnchanged);
-  if (!options_.auth_token.empty()) {
+  // The gateway's token goes only with a request that presented it here:
+  // a request the gateway did not authenticate (its data plane open) goes
+  // on with whatever the caller sent, so that it cannot borrow the
+  // gateway's credential for a replica's token-protected routes.
+  if (!options_.auth_token.empty() && PresentsBearerToken(from, options_.auth_token)) {
     headers.Set("Authorization", BearerValue(options_.auth_token));
   }
   return headers;

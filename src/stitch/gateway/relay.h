@@ -52,9 +52,10 @@ class Relay {
 
  private:
   enum class Outcome { kDone, kRetry, kClientGone };
-  // The headers a replica gets: the client's as api/headers.h passes them,
-  // with the gateway's own token in place of the client's Authorization
-  // (that was for the gateway) when it has one.
+  // The headers a replica gets: the client's as api/headers.h passes them.
+  // The gateway's own token goes on only for a client that presented it to
+  // the gateway; any other request keeps the caller's Authorization (or
+  // none), so that the gateway never lends its credential.
   HttpHeaders UpstreamHeaders(const HttpHeaders& from) const;
   // Why the gateway answers 409 itself.
   enum class NotServed { kAfterWaiting, kNeverServable };

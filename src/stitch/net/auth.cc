@@ -70,18 +70,4 @@ HttpResponse UnauthorizedResponse(std::string_view what) {
   return response;
 }
 
-HttpHandler RequireBearerToken(std::string token, HttpHandler inner) {
-  if (token.empty()) return inner;
-  return [token = std::move(token),
-          inner = std::move(inner)](HttpExchange& exchange) -> boost::asio::awaitable<void> {
-    if (PresentsBearerToken(exchange.request().headers, token)) {
-      co_await inner(exchange);
-      co_return;
-    }
-    HttpResponse response = UnauthorizedResponse(absl::StrCat(
-        exchange.request().method, " ", AbslView(TargetPath(exchange.request().target))));
-    (void)co_await exchange.Respond(std::move(response));
-  };
-}
-
 }  // namespace stitch

@@ -39,8 +39,7 @@ std::string BearerValue(std::string_view token);
 // The 401 answer to a request without the token: `what` names the route.
 HttpResponse UnauthorizedResponse(std::string_view what);
 
-// `inner`, behind the token: a request that does not present it gets the
-// 401 instead. With an empty token, `inner` itself.
-HttpHandler RequireBearerToken(std::string token, HttpHandler inner);
+// Routes behind a token: HttpRouter::Add's `token` (server.h), whose
+// TokenCheck() refuses strangers at the header.
 
 }  // namespace stitch

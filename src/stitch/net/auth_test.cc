@@ -7,14 +7,17 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
+#include "stitch/net/net_test_util.h"
 #include "stitch/net/server.h"
 
 namespace stitch {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::RawSocket;
 
 class TokenFile {
  public:
@@ -75,32 +78,66 @@ TEST(AuthTest, OnlyTheExactBearerTokenIsAccepted) {
 TEST(AuthTest, AGuardedRouteAnswers401WithoutTheToken) {
   EventLoop loop;
   HttpRouter router;
-  router.Add("POST", "/wake",
-             RequireBearerToken("tok", [](HttpExchange& ex) -> boost::asio::awaitable<void> {
-               (void)co_await ex.Respond(JsonResponse(200, "{}"));
-             }));
-  router.Add("GET", "/open",
-             RequireBearerToken("", [](HttpExchange& ex) -> boost::asio::awaitable<void> {
-               (void)co_await ex.Respond(JsonResponse(200, "{}"));
-             }));
-  auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+  router.Add(
+      "POST", "/wake",
+      [](HttpExchange& ex) -> boost::asio::awaitable<void> {
+        (void)co_await ex.Respond(JsonResponse(200, "{}"));
+      },
+      "tok");
+  router.Add("GET", "/open", [](HttpExchange& ex) -> boost::asio::awaitable<void> {
+    (void)co_await ex.Respond(JsonResponse(200, "{}"));
+  });
+  // The router answers by itself, and at the header with its TokenCheck.
+  for (bool at_head : {false, true}) {
+    ServerOptions options;
+    if (at_head) options.head_check = router.TokenCheck();
+    auto server = HttpServer::Start(loop.executor(), options, router.AsHandler());
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string url = (*server)->url();
+
+    auto refused = HttpFetch("POST", url + "/wake", "{}");
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->status, 401);
+    EXPECT_THAT(refused->body, HasSubstr("\"type\":\"Unauthorized\""));
+    EXPECT_THAT(refused->body, HasSubstr("POST /wake needs the bearer token"));
+    EXPECT_EQ(refused->headers.Get("WWW-Authenticate"), "Bearer");
+
+    FetchOptions wrong;
+    wrong.headers.Set("Authorization", "Bearer nope");
+    EXPECT_EQ(HttpFetch("POST", url + "/wake", "{}", wrong)->status, 401);
+    FetchOptions right;
+    right.headers.Set("Authorization", "Bearer tok");
+    EXPECT_EQ(HttpFetch("POST", url + "/wake", "{}", right)->status, 200);
+    EXPECT_EQ(HttpFetch("GET", url + "/open")->status, 200);
+    EXPECT_EQ((*server)->stats().refused_at_head, at_head ? 2u : 0u);
+    loop.BlockOn((*server)->Shutdown());
+  }
+}
+
+// With two, the first would decide here and another hop might read the
+// other: right-then-wrong and wrong-then-right are both refused.
+TEST(AuthTest, TwoAuthorizationHeadersAreABadRequest) {
+  EventLoop loop;
+  HttpRouter router;
+  router.Add(
+      "POST", "/wake",
+      [](HttpExchange& ex) -> boost::asio::awaitable<void> {
+        (void)co_await ex.Respond(JsonResponse(200, "{}"));
+      },
+      "tok");
+  ServerOptions options;
+  options.head_check = router.TokenCheck();
+  auto server = HttpServer::Start(loop.executor(), options, router.AsHandler());
   ASSERT_TRUE(server.ok()) << server.status();
-  const std::string url = (*server)->url();
-
-  auto refused = HttpFetch("POST", url + "/wake", "{}");
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  EXPECT_EQ(refused->status, 401);
-  EXPECT_THAT(refused->body, HasSubstr("\"type\":\"Unauthorized\""));
-  EXPECT_THAT(refused->body, HasSubstr("POST /wake needs the bearer token"));
-  EXPECT_EQ(refused->headers.Get("WWW-Authenticate"), "Bearer");
-
-  FetchOptions wrong;
-  wrong.headers.Set("Authorization", "Bearer nope");
-  EXPECT_EQ(HttpFetch("POST", url + "/wake", "{}", wrong)->status, 401);
-  FetchOptions right;
-  right.headers.Set("Authorization", "Bearer tok");
-  EXPECT_EQ(HttpFetch("POST", url + "/wake", "{}", right)->status, 200);
-  EXPECT_EQ(HttpFetch("GET", url + "/open")->status, 200);
+  for (const char* pair : {"Authorization: Bearer tok\r\nAuthorization: Bearer nope\r\n",
+                           "Authorization: Bearer nope\r\nauthorization: Bearer tok\r\n"}) {
+    RawSocket socket((*server)->port());
+    ASSERT_TRUE(socket.connected());
+    socket.Send(
+        absl::StrCat("POST /wake HTTP/1.1\r\nHost: x\r\n", pair, "Content-Length: 2\r\n\r\n{}"));
+    const std::string answer = socket.ReadUntil("\r\n\r\n");
+    EXPECT_THAT(answer, ::testing::StartsWith("HTTP/1.1 400")) << pair;
+  }
   loop.BlockOn((*server)->Shutdown());
 }
 

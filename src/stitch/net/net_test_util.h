@@ -64,8 +64,16 @@ inline void SetReceiveTimeout(int fd) {
 // A blocking TCP client on 127.0.0.1.
 class RawSocket {
  public:
-  explicit RawSocket(uint16_t port) {
+  // `source`: the loopback address to connect from (127.0.0.1 by default),
+  // to stand for another client.
+  explicit RawSocket(uint16_t port, const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      (void)::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from));
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);

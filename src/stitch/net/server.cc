@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/asio_internal.h"
+#include "stitch/net/auth.h"
 #include "stitch/net/wire.h"
 
 namespace stitch {
@@ -60,6 +61,10 @@ struct HttpServer::State {
   // Written on the loop thread only; atomic so that stats() may read them.
   std::atomic<uint64_t> body_bytes_held{0};
   std::atomic<uint64_t> over_budget{0};
+  std::atomic<uint64_t> refused_at_head{0};
+  std::atomic<uint64_t> slow_bodies_cut{0};
+  // Body bytes held per client address (loop thread only; no zero entries).
+  absl::flat_hash_map<std::string, uint64_t> held_by_client;
 };
 
 namespace net_internal {
@@ -97,7 +102,10 @@ class ServerConnection {
     boost::system::error_code ec;
     socket_.set_option(Tcp::no_delay(true), ec);
     Tcp::endpoint remote = socket_.remote_endpoint(ec);
-    if (!ec) peer_ = absl::StrCat(remote.address().to_string(), ":", remote.port());
+    if (!ec) {
+      client_ = remote.address().to_string();
+      peer_ = absl::StrCat(client_, ":", remote.port());
+    }
   }
   ~ServerConnection() {
     ReleaseBody();
@@ -160,10 +168,18 @@ class ServerConnection {
         co_await Reject(ec);
         co_return;
       }
-      if (std::optional<std::string> refusal = RefuseTarget(parser_->get()); refusal.has_value()) {
+      if (std::optional<std::string> refusal = RefuseHead(parser_->get()); refusal.has_value()) {
         HttpResponse answer = JsonResponse(400, JsonErrorBody("BadRequest", *refusal));
         co_await AnswerAndClose(std::move(answer));
         co_return;
+      }
+      head_ = ReadHead(parser_->get());
+      if (options_.head_check) {
+        if (std::optional<HttpResponse> answer = options_.head_check(head_); answer.has_value()) {
+          server_->refused_at_head.fetch_add(1, std::memory_order_relaxed);
+          co_await AnswerAndClose(*std::move(answer));
+          co_return;
+        }
       }
       if (!parser_->is_done()) {
         // A declared length is held before it is read; a chunked body is
@@ -183,23 +199,22 @@ class ServerConnection {
               "100 Continue");
           if (!status.ok()) co_return;
         }
-        deadline_.ArmAfter(options_.body_timeout);
-        if (length.has_value()) {
-          auto [body_ec, body_n] = co_await http::async_read(socket_, buffer_, *parser_, kAwait);
-          if (body_ec) {
-            co_await Reject(body_ec);
-            co_return;
-          }
-        }
+        const Clock::time_point body_start = Clock::now();
+        const Clock::time_point body_end = body_start + options_.body_timeout;
         while (!parser_->is_done()) {
+          const size_t before = parser_->get().body().size();
+          deadline_.ArmAt(std::min(body_end, NextBodyByteDue(body_start, before)));
           auto [body_ec, body_n] =
               co_await http::async_read_some(socket_, buffer_, *parser_, kAwait);
           if (body_ec) {
+            if (deadline_.expired() && Clock::now() < body_end) {
+              server_->slow_bodies_cut.fetch_add(1, std::memory_order_relaxed);
+            }
             co_await Reject(body_ec);
             co_return;
           }
           const size_t size = parser_->get().body().size();
-          if (size > held_body_ && !HoldBody(size - held_body_)) {
+          if (!length.has_value() && size > held_body_ && !HoldBody(size - held_body_)) {
             co_await RefuseOverBudget(std::nullopt);
             co_return;
           }
@@ -215,11 +230,16 @@ class ServerConnection {
   // Why the request whose header is `head` is refused (400), if it is: only
   // origin-form targets ("/path?query") are served, so that a handler never
   // passes a proxy's target (CONNECT's authority, OPTIONS *, an absolute
-  // URL) to a server behind it.
-  static std::optional<std::string> RefuseTarget(const http::request<http::string_body>& head) {
+  // URL) to a server behind it; and one Authorization header at most, since
+  // with two the first would decide here and another hop might read the
+  // other.
+  static std::optional<std::string> RefuseHead(const http::request<http::string_body>& head) {
     const std::string_view target(head.target().data(), head.target().size());
     if (head.method() == http::verb::connect) {
       return "CONNECT is not served: this server is not a tunnelling proxy";
+    }
+    if (head.count(http::field::authorization) > 1) {
+      return "the request has more than one Authorization header; send one";
     }
     if (target.empty() || target.front() != '/') {
       constexpr size_t kMaxShown = 200;
@@ -231,21 +251,60 @@ class ServerConnection {
     return std::nullopt;
   }
 
+  // The request's method, target and headers, as handlers and the head
+  // check see them; the body follows in Handle().
+  static HttpRequest ReadHead(const http::request<http::string_body>& msg) {
+    HttpRequest request;
+    request.method = std::string(msg.method_string());
+    request.target = std::string(msg.target());
+    for (const auto& field : msg) request.headers.Add(field.name_string(), field.value());
+    return request;
+  }
+
+  // When the body's next byte is due: once the grace is over, the body read
+  // so far (`received` bytes) must keep up with the minimum rate.
+  Clock::time_point NextBodyByteDue(Clock::time_point body_start, size_t received) const {
+    if (options_.min_body_bytes_per_second == 0) return Clock::time_point::max();
+    const double seconds =
+        static_cast<double>(received) / static_cast<double>(options_.min_body_bytes_per_second);
+    return body_start + options_.min_body_rate_grace +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
   // Counts `bytes` more of this request's body against the server's budget
-  // for bodies held at once; false (nothing counted) when it would pass it.
+  // for bodies held at once and its client's share of it; false (nothing
+  // counted) when it would pass either.
   bool HoldBody(uint64_t bytes) {
+    const uint64_t total = options_.max_total_body_bytes;
     const uint64_t held = server_->body_bytes_held.load(std::memory_order_relaxed);
-    if (bytes > options_.max_total_body_bytes || held + bytes > options_.max_total_body_bytes) {
+    if (bytes > total || held + bytes > total) return false;
+    const double share = std::clamp(options_.max_client_body_share, 0.0, 1.0);
+    const auto client_limit = static_cast<uint64_t>(share * static_cast<double>(total));
+    uint64_t& by_client = server_->held_by_client[client_];
+    if (share < 1.0 &&
+        by_client + bytes > std::max<uint64_t>(client_limit, options_.max_body_bytes)) {
+      if (by_client == 0) server_->held_by_client.erase(client_);
       return false;
     }
+    by_client += bytes;
     server_->body_bytes_held.store(held + bytes, std::memory_order_relaxed);
     held_body_ += bytes;
     return true;
   }
 
+  uint64_t ClientHeld() const {
+    auto it = server_->held_by_client.find(client_);
+    return it == server_->held_by_client.end() ? 0 : it->second;
+  }
+
   void ReleaseBody() {
     if (held_body_ == 0) return;
     server_->body_bytes_held.fetch_sub(held_body_, std::memory_order_relaxed);
+    auto it = server_->held_by_client.find(client_);
+    if (it != server_->held_by_client.end()) {
+      it->second -= std::min(it->second, held_body_);
+      if (it->second == 0) server_->held_by_client.erase(it);
+    }
     held_body_ = 0;
   }
 
@@ -255,13 +314,14 @@ class ServerConnection {
     const std::string size =
         length.has_value() ? absl::StrCat("its ", *length, "-byte body") : "its chunked body";
     HttpResponse response = JsonResponse(
-        503, JsonErrorBody(
-                 "Overloaded",
-                 absl::StrCat("the server holds ",
-                              server_->body_bytes_held.load(std::memory_order_relaxed),
-                              " bytes of request bodies and ", size, " would pass its limit of ",
-                              options_.max_total_body_bytes, " bytes; retry shortly"),
-                 /*retryable=*/true));
+        503,
+        JsonErrorBody("Overloaded",
+                      absl::StrCat("the server holds ",
+                                   server_->body_bytes_held.load(std::memory_order_relaxed),
+                                   " bytes of request bodies (this client ", ClientHeld(), ") and ",
+                                   size, " would pass its limit of ", options_.max_total_body_bytes,
+                                   " bytes, or this client's share of it; retry shortly"),
+                      /*retryable=*/true));
     response.headers.Set("Retry-After", "1");
     co_await AnswerAndClose(std::move(response));
   }
@@ -325,10 +385,7 @@ class ServerConnection {
     http::request<http::string_body> msg = parser_->release();
     parser_.reset();
     server_->requests.fetch_add(1, std::memory_order_relaxed);
-    HttpRequest request;
-    request.method = std::string(msg.method_string());
-    request.target = std::string(msg.target());
-    for (const auto& field : msg) request.headers.Add(field.name_string(), field.value());
+    HttpRequest request = std::exchange(head_, HttpRequest());
     request.body = std::move(msg.body());
     HttpExchange exchange(this, std::move(request), peer_, msg.version(), msg.keep_alive());
 
@@ -452,6 +509,8 @@ class ServerConnection {
   SocketDeadline deadline_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string peer_ = "unknown peer";
+  std::string client_;  // the peer's address, whose share of the body budget held_body_ counts in
+  HttpRequest head_;    // the current request's, once its header arrived
   uint64_t held_body_ = 0;  // of the server's body budget, for the current request
 
   boost::asio::cancellation_signal monitor_cancel_;
@@ -770,20 +829,48 @@ ServerStats HttpServer::stats() const {
   s.requests = state_->requests.load(std::memory_order_relaxed);
   s.body_bytes_held = state_->body_bytes_held.load(std::memory_order_relaxed);
   s.refused_over_budget = state_->over_budget.load(std::memory_order_relaxed);
+  s.refused_at_head = state_->refused_at_head.load(std::memory_order_relaxed);
+  s.slow_bodies_cut = state_->slow_bodies_cut.load(std::memory_order_relaxed);
   return s;
 }
 
 // ---------------------------------------------------------------------------
 // HttpRouter
 
-void HttpRouter::Add(std::string method, std::string path, HttpHandler handler) {
+void HttpRouter::Add(std::string method, std::string path, HttpHandler handler, std::string token) {
   routes_.try_emplace(std::move(path))
-      .first->second.push_back(Route{std::move(method), std::move(handler)});
+      .first->second.push_back(Route{std::move(method), std::move(handler), std::move(token)});
+}
+
+const std::string& HttpRouter::TokenFor(const HttpRequest& request) const {
+  auto it = routes_.find(AbslView(TargetPath(request.target)));
+  if (it != routes_.end()) {
+    for (const Route& route : it->second) {
+      if (route.method == request.method) return route.token;
+    }
+  }
+  static const std::string kNone;
+  return fallback_ ? fallback_token_ : kNone;
+}
+
+HeadCheck HttpRouter::TokenCheck() const {
+  auto router = std::make_shared<const HttpRouter>(*this);
+  return [router](const HttpRequest& head) -> std::optional<HttpResponse> {
+    const std::string& token = router->TokenFor(head);
+    if (token.empty() || PresentsBearerToken(head.headers, token)) return std::nullopt;
+    return UnauthorizedResponse(absl::StrCat(head.method, " ", AbslView(TargetPath(head.target))));
+  };
 }
 
 boost::asio::awaitable<void> HttpRouter::Dispatch(HttpExchange& exchange) const {
   const HttpRequest& request = exchange.request();
   std::string_view path = TargetPath(request.target);
+  if (const std::string& token = TokenFor(request);
+      !token.empty() && !PresentsBearerToken(request.headers, token)) {
+    HttpResponse refused = UnauthorizedResponse(absl::StrCat(request.method, " ", AbslView(path)));
+    (void)co_await exchange.Respond(std::move(refused));
+    co_return;
+  }
   auto it = routes_.find(AbslView(path));
   if (it != routes_.end()) {
     for (const Route& route : it->second) {

@@ -11,22 +11,30 @@
 // request when both sides allow it. The server answers by itself, with a JSON
 // error body ({"error": {"type", "message"}}, net/http.h JsonErrorBody) and then closes the
 // connection:
-//   400 BadRequest          a request Beast cannot parse, CONNECT, or a target
+//   400 BadRequest          a request Beast cannot parse, CONNECT, a target
 //                           that is not origin-form ("/path?query"): handlers
-//                           never see `*`, an authority or an absolute URL
+//                           never see `*`, an authority or an absolute URL;
+//                           or more than one Authorization header (which one
+//                           counts would depend on who reads it)
 //   413 PayloadTooLarge     a body over ServerOptions::max_body_bytes
 //   431 HeadersTooLarge     a header over ServerOptions::max_header_bytes
 //   503 Overloaded          a body that would pass
-//                           ServerOptions::max_total_body_bytes (with
-//                           Retry-After: 1 and "retryable": true); its bytes
-//                           are not read
+//                           ServerOptions::max_total_body_bytes, or its
+//                           client's share of it (with Retry-After: 1 and
+//                           "retryable": true); its bytes are not read
 //   500 HandlerError        a handler that returned without responding or threw
-// Timeouts close the connection without an answer.
+//   whatever ServerOptions::head_check answers, at the header (a 401)
+// Timeouts close the connection without an answer, and so does a body that
+// arrives slower than ServerOptions::min_body_bytes_per_second.
 //
 // Memory: a request's body counts against max_total_body_bytes from its
 // header (its Content-Length; a chunked body as it arrives) until its handler
 // returns, whatever the handler did with the bytes; so the bodies a server
-// holds at once, and what handlers derive from them, stay bounded.
+// holds at once, and what handlers derive from them, stay bounded. Three
+// rules keep strangers from holding that budget: the head check runs before
+// any body is held (a server whose routes need a token refuses strangers
+// there), one client address holds at most max_client_body_share of it, and
+// a body that trickles in is cut.
 //
 // Client disconnects: from the handler's first interest (a call to
 // disconnected(), WaitDisconnected(), AbortOnDisconnect() or
@@ -66,6 +74,12 @@ class ServerConnection;
 inline constexpr size_t kDefaultMaxBodyBytes = size_t{32} << 20;
 inline constexpr size_t kDefaultMaxTotalBodyBytes = size_t{512} << 20;
 
+// Looks at a request's method, target and headers (its body is empty: not
+// read yet) when its header has arrived. An answer it returns is sent at
+// once and the connection closed, the body unread and never held against
+// the body budget; nullopt lets the request go on.
+using HeadCheck = std::function<std::optional<HttpResponse>(const HttpRequest& head)>;
+
 // Where engine, sidecar and gateway listen unless told otherwise: this
 // machine only. A sidecar or gateway that other hosts reach is started with
 // --host 0.0.0.0 (or one interface's address).
@@ -86,6 +100,20 @@ struct ServerOptions {
   // maximal requests, or hundreds of 1 MB prompts, at once. Raise it on a
   // gateway in front of a large fleet. REQUIRES: >= max_body_bytes.
   size_t max_total_body_bytes = kDefaultMaxTotalBodyBytes;
+  // The share of max_total_body_bytes that the requests of one client
+  // address may hold at once (503 beyond), so that one client cannot take
+  // it all. A server behind a proxy sees the proxy as one client: raise it
+  // there (1.0: no bound of its own). In (0, 1].
+  double max_client_body_share = 0.5;
+  // Slow bodies: from `min_body_rate_grace` after a request's header, its
+  // body must have arrived at this average rate or better, or the
+  // connection is closed (the body is not waited for until body_timeout).
+  // 0: no minimum.
+  size_t min_body_bytes_per_second = size_t{64} << 10;
+  std::chrono::milliseconds min_body_rate_grace = std::chrono::seconds(2);
+  // See HeadCheck; none when empty. HttpRouter::TokenCheck() makes the one
+  // that refuses requests without the bearer tokens the routes need.
+  HeadCheck head_check;
   // Largest request header accepted (431 beyond).
   size_t max_header_bytes = size_t{64} << 10;
   // From the first byte of a request (or the accept) to its complete header.
@@ -203,7 +231,9 @@ struct ServerStats {
   uint64_t connections_active = 0;
   uint64_t requests = 0;
   uint64_t body_bytes_held = 0;      // counted against max_total_body_bytes now
-  uint64_t refused_over_budget = 0;  // 503s for passing max_total_body_bytes
+  uint64_t refused_over_budget = 0;  // 503s for passing max_total_body_bytes or a client's share
+  uint64_t refused_at_head = 0;      // answers of the head check
+  uint64_t slow_bodies_cut = 0;      // bodies under min_body_bytes_per_second
 };
 
 class HttpServer {
@@ -259,24 +289,40 @@ void RaiseOpenFileLimit();
 // A tiny router: exact path (request target without its query) plus method.
 // Unknown paths get 404 and known paths with another method 405 (with an
 // Allow header), both with JSON error bodies, unless a fallback is set.
+// A route (or the fallback) added with a bearer token answers a request that
+// does not present it with 401 (auth.h); TokenCheck() gives the same answer
+// at the header, before the body is read.
 class HttpRouter {
  public:
-  void Add(std::string method, std::string path, HttpHandler handler);
+  // `token`: what the route needs as "Authorization: Bearer <token>"; none
+  // when empty.
+  void Add(std::string method, std::string path, HttpHandler handler, std::string token = {});
   // Handles every request no route matches (instead of the 404 and 405).
-  void SetFallback(HttpHandler handler) { fallback_ = std::move(handler); }
+  void SetFallback(HttpHandler handler, std::string token = {}) {
+    fallback_ = std::move(handler);
+    fallback_token_ = std::move(token);
+  }
 
   boost::asio::awaitable<void> Dispatch(HttpExchange& exchange) const;
 
   // A handler for HttpServer::Start holding a copy of this router.
   HttpHandler AsHandler() const;
+  // A ServerOptions::head_check holding a copy of this router's tokens: the
+  // 401 for a request that lacks the token of the route it would reach.
+  HeadCheck TokenCheck() const;
 
  private:
   struct Route {
     std::string method;
     HttpHandler handler;
+    std::string token;
   };
+  // The token the request needs ("" for none).
+  const std::string& TokenFor(const HttpRequest& request) const;
+
   absl::flat_hash_map<std::string, std::vector<Route>> routes_;
   HttpHandler fallback_;
+  std::string fallback_token_;
 };
 
 }  // namespace stitch

@@ -73,7 +73,7 @@ TEST(HttpServerTest, BodyOverTheLimitGets413) {
   Harness h(Echo, options);
   auto small = h.Send(Post("/", std::string(1024, 'a')));
   ASSERT_TRUE(small.ok()) << small.status();
-  EXPECT_EQ(small->status, 200);
+  EXPECT_EQ(small->status, 200) << small->body;
 
   auto r = h.Send(Post("/", std::string(4096, 'a')));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -137,6 +137,7 @@ TEST(HttpServerTest, BodiesHeldAtOnceAreBoundedWithA503) {
   ServerOptions options;
   options.max_body_bytes = 4000;
   options.max_total_body_bytes = 6000;
+  options.max_client_body_share = 1.0;  // one client here; its share is tested below
   std::atomic<int> handled{0};
   Harness* harness = nullptr;
   Harness h(
@@ -182,7 +183,7 @@ TEST(HttpServerTest, BodiesHeldAtOnceAreBoundedWithA503) {
   // What fits still passes.
   auto small = h.Send(Post("/", std::string(2000, 's')));
   ASSERT_TRUE(small.ok()) << small.status();
-  EXPECT_EQ(small->status, 200);
+  EXPECT_EQ(small->status, 200) << small->body;
 
   // Once the held request is answered, its bytes are free again.
   h.gate->Open();
@@ -193,6 +194,96 @@ TEST(HttpServerTest, BodiesHeldAtOnceAreBoundedWithA503) {
   EXPECT_EQ(big->status, 200);
   // (Its handler returns just after the answer went out.)
   EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+}
+
+std::string PostHead(const std::string& target, size_t length, const std::string& extra = "") {
+  return absl::StrCat("POST ", target, " HTTP/1.1\r\nHost: x\r\n", extra,
+                      "Content-Length: ", length, "\r\n\r\n");
+}
+
+// One client address holds at most its share of the budget: a second
+// client still gets in.
+TEST(HttpServerTest, OneClientHoldsAtMostItsShareOfTheBodyBudget) {
+  ServerOptions options;
+  options.max_body_bytes = 4000;
+  options.max_total_body_bytes = 10000;
+  options.max_client_body_share = 0.5;
+  std::atomic<int> handled{0};
+  Harness* harness = nullptr;
+  Harness h(
+      [&](HttpExchange& ex) -> awaitable<void> {
+        ++handled;
+        if (ex.request().target == "/hold") co_await harness->gate->Wait();
+        co_await Echo(ex);
+      },
+      options);
+  harness = &h;
+  RawSocket held(h.server->port(), "127.0.0.2");
+  ASSERT_TRUE(held.connected());
+  held.Send(PostHead("/hold", 4000) + std::string(4000, 'p'));
+  ASSERT_TRUE(WaitUntil([&] { return handled.load() == 1; }));
+  // 4000 + 2000 passes 127.0.0.2's share of 5000, though not the budget.
+  RawSocket more(h.server->port(), "127.0.0.2");
+  more.Send(PostHead("/", 2000));
+  const std::string answer = more.ReadUntil("\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  EXPECT_NE(answer.find("this client 4000"), std::string::npos) << answer;
+  auto other = h.Send(Post("/", std::string(4000, 'o')));  // from 127.0.0.1
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->status, 200);
+  h.gate->Open();
+  EXPECT_EQ(held.ReadUntil("pppp").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+}
+
+// A body that trickles in is cut once the grace is over, and what it held
+// is free again; a body at the minimum rate or better is read.
+TEST(HttpServerTest, ABodySlowerThanTheMinimumRateIsCut) {
+  ServerOptions options;
+  options.min_body_bytes_per_second = 10000;
+  options.min_body_rate_grace = std::chrono::milliseconds(200);
+  Harness h(Echo, options);
+  RawSocket slow(h.server->port());
+  ASSERT_TRUE(slow.connected());
+  slow.Send(PostHead("/", 1 << 20) + "x");
+  ASSERT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == (1u << 20); }));
+  bool closed = false;
+  const std::string answer = slow.ReadUntilClosed(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(answer, "");
+  EXPECT_EQ(h.server->stats().slow_bodies_cut, 1u);
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+  auto fine = h.Send(Post("/", std::string(100000, 'f')));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->status, 200);
+}
+
+// Strangers are refused at the header: slow bodies without the token hold
+// nothing, so a request with it still gets in.
+TEST(HttpServerTest, TheHeadCheckRunsBeforeAnyBodyIsHeld) {
+  ServerOptions options;
+  options.max_body_bytes = 4000;
+  options.max_total_body_bytes = 8000;
+  options.max_client_body_share = 1.0;
+  options.head_check = [](const HttpRequest& head) -> std::optional<HttpResponse> {
+    if (head.headers.Get("x-key") == "k") return std::nullopt;
+    return JsonResponse(401, JsonErrorBody("Unauthorized", "no key"));
+  };
+  Harness h(Echo, options);
+  std::vector<std::unique_ptr<RawSocket>> strangers;
+  for (int i = 0; i < 4; ++i) {
+    strangers.push_back(std::make_unique<RawSocket>(h.server->port()));
+    strangers.back()->Send(PostHead("/", 4000) + "s");
+    const std::string answer = strangers.back()->ReadUntil("\r\n\r\n");
+    EXPECT_EQ(answer.rfind("HTTP/1.1 401", 0), 0u) << answer;
+  }
+  EXPECT_EQ(h.server->stats().body_bytes_held, 0u);
+  EXPECT_EQ(h.server->stats().refused_at_head, 4u);
+  HttpRequest keyed = Post("/", std::string(4000, 'k'));
+  keyed.headers.Set("x-key", "k");
+  auto answer = h.Send(keyed);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->status, 200);
 }
 
 TEST(HttpServerTest, ABodyBudgetBelowThePerRequestLimitIsRefusedAtStart) {

@@ -998,10 +998,15 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::Start(EngineOptions 
   server_options.port = impl->options.port;
   HttpHandler routes = impl->Routes().AsHandler();
   if (!impl->options.api_key.empty()) {
-    // As SGLang: health checks stay open, everything else needs the key.
-    routes = [open = routes,
-              guarded = RequireBearerToken(impl->options.api_key, routes)](HttpExchange& ex) {
-      return TargetPath(ex.request().target) == "/health" ? open(ex) : guarded(ex);
+    // As SGLang: health checks stay open, everything else needs the key,
+    // checked at the header so that strangers hold no body budget.
+    server_options.head_check =
+        [key = impl->options.api_key](const HttpRequest& head) -> std::optional<HttpResponse> {
+      if (TargetPath(head.target) == "/health" || PresentsBearerToken(head.headers, key)) {
+        return std::nullopt;
+      }
+      return UnauthorizedResponse(
+          absl::StrCat(head.method, " ", AbslView(TargetPath(head.target))));
     };
   }
   absl::StatusOr<std::unique_ptr<HttpServer>> http =

@@ -52,16 +52,16 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   const std::string data_token = settings.auth_data_plane ? settings.auth_token : std::string();
   HttpRouter router;
   router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
-  router.Add("GET", "/server_info", RequireBearerToken(data_token, [self](HttpExchange& ex) {
-               return self->ServerInfo(ex);
-             }));
+  router.Add(
+      "GET", "/server_info", [self](HttpExchange& ex) { return self->ServerInfo(ex); }, data_token);
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); });
-  router.Add("POST", "/wake", RequireBearerToken(settings.auth_token, [self](HttpExchange& ex) {
-               return self->Wake(ex);
-             }));
-  router.SetFallback(RequireBearerToken(
-      data_token, [self](HttpExchange& ex) { return self->proxy_->Handle(ex); }));
-  auto server = HttpServer::Start(ports.loop, settings.server, router.AsHandler());
+  router.Add(
+      "POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); }, settings.auth_token);
+  router.SetFallback([self](HttpExchange& ex) { return self->proxy_->Handle(ex); }, data_token);
+  // Strangers are refused at the header, before their bodies are held.
+  ServerOptions server_options = settings.server;
+  server_options.head_check = router.TokenCheck();
+  auto server = HttpServer::Start(ports.loop, server_options, router.AsHandler());
   if (!server.ok()) co_return Annotate(server.status(), "sidecar");
   sidecar->server_ = *std::move(server);
 
