@@ -21,6 +21,8 @@ absl::string_view KindName(ErrorKind kind) {
       return "checksum_mismatch";
     case ErrorKind::kVersionNotReady:
       return "version_not_ready";
+    case ErrorKind::kPointerMalformed:
+      return "pointer_malformed";
     case ErrorKind::kOther:
       break;
   }
@@ -39,8 +41,9 @@ ErrorKind GetErrorKind(const absl::Status& status) {
   auto payload = status.GetPayload(kKindUrl);
   if (!payload) return ErrorKind::kOther;
   std::string name(*payload);
-  for (ErrorKind kind : {ErrorKind::kPointerRewind, ErrorKind::kPointerConflict,
-                         ErrorKind::kChecksumMismatch, ErrorKind::kVersionNotReady}) {
+  for (ErrorKind kind :
+       {ErrorKind::kPointerRewind, ErrorKind::kPointerConflict, ErrorKind::kChecksumMismatch,
+        ErrorKind::kVersionNotReady, ErrorKind::kPointerMalformed}) {
     if (name == KindName(kind)) return kind;
   }
   return ErrorKind::kOther;

@@ -30,6 +30,7 @@ enum class ErrorKind {
   kPointerConflict,   // the pointer changed between read and compare-and-swap
   kChecksumMismatch,  // bytes do not hash to what was recorded
   kVersionNotReady,   // a request's constraint is not met by the applied version
+  kPointerMalformed,  // the store answered, but its pointer is not a version identity
 };
 
 // Returns `status` with `kind` attached. REQUIRES: !status.ok().

@@ -85,36 +85,49 @@ void FleetHistory::Observe(const ReplicaEntry& r) {
     Record(r.url, lane, Event{now, std::move(state), version, std::move(message)});
   }
 
-  SetApplied(r.url, r.discovered && r.reachable ? std::optional<int64_t>(version.value_or(-1))
-                                                : std::nullopt);
-  if (r.reachable && r.state.pointer.has_value() &&
-      (!pointer_.has_value() || r.state.pointer->version > *pointer_)) {
-    pointer_ = r.state.pointer->version;
-    pointer_moves_.emplace_back(now, *pointer_);
-    while (pointer_moves_.size() > 4 * options_.rollouts) pointer_moves_.pop_front();
-    rollouts_.push_back(Rollout{*pointer_, now, std::nullopt});
-    while (rollouts_.size() > options_.rollouts) rollouts_.pop_front();
-  }
+  const bool live = r.discovered && r.reachable;
+  applied_.Set(r.url, live ? std::optional<int64_t>(version.value_or(-1)) : std::nullopt);
+  // A replica that cannot reach the store keeps its last read.
+  if (live && r.state.pointer.has_value()) pointers_.Set(r.url, r.state.pointer->version);
+  if (!r.discovered) pointers_.Set(r.url, std::nullopt);
+  UpdatePointer(now);
   CheckRollouts();
 }
 
-void FleetHistory::SetApplied(const std::string& url, std::optional<int64_t> version) {
-  auto it = applied_.find(url);
-  if (it != applied_.end()) {
+void FleetHistory::UpdatePointer(double now) {
+  const std::optional<int64_t> pointer =
+      pointers_.empty() ? std::nullopt : std::optional<int64_t>(pointers_.newest());
+  if (!pointer.has_value() || pointer == pointer_) return;
+  const bool forward = !pointer_.has_value() || *pointer > *pointer_;
+  pointer_ = pointer;
+  pointer_moves_.emplace_back(now, *pointer_);
+  while (pointer_moves_.size() > 4 * options_.rollouts) pointer_moves_.pop_front();
+  if (forward) {
+    rollouts_.push_back(Rollout{*pointer_, now, std::nullopt});
+    while (rollouts_.size() > options_.rollouts) rollouts_.pop_front();
+  } else {
+    // Rollouts of versions above the pointer never happened.
+    while (!rollouts_.empty() && rollouts_.back().version > *pointer_) rollouts_.pop_back();
+  }
+}
+
+void FleetHistory::Census::Set(const std::string& url, std::optional<int64_t> version) {
+  auto it = by_url_.find(url);
+  if (it != by_url_.end()) {
     if (version == it->second) return;
-    auto count = applied_counts_.find(it->second);
-    if (--count->second == 0) applied_counts_.erase(count);
-    applied_.erase(it);
+    auto count = counts_.find(it->second);
+    if (--count->second == 0) counts_.erase(count);
+    by_url_.erase(it);
   }
   if (version.has_value()) {
-    applied_.emplace(url, *version);
-    ++applied_counts_[*version];
+    by_url_.emplace(url, *version);
+    ++counts_[*version];
   }
 }
 
 void FleetHistory::CheckRollouts() {
-  if (rollouts_.empty() || rollouts_.back().fleet.has_value() || applied_counts_.empty()) return;
-  const int64_t oldest = applied_counts_.begin()->first;  // -1 while one has applied nothing
+  if (rollouts_.empty() || rollouts_.back().fleet.has_value() || applied_.empty()) return;
+  const int64_t oldest = applied_.oldest();  // -1 while one has applied nothing
   const double now = Now();
   for (auto it = rollouts_.rbegin(); it != rollouts_.rend() && !it->fleet.has_value(); ++it) {
     if (it->version <= oldest) it->fleet = Rounded(now - it->seen);
@@ -122,7 +135,9 @@ void FleetHistory::CheckRollouts() {
 }
 
 void FleetHistory::Gone(const std::string& url) {
-  SetApplied(url, std::nullopt);
+  applied_.Set(url, std::nullopt);
+  pointers_.Set(url, std::nullopt);
+  UpdatePointer(Now());
   auto it = lanes_.find(url);
   if (it == lanes_.end() || it->second.state == "gone") return;
   Lane& lane = it->second;

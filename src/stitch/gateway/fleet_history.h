@@ -5,7 +5,7 @@
 //     unreachable, gone), each with the version it served then; the last
 //     `events_per_replica` per replica and the last `fleet_events` of the
 //     whole fleet are kept;
-//   - the store's pointer (the newest any replica reported, from
+//   - the store's pointer (the newest that the replicas last read, from
 //     /server_info) and, for each version it moved to, the time from the
 //     first report of it until every reachable replica applied it;
 //   - per second of the last `window`: answers served by version, their
@@ -136,12 +136,29 @@ class FleetHistory {
   std::optional<int64_t> pointer_;
   std::deque<std::pair<double, int64_t>> pointer_moves_;
   std::deque<Rollout> rollouts_;
+  // A version per replica and how many replicas are at each, so that the
+  // oldest and newest are known in O(log n).
+  class Census {
+   public:
+    // Sets (or, with nullopt, forgets) `url`'s version.
+    void Set(const std::string& url, std::optional<int64_t> version);
+    bool empty() const { return counts_.empty(); }
+    int64_t oldest() const { return counts_.begin()->first; }   // REQUIRES: !empty()
+    int64_t newest() const { return counts_.rbegin()->first; }  // REQUIRES: !empty()
+
+   private:
+    std::map<std::string, int64_t> by_url_;
+    std::map<int64_t, int> counts_;
+  };
+  // The pointer: the newest that the replicas report as last read. A
+  // pointer that came down (a bad one fixed in the store) comes down here.
+  void UpdatePointer(double now);
+
   // What the last Observe saw of every reachable replica's applied version
-  // (-1: none), and how many replicas are at each, to tell in O(log n) when
-  // the whole fleet caught up with a rollout.
-  std::map<std::string, int64_t> applied_;
-  std::map<int64_t, int> applied_counts_;
-  void SetApplied(const std::string& url, std::optional<int64_t> version);
+  // (-1: none), to tell when the whole fleet caught up with a rollout.
+  Census applied_;
+  // Each reachable replica's last read of the pointer.
+  Census pointers_;
 };
 
 }  // namespace stitch

@@ -108,6 +108,31 @@ TEST_F(FleetHistoryTest, PublishToFleetRunsFromTheFirstReportUntilEveryReachable
   EXPECT_DOUBLE_EQ(rollout.at(2).as_double(), 3.0);
 }
 
+// One bad pointer (fixed in the store since) must not leave the fleet
+// "behind" for ever: the pointer is what the replicas last read.
+TEST_F(FleetHistoryTest, APointerThatComesDownInTheStoreComesDownOnTheDashboard) {
+  ReplicaPtr a = Add("http://a", 5);
+  ReplicaPtr b = Add("http://b", 5);
+  SetPointer(*a, 5);
+  SetPointer(*b, 5);
+  history_.Observe(*a);
+  history_.Observe(*b);
+  SetPointer(*a, 999999999999);
+  history_.Observe(*a);
+  EXPECT_EQ(history_.pointer(), 999999999999);
+  SetPointer(*a, 5);
+  history_.Observe(*a);
+  EXPECT_EQ(history_.pointer(), 5);
+  history_.Sample(replicas_);
+  const json::object state = State();
+  EXPECT_EQ(state.at("pointer").as_int64(), 5);
+  for (const json::value& r : state.at("rollouts").as_array()) {
+    EXPECT_LE(r.at(0).as_int64(), 5) << json::serialize(r);
+  }
+  history_.Served(5);
+  EXPECT_EQ(State().at("seconds").as_array().back().at("staleness").as_array()[0].as_int64(), 1);
+}
+
 TEST_F(FleetHistoryTest, StalenessIsThePointerMinusTheServedVersionPerSecond) {
   ReplicaPtr a = Add("http://a", 5);
   SetPointer(*a, 5);

@@ -541,6 +541,14 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
         if (absl::Status s = store_.Refresh(); !s.ok()) return s;
         return store_.ReadPointer();
       });
+  if (!head.ok() && GetErrorKind(head.status()) == ErrorKind::kPointerMalformed) {
+    // The store answered: what it holds is wrong, which says nothing of how
+    // far behind this replica is. It keeps serving its version (labelled
+    // truly), reports the error, and converges once the pointer is fixed.
+    reads_failing_since_.reset();
+    read_started_.reset();
+    co_return head;
+  }
   if (!head.ok()) {
     if (!reads_failing_since_) reads_failing_since_ = started;
     read_started_.reset();

@@ -110,7 +110,9 @@ struct ReconcilerOptions {
   // read hanging) before the replica leaves rotation: it can no longer tell
   // how far behind the pointer it is (a host cut off from the store). It
   // rejoins only once a pass has caught up with the pointer again. Zero:
-  // never leave rotation for store errors.
+  // never leave rotation for store errors. A pointer the store returns but
+  // that does not parse is no outage: the store answered, and the replica
+  // keeps serving its version while it reports the error.
   Clock::Duration store_outage_limit = std::chrono::seconds(30);
   // How long one engine report (establishing, after a load, a probe) may
   // take (real time).

@@ -671,6 +671,38 @@ TEST_F(ReconcilerTest, UnreadablePointerIsAnErrorNeverTheBootWeights) {
   });
 }
 
+// A malformed pointer is not a store outage: the replica keeps serving
+// its version (labelled truly) past the outage limit, says why it is not
+// following, and converges once the pointer is fixed.
+TEST_F(ReconcilerTest, AMalformedPointerKeepsTheReplicaServingItsVersion) {
+  Full(3);
+  Full(5);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  options.store_outage_limit = std::chrono::seconds(12);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    mem_->SetPointerTextForTesting("r1/weight_v00005X");
+    for (int pass = 1; pass <= 4; ++pass) {  // 20 s: past the 12 s limit
+      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+      clock_->Advance(std::chrono::seconds(5));
+      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      EXPECT_TRUE(reconciler_->ready()) << pass;
+    }
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    EXPECT_THAT(reconciler_->State().sync_error, HasSubstr("weight_v00005X"));
+    EXPECT_EQ(reconciler_->State().pointer, std::optional<VersionRef>(Ref("r1", 3)));
+    SetPointer(Ref("r1", 5));
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+    EXPECT_EQ(reconciler_->State().sync_error, "");
+  });
+}
+
 TEST_F(ReconcilerTest, CommitFailureIsTerminal) {
   Delta(1, 1);
   SetPointer(Ref("r1", 1));

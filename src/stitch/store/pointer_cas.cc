@@ -14,9 +14,11 @@ absl::StatusOr<std::optional<VersionRef>> ParsePointerText(std::string_view wher
   if (!ref.ok()) {
     // VersionRef's message quotes the text; say which file it came from and
     // that nothing was assumed.
-    return absl::Status(ref.status().code(),
-                        absl::StrCat(AbslView(where), ": pointer: ", ref.status().message(),
-                                     "; fix or rewrite the pointer (it is not treated as unset)"));
+    return WithKind(
+        absl::Status(ref.status().code(),
+                     absl::StrCat(AbslView(where), ": pointer: ", ref.status().message(),
+                                  "; fix or rewrite the pointer (it is not treated as unset)")),
+        ErrorKind::kPointerMalformed);
   }
   return std::optional<VersionRef>(*std::move(ref));
 }
