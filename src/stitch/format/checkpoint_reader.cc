@@ -39,7 +39,12 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::StatusOr<CheckpointFile> OpenSafetensorsForReading(const fs::path& path, std::string name) {
+uint64_t MaxHeaderBytesFor(size_t tensors) {
+  return std::min<uint64_t>(kMaxSafetensorsHeader, (uint64_t{1} << 20) + uint64_t{1024} * tensors);
+}
+
+absl::StatusOr<CheckpointFile> OpenSafetensorsForReading(const fs::path& path, std::string name,
+                                                         uint64_t max_header_bytes) {
   CheckpointFile f;
   f.name = std::move(name);
   f.path = path;
@@ -60,6 +65,12 @@ absl::StatusOr<CheckpointFile> OpenSafetensorsForReading(const fs::path& path, s
     uint64_t len = 0;
     for (int i = 7; i >= 0; --i)
       len = len << 8 | static_cast<uint8_t>((*prefix)[static_cast<size_t>(i)]);
+    if (len <= kMaxSafetensorsHeader && len > max_header_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.string(), ": the safetensors header is ", len, " bytes, over the ", max_header_bytes,
+          " that the ", f.name.empty() ? "file" : "index's tensors for this file",
+          " allow: not read"));
+    }
     if (len <= kMaxSafetensorsHeader && len <= f.size - 8) {
       prefix = ReadPrefix(f.fd.get(), 8 + len, path);
       if (!prefix.ok()) return prefix.status();
@@ -103,7 +114,8 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const fs::path& dir) {
   for (const auto& [tensor, file] : r.index_.weight_map) by_file[file].push_back(tensor);
   for (auto& [file, expected] : by_file) {
     const fs::path path = dir / file;
-    absl::StatusOr<CheckpointFile> f = OpenSafetensorsForReading(path, file);
+    absl::StatusOr<CheckpointFile> f =
+        OpenSafetensorsForReading(path, file, MaxHeaderBytesFor(expected.size()));
     if (!f.ok()) {
       if (absl::IsNotFound(f.status())) {
         return absl::NotFoundError(absl::StrCat("checkpoint ", dir.string(), ": payload file \"",

@@ -87,10 +87,19 @@ class CheckpointReader {
   uint64_t total_bytes_ = 0;
 };
 
+// The largest header a file that an index maps `tensors` tensors to may
+// have: 1 KiB a tensor (a name, a dtype, a shape, offsets and a checksum
+// take a few hundred bytes) plus 1 MiB for its metadata, so that checking a
+// hostile header costs memory in proportion to the index, not to the file.
+uint64_t MaxHeaderBytesFor(size_t tensors);
+
 // Opens `path` read-only and parses its safetensors header; checks that the
 // file's size is what the header says (it did not change in between).
+// `max_header_bytes` (at most kMaxSafetensorsHeader) refuses a larger
+// header by its length field, before reading or parsing it.
 [[nodiscard]] absl::StatusOr<CheckpointFile> OpenSafetensorsForReading(
-    const std::filesystem::path& path, std::string name);
+    const std::filesystem::path& path, std::string name,
+    uint64_t max_header_bytes = kMaxSafetensorsHeader);
 
 // OK when tensor `t` of `file` records no checksum or `actual` is it; else
 // DataLoss of kind kChecksumMismatch naming the file and the tensor.

@@ -93,7 +93,8 @@ absl::StatusOr<DeltaVersion> DeltaVersion::Open(const fs::path& dir) {
   for (const auto& [tensor, file] : d.index_.weight_map) by_file[file].push_back(tensor);
   for (auto& [file, expected] : by_file) {
     const fs::path path = dir / file;
-    absl::StatusOr<CheckpointFile> f = OpenSafetensorsForReading(path, file);
+    absl::StatusOr<CheckpointFile> f =
+        OpenSafetensorsForReading(path, file, MaxHeaderBytesFor(expected.size()));
     if (!f.ok()) {
       if (absl::IsNotFound(f.status())) {
         return absl::NotFoundError(

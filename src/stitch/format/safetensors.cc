@@ -238,15 +238,18 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::by
         "only ", prefix.size(), " bytes of the file given, need the 8-byte header length"));
   }
   const uint64_t header_len = LoadLittleEndian64(prefix.first(8));
+  // The length field is not quoted when it is implausible: those 8 bytes
+  // may be the start of any file (a text file's first characters), and an
+  // error must not echo a file's contents.
   if (header_len > kMaxSafetensorsHeader) {
-    return absl::InvalidArgumentError(absl::StrCat("header length ", header_len,
-                                                   " is above the limit of ", kMaxSafetensorsHeader,
-                                                   " bytes: corrupt or not a safetensors file"));
+    return absl::InvalidArgumentError(absl::StrCat("bad header length (above the limit of ",
+                                                   kMaxSafetensorsHeader,
+                                                   " bytes): corrupt or not a safetensors file"));
   }
   if (header_len > file_size - 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("header length ", header_len, " reaches beyond the end of the file (",
-                     file_size, " bytes): truncated or not a safetensors file"));
+        absl::StrCat("bad header length (beyond the end of the file, ", file_size,
+                     " bytes): truncated or not a safetensors file"));
   }
   if (prefix.size() - 8 < header_len) {
     return absl::InvalidArgumentError(absl::StrCat(

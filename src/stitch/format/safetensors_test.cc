@@ -1,5 +1,7 @@
 #include "stitch/format/safetensors.h"
 
+#include "stitch/format/checkpoint_reader.h"
+
 #include <stdlib.h>
 
 #include <cstring>
@@ -271,7 +273,7 @@ std::vector<Malformed> MalformedFiles() {
   const std::string a4 = Entry("U8", "[4]", 0, 4);
   return {
       {"short file", "abc", "shorter than the 8-byte header length"},
-      {"length beyond file", len_beyond, "reaches beyond the end of the file"},
+      {"length beyond file", len_beyond, "bad header length (beyond the end of the file"},
       {"length over limit", len_over, "above the limit of 100000000"},
       {"not json", RawFile("{not json", 0), "not valid JSON"},
       {"trailing garbage", RawFile("{} x", 0), "not valid JSON"},
@@ -362,6 +364,40 @@ TEST(Safetensors, OpenAndReadHeaderNameTheFile) {
   EXPECT_THAT(Msg(missing.status()), HasSubstr("missing.safetensors"));
   auto directory = SafetensorsFile::Open(dir.path());
   EXPECT_THAT(Msg(directory.status()), HasSubstr("not a regular file"));
+}
+
+// A file that is not safetensors (a link to /etc/passwd, say) must not
+// have its first bytes echoed as a "header length".
+TEST(Safetensors, AnImplausibleHeaderLengthIsNotQuoted) {
+  TempDir dir;
+  const fs::path path = dir.path() / "passwd.safetensors";
+  const std::string text = "root:x:0:0:root:/root:/bin/bash\n";
+  WriteRaw(path, text);
+  uint64_t as_length = 0;
+  std::memcpy(&as_length, text.data(), 8);
+  auto f = OpenSafetensorsForReading(path, "passwd.safetensors");
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(Msg(f.status()), HasSubstr("bad header length"));
+  EXPECT_THAT(Msg(f.status()), Not(HasSubstr(absl::StrCat(as_length))));
+}
+
+// The header a reader accepts is bounded by what the index maps to the
+// file, by the length field alone: a hostile header is never read.
+TEST(Safetensors, AHeaderOverWhatTheIndexAllowsIsRefusedUnread) {
+  TempDir dir;
+  const fs::path path = dir.path() / "big.safetensors";
+  const uint64_t len = MaxHeaderBytesFor(2) + 8;
+  std::string file(8, '\0');
+  for (size_t i = 0; i < 8; ++i) file[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  file += std::string(len, ' ');
+  WriteRaw(path, file);
+  auto f = OpenSafetensorsForReading(path, "big.safetensors", MaxHeaderBytesFor(2));
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(f.status()), HasSubstr("not read"));
+  // Without the bound the same header is read (and found not to be JSON).
+  EXPECT_THAT(Msg(OpenSafetensorsForReading(path, "big.safetensors").status()),
+              HasSubstr("not valid JSON"));
 }
 
 TEST(Safetensors, ReadHeaderMatchesOpen) {

@@ -676,12 +676,30 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   metrics["initial_target_version"] = static_cast<double>(pointer.version);
   metrics["applied_before_version"] = static_cast<double>(applied_before);
 
+  if (refused_.has_value() && refused_->version == pointer &&
+      clock_.Now() - refused_->at < kRefusedVersionRecheck) {
+    SetError(refused_->why);
+    co_return PassResult::kError;
+  }
   SetState(SyncState::kFetching, CatchingUp());
   auto plan = co_await MakePlan(pointer, applied_before, /*allow_empty=*/true);
   if (!plan.ok()) {
-    SetError(plan.status());
+    const absl::Status& s = plan.status();
+    if (absl::IsInvalidArgument(s) || absl::IsDataLoss(s)) {
+      refused_ = RefusedVersion{
+          pointer,
+          absl::Status(s.code(),
+                       absl::StrCat(pointer.ToString(), " cannot be applied (", s.message(),
+                                    "); this replica keeps serving ", applied().ToString(),
+                                    "; publishing a FULL next version moves it on")),
+          clock_.Now()};
+      SetError(refused_->why);
+      co_return PassResult::kError;
+    }
+    SetError(s);
     co_return PassResult::kError;
   }
+  refused_.reset();
   if (!gate_.trusted()) co_return PassResult::kMore;
   if (plan->empty) {
     absl::Status moved = co_await MoveWithoutEngine(pointer);

@@ -293,7 +293,18 @@ class Reconciler {
   // The last attempt to establish the weights found the engine silent.
   bool waiting_for_engine_ = false;
   std::map<int64_t, Checksum128> expected_fingerprints_;  // of run_id_
-  std::optional<TensorChecksums> boot_checksums_;         // worker pool only
+  // The version the pointer names when its files were refused as malformed
+  // (InvalidArgument, DataLoss: a published version never changes), why,
+  // and when: later passes say so again without reading it, until the
+  // pointer moves or kRefusedVersionRecheck has passed.
+  struct RefusedVersion {
+    VersionRef version;
+    absl::Status why;
+    Clock::TimePoint at;
+  };
+  std::optional<RefusedVersion> refused_;
+  static constexpr Clock::Duration kRefusedVersionRecheck = std::chrono::minutes(10);
+  std::optional<TensorChecksums> boot_checksums_;  // worker pool only
   SyncState sync_state_ = SyncState::kIdle;
   std::string reason_ = "initializing: preparing the engine's update destination";
   // The error of the last pass that failed, until a pass catches up.

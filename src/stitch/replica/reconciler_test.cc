@@ -703,6 +703,40 @@ TEST_F(ReconcilerTest, AMalformedPointerKeepsTheReplicaServingItsVersion) {
   });
 }
 
+// A version whose files are refused (a hostile header, a malformed index)
+// is not read again on every pass: the replica says which version cannot
+// be applied and how to move on, keeps serving, and follows the next one.
+TEST_F(ReconcilerTest, ARefusedVersionIsRememberedNotReadAgainEveryPass) {
+  Full(3);
+  Full(5);
+  Full(6);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    store_->BreakVersion(5);
+    SetPointer(Ref("r1", 5));
+    for (int pass = 1; pass <= 3; ++pass) {
+      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+      clock_->Advance(std::chrono::seconds(5));
+      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+    }
+    EXPECT_EQ(store_->manifest_reads(5), 1);
+    EXPECT_TRUE(reconciler_->ready());
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
+    const std::string error = reconciler_->State().sync_error;
+    EXPECT_THAT(error, HasSubstr("r1/weight_v000005 cannot be applied"));
+    EXPECT_THAT(error, HasSubstr("publishing a FULL next version moves it on"));
+    SetPointer(Ref("r1", 6));
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return SettledAt(6); }));
+  });
+}
+
 TEST_F(ReconcilerTest, CommitFailureIsTerminal) {
   Delta(1, 1);
   SetPointer(Ref("r1", 1));

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -326,6 +327,10 @@ class FlakyStore final : public Store {
         --fail_manifests_;
         return absl::UnavailableError("store flake: reading a manifest failed");
       }
+      ++manifest_reads_[version];
+      if (broken_.contains(version)) {
+        return absl::InvalidArgumentError(absl::StrCat("version ", version, ": malformed index"));
+      }
     }
     return inner_.ReadManifest(version);
   }
@@ -365,6 +370,16 @@ class FlakyStore final : public Store {
     absl::MutexLock lock(&mu_);
     return refreshes_;
   }
+  // Reading `version`'s manifest fails as a malformed one does, for good.
+  void BreakVersion(int64_t version) {
+    absl::MutexLock lock(&mu_);
+    broken_.insert(version);
+  }
+  int manifest_reads(int64_t version) const {
+    absl::MutexLock lock(&mu_);
+    auto it = manifest_reads_.find(version);
+    return it == manifest_reads_.end() ? 0 : it->second;
+  }
 
  private:
   Store& inner_;
@@ -374,6 +389,8 @@ class FlakyStore final : public Store {
   int fail_refreshes_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_refresh_at_ ABSL_GUARDED_BY(mu_) = -1;
   int fail_manifests_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int64_t> broken_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int> manifest_reads_ ABSL_GUARDED_BY(mu_);
   bool hold_next_ ABSL_GUARDED_BY(mu_) = false;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
 };

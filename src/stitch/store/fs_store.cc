@@ -405,11 +405,47 @@ absl::Status FsStore::CompareExisting(const VersionDirContents& contents,
   return absl::OkStatus();
 }
 
+absl::Status FsStore::CheckNoLinks(int64_t version, LinkCheck scope) const {
+  // A store is written by `publish`, which refuses links: a link found here
+  // was put there by hand or by someone with write access to the store, and
+  // could point anywhere on this host. Neither `updates`, the version
+  // directory nor anything in it may be one, nor anything but a directory
+  // or a regular file.
+  const fs::path dir = VersionDir(version);
+  auto refuse = [&](const fs::path& path, std::string_view what) {
+    return absl::DataLossError(absl::StrCat(
+        where_, ": version ", VersionDirName(version), ": ",
+        absl::CEscape(path.lexically_relative(root_).generic_string()), " is ", AbslView(what),
+        "; a published version holds only directories and regular files: republish it"));
+  };
+  auto check = [&](const fs::path& path, const fs::file_status& st) -> absl::Status {
+    if (fs::is_symlink(st)) return refuse(path, "a symbolic link");
+    if (!fs::is_directory(st) && !fs::is_regular_file(st)) {
+      return refuse(path, "neither a directory nor a regular file");
+    }
+    return absl::OkStatus();
+  };
+  std::error_code ec;
+  for (const fs::path& path : {root_ / kUpdatesDir, dir, dir / kIndexFileName}) {
+    const fs::file_status st = fs::symlink_status(path, ec);
+    if (ec || st.type() == fs::file_type::not_found) continue;  // NotFound is the reader's to say
+    if (absl::Status s = check(path, st); !s.ok()) return s;
+  }
+  if (scope == LinkCheck::kIndex) return absl::OkStatus();
+  fs::recursive_directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (absl::Status s = check(it->path(), it->symlink_status(ec)); !s.ok()) return s;
+  }
+  if (ec) return ErrnoStatus(ec.value(), "list", dir);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<VersionManifest> FsStore::ReadManifest(int64_t version) {
   if (absl::Status s = ValidateVersionNumber(version); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where_, ": ", s.message()));
   }
   fs::path dir = VersionDir(version);
+  if (absl::Status s = CheckNoLinks(version, LinkCheck::kIndex); !s.ok()) return s;
   auto text = ReadFileToString(dir / kIndexFileName);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
@@ -425,6 +461,7 @@ absl::StatusOr<fs::path> FsStore::Materialize(int64_t version) {
   auto manifest = ReadManifest(version);
   if (!manifest.ok()) return manifest.status();
   fs::path dir = VersionDir(version);
+  if (absl::Status s = CheckNoLinks(version, LinkCheck::kWholeVersion); !s.ok()) return s;
   std::error_code ec;
   for (const std::string& name : manifest->files) {
     if (!fs::is_regular_file(dir / name, ec)) {

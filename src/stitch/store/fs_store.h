@@ -102,6 +102,11 @@ class FsStore final : public Store {
   void SetBeforeRenameForTesting(std::function<void()> hook) { before_rename_ = std::move(hook); }
 
  private:
+  enum class LinkCheck { kIndex, kWholeVersion };
+  // DataLoss naming the first symbolic link (or special file) among
+  // `updates`, the version's directory and its index, or with
+  // kWholeVersion anywhere in that directory.
+  [[nodiscard]] absl::Status CheckNoLinks(int64_t version, LinkCheck scope) const;
   FsStore(std::filesystem::path root, std::string run_id);
 
   // "store file:///<root>", the prefix of every message.

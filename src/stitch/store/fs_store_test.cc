@@ -25,6 +25,7 @@ using ::stitch::testing::TempDir;
 using ::stitch::testing::TestVersionOptions;
 using ::stitch::testing::WriteTestVersion;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 std::set<std::string> Entries(const fs::path& dir) {
@@ -370,6 +371,43 @@ TEST_F(FsStoreTest, TwoHandlesSeeEachOthersWrites) {
   EXPECT_EQ(*store_->ReadPointer(), (VersionRef{"run-a", 0}));
   absl::Status s = store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 1});
   EXPECT_EQ(GetErrorKind(s), ErrorKind::kPointerConflict) << s;
+}
+
+// Someone with write access to the store (never `publish`, which refuses
+// links) puts links into a published version: the replica's reads refuse
+// them rather than read another file of its host.
+TEST_F(FsStoreTest, LinksInAPublishedVersionAreRefusedWhenRead) {
+  Claim();
+  auto src = WriteTestVersion(tmp_ / "src", 1);
+  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_TRUE(store_->PublishFiles(1, *src).ok());
+  ASSERT_TRUE(store_->Materialize(1).ok());
+  const fs::path dir = store_->VersionDir(1);
+  const std::string shard = stitch::testing::TestShardName({}, 0);
+  fs::remove(dir / shard);
+  fs::create_symlink("/etc/passwd", dir / shard);
+  auto materialized = store_->Materialize(1);
+  EXPECT_TRUE(absl::IsDataLoss(materialized.status())) << materialized.status();
+  EXPECT_THAT(std::string(materialized.status().message()),
+              HasSubstr(shard + " is a symbolic link"));
+  EXPECT_THAT(std::string(materialized.status().message()), Not(HasSubstr("root")));
+
+  // A version directory that is a link to a directory outside the store.
+  auto outside = WriteTestVersion(tmp_ / "outside", 2);
+  ASSERT_TRUE(outside.ok()) << outside.status();
+  fs::create_symlink(*outside, store_->VersionDir(2));
+  auto manifest = store_->ReadManifest(2);
+  EXPECT_TRUE(absl::IsDataLoss(manifest.status())) << manifest.status();
+  EXPECT_THAT(std::string(manifest.status().message()), HasSubstr("is a symbolic link"));
+  EXPECT_FALSE(store_->Materialize(2).ok());
+  // The index itself.
+  auto third = WriteTestVersion(tmp_ / "third", 3);
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_TRUE(store_->PublishFiles(3, *third).ok());
+  fs::remove(store_->VersionDir(3) / "model.safetensors.index.json");
+  fs::create_symlink(*third / "model.safetensors.index.json",
+                     store_->VersionDir(3) / "model.safetensors.index.json");
+  EXPECT_TRUE(absl::IsDataLoss(store_->ReadManifest(3).status()));
 }
 
 }  // namespace
