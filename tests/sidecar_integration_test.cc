@@ -311,11 +311,24 @@ TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheSideca
 TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {
   StartFleet();
   ASSERT_TRUE(ServesVersion(0));
-  for (std::string path : {"/pause_generation", "/update_weights_from_disk", "/flush_cache"}) {
+  // Encoded, dotted, doubled and upper-case forms too: engines served by
+  // uvicorn decode the path before routing.
+  for (std::string path : {"/pause_generation", "/update_weights_from_disk", "/flush_cache",
+                           "/%70ause_generation", "/%75pdate_weights_from_disk",
+                           "/v1/../flush_cache", "//pause_generation", "/PAUSE_GENERATION"}) {
     auto r = Call("POST", path, "{}");
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->status, 403) << path;
     EXPECT_EQ(ParseObject(r->body).at("error").at("type").as_string(), "RouteBlocked");
+  }
+  // Targets a client library would not send, on a raw socket: a fragment
+  // and undecodable escapes are a 400, never forwarded.
+  const auto port = static_cast<uint16_t>(std::stoi(url_.substr(url_.rfind(':') + 1)));
+  for (std::string path : {"/flush_cache?%zz", "/%70ause_generation%zz", "/flush_cache#f"}) {
+    stitch::testing::RawSocket raw(port);
+    ASSERT_TRUE(raw.connected());
+    raw.Send("POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+    EXPECT_EQ(raw.ReadUntil("\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u) << path;
   }
   // The engine was never paused: generation still works.
   EXPECT_EQ(Generate(url_, "").status, 200);
