@@ -20,6 +20,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/api/request.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
@@ -305,8 +306,8 @@ TEST_F(VllmIntegrationTest, TheClientsRequestIdAndCacheSaltSurviveTheVersionTag)
   // the engine's metrics count what it saw.
   auto served = Fetch("GET", engine_url_ + "/metrics");
   ASSERT_TRUE(served.ok());
-  EXPECT_THAT(served->body,
-              HasSubstr("stitch_engine_last_cache_salt{cache_salt=\"wv0;r1/tenant-a\"} 1"));
+  EXPECT_THAT(served->body, HasSubstr("stitch_engine_last_cache_salt{cache_salt=\"" +
+                                      CacheIsolationPrefix({"r1", 0}) + "tenant-a\"} 1"));
 }
 
 // vLLM aborts by exact request id: the client whose id is a prefix of

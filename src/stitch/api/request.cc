@@ -1,5 +1,7 @@
 #include "stitch/api/request.h"
 
+#include <xxhash.h>
+
 #include <utility>
 
 #include <boost/json/array.hpp>
@@ -45,23 +47,6 @@ size_t Digits(size_t n) {
 // Prepends the isolation prefix to the caller's own string value of `key`.
 // A non-string value is replaced: the engine would refuse it anyway, and a
 // request must never reach the cache untagged.
-void PrefixKey(json::object& body, std::string_view key, const std::string& prefix) {
-  auto prefixed = [&](const json::value* own) {
-    std::string value = prefix;
-    if (own != nullptr && own->is_string()) {
-      value.append(own->get_string().data(), own->get_string().size());
-    }
-    return value;
-  };
-  json::value* own = body.if_contains(key);
-  if (own != nullptr && own->is_array()) {
-    // A batch's keys, one per prompt (SGLang takes a list): each is
-    // prefixed in place.
-    for (json::value& item : own->get_array()) item = prefixed(&item);
-    return;
-  }
-  body[key] = prefixed(own);
-}
 
 }  // namespace
 
@@ -172,14 +157,50 @@ absl::StatusOr<EngineRids> AssignEngineRids(ApiRoute route, json::object& body,
   return rids;
 }
 
+namespace {
+
+std::string Hex128(std::string_view bytes) {
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return absl::StrCat(absl::Hex(h.high64, absl::kZeroPad16), absl::Hex(h.low64, absl::kZeroPad16));
+}
+
+}  // namespace
+
 std::string CacheIsolationPrefix(const VersionRef& serving) {
-  return absl::StrCat("wv", serving.version, ";", serving.run_id, "/");
+  // The run id goes in hashed: run ids may hold '@' and be 128 bytes long,
+  // which vLLM refuses in a salt, and a fixed width keeps the prefix
+  // unambiguous whatever the caller's own value is.
+  return absl::StrCat("wv", serving.version, ".", Hex128(serving.run_id), ":");
+}
+
+std::string IsolationKey(const VersionRef& serving, std::string_view own) {
+  std::string key = CacheIsolationPrefix(serving);
+  if (key.size() + own.size() <= kMaxIsolationKeyBytes) {
+    absl::StrAppend(&key, AbslView(own));
+  } else {
+    // Too long for vLLM with the prefix: the caller's value is kept as its
+    // hash, which isolates as well as the value itself.
+    absl::StrAppend(&key, "h", Hex128(own));
+  }
+  return key;
 }
 
 void TagRequest(ApiRoute route, json::object& body, const VersionRef& serving) {
-  // (A list of keys, one per prompt of a batch, is prefixed item by item.)
-  PrefixKey(body, route == ApiRoute::kGenerate ? "extra_key" : "cache_salt",
-            CacheIsolationPrefix(serving));
+  // (A list of keys, one per prompt of a batch, is tagged item by item; a
+  // value that is not a string is replaced, never left untagged.)
+  const std::string_view field = route == ApiRoute::kGenerate ? "extra_key" : "cache_salt";
+  auto tagged = [&](const json::value* own) {
+    const bool text = own != nullptr && own->is_string();
+    return IsolationKey(serving,
+                        text ? std::string_view(own->get_string().data(), own->get_string().size())
+                             : std::string_view());
+  };
+  json::value* own = body.if_contains(field);
+  if (own != nullptr && own->is_array()) {
+    for (json::value& item : own->get_array()) item = tagged(&item);
+    return;
+  }
+  body[field] = tagged(own);
 }
 
 }  // namespace stitch

@@ -80,14 +80,24 @@ enum class EngineRidField { kRid, kRequestId };
     EngineRidField field = EngineRidField::kRid);
 
 // The prefix that isolates one serving version in an engine's prefix cache:
-// "wv<version>;<run_id>/".
+// "wv<version>.<32 hex digits hashing the run id>:" (at most 48 bytes, none
+// of vLLM's forbidden characters '@', '/', '\\' and NUL).
 std::string CacheIsolationPrefix(const VersionRef& serving);
+
+// The longest salt vLLM accepts.
+inline constexpr size_t kMaxIsolationKeyBytes = 128;
+
+// The key for a caller's own value `own` (may be empty): the prefix, then
+// `own` when both fit in kMaxIsolationKeyBytes, else "h" and 32 hex digits
+// hashing `own`. Distinct (serving, own) pairs give distinct keys (up to
+// 128-bit hash collisions); `own` is never dropped.
+std::string IsolationKey(const VersionRef& serving, std::string_view own);
 
 // Tags a versioned request so that the engine's prefix cache never mixes
 // versions: /generate gets SGLang's `extra_key`, the OpenAI routes
-// `cache_salt` (vLLM's), each "<CacheIsolationPrefix(serving)><the caller's
-// own value>". A list of values (one per prompt of a batched /generate) has
-// each item prefixed; a caller's value that is not a string is replaced.
+// `cache_salt` (vLLM's), each IsolationKey(serving, the caller's own
+// value). A list of values (one per prompt of a batched /generate) has each
+// item tagged; a caller's value that is not a string is replaced.
 void TagRequest(ApiRoute route, boost::json::object& body, const VersionRef& serving);
 
 }  // namespace stitch

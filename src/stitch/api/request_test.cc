@@ -40,12 +40,12 @@ TEST(WithConstraintTest, SetsWeightVersionAndKeepsTheRest) {
 TEST(TaggingTest, GenerateGetsAnExtraKeyPrefixedWithTheServingVersion) {
   json::object body = ParseObject(R"({"text":"hi","extra_key":"user-7"})");
   TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 7});
-  EXPECT_EQ(body.at("extra_key").as_string(), "wv7;r1/user-7");
+  EXPECT_EQ(body.at("extra_key").as_string(), CacheIsolationPrefix({"r1", 7}) + "user-7");
   EXPECT_FALSE(body.contains("cache_salt"));
 
   json::object bare = ParseObject(R"({"text":"hi"})");
   TagRequest(ApiRoute::kGenerate, bare, VersionRef{"r1", 12});
-  EXPECT_EQ(bare.at("extra_key").as_string(), "wv12;r1/");
+  EXPECT_EQ(bare.at("extra_key").as_string(), CacheIsolationPrefix({"r1", 12}));
 }
 
 // A batch's keys are a list, one per prompt: each is prefixed, none is
@@ -55,18 +55,45 @@ TEST(TaggingTest, EachKeyOfABatchIsPrefixed) {
   TagRequest(ApiRoute::kGenerate, body, VersionRef{"r1", 2});
   const json::array& keys = body.at("extra_key").as_array();
   ASSERT_EQ(keys.size(), 3u);
-  EXPECT_EQ(keys[0].as_string(), "wv2;r1/x");
-  EXPECT_EQ(keys[1].as_string(), "wv2;r1/y");
-  EXPECT_EQ(keys[2].as_string(), "wv2;r1/");  // not a string: replaced, never untagged
+  const std::string prefix = CacheIsolationPrefix({"r1", 2});
+  EXPECT_EQ(keys[0].as_string(), prefix + "x");
+  EXPECT_EQ(keys[1].as_string(), prefix + "y");
+  EXPECT_EQ(keys[2].as_string(), prefix);  // not a string: replaced, never untagged
 }
 
 TEST(TaggingTest, OpenAiRoutesGetACacheSalt) {
   for (ApiRoute route : {ApiRoute::kCompletions, ApiRoute::kChatCompletions}) {
     json::object body = ParseObject(R"({"prompt":"hi","cache_salt":"s"})");
     TagRequest(route, body, VersionRef{"run-b", 3});
-    EXPECT_EQ(body.at("cache_salt").as_string(), "wv3;run-b/s");
+    EXPECT_EQ(body.at("cache_salt").as_string(), CacheIsolationPrefix({"run-b", 3}) + "s");
     EXPECT_FALSE(body.contains("extra_key"));
   }
+}
+
+// vLLM refuses a salt over 128 characters or holding '@', '/', '\\' or NUL
+// (with a 400 for every request): what the sidecar adds never does, even
+// for the longest run id with an '@', and the caller's own salt is kept
+// (as its hash when the whole would be too long).
+bool VllmAcceptsSalt(std::string_view salt) {
+  return salt.size() <= 128 &&
+         salt.find_first_of(std::string_view("@/\\\0", 4)) == std::string_view::npos;
+}
+
+TEST(TaggingTest, SaltsFollowVllmsRulesAndStillIsolateVersionsRunsAndCallers) {
+  const std::string long_run = std::string(126, 'r') + "@x";
+  for (const VersionRef& serving : {VersionRef{"r1", 0}, VersionRef{long_run, 999999999999}}) {
+    EXPECT_TRUE(VllmAcceptsSalt(IsolationKey(serving, ""))) << IsolationKey(serving, "");
+    EXPECT_TRUE(VllmAcceptsSalt(IsolationKey(serving, "tenant-a")));
+    EXPECT_TRUE(VllmAcceptsSalt(IsolationKey(serving, std::string(128, 's'))));
+  }
+  EXPECT_EQ(IsolationKey({"r1", 3}, "tenant-a"), CacheIsolationPrefix({"r1", 3}) + "tenant-a");
+  EXPECT_NE(IsolationKey({"r1", 3}, "a"), IsolationKey({"r1", 4}, "a"));
+  EXPECT_NE(IsolationKey({"r1", 3}, "a"), IsolationKey({"r2", 3}, "a"));
+  EXPECT_NE(IsolationKey({"r1", 3}, "a"), IsolationKey({"r1", 3}, "b"));
+  EXPECT_NE(IsolationKey({"r1", 3}, std::string(120, 'a')),
+            IsolationKey({"r1", 3}, std::string(121, 'a')));
+  // A run id holding the separator cannot alias another run's caller value.
+  EXPECT_NE(IsolationKey({"a:b", 3}, ""), IsolationKey({"a", 3}, "b:"));
 }
 
 TEST(TaggingTest, DifferentVersionsNeverShareACacheKey) {

@@ -312,7 +312,17 @@ void RefuseUnsupportedTopLevel(FieldReader& r) {
 
 void ReadCacheKey(FieldReader& r, ApiRequest* out) {
   if (out->api == EngineApi::kVllm) {
-    if (auto salt = r.String("cache_salt")) out->generation.extra_key = *salt;
+    if (auto salt = r.String("cache_salt")) {
+      // vLLM's rule for a salt, so that what a sidecar sends is checked
+      // here as the real engine checks it.
+      if (salt->size() > 128 ||
+          salt->find_first_of(std::string_view("@/\\\0", 4)) != std::string::npos) {
+        r.Fail(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', "
+            "'/', '\\', or NUL.");
+      }
+      out->generation.extra_key = *salt;
+    }
     if (auto id = r.String("request_id")) out->response_rid = *id;
     return;
   }

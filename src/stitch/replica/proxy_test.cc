@@ -206,7 +206,7 @@ TEST_F(ProxyTest, GenerateIsAdmittedTaggedAndStamped) {
   // What reached the engine: no constraint, a rid, the isolation tag.
   json::object sent = body.at("request").as_object();
   EXPECT_FALSE(sent.contains("weight_version"));
-  EXPECT_EQ(sent.at("extra_key").as_string(), "wv0;r1/user");
+  EXPECT_EQ(sent.at("extra_key").as_string(), CacheIsolationPrefix({"r1", 0}) + "user");
   ASSERT_TRUE(sent.contains("rid"));
   EXPECT_TRUE(sent.at("rid").as_string().starts_with("stitch-"));
   EXPECT_EQ(meta.at("id"), sent.at("rid"));  // the sidecar's own id, as the engine named it
@@ -294,7 +294,7 @@ TEST_F(ProxyTest, OpenAiRoutesAreSaltedAndStampedAtTheTopLevel) {
     EXPECT_EQ(body.at("weight_version_start").as_int64(), 0);
     EXPECT_EQ(body.at("weight_version_end").as_int64(), 0);
     EXPECT_FALSE(body.contains("meta_info"));
-    EXPECT_EQ(body.at("request").at("cache_salt").as_string(), "wv0;r1/");
+    EXPECT_EQ(body.at("request").at("cache_salt").as_string(), CacheIsolationPrefix({"r1", 0}));
     EXPECT_FALSE(body.at("request").as_object().contains("weight_version"));
   }
 }
