@@ -390,7 +390,9 @@ TEST_F(SidecarIntegrationTest, StreamedEventsAreEachStamped) {
 }
 
 TEST_F(SidecarIntegrationTest, KilledEngineGivesRetryable503ThenTheSidecarExits) {
-  StartFleet();
+  FleetOptions options;
+  options.sidecar_flags = {"--engine-restart-grace", "2"};
+  StartFleet(options);
   ASSERT_TRUE(ServesVersion(0));
   engine_->Signal(SIGKILL);
   ASSERT_TRUE(engine_->WaitForExit(std::chrono::seconds(30)).has_value());
@@ -401,11 +403,55 @@ TEST_F(SidecarIntegrationTest, KilledEngineGivesRetryable503ThenTheSidecarExits)
   json::object body = ParseObject(r->body);
   EXPECT_EQ(body.at("error").at("type").as_string(), "EngineUnavailable");
   EXPECT_EQ(body.at("error").at("retryable").as_bool(), true);
-  // The watchdog (3 probes, 0.5 s apart) ends the replica.
+  // The watchdog ends the replica once the restart grace has run out.
   std::optional<int> exit = sidecar_->WaitForExit(std::chrono::seconds(30));
   ASSERT_TRUE(exit.has_value()) << sidecar_->err();
   EXPECT_EQ(*exit, 3) << sidecar_->err();
-  EXPECT_THAT(sidecar_->err(), HasSubstr("health checks in a row"));
+  EXPECT_THAT(sidecar_->err(), HasSubstr("did not come back within 2 s"));
+}
+
+// A real engine takes minutes to load: a sidecar started first waits for
+// it, out of rotation and saying why, then serves.
+TEST_F(SidecarIntegrationTest, ASidecarStartedBeforeItsEngineWaitsForItThenServes) {
+  ExpectOk(RunStitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
+           "claim");
+  const uint16_t port = testing::UnusedPort();
+  engine_url_ = "http://127.0.0.1:" + std::to_string(port);
+  FleetOptions options;
+  StartSidecar(options);
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        auto health = Call("GET", "/health");
+        return health.ok() && health->status == 503 &&
+               health->body.find("waiting for the engine to start") != std::string::npos;
+      },
+      kConverge));
+  StartEngine(options, std::to_string(port));
+  EXPECT_TRUE(ServesVersion(0)) << sidecar_->err();
+  EXPECT_FALSE(sidecar_->WaitForExit(std::chrono::milliseconds(0)).has_value());
+}
+
+// An engine that restarts while serving takes the replica out of rotation;
+// back within the grace, it is verified again and the replica rejoins.
+TEST_F(SidecarIntegrationTest, AnEngineRestartedWithinTheGraceIsVerifiedAndRejoins) {
+  StartFleet();
+  ASSERT_TRUE(ServesVersion(0));
+  const std::string port = engine_url_.substr(engine_url_.rfind(':') + 1);
+  engine_->Signal(SIGKILL);
+  ASSERT_TRUE(engine_->WaitForExit(std::chrono::seconds(30)).has_value());
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        auto health = Call("GET", "/health");
+        return health.ok() && health->status == 503;
+      },
+      kConverge));
+  auto refused = Call("POST", "/generate", R"({"text":"anyone there?"})");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->status, 503) << refused->body;
+  StartEngine(FleetOptions{}, port);
+  EXPECT_TRUE(ServesVersion(0)) << sidecar_->err();
+  EXPECT_FALSE(sidecar_->WaitForExit(std::chrono::milliseconds(0)).has_value());
+  EXPECT_THAT(sidecar_->err(), HasSubstr("the engine restarted"));
 }
 
 TEST_F(SidecarIntegrationTest, CommitFailureEndsTheSidecarNonZero) {

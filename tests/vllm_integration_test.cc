@@ -369,7 +369,7 @@ TEST_F(VllmIntegrationTest, AReloadThatFailsEndsTheSidecarNonZero) {
 }
 
 TEST_F(VllmIntegrationTest, AnEngineThatNeverComesBackEndsTheSidecarNonZero) {
-  StartFleet();
+  StartFleet({"--engine-restart-grace", "2"});
   ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
   engine_->Signal(SIGKILL);
   ASSERT_TRUE(engine_->WaitForExit(std::chrono::seconds(30)).has_value());

@@ -158,6 +158,17 @@ def check_semantics(docs):
             fail("the sidecar's liveness probe is /health, which is 503 while it catches up")
         if not c.get("livenessProbe"):
             fail(f"the {c.get('name')} container has no liveness probe")
+    # A real engine loads for minutes: its liveness probe must not count
+    # before that (a startup probe of 30 minutes, as long as the sidecar's
+    # --engine-start-timeout), and must leave room for a /health that waits
+    # behind the queue under load.
+    startup = engine.get("startupProbe") or {}
+    if startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3) < 1800:
+        fail("the engine has no startup probe allowing 30 minutes for a model to load, so its "
+             "liveness probe restarts it while it loads")
+    if engine.get("livenessProbe", {}).get("timeoutSeconds", 1) < 10:
+        fail("the engine's liveness probe times out in under 10 s; a busy engine's /health "
+             "waits behind its queue")
     if pod.get("restartPolicy", "Always") != "Always":
         fail("replica pods must restart their containers (a terminal error exits 3)")
     if sidecar.get("terminationMessagePolicy") != "FallbackToLogsOnError":
@@ -220,7 +231,11 @@ def check_slurm():
         for line in re.findall(rf'"\$STITCH_BIN" {command} ([^\n]*)', joined):
             args = [a for a in shlex.split(line, posix=True) if a.startswith("--")]
             check_flags(f"stitch-replicas.sbatch {command}", command, args)
-    ok("the Slurm script parses and passes only flags stitch knows")
+    # The sidecar survives an engine restart: the script must restart the
+    # engine on its own, not only when the sidecar exits.
+    if not re.search(r'while true; do\s*\n\s*"\$STITCH_BIN" engine', text):
+        fail("the Slurm script does not restart an engine that exits while its sidecar waits")
+    ok("the Slurm script parses, restarts engines and passes only flags stitch knows")
 
 
 def check_dockerfile():

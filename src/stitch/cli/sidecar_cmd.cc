@@ -266,7 +266,20 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
          "triggers one)")
       ->capture_default_str();
   cmd->add_option("--watchdog-threshold,--watchdog-failure-threshold", flags.watchdog_threshold,
-                  "Failed probes in a row that end the replica")
+                  "Failed checks in a row, at least, before the replica ends (and only once the "
+                  "start timeout or the restart grace has passed)")
+      ->capture_default_str();
+  cmd->add_option("--engine-start-timeout", flags.engine_start_timeout_s,
+                  "Seconds a sidecar started before its engine waits for it to answer (out of "
+                  "rotation, /health 503 saying so) before it ends")
+      ->capture_default_str();
+  cmd->add_option("--engine-restart-grace", flags.engine_restart_grace_s,
+                  "Seconds an engine that went away while serving may take to come back; the "
+                  "replica leaves rotation at once, re-verifies the engine when it is back, and "
+                  "ends only when this runs out")
+      ->capture_default_str();
+  cmd->add_option("--engine-check-timeout", flags.engine_check_timeout_s,
+                  "Seconds one engine check (health and report) may take")
       ->capture_default_str();
   cmd->add_option("--auth-token-file", flags.auth_token_file,
                   "File holding a bearer token that POST /wake needs (default: "

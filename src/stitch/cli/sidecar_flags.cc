@@ -123,6 +123,15 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
                                flags.watchdog_threshold,
                                "): it is how many failed health checks in a row end the replica"));
   }
+  auto start_timeout = Seconds(flags.engine_start_timeout_s, "--engine-start-timeout");
+  if (!start_timeout.ok()) return start_timeout.status();
+  auto restart_grace = Seconds(flags.engine_restart_grace_s, "--engine-restart-grace");
+  if (!restart_grace.ok()) return restart_grace.status();
+  if (!std::isfinite(flags.engine_check_timeout_s) || flags.engine_check_timeout_s < 0.1 ||
+      flags.engine_check_timeout_s > 3600) {
+    return Refuse(absl::StrCat("--engine-check-timeout must be between 0.1 and 3600 seconds (got ",
+                               flags.engine_check_timeout_s, ")"));
+  }
   if (flags.port < 0 || flags.port > 65535) {
     return Refuse(absl::StrCat("--port must be between 0 and 65535 (got ", flags.port,
                                "); 0 picks a free port"));
@@ -138,11 +147,11 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   config.reconciler.store_outage_limit = *outage;
   config.watchdog.interval = *watchdog;
   config.watchdog.threshold = static_cast<int>(flags.watchdog_threshold);
-  config.watchdog.probe_timeout = std::max<std::chrono::milliseconds>(
-      std::chrono::milliseconds(100),
-      std::min<std::chrono::milliseconds>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(*watchdog),
-          std::chrono::seconds(5)));
+  config.watchdog.start_timeout = *start_timeout;
+  config.watchdog.restart_grace = *restart_grace;
+  config.reconciler.engine_start_timeout = *start_timeout;
+  config.watchdog.probe_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(flags.engine_check_timeout_s));
   config.reconciler.report_timeout =
       std::max<std::chrono::milliseconds>(config.watchdog.probe_timeout, std::chrono::seconds(5));
   config.server.host = flags.host;

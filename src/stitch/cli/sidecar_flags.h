@@ -37,6 +37,13 @@ struct SidecarFlags {
   double store_outage_limit_s = 30;
   double watchdog_interval_s = 1;
   int64_t watchdog_threshold = 15;
+  // A real engine loads a large model in minutes: how long the sidecar waits
+  // for one to start, and for one that went away to come back.
+  double engine_start_timeout_s = 1800;
+  double engine_restart_grace_s = 1800;
+  // How long one engine check may take (SGLang's /health runs a generation
+  // that waits behind the queue under load).
+  double engine_check_timeout_s = 10;
   std::string host = kDefaultListenHost;
   // The original Stitch sidecar's port.
   int64_t port = 8000;

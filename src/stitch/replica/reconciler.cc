@@ -247,6 +247,7 @@ awaitable<absl::Status> Reconciler::CheckEngine(std::chrono::milliseconds timeou
     EngineUnreachable(std::string(report.status().message()));
     co_return report.status();
   }
+  engine_answered_ = true;
   if (!gate_.trusted()) {
     // The pass loop establishes the weights; when it last failed for want of
     // an answer, the engine answering again is worth another attempt.
@@ -351,12 +352,30 @@ awaitable<void> Reconciler::Backstop() {
 
 awaitable<void> Reconciler::Loop() {
   const VersionRef boot{options_.run_id, options_.boot_version};
+  const Clock::TimePoint started = clock_.Now();
   absl::Status initialized = co_await engine_.InitializeDestination(boot);
+  // An engine that is not up yet (a real one loads its model for minutes)
+  // is waited for; anything else it says is final.
+  while (!initialized.ok() && !stopping_ &&
+         (absl::IsUnavailable(initialized) || absl::IsDeadlineExceeded(initialized)) &&
+         clock_.Now() - started < options_.engine_start_timeout) {
+    destination_error_ = std::string(initialized.message());
+    reason_ = absl::StrCat(
+        "initializing: waiting for the engine to start (",
+        std::chrono::duration_cast<std::chrono::seconds>(clock_.Now() - started).count(), " s of ",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.engine_start_timeout).count(),
+        " s allowed): ", initialized.message());
+    co_await clock_.SleepFor(std::chrono::seconds(1));
+    if (stopping_) co_return;
+    initialized = co_await engine_.InitializeDestination(boot);
+  }
+  if (stopping_) co_return;
   if (!initialized.ok()) {
     destination_error_ = std::string(initialized.message());
     Fail(Annotate(initialized, "weight update destination initialization failed"));
     co_return;
   }
+  destination_error_.clear();
   destination_ready_ = true;
   SetState(SyncState::kIdle, std::string(kCatchingUp));
   wake_pending_ = true;
@@ -450,6 +469,7 @@ awaitable<Reconciler::PassResult> Reconciler::Establish() {
     co_return PassResult::kError;
   }
   waiting_for_engine_ = false;
+  engine_answered_ = true;
   gate_.Unhold();
   auto head = co_await ReadHead();
   if (!head.ok()) {

@@ -117,6 +117,10 @@ struct ReconcilerOptions {
   // How long one engine report (establishing, after a load, a probe) may
   // take (real time).
   std::chrono::milliseconds report_timeout = std::chrono::seconds(5);
+  // How long the engine may take to start: initializing its update
+  // destination is retried (out of rotation, saying what it waits for) while
+  // the engine cannot be reached, for this long.
+  Clock::Duration engine_start_timeout = std::chrono::minutes(30);
 };
 
 // Cumulative numbers, for /metrics.
@@ -187,6 +191,8 @@ class Reconciler {
     return ready_ && terminal_.ok() && gate_.trusted() && !gate_.held() && !StoreLost();
   }
   SyncState sync_state() const { return sync_state_; }
+  // Whether the engine has answered a report since start.
+  bool engine_answered() const { return engine_answered_; }
   const absl::Status& terminal() const { return terminal_; }
   // Why /health is not 200 ("" when it is). /server_info's `reason` is the
   // state's own reason, also once ready (a transient sync error, say).
@@ -303,6 +309,7 @@ class Reconciler {
     Clock::TimePoint at;
   };
   std::optional<RefusedVersion> refused_;
+  bool engine_answered_ = false;
   static constexpr Clock::Duration kRefusedVersionRecheck = std::chrono::minutes(10);
   std::optional<TensorChecksums> boot_checksums_;  // worker pool only
   SyncState sync_state_ = SyncState::kIdle;

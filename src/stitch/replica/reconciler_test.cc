@@ -237,6 +237,53 @@ TEST_F(ReconcilerTest, DestinationInitialisationFailureIsTerminal) {
   });
 }
 
+// A sidecar started before its engine waits for it (a real engine loads
+// its model for minutes), saying so, then carries on; past the start
+// timeout it gives up.
+TEST_F(ReconcilerTest, AnEngineThatIsNotUpYetIsWaitedForUntilTheStartTimeout) {
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  for (int i = 0; i < 3; ++i) {
+    engine_->init_results.push_back(absl::UnavailableError("connect failed: Connection refused"));
+  }
+  ReconcilerOptions options = NoBackstop();
+  options.engine_start_timeout = std::chrono::seconds(60);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    for (size_t attempt = 1; attempt <= 3; ++attempt) {
+      CO_ASSERT(co_await Until([&] {
+        return engine_->Count("init:r1/weight_v000000") == attempt && clock_->sleepers() == 1;
+      }));
+      EXPECT_TRUE(reconciler_->terminal().ok());
+      EXPECT_THAT(reconciler_->reason(), HasSubstr("waiting for the engine to start"));
+      EXPECT_THAT(reconciler_->reason(), HasSubstr("Connection refused"));
+      clock_->Advance(std::chrono::seconds(1));
+    }
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(engine_->Count("init:r1/weight_v000000"), 4u);
+  });
+}
+
+TEST_F(ReconcilerTest, AnEngineThatDoesNotStartWithinTheTimeoutIsTerminal) {
+  for (int i = 0; i < 100; ++i) engine_->init_results.push_back(absl::UnavailableError("refused"));
+  ReconcilerOptions options = NoBackstop();
+  options.engine_start_timeout = std::chrono::seconds(3);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    for (size_t attempt = 1; attempt <= 3; ++attempt) {
+      CO_ASSERT(co_await Until([&] {
+        return engine_->Count("init:r1/weight_v000000") == attempt && clock_->sleepers() == 1;
+      }));
+      clock_->Advance(std::chrono::seconds(1));
+    }
+    CO_ASSERT(co_await Until([&] { return !reconciler_->terminal().ok(); }));
+    EXPECT_EQ(engine_->Count("init:r1/weight_v000000"), 4u);
+    EXPECT_THAT(reconciler_->State().terminal_error, HasSubstr("refused"));
+  });
+}
+
 TEST_F(ReconcilerTest, CatchUpAppliesOneChainWithOneCommit) {
   Full(3);
   Delta(4, 1);

@@ -37,6 +37,7 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
       ports.loop, settings.watchdog, *ports.clock, [reconciler] { return reconciler->may_probe(); },
       [reconciler, probe_timeout] { return reconciler->CheckEngine(probe_timeout); },
       [reconciler](absl::Status why) { reconciler->Fail(std::move(why)); });
+  sidecar->watchdog_->SetAnsweredBefore([reconciler] { return reconciler->engine_answered(); });
   sidecar->proxy_ =
       std::make_unique<VersionedProxy>(ports.loop, settings.proxy, *ports.engine, *sidecar->gate_);
   sidecar->reconciler_->SetDistrustListener([self] { self->proxy_->AbortInFlight(); });

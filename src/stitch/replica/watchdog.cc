@@ -90,18 +90,30 @@ awaitable<void> Watchdog::Loop() {
     absl::Status health = co_await probe_();
     if (stopping_) break;
     if (health.ok()) {
+      if (!answered_ || consecutive_ > 0) spdlog::info("the engine answers its checks");
+      answered_ = true;
       consecutive_ = 0;
       continue;
     }
     ++failures_total_;
-    ++consecutive_;
-    spdlog::warn("engine check failed ({} of {}): {}", consecutive_, options_.threshold,
+    if (consecutive_++ == 0) failing_since_ = clock_.Now();
+    if (!answered_ && answered_before_ && answered_before_()) answered_ = true;
+    const Clock::Duration bound = answered_ ? options_.restart_grace : options_.start_timeout;
+    const Clock::Duration failing = clock_.Now() - failing_since_;
+    const auto seconds = [](Clock::Duration d) {
+      return std::chrono::duration_cast<std::chrono::seconds>(d).count();
+    };
+    spdlog::warn("engine check failed ({} in a row, for {} s of {} s {}): {}", consecutive_,
+                 seconds(failing), seconds(bound),
+                 answered_ ? "allowed for the engine to come back" : "allowed for it to start",
                  std::string(health.message()));
-    if (consecutive_ >= options_.threshold) {
+    if (consecutive_ >= options_.threshold && failing >= bound) {
       tripped_ = true;
       on_trip_(absl::UnavailableError(absl::StrCat(
-          "the engine failed ", consecutive_, " health checks in a row (last: ", health.message(),
-          "); replace this replica")));
+          answered_ ? "the engine went away and did not come back within "
+                    : "the engine did not start within ",
+          seconds(bound), " s (", consecutive_,
+          " health checks in a row failed, last: ", health.message(), "); replace this replica")));
       co_return;
     }
   }

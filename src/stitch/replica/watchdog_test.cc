@@ -32,6 +32,9 @@ class WatchdogTest : public ::testing::Test {
     WatchdogOptions options;
     options.interval = std::chrono::seconds(5);
     options.threshold = 3;
+    // The count alone decides here; the time bounds have tests of their own.
+    options.start_timeout = Clock::Duration::zero();
+    options.restart_grace = Clock::Duration::zero();
     watchdog_ = MakeWatchdog(options);
   }
   std::unique_ptr<Watchdog> MakeWatchdog(WatchdogOptions options) {
@@ -138,6 +141,7 @@ TEST_F(WatchdogTest, WithoutAnIntervalOnlyProbeNowProbes) {
     WatchdogOptions options;
     options.interval = Clock::Duration::zero();
     options.threshold = 2;
+    options.start_timeout = Clock::Duration::zero();
     watchdog_ = MakeWatchdog(options);
     expects_progress_ = true;
     watchdog_->Start();
@@ -158,4 +162,58 @@ TEST_F(WatchdogTest, WithoutAnIntervalOnlyProbeNowProbes) {
 }
 
 }  // namespace
+// A real engine takes minutes to load: a sidecar started before it waits up
+// to start_timeout, however many checks fail meanwhile.
+TEST_F(WatchdogTest, AnEngineThatNeverAnsweredHasTheStartTimeout) {
+  Run([&]() -> awaitable<void> {
+    co_await watchdog_->Stop();
+    WatchdogOptions options;
+    options.interval = std::chrono::seconds(5);
+    options.threshold = 3;
+    options.start_timeout = std::chrono::seconds(60);
+    options.restart_grace = std::chrono::seconds(600);
+    watchdog_ = MakeWatchdog(options);
+    expects_progress_ = true;
+    for (int i = 0; i < 20; ++i) engine_->health_results.push_back(absl::UnavailableError("down"));
+    watchdog_->Start();
+    for (int i = 0; i < 12; ++i) CO_ASSERT(co_await Tick());  // failing for 55 s
+    EXPECT_TRUE(trips_.empty());
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return !trips_.empty(); }));
+    EXPECT_NE(trips_[0].message().find("did not start within 60 s"), std::string::npos)
+        << trips_[0];
+  });
+}
+
+// An engine that answered, then went away (restarted), has the restart
+// grace to come back; coming back starts the count over.
+TEST_F(WatchdogTest, AnEngineThatWentAwayHasTheRestartGraceToComeBack) {
+  Run([&]() -> awaitable<void> {
+    co_await watchdog_->Stop();
+    WatchdogOptions options;
+    options.interval = std::chrono::seconds(5);
+    options.threshold = 3;
+    options.start_timeout = std::chrono::seconds(10);
+    options.restart_grace = std::chrono::seconds(100);
+    watchdog_ = MakeWatchdog(options);
+    expects_progress_ = true;
+    engine_->health_results.push_back(absl::OkStatus());
+    for (int i = 0; i < 15; ++i) engine_->health_results.push_back(absl::UnavailableError("gone"));
+    engine_->health_results.push_back(absl::OkStatus());  // back after 75 s
+    for (int i = 0; i < 30; ++i) engine_->health_results.push_back(absl::UnavailableError("gone"));
+    watchdog_->Start();
+    for (int i = 0; i < 17; ++i) CO_ASSERT(co_await Tick());
+    EXPECT_TRUE(trips_.empty());
+    EXPECT_EQ(watchdog_->consecutive_failures(), 0);
+    for (int i = 0; i < 20; ++i) CO_ASSERT(co_await Tick());  // 95 s failing
+    EXPECT_TRUE(trips_.empty());
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return !trips_.empty(); }));
+    EXPECT_NE(trips_[0].message().find("did not come back within 100 s"), std::string::npos)
+        << trips_[0];
+  });
+}
+
 }  // namespace stitch
