@@ -880,7 +880,23 @@ awaitable<absl::Status> Reconciler::Commit(const VersionRef& target) {
   ++loads_;
   window->Expect(target);
   absl::Status committed = co_await engine_.Commit(target, commit_options);
-  if (committed.ok()) committed = co_await VerifyLoaded(target);
+  if (committed.ok()) {
+    committed = co_await VerifyLoaded(target);
+  } else {
+    // An error answer does not mean that nothing changed (SGLang answers
+    // 400 when it loaded the weights and set the version but could not
+    // flush its cache): what the engine holds decides. Holding the target,
+    // verified, the commit stands; anything else is as uncertain as before.
+    const absl::Status answer = committed;
+    const absl::Status holds = co_await VerifyLoaded(target);
+    if (holds.ok()) {
+      spdlog::warn(
+          "the engine answered the commit of {} with an error ({}), but it holds {}: "
+          "the commit stands",
+          target.ToString(), std::string(answer.message()), target.ToString());
+      committed = absl::OkStatus();
+    }
+  }
   ++loads_;
   loading_ = false;
   if (!committed.ok()) {

@@ -784,6 +784,23 @@ TEST_F(ReconcilerTest, ARefusedVersionIsRememberedNotReadAgainEveryPass) {
   });
 }
 
+// SGLang answers 400 to a load that changed the weights and the version
+// but could not flush its cache: what the engine holds decides.
+TEST_F(ReconcilerTest, AFailedCommitAnswerIsCheckedAgainstWhatTheEngineHolds) {
+  Delta(1, 1);
+  SetPointer(Ref("r1", 1));
+  engine_->commit_results.push_back(
+      absl::InvalidArgumentError("weights were updated, but the cache was not flushed"));
+  engine_->loads_despite_error = true;
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    EXPECT_TRUE(reconciler_->terminal().ok());
+    EXPECT_EQ(engine_->Count("resume"), 1u);
+  });
+}
+
 TEST_F(ReconcilerTest, CommitFailureIsTerminal) {
   Delta(1, 1);
   SetPointer(Ref("r1", 1));
