@@ -10,7 +10,8 @@ CLANG_FORMAT ?= clang-format
 CLANG_TIDY ?= clang-tidy
 SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: all deps build test test-asan test-multihost fuzz format format-check lint thread-safety
+.PHONY: all deps build test test-asan test-multihost test-engines fuzz format format-check lint
+.PHONY: thread-safety
 .PHONY: bench clean demo chaos chaos-short
 .PHONY: python-install python-test
 
@@ -27,10 +28,24 @@ build: deps $(BUILD)/build.ninja
 
 test: deps format-check build thread-safety
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	$(MAKE) --no-print-directory test-engines
 	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory python-test
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory test-multihost
+
+# The sidecar in front of real engines (tests/engines/): vLLM's CPU build,
+# installed once outside the tree by scripts/install-engines (about 6 GB),
+# started once for its suite; transformers judges every answer.
+ENGINES ?= vllm
+ENGINES_DIR = $(shell scripts/install-engines --print-dir)
+test-engines: build
+	scripts/install-engines $(ENGINES)
+	@for engine in $(ENGINES); do \
+	  STITCH_BIN=$(CURDIR)/$(BUILD)/src/stitch/cli/stitch \
+	    $(ENGINES_DIR)/$$engine/bin/python -m pytest -q -p no:cacheprovider \
+	    tests/engines/test_$$engine.py || exit 1; \
+	done
 
 # A fleet across hosts on this machine: network namespaces joined by a
 # bridge, moto S3 and dnsmasq on their own hosts, replicas cut off, joining

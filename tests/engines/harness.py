@@ -1,0 +1,281 @@
+"""What the real-engine suites share: models that real engines load, a real
+engine in its own process group, a store with a sidecar in front of the
+engine, and an oracle that is not ours (Hugging Face transformers).
+
+Everything runs on 127.0.0.1 with ports picked free, in temporary
+directories; every process started here is stopped by its owner's close().
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import hf_tokenizer  # noqa: E402
+
+STITCH = os.environ.get("STITCH_BIN") or os.path.join(REPO, "build/src/stitch/cli/stitch")
+RUN = "r1"
+# A real engine starts in about a minute here; minutes with a large model.
+ENGINE_START_TIMEOUT = float(os.environ.get("STITCH_ENGINE_START_TIMEOUT", "600"))
+# bf16 kernels differ between an engine and transformers, and a random
+# model has near ties between its top logits: a served token is the
+# weights' greedy choice when its logit is within LOGIT_TIE of the best one
+# that transformers computes for the same prefix.
+LOGIT_TIE = 0.05
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, headers=None, timeout=120):
+    """(status, parsed JSON or text, headers) of one request; never raises
+    for an HTTP error status."""
+    data = None
+    if body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw, hdrs = r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        status, raw, hdrs = e.code, e.read(), dict(e.headers)
+    text = raw.decode(errors="replace")
+    try:
+        return status, json.loads(text), hdrs
+    except ValueError:
+        return status, text, hdrs
+
+
+def sse_events(url, body, timeout=120):
+    """The JSON events of a streamed answer (`data: [DONE]` ends it)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    events = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:"):].strip()
+            if payload == "[DONE]":
+                break
+            events.append(json.loads(payload))
+    return events
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def stitch(*args, check=True):
+    r = subprocess.run([STITCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and r.returncode != 0:
+        raise AssertionError(f"stitch {' '.join(args)} exited {r.returncode}: {r.stderr}")
+    return r
+
+
+def make_model(path, seed):
+    """A Llama checkpoint both the reference engine and real engines load:
+    head dimension 32 (vLLM's CPU attention needs at least 32), bf16, with
+    a Hugging Face tokenizer of the reference engine's byte vocabulary."""
+    stitch("engine", "init-model", path, "--hidden", "128", "--layers", "2", "--heads", "4",
+           "--dtype", "bfloat16", "--seed", str(seed))
+    hf_tokenizer.write_files(path)
+    return path
+
+
+class Process:
+    """A command in its own process group, its output in a log file."""
+
+    def __init__(self, cmd, log_path, env=None):
+        self.cmd, self.log_path = cmd, log_path
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill_group(self, sig=signal.SIGKILL):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def close(self):
+        if self.alive():
+            self.kill_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group(signal.SIGKILL)  # whatever is left of the group
+        self.proc.wait()
+        self.log.close()
+
+    def tail(self, lines=40):
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+
+class Vllm:
+    """A real vLLM server (the CPU build) serving `model` as "policy"."""
+
+    def __init__(self, model, workdir, port=None, extra=()):
+        self.model, self.workdir, self.extra = model, workdir, list(extra)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = None
+        self.start()
+
+    def start(self):
+        cmd = [sys.executable, os.path.join(HERE, "vllm_serve.py"), "serve", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
+               "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager",
+               "--max-num-seqs", "8", "--enable-prefix-caching", *self.extra]
+        self.process = Process(cmd, os.path.join(self.workdir, f"vllm-{self.port}.log"))
+
+    def wait_healthy(self, timeout=ENGINE_START_TIMEOUT):
+        def healthy():
+            if not self.process.alive():
+                raise AssertionError(f"vLLM exited before /health:\n{self.process.tail()}")
+            try:
+                return http("GET", self.url + "/health", timeout=5)[0] == 200
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                return False
+        wait_until(healthy, timeout, "vLLM's /health")
+
+    def close(self):
+        if self.process is not None:
+            self.process.close()
+
+
+class Fleet:
+    """A store of run r1 (claimed at version 0 = `base`) and one sidecar in
+    front of an engine."""
+
+    def __init__(self, workdir, base, engine, engine_url, sidecar_flags=()):
+        self.workdir, self.base = workdir, base
+        self.store = os.path.join(workdir, "store")
+        stitch("claim", "--store", self.store, "--run-id", RUN, "--boot-version", "0")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = ["sidecar", "--store", self.store, "--run-id", RUN, "--engine", engine,
+                     "--engine-url", engine_url, "--base-checkpoint", base,
+                     "--local-checkpoint", os.path.join(workdir, "local"),
+                     "--reconcile-interval", "0.5", "--watchdog-interval", "0.5",
+                     "--port", str(self.port), *sidecar_flags]
+        self.sidecar = Process([STITCH, *self.args], os.path.join(workdir, "sidecar.log"))
+        self.published = {0: base}  # version -> the checkpoint whose weights it holds
+
+    def info(self):
+        status, body, _ = http("GET", self.url + "/server_info", timeout=10)
+        return body if status == 200 else {}
+
+    def applied(self):
+        try:
+            return self.info().get("applied_version")
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return None
+
+    def wait_serving(self, version, timeout=120):
+        def serving():
+            if not self.sidecar.alive():
+                raise AssertionError(f"the sidecar exited:\n{self.sidecar.tail()}")
+            try:
+                return self.info().get("ready") and self.applied() == version
+            except (urllib.error.URLError, ConnectionError, OSError):
+                return False
+        wait_until(serving, timeout, f"the sidecar to serve v{version}")
+
+    def publish_full(self, version, checkpoint):
+        out = os.path.join(self.workdir, "out", f"weight_v{version:06d}")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        stitch("delta", "full", "--checkpoint", checkpoint, "--out", out, "--version",
+               str(version), "--run-id", RUN)
+        stitch("publish", "--store", self.store, "--run-id", RUN, "--pool", f"static:{self.url}",
+               out)
+        self.published[version] = checkpoint
+
+    def publish_delta(self, version, target):
+        """DELTA `version` from the previous version's weights to `target`'s."""
+        base = self.published[version - 1]
+        out = os.path.join(self.workdir, "out", f"weight_v{version:06d}")
+        stitch("delta", "encode", "--base", base, "--target", target, "--out", out,
+               "--version", str(version), "--base-version", str(version - 1), "--run-id", RUN)
+        stitch("publish", "--store", self.store, "--run-id", RUN, "--base", base,
+               "--pool", f"static:{self.url}", out)
+        self.published[version] = target
+
+    def close(self):
+        self.sidecar.close()
+
+
+class Oracle:
+    """transformers' judgement of which weights produced an answer: fed the
+    prompt and the served tokens, each served token must be the weights'
+    greedy choice (within LOGIT_TIE of the best logit)."""
+
+    def __init__(self):
+        self._models = {}
+
+    def _model(self, checkpoint):
+        if checkpoint not in self._models:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            m = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+            m.eval()
+            self._models[checkpoint] = m
+        return self._models[checkpoint]
+
+    def worst_gap(self, checkpoint, prompt_ids, output_ids):
+        """How far below the weights' best logit the worst served token is."""
+        import torch
+
+        if not output_ids:
+            return 0.0
+        m = self._model(checkpoint)
+        with torch.no_grad():
+            logits = m(torch.tensor([prompt_ids + output_ids])).logits[0].float()
+        logits = logits[len(prompt_ids) - 1:-1]
+        return max(float(logits[i].max() - logits[i][t]) for i, t in enumerate(output_ids))
+
+    def made_by(self, checkpoint, prompt_ids, output_ids):
+        return self.worst_gap(checkpoint, prompt_ids, output_ids) <= LOGIT_TIE
+
+    def which(self, checkpoints, prompt_ids, output_ids):
+        """The versions (keys of `checkpoints`) whose weights could have
+        produced the answer."""
+        return sorted(v for v, c in checkpoints.items() if self.made_by(c, prompt_ids, output_ids))
+
+
+def prompt_ids(text):
+    """The token ids the reference engine and real engines make of a text
+    prompt (BOS, then its UTF-8 bytes)."""
+    return hf_tokenizer.ref_encode(text)
+
+
+def chat_prompt_ids(messages):
+    return hf_tokenizer.ref_encode(hf_tokenizer.ref_chat(messages))
