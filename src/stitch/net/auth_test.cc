@@ -75,8 +75,8 @@ TEST(AuthTest, OnlyTheExactBearerTokenIsAccepted) {
   EXPECT_EQ(BearerValue("abc"), "Bearer abc");
 }
 
-TEST(AuthTest, AGuardedRouteAnswers401WithoutTheToken) {
-  EventLoop loop;
+// A router whose POST /wake needs the token "tok".
+HttpRouter WakeRouter() {
   HttpRouter router;
   router.Add(
       "POST", "/wake",
@@ -84,6 +84,12 @@ TEST(AuthTest, AGuardedRouteAnswers401WithoutTheToken) {
         (void)co_await ex.Respond(JsonResponse(200, "{}"));
       },
       "tok");
+  return router;
+}
+
+TEST(AuthTest, AGuardedRouteAnswers401WithoutTheToken) {
+  EventLoop loop;
+  HttpRouter router = WakeRouter();
   router.Add("GET", "/open", [](HttpExchange& ex) -> boost::asio::awaitable<void> {
     (void)co_await ex.Respond(JsonResponse(200, "{}"));
   });
@@ -118,13 +124,7 @@ TEST(AuthTest, AGuardedRouteAnswers401WithoutTheToken) {
 // other: right-then-wrong and wrong-then-right are both refused.
 TEST(AuthTest, TwoAuthorizationHeadersAreABadRequest) {
   EventLoop loop;
-  HttpRouter router;
-  router.Add(
-      "POST", "/wake",
-      [](HttpExchange& ex) -> boost::asio::awaitable<void> {
-        (void)co_await ex.Respond(JsonResponse(200, "{}"));
-      },
-      "tok");
+  HttpRouter router = WakeRouter();
   ServerOptions options;
   options.head_check = router.TokenCheck();
   auto server = HttpServer::Start(loop.executor(), options, router.AsHandler());

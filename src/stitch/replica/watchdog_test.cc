@@ -49,6 +49,18 @@ class WatchdogTest : public ::testing::Test {
     engine_.reset();
     loop_.reset();
   }
+  // Replaces the watchdog by one with these time bounds (3 failures, 5 s
+  // apart, as the fixture's), expecting progress.
+  awaitable<void> WithBounds(Clock::Duration start_timeout, Clock::Duration restart_grace) {
+    co_await watchdog_->Stop();
+    WatchdogOptions options;
+    options.interval = std::chrono::seconds(5);
+    options.threshold = 3;
+    options.start_timeout = start_timeout;
+    options.restart_grace = restart_grace;
+    watchdog_ = MakeWatchdog(options);
+    expects_progress_ = true;
+  }
   template <typename F>
   void Run(F body) {
     loop_->BlockOn(body());
@@ -161,19 +173,11 @@ TEST_F(WatchdogTest, WithoutAnIntervalOnlyProbeNowProbes) {
   });
 }
 
-}  // namespace
 // A real engine takes minutes to load: a sidecar started before it waits up
 // to start_timeout, however many checks fail meanwhile.
 TEST_F(WatchdogTest, AnEngineThatNeverAnsweredHasTheStartTimeout) {
   Run([&]() -> awaitable<void> {
-    co_await watchdog_->Stop();
-    WatchdogOptions options;
-    options.interval = std::chrono::seconds(5);
-    options.threshold = 3;
-    options.start_timeout = std::chrono::seconds(60);
-    options.restart_grace = std::chrono::seconds(600);
-    watchdog_ = MakeWatchdog(options);
-    expects_progress_ = true;
+    co_await WithBounds(std::chrono::seconds(60), std::chrono::seconds(600));
     for (int i = 0; i < 20; ++i) engine_->health_results.push_back(absl::UnavailableError("down"));
     watchdog_->Start();
     for (int i = 0; i < 12; ++i) CO_ASSERT(co_await Tick());  // failing for 55 s
@@ -190,14 +194,7 @@ TEST_F(WatchdogTest, AnEngineThatNeverAnsweredHasTheStartTimeout) {
 // grace to come back; coming back starts the count over.
 TEST_F(WatchdogTest, AnEngineThatWentAwayHasTheRestartGraceToComeBack) {
   Run([&]() -> awaitable<void> {
-    co_await watchdog_->Stop();
-    WatchdogOptions options;
-    options.interval = std::chrono::seconds(5);
-    options.threshold = 3;
-    options.start_timeout = std::chrono::seconds(10);
-    options.restart_grace = std::chrono::seconds(100);
-    watchdog_ = MakeWatchdog(options);
-    expects_progress_ = true;
+    co_await WithBounds(std::chrono::seconds(10), std::chrono::seconds(100));
     engine_->health_results.push_back(absl::OkStatus());
     for (int i = 0; i < 15; ++i) engine_->health_results.push_back(absl::UnavailableError("gone"));
     engine_->health_results.push_back(absl::OkStatus());  // back after 75 s
@@ -216,4 +213,5 @@ TEST_F(WatchdogTest, AnEngineThatWentAwayHasTheRestartGraceToComeBack) {
   });
 }
 
+}  // namespace
 }  // namespace stitch
