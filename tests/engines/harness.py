@@ -95,12 +95,12 @@ def stitch(*args, check=True):
 
 
 def make_model(path, seed):
-    """A Llama checkpoint both the reference engine and real engines load:
-    head dimension 32 (vLLM's CPU attention needs at least 32), bf16, with
-    a Hugging Face tokenizer of the reference engine's byte vocabulary."""
+    """A Llama checkpoint both the reference engine and real engines load
+    (`stitch engine init-model` writes Hugging Face tokenizer files of the
+    reference engine's byte vocabulary beside the weights): head dimension
+    32 (vLLM's CPU attention needs at least 32), bf16."""
     stitch("engine", "init-model", path, "--hidden", "128", "--layers", "2", "--heads", "4",
            "--dtype", "bfloat16", "--seed", str(seed))
-    hf_tokenizer.write_files(path)
     return path
 
 

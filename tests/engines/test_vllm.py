@@ -68,6 +68,10 @@ def assert_made_by(f, version, prompt, output):
     assert makers == [weights], f"tokens {output} should be v{version}'s ({weights}) alone: {makers}"
 
 
+def test_init_models_tokenizer_files_tokenize_as_the_reference_engine(f):
+    harness.hf_tokenizer.check(f.ckpt[0])
+
+
 def test_whole_answers_are_stamped_with_the_weights_that_made_them(f):
     status, body, _ = completion(f, {"exact_version": 0})
     assert status == 200, body
@@ -254,3 +258,55 @@ def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
     assert all(b.get("error", {}).get("retryable") for b in retryable)
     assert not [o for o in other if o[0] != "error"], other[:3]
     assert f.fleet.sidecar.alive()
+
+
+def field(doc, path):
+    for part in path.split("."):
+        if isinstance(doc, list):
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            raise KeyError(path)
+    return doc
+
+
+def test_the_adapters_route_list_holds_for_the_installed_vllm(f):
+    """tests/data/engine_api/vllm.txt, which the reference engine's vLLM
+    dialect is tested against, is what the installed vLLM answers: every
+    call gets the status and fields listed, and every route the adapter
+    relies on is in vLLM's /openapi.json. (Last: it pauses, relabels and
+    reloads the engine behind the sidecar, which is stopped first.)"""
+    f.fleet.close()
+    listed = os.path.join(harness.REPO, "tests", "data", "engine_api", "vllm.txt")
+    _, openapi, _ = http("GET", f.engine.url + "/openapi.json")
+    paths = openapi["paths"]
+    failures = []
+    with open(listed) as lines:
+        for line in lines:
+            words = line.split()
+            if not words or words[0] not in ("call", "relies"):
+                continue
+            if words[0] == "relies":
+                method, path = words[1], words[2]
+                if method.lower() not in paths.get(path, {}):
+                    failures.append(f"{line.strip()}: not in vLLM's /openapi.json")
+                continue
+            method, target, body = words[1], words[2], words[3]
+            arrow = words.index("->")
+            status, checks = int(words[arrow + 1]), words[arrow + 2:]
+            body = None if body == "-" else body.replace("$MODEL", f.ckpt[0]).encode()
+            got, answer, _ = http(method, f.engine.url + target, body)
+            if got != status:
+                failures.append(f"{line.strip()}: status {got}: {answer}")
+                continue
+            for check in checks:
+                name, _, want = check.partition("=")
+                try:
+                    value = field(answer, name)
+                except (KeyError, IndexError, ValueError, TypeError):
+                    failures.append(f"{line.strip()}: no {name} in {answer}")
+                    continue
+                if want and str(value).lower() != want.lower():
+                    failures.append(f"{line.strip()}: {name} is {value!r}")
+    assert not failures, "\n".join(failures)

@@ -7,6 +7,7 @@
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/refengine/hf_tokenizer.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -69,6 +70,7 @@ absl::Status WriteFiles(const fs::path& dir, const ModelConfig& config,
     total += t.data.size();
   }
   index.other_metadata["total_size"] = absl::StrCat(total);
+  if (absl::Status s = WriteHfTokenizerFiles(dir, config); !s.ok()) return s;
   return WriteIndex(dir, index);
 }
 

@@ -4,6 +4,9 @@
 //   <dir>/model.safetensors               (metadata {"format": "pt"})
 //   <dir>/model.safetensors.index.json    (weight_map -> model.safetensors,
 //                                          metadata {"total_size": N}, no version)
+//   <dir>/tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+//   generation_config.json                (hf_tokenizer.h: so that real
+//                                          engines load the checkpoint too)
 // The same configuration and seed give byte-identical files on every machine:
 // the random numbers come from our own generator and plain float arithmetic.
 #pragma once
@@ -32,7 +35,7 @@ std::vector<HostTensor> RandomCheckpointTensors(const ModelConfig& config, uint6
 
 enum class ExistingDir {
   kRefuse,     // `dir` must be absent or empty
-  kOverwrite,  // replace the three checkpoint files in `dir`; leave its other files
+  kOverwrite,  // replace the checkpoint files in `dir`; leave its other files
 };
 
 // Writes a checkpoint of `config` holding `tensors` (checked by

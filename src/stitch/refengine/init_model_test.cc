@@ -4,9 +4,15 @@
 #include <string>
 #include <vector>
 
+#include <set>
+#include <string_view>
+
+#include <boost/json/parse.hpp>
+
 #include "gtest/gtest.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/refengine/hf_tokenizer.h"
 #include "stitch/refengine/test_models.h"
 #include "tests/support/temp_dir.h"
 
@@ -97,6 +103,41 @@ TEST(InitModel, WritesALoadableHuggingFaceCheckpoint) {
   size_t entries = 0;
   for (const auto& e : fs::directory_iterator(tmp / "nested")) entries += e.exists();
   EXPECT_EQ(entries, 1u);
+}
+
+// Real engines and transformers load the checkpoint too: its tokenizer is
+// the byte vocabulary (tests/engines/ checks it with transformers).
+TEST(InitModel, WritesHuggingFaceTokenizerFilesOfTheByteVocabulary) {
+  stitch::testing::TempDir tmp;
+  ModelConfig c = Small();
+  c.vocab_size = 260;
+  ASSERT_TRUE(Init(tmp / "model", c, 1).ok());
+  for (std::string_view name : kHfTokenizerFiles) {
+    auto text = ReadFileToString(tmp / "model" / name);
+    ASSERT_TRUE(text.ok()) << name << ": " << text.status();
+    EXPECT_NO_THROW(boost::json::parse(*text)) << name;
+  }
+  const boost::json::value doc =
+      boost::json::parse(*ReadFileToString(tmp / "model" / "tokenizer.json"));
+  const boost::json::object& vocab = doc.at("model").at("vocab").as_object();
+  ASSERT_EQ(vocab.size(), 256u);
+  std::set<int64_t> ids;
+  for (const auto& [chars, id] : vocab) {
+    ids.insert(id.as_int64());
+    // One character each (GPT-2's byte map), never a space or a control.
+    EXPECT_EQ(std::string(chars).size(), id.as_int64() >= '!' && id.as_int64() <= '~' ? 1u : 2u)
+        << id;
+  }
+  EXPECT_EQ(ids.size(), 256u);
+  const boost::json::array& added = doc.at("added_tokens").as_array();
+  ASSERT_EQ(added.size(), 4u);  // BOS, EOS and the two unused ids
+  EXPECT_EQ(added[0].at("id").as_int64(), 256);
+  EXPECT_EQ(added[0].at("content").as_string(), "<|stitch_bos|>");
+  EXPECT_EQ(added[3].at("id").as_int64(), 259);
+  const auto config =
+      boost::json::parse(*ReadFileToString(tmp / "model" / "tokenizer_config.json"));
+  EXPECT_EQ(config.at("bos_token").as_string(), "<|stitch_bos|>");
+  EXPECT_TRUE(config.at("chat_template").as_string().starts_with("{{- bos_token -}}"));
 }
 
 TEST(InitModel, RefusesANonEmptyDirectoryUnlessOverwriting) {
