@@ -551,6 +551,18 @@ awaitable<Reconciler::PassResult> Reconciler::LoadVersion(const VersionRef& targ
   co_return PassResult::kMore;
 }
 
+void Reconciler::RefuseVersion(const VersionRef& version, const absl::Status& why) {
+  refused_ = RefusedVersion{
+      version,
+      absl::Status(why.code(),
+                   absl::StrCat(version.ToString(), " cannot be applied (", why.message(),
+                                "); this replica keeps serving ", applied().ToString(),
+                                "; publishing a FULL next version moves it on")),
+      clock_.Now()};
+  spdlog::error("{}", std::string(refused_->why.message()));
+  SetError(refused_->why);
+}
+
 // One pass ---------------------------------------------------------------------
 
 awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
@@ -706,17 +718,10 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   if (!plan.ok()) {
     const absl::Status& s = plan.status();
     if (absl::IsInvalidArgument(s) || absl::IsDataLoss(s)) {
-      refused_ = RefusedVersion{
-          pointer,
-          absl::Status(s.code(),
-                       absl::StrCat(pointer.ToString(), " cannot be applied (", s.message(),
-                                    "); this replica keeps serving ", applied().ToString(),
-                                    "; publishing a FULL next version moves it on")),
-          clock_.Now()};
-      SetError(refused_->why);
-      co_return PassResult::kError;
+      RefuseVersion(pointer, s);
+    } else {
+      SetError(s);
     }
-    SetError(s);
     co_return PassResult::kError;
   }
   refused_.reset();
@@ -743,7 +748,14 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   const auto stage_start = std::chrono::steady_clock::now();
   absl::Status staged = co_await engine_.Stage(plan->stage);
   if (!staged.ok()) {
-    SetError(Annotate(staged, absl::StrCat("staging ", pointer.ToString())));
+    // Bytes that do not give the checksums the version records (a DELTA
+    // encoded against another base) never will: remembered like a
+    // malformed version, not staged again on every pass.
+    if (GetErrorKind(staged) == ErrorKind::kChecksumMismatch) {
+      RefuseVersion(pointer, Annotate(staged, absl::StrCat("staging ", pointer.ToString())));
+    } else {
+      SetError(Annotate(staged, absl::StrCat("staging ", pointer.ToString())));
+    }
     co_return PassResult::kError;
   }
   ++counters_.stages;

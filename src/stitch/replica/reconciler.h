@@ -309,6 +309,8 @@ class Reconciler {
     Clock::TimePoint at;
   };
   std::optional<RefusedVersion> refused_;
+  // Remembers `version` as refused for `why`, and reports it.
+  void RefuseVersion(const VersionRef& version, const absl::Status& why);
   bool engine_answered_ = false;
   static constexpr Clock::Duration kRefusedVersionRecheck = std::chrono::minutes(10);
   std::optional<TensorChecksums> boot_checksums_;  // worker pool only

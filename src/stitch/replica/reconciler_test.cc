@@ -801,6 +801,41 @@ TEST_F(ReconcilerTest, AFailedCommitAnswerIsCheckedAgainstWhatTheEngineHolds) {
   });
 }
 
+// A DELTA encoded against another base stages to the wrong checksums: the
+// replica says it cannot be applied and how to move on, keeps serving, does
+// not stage it again on every pass, and follows a FULL next version.
+TEST_F(ReconcilerTest, AVersionWhoseBytesFailTheirChecksumsIsRefusedUntilTheNext) {
+  Full(3);
+  Delta(4, 1);
+  Full(5);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  Build(options);
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    engine_->stage_results.push_back(
+        WithKind(absl::DataLossError("tensor w: checksum mismatch"), ErrorKind::kChecksumMismatch));
+    SetPointer(Ref("r1", 4));
+    for (int pass = 1; pass <= 3; ++pass) {
+      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+      clock_->Advance(std::chrono::seconds(5));
+      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+    }
+    EXPECT_EQ(engine_->Count("stage:4"), 1u);
+    EXPECT_TRUE(reconciler_->ready());
+    EXPECT_THAT(reconciler_->State().sync_error,
+                HasSubstr("r1/weight_v000004 cannot be applied (staging r1/weight_v000004: "
+                          "tensor w: checksum mismatch); this replica keeps serving "
+                          "r1/weight_v000003; publishing a FULL next version moves it on"));
+    SetPointer(Ref("r1", 5));
+    CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
+    clock_->Advance(std::chrono::seconds(5));
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+  });
+}
+
 TEST_F(ReconcilerTest, CommitFailureIsTerminal) {
   Delta(1, 1);
   SetPointer(Ref("r1", 1));
