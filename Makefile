@@ -34,10 +34,11 @@ test: deps format-check build thread-safety
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory test-multihost
 
-# The sidecar in front of real engines (tests/engines/): vLLM's CPU build,
-# installed once outside the tree by scripts/install-engines (about 6 GB),
-# started once for its suite; transformers judges every answer.
-ENGINES ?= vllm
+# The sidecar in front of real engines (tests/engines/): vLLM's CPU build
+# and stock SGLang, installed once outside the tree by scripts/install-engines
+# (about 6 and 10 GB), each started once for its suite; transformers judges
+# every answer.
+ENGINES ?= vllm sglang
 ENGINES_DIR = $(shell scripts/install-engines --print-dir)
 test-engines: build
 	scripts/install-engines $(ENGINES)

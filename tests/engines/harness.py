@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -139,8 +140,11 @@ class Process:
             return "".join(f.readlines()[-lines:])
 
 
-class Vllm:
-    """A real vLLM server (the CPU build) serving `model` as "policy"."""
+class EngineServer:
+    """A real engine serving `model` as "policy" on 127.0.0.1, in its own
+    process group; start() again after a kill restarts it on its port."""
+
+    name = "engine"
 
     def __init__(self, model, workdir, port=None, extra=()):
         self.model, self.workdir, self.extra = model, workdir, list(extra)
@@ -149,26 +153,51 @@ class Vllm:
         self.process = None
         self.start()
 
+    def command(self):
+        raise NotImplementedError
+
     def start(self):
-        cmd = [sys.executable, os.path.join(HERE, "vllm_serve.py"), "serve", self.model,
-               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
-               "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager",
-               "--max-num-seqs", "8", "--enable-prefix-caching", *self.extra]
-        self.process = Process(cmd, os.path.join(self.workdir, f"vllm-{self.port}.log"))
+        self.process = Process(self.command(),
+                               os.path.join(self.workdir, f"{self.name}-{self.port}.log"))
 
     def wait_healthy(self, timeout=ENGINE_START_TIMEOUT):
         def healthy():
             if not self.process.alive():
-                raise AssertionError(f"vLLM exited before /health:\n{self.process.tail()}")
+                raise AssertionError(f"{self.name} exited before /health:\n{self.process.tail()}")
             try:
-                return http("GET", self.url + "/health", timeout=5)[0] == 200
+                return http("GET", self.url + "/health", timeout=10)[0] == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 return False
-        wait_until(healthy, timeout, "vLLM's /health")
+        wait_until(healthy, timeout, f"{self.name}'s /health")
 
     def close(self):
         if self.process is not None:
             self.process.close()
+
+
+class Vllm(EngineServer):
+    """vLLM's CPU build, through vllm_serve.py (run by this environment's
+    python: the suite runs in the engine's environment)."""
+
+    name = "vllm"
+
+    def command(self):
+        return [sys.executable, os.path.join(HERE, "vllm_serve.py"), "serve", self.model,
+                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
+                "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager",
+                "--max-num-seqs", "8", "--enable-prefix-caching", *self.extra]
+
+
+class Sglang(EngineServer):
+    """Stock SGLang on CPU, through sglang_serve.sh, labelled with the boot
+    version so that the sidecar verifies it instead of reloading."""
+
+    name = "sglang"
+
+    def command(self):
+        return ["bash", os.path.join(HERE, "sglang_serve.sh"), self.model, str(self.port),
+                "--served-model-name", "policy", "--weight-version", f"{RUN}/weight_v000000",
+                "--enable-metrics", *self.extra]
 
 
 class Fleet:
@@ -279,3 +308,79 @@ def prompt_ids(text):
 
 def chat_prompt_ids(messages):
     return hf_tokenizer.ref_encode(hf_tokenizer.ref_chat(messages))
+
+
+class Env:
+    """One suite's engine, fleet, checkpoints (by seed) and oracle."""
+
+    def __init__(self, work, seeds=(0, 1, 2)):
+        self.work = work
+        self.ckpt = {s: make_model(os.path.join(work, f"seed{s}"), s) for s in seeds}
+        self.oracle = Oracle()
+        self.engine = None
+        self.fleet = None
+
+    def assert_made_by(self, version, prompt, output):
+        """The answer is version `version`'s greedy output, and no other set
+        of weights in play could have made it (the oracle tells them apart)."""
+        weights = self.fleet.published[version]
+        makers = [self.ckpt[s] for s in self.oracle.which(self.ckpt, prompt, output)]
+        assert makers == [weights], (
+            f"tokens {output} should be v{version}'s ({weights}) alone: {makers}")
+
+    def close(self):
+        if self.fleet is not None:
+            self.fleet.close()
+        if self.engine is not None:
+            self.engine.close()
+
+
+def restart_under_load(env, send, prompt, served_version):
+    """kill -9 of the engine's process group while `send()` (a request
+    through the sidecar: (status, body, tokens)) runs in a loop, then the
+    engine started again on its port. Returns the figures; asserts that no
+    answer was mislabelled, that the others were retryable 503s, and that
+    the replica serves `served_version` again."""
+    answers, stop = [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            try:
+                answers.append(send())
+            except (urllib.error.URLError, ConnectionError, OSError) as e:
+                answers.append(("error", str(e), None))
+            if answers[-1][0] != 200:
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    wait_until(lambda: len(answers) >= 5, 60, "answers before the kill")
+    env.engine.process.kill_group()
+    env.engine.process.proc.wait()
+    killed_at = time.monotonic()
+    wait_until(lambda: not env.fleet.info().get("ready"), 30, "the replica to leave rotation")
+    env.engine.process.close()
+    env.engine.start()
+    env.engine.wait_healthy()
+    env.fleet.wait_serving(served_version, timeout=300)
+    back_after = time.monotonic() - killed_at
+    wait_until(lambda: answers[-1][0] == 200, 60, "answers again")
+    stop.set()
+    thread.join(60)
+
+    served = [(b, t) for s, b, t in answers if s == 200]
+    retryable = [b for s, b, _ in answers if s == 503]
+    other = [(s, b) for s, b, _ in answers if s not in (200, 503)]
+    mislabelled = 0
+    for body, tokens in served:
+        start, end = body["start"], body["end"]
+        if start != end or not env.oracle.made_by(env.fleet.published[start], prompt, tokens):
+            mislabelled += 1
+    figures = (f"{len(answers)} answers, {len(served)} served, {len(retryable)} retryable, "
+               f"{len(other)} other, {mislabelled} mislabelled, back in rotation "
+               f"{back_after:.0f} s after the kill")
+    assert mislabelled == 0, figures
+    assert all(b.get("error", {}).get("retryable") for b in retryable), retryable[:3]
+    assert not other, other[:3]
+    assert env.fleet.sidecar.alive()
+    return figures

@@ -6,14 +6,11 @@ each states what the fleet holds when it ends.
 
 import os
 import socket
-import threading
-import time
-import urllib.error
 
 import pytest
 
 import harness
-from harness import Fleet, Oracle, Vllm, http, make_model, prompt_ids, sse_events
+from harness import Fleet, Vllm, http, prompt_ids, sse_events
 
 PROMPT = "The quick brown fox, héllo 日本 🎉"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
@@ -21,26 +18,15 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 @pytest.fixture(scope="module")
 def f(tmp_path_factory):
-    work = str(tmp_path_factory.mktemp("vllm"))
-
-    class Env:
-        pass
-
-    env = Env()
-    env.work = work
-    env.ckpt = {s: make_model(os.path.join(work, f"seed{s}"), s) for s in (0, 1, 2)}
-    env.oracle = Oracle()
-    env.engine = Vllm(env.ckpt[0], work)
-    env.fleet = None
+    env = harness.Env(str(tmp_path_factory.mktemp("vllm")))
     try:
+        env.engine = Vllm(env.ckpt[0], env.work)
         env.engine.wait_healthy()
-        env.fleet = Fleet(work, env.ckpt[0], "vllm", env.engine.url)
+        env.fleet = Fleet(env.work, env.ckpt[0], "vllm", env.engine.url)
         env.fleet.wait_serving(0)
         yield env
     finally:
-        if env.fleet is not None:
-            env.fleet.close()
-        env.engine.close()
+        env.close()
 
 
 def completion(f, constraint=None, prompt=PROMPT, max_tokens=12, **extra):
@@ -60,12 +46,7 @@ def chat(f, constraint=None, max_tokens=12, **extra):
 
 
 def assert_made_by(f, version, prompt, output):
-    """The answer is version `version`'s greedy output, and no other
-    published version's (the oracle tells the versions apart)."""
-    weights = f.fleet.published[version]
-    candidates = dict(f.ckpt)  # every set of weights in play, by seed
-    makers = [candidates[s] for s in f.oracle.which(candidates, prompt, output)]
-    assert makers == [weights], f"tokens {output} should be v{version}'s ({weights}) alone: {makers}"
+    f.assert_made_by(version, prompt, output)
 
 
 def test_init_models_tokenizer_files_tokenize_as_the_reference_engine(f):
@@ -213,51 +194,15 @@ def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
     """kill -9 of vLLM's process group under load, a restart on the same
     port: no answer is mislabelled, the rest are retryable, and the replica
     serves again once the engine is back."""
-    answers, stop = [], threading.Event()
+    def send():
+        status, body, _ = completion(f, max_tokens=6)
+        if status != 200:
+            return status, body, None
+        return status, {"start": body["weight_version_start"],
+                        "end": body["weight_version_end"]}, body["choices"][0]["token_ids"]
 
-    def load():
-        while not stop.is_set():
-            try:
-                status, body, _ = completion(f, max_tokens=6)
-            except (urllib.error.URLError, ConnectionError, OSError) as e:
-                answers.append(("error", str(e)))
-                continue
-            answers.append((status, body))
-            if status != 200:
-                time.sleep(0.2)
-
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
-    harness.wait_until(lambda: len(answers) >= 5, 60, "answers before the kill")
-    f.engine.process.kill_group()
-    f.engine.process.proc.wait()
-    killed_at = time.monotonic()
-    harness.wait_until(lambda: not f.fleet.info().get("ready"), 30, "the replica to leave rotation")
-    f.engine.process.close()
-    f.engine.start()
-    f.engine.wait_healthy()
-    f.fleet.wait_serving(3, timeout=300)
-    back_after = time.monotonic() - killed_at
-    harness.wait_until(lambda: len(answers) >= 5 and answers[-1][0] == 200, 60, "answers again")
-    stop.set()
-    thread.join(60)
-
-    served = [b for s, b in answers if s == 200]
-    retryable = [b for s, b in answers if s == 503]
-    other = [(s, b) for s, b in answers if s not in (200, 503)]
-    mislabelled = 0
-    for b in served:
-        v = b["weight_version_start"]
-        if v != b["weight_version_end"] or not f.oracle.made_by(
-                f.fleet.published[v], prompt_ids(PROMPT), b["choices"][0]["token_ids"]):
-            mislabelled += 1
-    print(f"\nvLLM restart: {len(answers)} answers, {len(served)} served, {len(retryable)} "
-          f"retryable, {len(other)} other, {mislabelled} mislabelled, back in rotation "
-          f"{back_after:.0f} s after the kill")
-    assert mislabelled == 0
-    assert all(b.get("error", {}).get("retryable") for b in retryable)
-    assert not [o for o in other if o[0] != "error"], other[:3]
-    assert f.fleet.sidecar.alive()
+    figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), 3)
+    print(f"\nvLLM restart: {figures}")
 
 
 def field(doc, path):

@@ -1,0 +1,145 @@
+"""The sidecar (--engine sglang-stock) in front of a real, stock SGLang on
+CPU, judged by transformers as test_vllm.py judges vLLM. One SGLang start
+serves the module; the tests run in order.
+"""
+
+import socket
+
+import pytest
+
+import harness
+from harness import Fleet, Sglang, http, prompt_ids
+
+PROMPT = "The quick brown fox, héllo 日本 🎉"
+
+
+@pytest.fixture(scope="module")
+def f(tmp_path_factory):
+    env = harness.Env(str(tmp_path_factory.mktemp("sglang")))
+    try:
+        env.engine = Sglang(env.ckpt[0], env.work)
+        env.engine.wait_healthy()
+        env.fleet = Fleet(env.work, env.ckpt[0], "sglang-stock", env.engine.url,
+                          sidecar_flags=["--update-mode", "disk"])
+        env.fleet.wait_serving(0)
+        yield env
+    finally:
+        env.close()
+
+
+def generate(f, constraint=None, max_new_tokens=12, stream=False):
+    body = {"text": PROMPT, "stream": stream,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
+                                "ignore_eos": True}}
+    if constraint is not None:
+        body["weight_version"] = constraint
+    if stream:
+        return harness.sse_events(f.fleet.url + "/generate", body)
+    return http("POST", f.fleet.url + "/generate", body)
+
+
+def test_whole_and_streamed_generations_are_stamped_and_made_by_those_weights(f):
+    status, body, _ = generate(f, {"exact_version": 0})
+    assert status == 200, body
+    meta = body["meta_info"]
+    assert meta["weight_version_start"] == 0 and meta["weight_version_end"] == 0, meta
+    assert meta["weight_version_spans"] == [[0, 0]], meta
+    f.assert_made_by(0, prompt_ids(PROMPT), body["output_ids"])
+
+    events = generate(f, {"min_version": 0}, stream=True)
+    assert events
+    for e in events:
+        assert e["meta_info"]["weight_version_start"] == 0, e
+    f.assert_made_by(0, prompt_ids(PROMPT), events[-1]["output_ids"])
+
+
+def test_openai_routes_are_stamped_too(f):
+    status, body, _ = http("POST", f.fleet.url + "/v1/completions", {
+        "model": "policy", "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+        "weight_version": {"exact_version": 0}})
+    assert status == 200, body
+    assert body["weight_version_start"] == 0 and body["weight_version_end"] == 0, body
+    status, body, _ = http("POST", f.fleet.url + "/v1/chat/completions", {
+        "model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+        "temperature": 0, "cache_salt": "tenant-a"})
+    assert status == 200, body
+    assert body["weight_version_start"] == 0, body
+
+
+def test_constraints_and_the_409_body(f):
+    status, body, _ = generate(f, {"min_version": 5})
+    assert status == 409, body
+    assert body["type"] == "WeightVersionNotReady" and body["failed_bound"] == "min_version"
+    assert body["applied"] == 0
+    status, body, _ = generate(f, {"max_staleness": 0})
+    assert status == 200, body
+
+
+def test_control_routes_in_any_spelling_never_reach_sglang(f):
+    for path in ("/pause_generation", "/%70ause_generation", "//pause_generation",
+                 "/v1/../pause_generation", "/PAUSE_GENERATION", "/update_weights_from_disk",
+                 "/%75pdate_weights_from_disk", "/flush_cache", "/%66lush_cache"):
+        status, body, _ = http("POST", f.fleet.url + path, {})
+        assert status == 403, (path, body)
+    # SGLang (uvicorn) decodes paths: an encoded route that is forwarded
+    # reaches what it names, which is why the sidecar judges decoded paths.
+    status, body, _ = http("GET", f.fleet.url + "/%67et_model_info")
+    assert status == 200 and "model_path" in body, body
+    for target in ("/flush_cache?%zz", "/%70ause_generation%zz", "/flush_cache#f"):
+        with socket.create_connection(("127.0.0.1", f.fleet.port), timeout=10) as s:
+            s.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+            assert s.recv(64).startswith(b"HTTP/1.1 400"), target
+    status, body, _ = generate(f)
+    assert status == 200, body
+
+
+def watchdog_failures(f):
+    _, text, _ = http("GET", f.fleet.url + "/metrics")
+    for line in text.splitlines():
+        if line.startswith("stitch_sidecar_watchdog_failures_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no stitch_sidecar_watchdog_failures_total")
+
+
+def test_health_checks_fit_sglangs_slow_health(f):
+    """SGLang's /health runs a one-token generation (about a second here):
+    the sidecar's checks must not fail on it, so the replica never flaps."""
+    before = watchdog_failures(f)
+    checks = 0
+
+    def enough_checks():
+        nonlocal checks
+        checks += 1
+        assert f.fleet.info().get("ready"), "the replica left rotation"
+        return checks >= 25
+    harness.wait_until(enough_checks, 60, "25 readiness checks")
+    assert watchdog_failures(f) == before
+    assert "sglang:" in http("GET", f.fleet.url + "/metrics")[1]
+
+
+def test_full_and_delta_versions_are_followed(f):
+    f.fleet.publish_full(1, f.ckpt[1])
+    f.fleet.wait_serving(1)
+    status, body, _ = generate(f, {"exact_version": 1})
+    assert status == 200, body
+    f.assert_made_by(1, prompt_ids(PROMPT), body["output_ids"])
+    f.fleet.publish_delta(2, f.ckpt[2])
+    f.fleet.wait_serving(2)
+    status, body, _ = generate(f, {"exact_version": 2})
+    assert status == 200, body
+    f.assert_made_by(2, prompt_ids(PROMPT), body["output_ids"])
+    _, info, _ = http("GET", f.engine.url + "/get_model_info")
+    assert info.get("weight_version") == "r1/weight_v000002", info
+
+
+def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
+    def send():
+        status, body, _ = generate(f, max_new_tokens=6)
+        if status != 200:
+            return status, body, None
+        meta = body["meta_info"]
+        return status, {"start": meta["weight_version_start"],
+                        "end": meta["weight_version_end"]}, body["output_ids"]
+
+    figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), 2)
+    print(f"\nSGLang restart: {figures}")
