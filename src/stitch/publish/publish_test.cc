@@ -96,13 +96,20 @@ TEST_F(PublishTest, AnUnclaimedRunIsRefusedBeforeAnythingIsWritten) {
   EXPECT_EQ(pool.wakes, 0);
 }
 
-TEST_F(PublishTest, AnotherRunsPointerMeansNotClaimed) {
+// A mistyped run id is refused naming the run the store holds; claiming is
+// offered only with its cost (a new run, every replica moved to it).
+TEST_F(PublishTest, AnotherRunsPointerIsRefusedNamingThatRunAndWhatClaimingCosts) {
   auto other = FsStore::Open(tmp_ / "store", "run-b");
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE(ClaimRun(**other, 0, nullptr).ok());
   auto ref = PublishVersion(*store_, Version(1), nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(ref.status())) << ref.status();
-  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("names run-b/weight_v000000"));
+  const std::string message(ref.status().message());
+  EXPECT_THAT(message, HasSubstr("the store holds run run-b (its pointer names "
+                                 "run-b/weight_v000000), not run-a; give run id run-b"));
+  EXPECT_THAT(message, HasSubstr("starts it at its boot weights and moves every replica to it"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("claim it first")));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
   EXPECT_EQ(Pointer(), (VersionRef{"run-b", 0}));
 }
 
