@@ -72,6 +72,23 @@ TEST_F(PublishTest, PublishesAndMovesThePointer) {
   EXPECT_EQ(pool.wakes, 2);
 }
 
+// The original Python Stitch reads metadata.version with int(), so an index
+// that records it as a JSON integer is a version like any other.
+TEST_F(PublishTest, AnIndexWhoseVersionIsAJsonIntegerIsPublished) {
+  Claim();
+  fs::path dir = Version(1);
+  auto index = ReadIndex(dir);
+  ASSERT_TRUE(index.ok()) << index.status();
+  index->metadata.erase("version");
+  index->other_metadata["version"] = "1";
+  ASSERT_TRUE(WriteIndex(dir, *index).ok());
+  ASSERT_THAT(ReadFileToString(dir / "model.safetensors.index.json").value_or(""),
+              HasSubstr(R"("version":1)"));
+  auto ref = PublishVersion(*store_, dir, nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(Pointer(), A(1));
+}
+
 TEST_F(PublishTest, TrailingSlashOnTheDirectoryIsFine) {
   Claim();
   fs::path dir = Version(1);
