@@ -229,7 +229,7 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       "the versioned rollout API");
   cmd->add_option("--store", flags.store,
                   "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
       ->required();
   cmd->add_option("--run-id", flags.run_id, "The run the base checkpoint belongs to")->required();
   cmd->add_option("--engine", flags.engine,
