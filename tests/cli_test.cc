@@ -243,6 +243,24 @@ TEST_F(CliTest, ServingCommandsRefuseInconsistentBodyLimits) {
   EXPECT_FALSE(fs::exists(x));
 }
 
+// A sidecar given another run than the one the store holds refuses to
+// start (status 2, one line naming both runs) instead of following the
+// store's run while its start line names the other.
+TEST_F(CliTest, ASidecarWhoseRunIdIsNotTheStoresRunIsRefused) {
+  ASSERT_EQ(Claim("run-a").exit_code, 0);
+  const std::string x = (tmp_ / "x").string();
+  ProcessResult r = RunStitch({"sidecar", "--store", root_.string(), "--run-id", "run-b",
+                               "--engine-url", "http://127.0.0.1:1", "--base-checkpoint", x,
+                               "--local-checkpoint", x, "--port", "0"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.out, IsEmpty());
+  EXPECT_THAT(r.err, IsOneFailureLine());
+  EXPECT_THAT(r.err, StartsWith("stitch: sidecar: --run-id run-b, but the store " + Uri() +
+                                " holds run run-a"));
+  EXPECT_THAT(r.err, HasSubstr("give --run-id run-a"));
+  EXPECT_EQ(Pointer().out, "run-a/weight_v000000\n");
+}
+
 // The original Stitch's names for the sidecar's settings are accepted: each
 // reaches the check of the flag it aliases (an unknown flag would be a usage
 // error naming itself instead).

@@ -366,13 +366,17 @@ class S3CredentialsCliTest : public S3CredentialsTest {
                                                "AWS_CONTAINER_CREDENTIALS_FULL_URI"};
 };
 
-TEST_F(S3CredentialsCliTest, WithoutCredentialsTheErrorNamesTheSourcesTried) {
-  // With no credentials requests go unsigned (public buckets); a bucket
-  // that refuses them gets this answer from S3 (moto answers unsigned
-  // requests with a 500 instead, so a scripted service stands in).
+// With no credentials anywhere a store is refused before any request is
+// sent, as the AWS SDKs refuse (NoCredentialsError), naming the sources
+// tried; requests go unsigned only when the URI asks (anonymous=true), and
+// a bucket that refuses them says so.
+TEST_F(S3CredentialsCliTest,
+       WithoutCredentialsTheStoreIsRefusedUnlessTheUriAsksForAnonymousAccess) {
+  std::atomic<int> requests{0};
   std::atomic<bool> signed_request{false};
   LoopbackHttpServer::Options o;
   o.handler = [&](const LoopbackHttpServer::Request& r) -> LoopbackHttpServer::Reply {
+    ++requests;
     if (absl::StrContains(absl::AsciiStrToLower(r.head), "\r\nauthorization:")) {
       signed_request = true;
     }
@@ -381,14 +385,22 @@ TEST_F(S3CredentialsCliTest, WithoutCredentialsTheErrorNamesTheSourcesTried) {
   LoopbackHttpServer s3(o);
   Set("AWS_ENDPOINT_URL_S3", s3.url());
   ProcessResult pointer = RunStitch({"pointer", "--store", Store()});
-  EXPECT_FALSE(signed_request.load());
+  EXPECT_EQ(requests.load(), 0);
   EXPECT_EQ(pointer.exit_code, 1);
   EXPECT_THAT(pointer.err, StartsWith("stitch: store s3://"));
   EXPECT_THAT(pointer.err,
-              HasSubstr("no credentials were found (sources tried: environment variables, web "
+              HasSubstr("no S3 credentials were found (sources tried: environment variables, web "
                         "identity (AWS_WEB_IDENTITY_TOKEN_FILE), profile \"default\" in "));
   EXPECT_THAT(pointer.err, HasSubstr("container credentials"));
+  EXPECT_THAT(pointer.err, HasSubstr("anonymous=true"));
   EXPECT_EQ(std::count(pointer.err.begin(), pointer.err.end(), '\n'), 1) << pointer.err;
+
+  ProcessResult anonymous = RunStitch({"pointer", "--store", Store() + "?anonymous=true"});
+  EXPECT_EQ(requests.load(), 1);
+  EXPECT_FALSE(signed_request.load());
+  EXPECT_EQ(anonymous.exit_code, 1);
+  EXPECT_THAT(anonymous.err, HasSubstr("bucket refuses anonymous access"));
+  EXPECT_EQ(std::count(anonymous.err.begin(), anonymous.err.end(), '\n'), 1) << anonymous.err;
 }
 
 TEST_F(S3CredentialsCliTest, AServiceAccountRoleFromTheEnvironment) {

@@ -16,6 +16,13 @@ namespace json = boost::json;
 
 namespace {
 
+// An explanation that is empty is JSON null, as the original Python
+// Stitch answers: clients written for it test `is None`, not emptiness.
+json::value NullIfEmpty(const std::string& text) {
+  if (text.empty()) return nullptr;
+  return json::value(text);
+}
+
 json::object ReplicaStateObject(const ReplicaState& s) {
   json::object o;
   o["ready"] = s.ready;
@@ -27,14 +34,14 @@ json::object ReplicaStateObject(const ReplicaState& s) {
     o["applied_version"] = nullptr;
   }
   o["sync_state"] = SyncStateName(s.sync_state);
-  o["reason"] = s.reason;
+  o["reason"] = NullIfEmpty(s.reason);
   o["run_id"] = s.run_id;
   o["commit_mode"] = CommitModeName(s.commit_mode);
   o["active_requests"] = s.active_requests;
   o["update_destination_ready"] = s.update_destination_ready;
-  o["update_destination_error"] = s.update_destination_error;
-  o["terminal_error"] = s.terminal_error;
-  o["sync_error"] = s.sync_error;
+  o["update_destination_error"] = NullIfEmpty(s.update_destination_error);
+  o["terminal_error"] = NullIfEmpty(s.terminal_error);
+  o["sync_error"] = NullIfEmpty(s.sync_error);
   json::object m;
   for (const auto& [k, v] : s.metrics) m[k] = v;
   o["metrics"] = std::move(m);

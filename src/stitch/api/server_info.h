@@ -17,13 +17,16 @@ namespace stitch {
 // "update_destination_ready", "update_destination_error", "terminal_error",
 // "sync_error", "metrics": {name: number}, "pointer" (the store's pointer as
 // the replica last read it: an identity or null; max_staleness is judged
-// against it), "pointer_version"}.
+// against it), "pointer_version"}. "reason", "update_destination_error",
+// "terminal_error" and "sync_error" are null when there is nothing to say
+// (the original Python Stitch's form), never "".
 std::string ServerInfoJson(const ReplicaState& state);
 
 // Reads ServerInfoJson's form; absent fields keep their defaults, unknown
-// ones are ignored. InvalidArgument naming the field ("server_info.ready
-// must be a boolean") for a field of the wrong type, or a body that is not
-// a JSON object.
+// ones are ignored, and a string field may be null (read as "": the null of
+// this form and the "" of earlier sidecars read the same). InvalidArgument
+// naming the field ("server_info.ready must be a boolean") for a field of
+// the wrong type, or a body that is not a JSON object.
 [[nodiscard]] absl::StatusOr<ReplicaState> ParseServerInfo(std::string_view body);
 
 // {"replicas": [ServerInfoJson's fields plus "url", "reachable",

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 
 namespace stitch {
 namespace {
@@ -44,6 +45,51 @@ TEST(ServerInfoTest, JsonFieldsFollowTheContract) {
   EXPECT_TRUE(o.at("pointer").is_null());
   EXPECT_EQ(o.at("sync_state").as_string(), "IDLE");
   EXPECT_EQ(o.at("commit_mode").as_string(), "in_place");
+}
+
+// The original Python Stitch answers null, not "", when there is nothing to
+// explain; clients written for it test `is None`.
+TEST(ServerInfoTest, EmptyExplanationsAreNullNotEmptyStrings) {
+  ReplicaState s;
+  s.ready = true;
+  auto v = boost::json::parse(ServerInfoJson(s));
+  const auto& o = v.as_object();
+  for (const char* key : {"reason", "terminal_error", "update_destination_error", "sync_error"}) {
+    ASSERT_TRUE(o.contains(key)) << key;
+    EXPECT_TRUE(o.at(key).is_null()) << key << ": " << boost::json::serialize(o.at(key));
+  }
+  s.reason = "catching up";
+  s.terminal_error = "gone";
+  s.update_destination_error = "broken";
+  s.sync_error = "cannot stage";
+  auto w = boost::json::parse(ServerInfoJson(s));
+  EXPECT_EQ(w.at("reason").as_string(), "catching up");
+  EXPECT_EQ(w.at("terminal_error").as_string(), "gone");
+  EXPECT_EQ(w.at("update_destination_error").as_string(), "broken");
+  EXPECT_EQ(w.at("sync_error").as_string(), "cannot stage");
+}
+
+// Readers take both forms: null (this sidecar, the original) and "" (earlier
+// versions of this sidecar).
+TEST(ServerInfoTest, NullAndEmptyExplanationsReadTheSame) {
+  for (const char* body :
+       {R"({"ready": true, "reason": null, "terminal_error": null, "sync_error": null,
+            "update_destination_error": null})",
+        R"({"ready": true, "reason": "", "terminal_error": "", "sync_error": "",
+            "update_destination_error": ""})"}) {
+    auto s = ParseServerInfo(body);
+    ASSERT_TRUE(s.ok()) << body << ": " << s.status();
+    EXPECT_EQ(s->reason, "");
+    EXPECT_EQ(s->terminal_error, "");
+    EXPECT_EQ(s->sync_error, "");
+    EXPECT_EQ(s->update_destination_error, "");
+  }
+  PoolState one;
+  one.replicas.emplace_back();
+  auto pool = ParseReplicas(ReplicasJson(one));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(pool->replicas.size(), 1u);
+  EXPECT_EQ(pool->replicas[0].state.terminal_error, "");
 }
 
 TEST(ServerInfoTest, BadJsonIsRejectedWithTheField) {

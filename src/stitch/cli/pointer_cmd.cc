@@ -29,7 +29,7 @@ void AddPointerCommand(CLI::App& app, int* exit_code) {
       "Print the version the store's pointer names (exit 1 if the store does not exist)");
   cmd->add_option("--store", store_uri,
                   "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
       ->required();
   cmd->add_option("--cache-dir", cache_dir,
                   "Where remote (s3://) stores download versions (unused by local stores)");

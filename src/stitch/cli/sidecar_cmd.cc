@@ -1,7 +1,8 @@
 // `stitch sidecar`: the replica sidecar beside one inference engine
 // (docs/sidecar.md). Exit status: 0 after SIGINT or SIGTERM, 1 when it could
 // not start, 2 for refused flags, 3 after a terminal error (a failed commit,
-// a dead engine), so that a supervisor replaces the replica.
+// a dead engine), so that a supervisor replaces the replica. A --run-id
+// other than the run the store holds at start is a refused flag.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -114,9 +115,18 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   // a trainer that has not started: following it would label whatever the
   // engine holds as the boot version. Errors reading the pointer are left to
   // the reconciler, which retries them.
-  if (auto claimed = ReadClaimedPointer(**store);
-      !claimed.ok() && absl::IsFailedPrecondition(claimed.status())) {
+  auto claimed = ReadClaimedPointer(**store);
+  if (!claimed.ok() && absl::IsFailedPrecondition(claimed.status())) {
     return ReportFailure(Annotate(claimed.status(), "sidecar: --store"));
+  }
+  // The sidecar follows the store's run; a --run-id naming another one at
+  // start is a mistake to refuse, not a run change to follow.
+  if (claimed.ok()) {
+    if (absl::Status s = CheckRunMatchesStore(config->reconciler.run_id, (*store)->uri(), *claimed);
+        !s.ok()) {
+      ReportFailure(s);
+      return kExitRefused;
+    }
   }
 
   WorkerPool pool(2);
@@ -219,7 +229,7 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       "the versioned rollout API");
   cmd->add_option("--store", flags.store,
                   "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R]")
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
       ->required();
   cmd->add_option("--run-id", flags.run_id, "The run the base checkpoint belongs to")->required();
   cmd->add_option("--engine", flags.engine,

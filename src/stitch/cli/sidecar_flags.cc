@@ -159,4 +159,15 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   return config;
 }
 
+absl::Status CheckRunMatchesStore(std::string_view run_id, std::string_view store_uri,
+                                  const VersionRef& pointer) {
+  if (pointer.run_id.empty() || pointer.run_id == run_id) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "sidecar: --run-id ", AbslView(run_id), ", but the store ", AbslView(store_uri),
+      " holds run ", pointer.run_id, " (its pointer names ", pointer.ToString(),
+      "); give --run-id ", pointer.run_id, " (or claim ", AbslView(run_id),
+      " with `stitch claim`, which starts a new run at its boot weights and moves every replica "
+      "to it)"));
+}
+
 }  // namespace stitch

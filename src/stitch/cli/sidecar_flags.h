@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
 #include "stitch/net/http.h"
 #include "stitch/net/server.h"
@@ -85,5 +87,15 @@ struct SidecarConfig {
 // bad engine URL, negative intervals, a threshold below 1, a port out of
 // range, a missing --store or --base-checkpoint.
 [[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);
+
+// Checks --run-id against the run the store holds at start (`pointer`, its
+// claimed pointer, read from the store at `store_uri`). A sidecar follows the
+// store's run, so a --run-id naming another run would be followed silently
+// away from, with the start line and /server_info disagreeing about the run.
+// InvalidArgument, one line naming both runs and how to reconcile them, when
+// the pointer names another run; OK for a bare identity (no run named). A
+// run change published while the sidecar runs is followed, not checked here.
+[[nodiscard]] absl::Status CheckRunMatchesStore(std::string_view run_id, std::string_view store_uri,
+                                                const VersionRef& pointer);
 
 }  // namespace stitch

@@ -185,5 +185,20 @@ TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {
   ExpectRefused(f, "--store");
 }
 
+// A sidecar follows the store's run: a --run-id naming another run at start
+// is refused naming both runs, not followed away from in silence.
+TEST(SidecarFlagsTest, ARunIdOtherThanTheStoresRunIsRefusedNamingBoth) {
+  absl::Status s = CheckRunMatchesStore("run-b", "file:///runs/a", VersionRef{"run-a", 3});
+  ASSERT_TRUE(absl::IsInvalidArgument(s)) << s;
+  const std::string message(s.message());
+  EXPECT_EQ(message,
+            "sidecar: --run-id run-b, but the store file:///runs/a holds run run-a (its pointer "
+            "names run-a/weight_v000003); give --run-id run-a (or claim run-b with `stitch "
+            "claim`, which starts a new run at its boot weights and moves every replica to it)");
+  EXPECT_TRUE(CheckRunMatchesStore("run-a", "file:///runs/a", VersionRef{"run-a", 3}).ok());
+  // A bare identity names no run: nothing to disagree with.
+  EXPECT_TRUE(CheckRunMatchesStore("run-b", "file:///runs/a", VersionRef{"", 3}).ok());
+}
+
 }  // namespace
 }  // namespace stitch

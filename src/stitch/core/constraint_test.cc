@@ -53,19 +53,27 @@ TEST(VersionConstraint, ContradictoryVersionsAreRefusedCompatibleOnesKept) {
   EXPECT_EQ(*c, VersionConstraint::Exact(3));
 }
 
-// The forms the original Python Stitch accepts (it calls int() on them),
-// and nothing it would have to guess at.
-TEST(VersionConstraint, VersionsAreIntegersTheirDigitsOrWholeNumbers) {
-  for (const char* text : {R"({"min_version": 7})", R"({"min_version": "7"})",
-                           R"({"min_version": 7.0})", R"({"min_version": "007"})"}) {
+// The forms the original Python Stitch accepts (it calls int() on them):
+// strings as int() reads them too (whitespace, '+', '_' between digits), and
+// nothing int() would truncate or that names no version (docs/migrating.md).
+TEST(VersionConstraint, VersionsAreWhatPythonsIntReadsAsANonNegativeInteger) {
+  for (const char* text :
+       {R"({"min_version": 7})", R"({"min_version": "7"})", R"({"min_version": 7.0})",
+        R"({"min_version": "007"})", R"({"min_version": " 7 "})", R"({"min_version": "+7"})",
+        R"({"min_version": "\t+0_0_7\n"})"}) {
     auto c = VersionConstraint::FromJson(text);
     ASSERT_TRUE(c.ok()) << text << ": " << c.status();
     EXPECT_EQ(*c, VersionConstraint::AtLeast(7)) << text;
   }
+  auto thousand = VersionConstraint::FromJson(R"({"exact_version": "1_000"})");
+  ASSERT_TRUE(thousand.ok()) << thousand.status();
+  EXPECT_EQ(*thousand, VersionConstraint::Exact(1000));
   for (const char* text :
-       {R"({"exact_version": 7.5})", R"({"exact_version": "seven"})", R"({"exact_version": " 7"})",
+       {R"({"exact_version": 7.5})", R"({"exact_version": "seven"})", R"({"exact_version": "7 7"})",
         R"({"exact_version": true})", R"({"exact_version": -1})", R"({"exact_version": "-1"})",
-        R"({"exact_version": 1e300})", R"({"exact_version": ""})", R"({"exact_version": [7]})"}) {
+        R"({"exact_version": "1__0"})", R"({"exact_version": "_1"})", R"({"exact_version": "7.0"})",
+        R"({"exact_version": "1000000000000"})", R"({"exact_version": 1e300})",
+        R"({"exact_version": ""})", R"({"exact_version": [7]})"}) {
     auto c = VersionConstraint::FromJson(text);
     ASSERT_FALSE(c.ok()) << text;
     EXPECT_NE(c.status().message().find("exact_version"), std::string::npos) << c.status();

@@ -13,7 +13,6 @@
 #include <boost/json/value_stack.hpp>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/json_value_handler.h"
@@ -196,22 +195,24 @@ absl::StatusOr<int64_t> VersionFromJsonValue(const json::value& v, std::string_v
 namespace {
 
 // A constraint's version as the original Python Stitch accepts it (it calls
-// int() on the value): an integer, a string of decimal digits ("7"), or a
-// number with no fraction (7.0). Anything it would have to guess at (7.5,
-// true, "seven") is refused.
+// int() on the value): an integer, a string int() reads as a non-negative
+// decimal (" 7", "+7", "1_000": ParseVersionText), or a number with no
+// fraction (7.0). What int() would truncate or that names no version (7.5,
+// true, -1) is refused (docs/migrating.md, "Different on purpose").
 absl::StatusOr<int64_t> ConstraintVersion(const json::value& v, std::string_view field) {
   if (v.is_string()) {
     const json::string& text = v.get_string();
-    int64_t n = 0;
-    const bool digits =
-        !text.empty() && text.size() <= 18 &&
-        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!digits || !absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &n)) {
+    absl::StatusOr<int64_t> n = ParseVersionText(std::string_view(text.data(), text.size()));
+    if (absl::IsOutOfRange(n.status())) {
+      return absl::OutOfRangeError(
+          absl::StrCat(AbslView(field), " ", json::serialize(v), " is ", n.status().message()));
+    }
+    if (!n.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           AbslView(field), " must be a non-negative integer (or its digits as a string), got ",
           json::serialize(v)));
     }
-    return VersionFromJsonValue(json::value(n), field);
+    return *n;
   }
   if (v.is_double()) {
     const double d = v.get_double();

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
 
 namespace stitch {
@@ -78,6 +79,39 @@ absl::Status ValidateVersionNumber(int64_t version) {
         absl::StrCat("version ", version, " is above the maximum ", kMaxVersion));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParseVersionText(std::string_view text) {
+  absl::string_view rest = absl::StripAsciiWhitespace(AbslView(text));
+  absl::ConsumePrefix(&rest, "+");
+  int64_t v = 0;
+  bool too_large = false;
+  bool after_digit = false;  // the previous character was a digit
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const char c = rest[i];
+    if (c == '_' && after_digit && i + 1 < rest.size() && absl::ascii_isdigit(rest[i + 1])) {
+      after_digit = false;
+      continue;
+    }
+    if (!absl::ascii_isdigit(c)) {
+      return absl::InvalidArgumentError(
+          "expected a non-negative decimal integer (digits, with an optional '+', '_' between "
+          "digits and surrounding whitespace)");
+    }
+    after_digit = true;
+    // Past the maximum the value no longer matters, only that it is too large.
+    if (!too_large) v = v * 10 + (c - '0');
+    if (v > kMaxVersion) too_large = true;
+  }
+  if (!after_digit) {
+    return absl::InvalidArgumentError(
+        "expected a non-negative decimal integer (digits, with an optional '+', '_' between "
+        "digits and surrounding whitespace)");
+  }
+  if (too_large) {
+    return absl::OutOfRangeError(absl::StrCat("above the maximum version ", kMaxVersion));
+  }
+  return v;
 }
 
 std::string VersionDirName(int64_t version) {

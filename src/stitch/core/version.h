@@ -34,6 +34,15 @@ inline constexpr size_t kMaxRunIdLength = 128;
 // OK when 0 <= version <= kMaxVersion.
 [[nodiscard]] absl::Status ValidateVersionNumber(int64_t version);
 
+// A version number written as text, read as Python's int() reads a
+// non-negative decimal (the original Python Stitch calls int() on versions
+// it is given): surrounding ASCII whitespace, an optional leading '+',
+// decimal digits with single underscores between them ("1_000"), leading
+// zeros ("007"). InvalidArgument (a bare reason, for the caller to put after
+// what it was parsing) for anything else, a '-' sign included; OutOfRange
+// above kMaxVersion.
+[[nodiscard]] absl::StatusOr<int64_t> ParseVersionText(std::string_view text);
+
 // "weight_v000007" for 7.
 std::string VersionDirName(int64_t version);
 

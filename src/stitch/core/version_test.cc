@@ -1,5 +1,9 @@
 #include "stitch/core/version.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 namespace stitch {
@@ -71,6 +75,32 @@ TEST(VersionRef, VersionsAboveTheMaximumAreOutOfRange) {
   ASSERT_TRUE(max.ok()) << max.status();
   EXPECT_EQ(max->version, kMaxVersion);
   EXPECT_EQ(kMaxVersion, 999'999'999'999);
+}
+
+// What Python's int() reads as a non-negative decimal is a version number.
+TEST(ParseVersionText, ReadsWhatPythonsIntReads) {
+  for (const auto& [text, want] :
+       std::vector<std::pair<std::string, int64_t>>{{"7", 7},
+                                                    {"007", 7},
+                                                    {" 2 ", 2},
+                                                    {"\t3\n", 3},
+                                                    {"+4", 4},
+                                                    {" +4 ", 4},
+                                                    {"1_000", 1000},
+                                                    {"1_2_3", 123},
+                                                    {"0", 0},
+                                                    {"999_999_999_999", kMaxVersion}}) {
+    auto v = ParseVersionText(text);
+    ASSERT_TRUE(v.ok()) << "\"" << text << "\": " << v.status();
+    EXPECT_EQ(*v, want) << text;
+  }
+  for (const char* text : {"", " ", "+", "-1", "-0", "1__000", "_1", "1_", "+_1", "++1", "+ 1",
+                           "1 2", "7.0", "0x7", "seven", "1e3"}) {
+    auto v = ParseVersionText(text);
+    EXPECT_TRUE(absl::IsInvalidArgument(v.status())) << "\"" << text << "\": " << v.status();
+  }
+  EXPECT_TRUE(absl::IsOutOfRange(ParseVersionText("1_000_000_000_000").status()));
+  EXPECT_TRUE(absl::IsOutOfRange(ParseVersionText("99999999999999999999999999").status()));
 }
 
 TEST(RunId, ValidationRules) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <system_error>
 #include <utility>
 
@@ -42,34 +43,40 @@ absl::Status IndexError(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("checkpoint index: ", what));
 }
 
-// A metadata version field: a string of decimal digits within kMaxVersion.
+// A metadata version field as the original Python Stitch reads it (int()):
+// a JSON integer or whole number (3, 3.0), or a string int() reads as a
+// non-negative decimal ("000007", " 7", "+7", "1_000": ParseVersionText);
+// within kMaxVersion.
 absl::StatusOr<int64_t> ParseVersionField(const CheckpointIndex& index, absl::string_view key) {
+  auto refuse = [&](absl::string_view shown) {
+    return IndexError(absl::StrCat("metadata.", key, " ", shown,
+                                   " is not a version number (expected an integer or a string "
+                                   "of digits like \"000007\", at most ",
+                                   kMaxVersion, ")"));
+  };
   auto it = index.metadata.find(std::string(key));
   if (it == index.metadata.end()) {
     auto other = index.other_metadata.find(std::string(key));
-    if (other != index.other_metadata.end()) {
-      return IndexError(absl::StrCat(
-          "metadata.", key, " must be a string of digits like \"000007\", got ", other->second));
+    if (other == index.other_metadata.end()) {
+      return absl::NotFoundError(absl::StrCat("checkpoint index: no metadata.", key));
     }
-    return absl::NotFoundError(absl::StrCat("checkpoint index: no metadata.", key));
+    json::error_code ec;
+    const json::value v = json::parse(other->second, ec);
+    int64_t n = -1;
+    if (!ec && v.is_int64()) {
+      n = v.get_int64();
+    } else if (!ec && v.is_double() && std::isfinite(v.get_double()) &&
+               v.get_double() == std::trunc(v.get_double()) && v.get_double() >= 0 &&
+               v.get_double() <= static_cast<double>(kMaxVersion)) {
+      n = static_cast<int64_t>(v.get_double());
+    }
+    if (!ValidateVersionNumber(n).ok()) return refuse(other->second);
+    return n;
   }
   const std::string& text = it->second;
-  int64_t v = 0;
-  bool ok = !text.empty();
-  for (char c : text) {
-    if (c < '0' || c > '9' || __builtin_mul_overflow(v, 10, &v) ||
-        __builtin_add_overflow(v, c - '0', &v)) {
-      ok = false;
-      break;
-    }
-  }
-  if (!ok || !ValidateVersionNumber(v).ok()) {
-    return IndexError(absl::StrCat("metadata.", key, " ", QuoteForMessage(text),
-                                   " is not a version number (expected a string of digits like "
-                                   "\"000007\", at most ",
-                                   kMaxVersion, ")"));
-  }
-  return v;
+  absl::StatusOr<int64_t> v = ParseVersionText(text);
+  if (!v.ok()) return refuse(QuoteForMessage(text));
+  return *v;
 }
 
 absl::Status ValidateWeightMap(const std::map<std::string, std::string>& weight_map) {
@@ -193,8 +200,10 @@ std::string CheckpointIndex::ToJson() const {
     json::error_code ec;
     json::value v = json::parse(text, ec, &arena);
     // Text that is not JSON (set by hand, never read from a file) is kept as
-    // a string rather than dropped.
-    md.insert_or_assign(k, ec ? json::value(text, &arena) : std::move(v));
+    // a string rather than dropped. A key set in `metadata` too was set
+    // there after parsing (a new version number over a source's integer
+    // one), so that value is the one written.
+    md.emplace(k, ec ? json::value(text, &arena) : std::move(v));
   }
   json::object root(&arena);
   json::object& m = root.emplace("metadata", json::object(&arena)).first->value().as_object();

@@ -39,9 +39,11 @@ struct CheckpointIndex {
   std::map<std::string, std::string> other_metadata;
   std::map<std::string, std::string> weight_map;  // tensor name -> payload file
 
-  // metadata.version parsed, if present: a string of decimal digits
-  // ("000007") no larger than kMaxVersion. Anything else, including a JSON
-  // number, is an InvalidArgument error.
+  // metadata.version parsed, if present, as the original Python Stitch reads
+  // it (int()): a string of decimal digits ("000007"; surrounding whitespace,
+  // a leading '+' and '_' between digits as int() takes them) or a JSON
+  // integer or whole number (7, 7.0), no larger than kMaxVersion. Anything
+  // else is an InvalidArgument error. base_version is read the same way.
   [[nodiscard]] absl::StatusOr<std::optional<int64_t>> version() const;
   // Whether metadata has a `delta_encoding` key (of any type).
   bool is_delta() const;
@@ -59,7 +61,8 @@ struct CheckpointIndex {
   // other top-level keys are ignored.
   [[nodiscard]] static absl::StatusOr<CheckpointIndex> Parse(std::string_view json);
   // Compact JSON with keys in sorted order (deterministic). `other_metadata`
-  // text that is not JSON is written as a string.
+  // text that is not JSON is written as a string; a key in both maps is
+  // written from `metadata`.
   std::string ToJson() const;
 };
 

@@ -3,6 +3,9 @@
 #include <stdlib.h>
 
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -85,30 +88,66 @@ TEST(CheckpointIndex, ToJsonKeepsHandWrittenNonJsonMetadataAsString) {
   EXPECT_EQ(again->metadata.at("raw"), "not json {");
 }
 
-TEST(CheckpointIndex, VersionMustBeAStringOfDigits) {
+// metadata.version is read as the original Python Stitch reads it (int()):
+// digits as a string, as int() takes them, or a JSON integer.
+TEST(CheckpointIndex, VersionIsAnIntegerOrItsDigitsAsPythonsIntReadsThem) {
   CheckpointIndex index;
   auto none = index.version();
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
 
-  index.metadata["version"] = "0000042";
-  EXPECT_EQ(**index.version(), 42);
-  for (std::string bad :
-       {"", "7a", "-1", "+7", " 7", "99999999999999999999", "9007199254740991", "1000000000000"}) {
+  for (const auto& [text, want] : std::vector<std::pair<std::string, int64_t>>{
+           {"0000042", 42}, {" 7", 7}, {"+7", 7}, {"1_000", 1000}, {"999999999999", kMaxVersion}}) {
+    index.metadata["version"] = text;
+    auto v = index.version();
+    ASSERT_TRUE(v.ok()) << text << ": " << v.status();
+    EXPECT_EQ(**v, want) << text;
+  }
+  for (std::string bad : {"", "7a", "-1", "1__0", "7.0", "99999999999999999999", "9007199254740991",
+                          "1000000000000"}) {
     index.metadata["version"] = bad;
     auto v = index.version();
     ASSERT_FALSE(v.ok()) << bad;
     EXPECT_THAT(Msg(v.status()), HasSubstr("is not a version number")) << bad;
   }
-  index.metadata["version"] = "999999999999";  // kMaxVersion
-  EXPECT_EQ(**index.version(), kMaxVersion);
 
-  auto parsed = CheckpointIndex::Parse(R"({"metadata": {"version": 7}, "weight_map": {}})");
-  ASSERT_TRUE(parsed.ok());
-  auto v = parsed->version();
-  ASSERT_FALSE(v.ok());
-  EXPECT_THAT(Msg(v.status()), HasSubstr("metadata.version must be a string of digits"));
-  EXPECT_THAT(Msg(v.status()), HasSubstr("got 7"));
+  for (const char* json : {R"({"metadata": {"version": 3}, "weight_map": {}})",
+                           R"({"metadata": {"version": 3.0}, "weight_map": {}})"}) {
+    auto parsed = CheckpointIndex::Parse(json);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    auto v = parsed->version();
+    ASSERT_TRUE(v.ok()) << json << ": " << v.status();
+    EXPECT_EQ(**v, 3) << json;
+  }
+  for (const char* json : {R"({"metadata": {"version": -3}, "weight_map": {}})",
+                           R"({"metadata": {"version": 3.5}, "weight_map": {}})",
+                           R"({"metadata": {"version": true}, "weight_map": {}})",
+                           R"({"metadata": {"version": 1000000000000}, "weight_map": {}})"}) {
+    auto parsed = CheckpointIndex::Parse(json);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    auto v = parsed->version();
+    ASSERT_FALSE(v.ok()) << json;
+    EXPECT_THAT(Msg(v.status()), HasSubstr("metadata.version")) << json;
+  }
+}
+
+// A DELTA's base_version is read the same way, and a version number set on
+// an index read with an integer one is the one written back.
+TEST(CheckpointIndex, IntegerVersionsReachTheManifestAndAreReplacedWhenSet) {
+  auto parsed = CheckpointIndex::Parse(
+      R"({"metadata": {"version": 4, "base_version": 3, "delta_encoding": "xor",
+          "compression_format": "zstd", "checksum_format": "xxh3-128"},
+          "weight_map": {"a": "model.safetensors"}})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto manifest = parsed->ToManifest();
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->version, 4);
+  EXPECT_EQ(manifest->base_version, 3);
+  parsed->metadata["version"] = VersionMetadataString(9);
+  auto again = CheckpointIndex::Parse(parsed->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->metadata.at("version"), "000009");
+  EXPECT_EQ(**again->version(), 9);
 }
 
 TEST(CheckpointIndex, FullManifestListsDistinctSortedFiles) {

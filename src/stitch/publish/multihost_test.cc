@@ -300,7 +300,7 @@ TEST_F(MultiHostTest, AnUnclaimedRunOrARewindStopsEveryRankBeforeUploading) {
   auto results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir, {{}, {}});
   for (const auto& r : results) {
     EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status().message();
-    EXPECT_TRUE(absl::StrContains(r.status().message(), "not claimed"));
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "the store holds run run-b"));
   }
   ASSERT_TRUE(ClaimRun(*OpenFs(), 5, nullptr).ok());  // run-a at boot version 5
   results = RunRanks(2, 1, [&] { return OpenFs(); }, *dir, {{}, {}});

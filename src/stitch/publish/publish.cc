@@ -14,10 +14,21 @@ namespace fs = std::filesystem;
 
 absl::Status NotClaimedError(std::string_view where, std::string_view run_id,
                              const std::optional<VersionRef>& pointer) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(AbslView(where), ": run ", AbslView(run_id), " is not claimed (the pointer ",
-                   pointer ? absl::StrCat("names ", pointer->ToString()) : std::string("is unset"),
-                   "); claim it first: `stitch claim` (stitch.claim_run from Python)"));
+  if (!pointer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(AbslView(where), ": run ", AbslView(run_id),
+                     " is not claimed (the pointer is unset); claim it first: `stitch claim` "
+                     "(stitch.claim_run from Python)"));
+  }
+  // Another run holds the store: far more often a mistyped run id than a new
+  // run. Claiming would switch every replica to it at its boot weights, so
+  // that is not offered as the fix without saying so.
+  return absl::FailedPreconditionError(absl::StrCat(
+      AbslView(where), ": the store holds run ", pointer->run_id, " (its pointer names ",
+      pointer->ToString(), "), not ", AbslView(run_id), "; give run id ", pointer->run_id,
+      " to publish into it, or claim ", AbslView(run_id),
+      " (`stitch claim`, stitch.claim_run from Python) only to start a new run: claiming "
+      "starts it at its boot weights and moves every replica to it"));
 }
 
 absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,

@@ -101,7 +101,9 @@ absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& poin
                                         const VersionManifest& manifest);
 
 // The FailedPrecondition for publishing `run_id` into a store whose pointer
-// is `pointer` (unset, or naming another run): the run must be claimed first.
+// is `pointer`: unset (the run must be claimed first), or naming another run
+// (the store holds that run: give its id, or claim `run_id`, which starts a
+// new run and moves every replica to it).
 absl::Status NotClaimedError(std::string_view where, std::string_view run_id,
                              const std::optional<VersionRef>& pointer);
 

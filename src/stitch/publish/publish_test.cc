@@ -72,6 +72,23 @@ TEST_F(PublishTest, PublishesAndMovesThePointer) {
   EXPECT_EQ(pool.wakes, 2);
 }
 
+// The original Python Stitch reads metadata.version with int(), so an index
+// that records it as a JSON integer is a version like any other.
+TEST_F(PublishTest, AnIndexWhoseVersionIsAJsonIntegerIsPublished) {
+  Claim();
+  fs::path dir = Version(1);
+  auto index = ReadIndex(dir);
+  ASSERT_TRUE(index.ok()) << index.status();
+  index->metadata.erase("version");
+  index->other_metadata["version"] = "1";
+  ASSERT_TRUE(WriteIndex(dir, *index).ok());
+  ASSERT_THAT(ReadFileToString(dir / "model.safetensors.index.json").value_or(""),
+              HasSubstr(R"("version":1)"));
+  auto ref = PublishVersion(*store_, dir, nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(Pointer(), A(1));
+}
+
 TEST_F(PublishTest, TrailingSlashOnTheDirectoryIsFine) {
   Claim();
   fs::path dir = Version(1);
@@ -96,13 +113,20 @@ TEST_F(PublishTest, AnUnclaimedRunIsRefusedBeforeAnythingIsWritten) {
   EXPECT_EQ(pool.wakes, 0);
 }
 
-TEST_F(PublishTest, AnotherRunsPointerMeansNotClaimed) {
+// A mistyped run id is refused naming the run the store holds; claiming is
+// offered only with its cost (a new run, every replica moved to it).
+TEST_F(PublishTest, AnotherRunsPointerIsRefusedNamingThatRunAndWhatClaimingCosts) {
   auto other = FsStore::Open(tmp_ / "store", "run-b");
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE(ClaimRun(**other, 0, nullptr).ok());
   auto ref = PublishVersion(*store_, Version(1), nullptr);
   EXPECT_TRUE(absl::IsFailedPrecondition(ref.status())) << ref.status();
-  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("names run-b/weight_v000000"));
+  const std::string message(ref.status().message());
+  EXPECT_THAT(message, HasSubstr("the store holds run run-b (its pointer names "
+                                 "run-b/weight_v000000), not run-a; give run id run-b"));
+  EXPECT_THAT(message, HasSubstr("starts it at its boot weights and moves every replica to it"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("claim it first")));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
   EXPECT_EQ(Pointer(), (VersionRef{"run-b", 0}));
 }
 

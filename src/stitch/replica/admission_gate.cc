@@ -84,11 +84,20 @@ absl::StatusOr<AdmissionGate::Ticket> AdmissionGate::Decide(const VersionConstra
     // (versions only move forward); another replica may still hold it.
     const bool passed =
         *unmet == VersionConstraint::Bound::kExact && *constraint.exact_version < serving_.version;
-    std::string why =
-        passed ? std::string("; it has moved past that version, retry on another replica")
-        : behind_reason_.empty()
-            ? std::string("; it is catching up, retry shortly")
-            : absl::StrCat("; it cannot catch up (", behind_reason_, "), retry on another replica");
+    std::string why;
+    if (passed) {
+      why = "; it has moved past that version, retry on another replica";
+    } else if (std::optional<int64_t> wanted = Unpublished(constraint, *unmet)) {
+      // No replica can serve what the trainer has not published: waiting
+      // for this one to catch up would not help.
+      why = absl::StrCat("; version ", *wanted, " is not published (the store's pointer is at ",
+                         pointer_->ToString(),
+                         " as this replica last read it): retry once the trainer has published it");
+    } else if (behind_reason_.empty()) {
+      why = "; it is catching up, retry shortly";
+    } else {
+      why = absl::StrCat("; it cannot catch up (", behind_reason_, "), retry on another replica");
+    }
     const std::string bound =
         *unmet == VersionConstraint::Bound::kStaleness
             ? absl::StrCat("max_staleness ", *constraint.max_staleness,
@@ -118,6 +127,17 @@ std::optional<VersionConstraint::Bound> AdmissionGate::Unmet(
                              constraint.max_staleness.value_or(0) + 1;
   }
   return constraint.Unmet(serving_.version, pointer);
+}
+
+std::optional<int64_t> AdmissionGate::Unpublished(const VersionConstraint& constraint,
+                                                  VersionConstraint::Bound unmet) const {
+  std::optional<int64_t> wanted;
+  if (unmet == VersionConstraint::Bound::kExact) wanted = constraint.exact_version;
+  if (unmet == VersionConstraint::Bound::kMin) wanted = constraint.min_version;
+  // The pointer of another run says nothing about this run's versions.
+  if (!wanted || !pointer_ || pointer_->run_id != serving_.run_id) return std::nullopt;
+  if (*wanted <= pointer_->version) return std::nullopt;
+  return wanted;
 }
 
 absl::Status AdmissionGate::CheckEngineLabel(const Ticket& ticket, std::string_view label) const {

@@ -241,6 +241,11 @@ class AdmissionGate {
 
  private:
   absl::StatusOr<Ticket> Decide(const VersionConstraint& constraint);
+  // The version `constraint` asks for when its `unmet` bound (exact or min)
+  // names one above the pointer as last read, of the served run: one the
+  // store does not hold yet. nullopt otherwise.
+  std::optional<int64_t> Unpublished(const VersionConstraint& constraint,
+                                     VersionConstraint::Bound unmet) const;
   void Release(bool exact, uint64_t epoch);
   void Reopen();
   void RecordFlip();

@@ -83,6 +83,39 @@ TEST_F(AdmissionGateTest, RejectionIsVersionNotReadyAndAWake) {
   });
 }
 
+// A version above the store's pointer is not published: the 409 says so
+// instead of suggesting that this replica is catching up, and names the
+// pointer. A version the pointer holds is one this replica is behind on.
+TEST_F(AdmissionGateTest, AVersionAboveThePointerIsRefusedAsNotPublished) {
+  Run([&]() -> awaitable<void> {
+    gate_->SetPointer(VersionRef{"r1", 5});
+    for (VersionConstraint c : {VersionConstraint::AtLeast(7), VersionConstraint::Exact(7)}) {
+      auto t = gate_->TryAdmit(c);
+      CO_ASSERT(t.has_value() && !t->ok());
+      const std::string message(t->status().message());
+      EXPECT_EQ(GetErrorKind(t->status()), ErrorKind::kVersionNotReady);
+      EXPECT_NE(message.find("version 7 is not published (the store's pointer is at "
+                             "r1/weight_v000005"),
+                std::string::npos)
+          << message;
+      EXPECT_EQ(message.find("catching up"), std::string::npos) << message;
+    }
+    gate_->SetPointer(VersionRef{"r1", 7});
+    auto behind = gate_->TryAdmit(VersionConstraint::AtLeast(7));
+    CO_ASSERT(behind.has_value() && !behind->ok());
+    EXPECT_NE(behind->status().message().find("catching up"), std::string::npos)
+        << behind->status();
+    EXPECT_EQ(behind->status().message().find("not published"), std::string::npos)
+        << behind->status();
+    // The pointer of another run says nothing about this run's versions.
+    gate_->SetPointer(VersionRef{"r2", 0});
+    auto other = gate_->TryAdmit(VersionConstraint::AtLeast(7));
+    CO_ASSERT(other.has_value() && !other->ok());
+    EXPECT_EQ(other->status().message().find("not published"), std::string::npos)
+        << other->status();
+  });
+}
+
 TEST_F(AdmissionGateTest, MaxStalenessIsJudgedAgainstThePointerAsLastRead) {
   Run([&]() -> awaitable<void> {
     VersionConstraint fresh = VersionConstraint::Fresh(1);

@@ -312,10 +312,12 @@ awaitable<void> VersionedProxy::HandleVersioned(HttpExchange& exchange, ApiRoute
     const absl::Status& s = admitted->status();
     if (GetErrorKind(s) == ErrorKind::kVersionNotReady) {
       // Nothing is named as served while the engine's weights are not
-      // vouched for.
-      HttpResponse response =
-          NotReadyResponse(constraint, gate_.known_serving(), std::string(s.message()),
-                           gate_.trusted() ? gate_.Unmet(constraint) : std::nullopt);
+      // vouched for: not verified, or the engine silent (held), when what
+      // it holds by the time it answers again is not known.
+      const bool vouched = gate_.trusted() && !gate_.held();
+      HttpResponse response = NotReadyResponse(
+          constraint, vouched ? gate_.known_serving() : std::nullopt, std::string(s.message()),
+          vouched ? gate_.Unmet(constraint) : std::nullopt);
       (void)co_await exchange.Respond(std::move(response));
     } else if (absl::IsCancelled(s) || exchange.disconnected()) {
       ++counters_.client_disconnects;

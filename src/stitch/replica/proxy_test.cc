@@ -322,6 +322,26 @@ TEST_F(ProxyTest, UnmetConstraintGets409WithItsBodyAndWakesTheReconciler) {
       << metrics.body;
 }
 
+// A replica whose engine is silent cannot vouch for what it holds: its 409
+// names no applied version and no failed bound (docs/sidecar.md).
+TEST_F(ProxyTest, ASilentEnginesReplicaAnswers409WithAppliedNull) {
+  Start(fake_.url());
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  OnLoop([&] {
+    sidecar_->gate().Hold("the engine did not answer: timed out");
+    return true;
+  });
+  HttpResponse r = Send("POST", "/generate", R"({"text":"hi","weight_version":{"min_version":0}})");
+  ASSERT_EQ(r.status, 409) << r.body;
+  json::object body = ParseObject(r.body);
+  EXPECT_EQ(body.at("type").as_string(), "WeightVersionNotReady");
+  EXPECT_TRUE(body.at("applied").is_null()) << r.body;
+  EXPECT_TRUE(body.at("applied_identity").is_null()) << r.body;
+  EXPECT_TRUE(!body.contains("failed_bound") || body.at("failed_bound").is_null()) << r.body;
+  EXPECT_NE(r.body.find("did not answer"), std::string::npos) << r.body;
+  EXPECT_TRUE(fake_.RequestsTo("/generate").empty());
+}
+
 TEST_F(ProxyTest, AStaleReplicaRefusesMaxStalenessWith409NamingTheBound) {
   Start(fake_.url());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));

@@ -263,10 +263,17 @@ absl::StatusOr<S3Response> S3Client::Send(const S3Request& request) {
       if (absl::Status s = request.sink->Restart(); !s.ok()) return s;
     }
     // Signed with what is current now: a retry after the credentials
-    // rotated carries the new ones.
-    absl::StatusOr<std::optional<AwsCredentials>> credentials = options_.credentials->Current();
-    if (!credentials.ok()) return credentials.status();
-    const AwsCredentials* signer = credentials->has_value() ? &**credentials : nullptr;
+    // rotated carries the new ones. Unsigned only when the URI asks for it,
+    // as the AWS SDKs go unsigned only when told to: a process that merely
+    // lost its credentials must not read a bucket as an anonymous stranger.
+    std::optional<AwsCredentials> credentials;
+    if (!location_.anonymous) {
+      absl::StatusOr<std::optional<AwsCredentials>> current = options_.credentials->Current();
+      if (!current.ok()) return current.status();
+      if (!current->has_value()) return NoCredentialsError();
+      credentials = **std::move(current);
+    }
+    const AwsCredentials* signer = credentials.has_value() ? &*credentials : nullptr;
     S3Response response;
     if (signer != nullptr) response.credentials_source = signer->source;
     bool retryable = false;
@@ -410,6 +417,14 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
                                              ": cannot reach ", service, ": ", detail, hint));
 }
 
+absl::Status S3Client::NoCredentialsError() const {
+  return absl::UnauthenticatedError(absl::StrCat(
+      "no S3 credentials were found (sources tried: ", options_.credentials->SourcesTried(),
+      "); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, give the process a role "
+      "(docs/deploy.md), or add anonymous=true to the store URI for unsigned access to a public "
+      "bucket"));
+}
+
 absl::Status S3Client::ErrorFor(const S3Response& r, std::string_view operation,
                                 std::string_view key) const {
   std::string code;
@@ -429,10 +444,9 @@ absl::Status S3Client::ErrorFor(const S3Response& r, std::string_view operation,
     const std::string& source = r.credentials_source;
     const bool from_environment = absl::StartsWith(source, "environment");
     if (source.empty()) {
-      hint = absl::StrCat(
-          "no credentials were found (sources tried: ", options_.credentials->SourcesTried(),
-          "): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the "
-          "process a role (docs/deploy.md)");
+      hint =
+          "the request was unsigned (the store URI says anonymous=true) and the bucket refuses "
+          "anonymous access: drop anonymous=true and give the process credentials";
     } else if (!from_environment) {
       hint = code == "AccessDenied"
                  ? absl::StrCat("the credentials from ", source, " lack permission on this bucket")

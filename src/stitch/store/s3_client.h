@@ -1,6 +1,7 @@
 // S3Client: signed S3 requests over libcurl, with retries.
 //
-// Each request is signed, with the credentials current when it starts
+// Each request is signed (unsigned only for a location that asks for it with
+// anonymous=true), with the credentials current when it starts
 // (s3_credentials.h: the SDKs' chain of sources, refreshed ahead of expiry),
 // by libcurl's AWS SigV4 (CURLOPT_AWS_SIGV4,
 // "aws:amz:REGION:s3"). libcurl 7.88 signs S3 correctly only when the
@@ -132,8 +133,8 @@ struct S3ObjectInfo {
 class S3Client {
  public:
   // REQUIRES: options.max_attempts >= 1. InvalidArgument when only one of
-  // the access key id and the secret is set. When no credential source has
-  // credentials, requests go unsigned (anonymous access).
+  // the access key id and the secret is set. Requests are signed; with
+  // `location.anonymous` they go unsigned and no credentials are looked up.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<S3Client>> Create(
       S3Location location, const S3Environment& env, S3ClientOptions options = {});
   ~S3Client();
@@ -144,8 +145,10 @@ class S3Client {
   // whatever its status (a 5xx after the last attempt included); an error
   // only when no answer came (Unavailable, naming the endpoint and the
   // cause, after the retries), when the body's file or the sink failed
-  // (their own error), or when no credentials could be had (the
-  // provider's error, naming the sources tried).
+  // (their own error), or when no credentials could be had: the
+  // provider's error, or Unauthenticated when no source has any and the
+  // location is not anonymous (one line naming the sources tried and
+  // anonymous=true), as the AWS SDKs refuse with NoCredentialsError.
   [[nodiscard]] absl::StatusOr<S3Response> Send(const S3Request& request);
 
   // The one-line error for a non-2xx answer to `operation` ("read",
@@ -164,6 +167,8 @@ class S3Client {
   S3Client(S3Location location, S3ClientOptions options);
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> handle);
+  // The refusal of a signed request when no credential source has any.
+  absl::Status NoCredentialsError() const;
   // One attempt. Fills `response`; a non-OK status is a transport failure
   // (`retryable` says whether another attempt may help).
   absl::Status Perform(Handle& handle, const S3Request& request, const std::string& url,

@@ -305,6 +305,43 @@ TEST(S3ClientTest, UnreachableEndpointIsUnavailableAfterRetries) {
   EXPECT_EQ(f.sleeps.size(), 1u);
 }
 
+// As the AWS SDKs do (NoCredentialsError), a request with no credentials
+// anywhere is refused before it is sent, naming the sources tried and the
+// way to ask for unsigned access; asked for, it goes unsigned.
+TEST(S3ClientTest, WithoutCredentialsRequestsAreRefusedUnlessTheUriAsksForAnonymousAccess) {
+  ScriptedServer server({ScriptedServer::Reply(200, "run-a/weight_v000001")});
+  S3Environment none;
+  auto loc = ParseS3Uri(absl::StrCat("s3://bucket/p?endpoint=", server.url()), none);
+  ASSERT_TRUE(loc.ok()) << loc.status().message();
+  auto client = S3Client::Create(*loc, none);
+  ASSERT_TRUE(client.ok()) << client.status().message();
+  S3Request get;
+  get.key = "p/latest";
+  auto refused = (*client)->Send(get);
+  EXPECT_TRUE(absl::IsUnauthenticated(refused.status())) << refused.status().message();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "no S3 credentials were found (sources tried: environment "
+                                "variables"))
+      << refused.status().message();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "anonymous=true"))
+      << refused.status().message();
+  EXPECT_EQ(refused.status().message().find('\n'), std::string::npos);
+  EXPECT_TRUE(server.heads().empty());
+
+  auto anonymous =
+      ParseS3Uri(absl::StrCat("s3://bucket/p?endpoint=", server.url(), "&anonymous=true"), none);
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status().message();
+  auto unsigned_client = S3Client::Create(*anonymous, none);
+  ASSERT_TRUE(unsigned_client.ok());
+  auto answer = (*unsigned_client)->Send(get);
+  ASSERT_TRUE(answer.ok()) << answer.status().message();
+  EXPECT_EQ(answer->status, 200);
+  EXPECT_EQ(answer->credentials_source, "");
+  ASSERT_EQ(server.heads().size(), 1u);
+  EXPECT_FALSE(absl::StrContains(absl::AsciiStrToLower(server.heads()[0]), "\r\nauthorization:"))
+      << server.heads()[0];
+}
+
 TEST(S3ClientTest, RefusesHalfSetCredentials) {
   auto loc = ParseS3Uri("s3://bucket/p", S3Environment{});
   ASSERT_TRUE(loc.ok());

@@ -22,7 +22,8 @@ namespace {
 
 namespace urls = boost::urls;
 
-constexpr std::string_view kForm = "use s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION]";
+constexpr std::string_view kForm =
+    "use s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION&anonymous=true]";
 
 std::string GetEnv(const char* name) {
   const char* v = std::getenv(name);
@@ -177,9 +178,16 @@ absl::StatusOr<S3Location> ParseS3Uri(std::string_view uri, const S3Environment&
       endpoint_param = param.value;
     } else if (key == "region") {
       region_param = param.value;
+    } else if (key == "anonymous") {
+      // Only the two words: a typo must not turn signing off in silence.
+      if (param.value != "true" && param.value != "false") {
+        return bad(absl::StrCat("has anonymous=\"", absl::CEscape(param.value),
+                                "\" (give anonymous=true for unsigned requests, or leave it out)"));
+      }
+      loc.anonymous = param.value == "true";
     } else {
       return bad(absl::StrCat("has an unknown parameter \"", absl::CEscape(key),
-                              "\" (known: endpoint, region)"));
+                              "\" (known: endpoint, region, anonymous)"));
     }
   }
 
@@ -211,6 +219,7 @@ absl::StatusOr<S3Location> ParseS3Uri(std::string_view uri, const S3Environment&
     query.push_back(absl::StrCat("endpoint=", SigV4Encode(loc.endpoint, SlashEncoding::kKeep)));
   }
   if (!region_param.empty()) query.push_back(absl::StrCat("region=", loc.region));
+  if (loc.anonymous) query.push_back("anonymous=true");
   if (!query.empty()) absl::StrAppend(&loc.uri, "?", absl::StrJoin(query, "&"));
   return loc;
 }

@@ -1,7 +1,7 @@
 // Where an S3 store lives and how to reach it: the `s3://` store URI, the
 // standard AWS environment variables, and the request URLs they make.
 //
-//   s3://BUCKET[/PREFIX][?endpoint=URL][&region=REGION]
+//   s3://BUCKET[/PREFIX][?endpoint=URL][&region=REGION][&anonymous=true]
 //
 // The endpoint comes from `?endpoint=`, else AWS_ENDPOINT_URL_S3, else
 // AWS_ENDPOINT_URL, else AWS's own virtual-hosted endpoint for the region;
@@ -9,7 +9,10 @@
 // use path-style addressing. The region comes from `?region=`, else
 // AWS_REGION, else AWS_DEFAULT_REGION, else the profile's `region` in the
 // AWS config file, else (on AWS's own endpoint only) instance metadata, else
-// us-east-1. Credentials: s3_credentials.h.
+// us-east-1. Credentials: s3_credentials.h; `anonymous=true` sends every
+// request unsigned without looking for any (a public bucket: the AWS CLI's
+// --no-sign-request, boto3's signature_version=UNSIGNED), and without it a
+// store with no credentials anywhere is refused rather than read unsigned.
 #pragma once
 
 #include <string>
@@ -48,6 +51,9 @@ struct S3Location {
   // Scheme, host, port and optional base path of the service, without a
   // trailing '/' ("http://127.0.0.1:9000"); "" for AWS's own endpoint.
   std::string endpoint;
+  // `anonymous=true`: requests go unsigned and no credential source is
+  // consulted. False: requests are signed, and without credentials refused.
+  bool anonymous = false;
   // The URI as given, normalized: "s3://bucket/prefix" plus the query
   // parameters it named. Reopening it gives the same location.
   std::string uri;
@@ -73,7 +79,7 @@ struct S3Location {
 // bucket name S3 would refuse, an empty, "." or ".." prefix segment, user
 // info, a port or fragment, an unknown or repeated query parameter, an
 // endpoint that is not an absolute http(s) URL, a region that is not a
-// plain token.
+// plain token, an `anonymous` other than "true" or "false".
 [[nodiscard]] absl::StatusOr<S3Location> ParseS3Uri(std::string_view uri, const S3Environment& env);
 
 // Percent-encodes `text` as SigV4 requires for URI paths and query strings:

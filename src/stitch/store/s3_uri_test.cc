@@ -82,6 +82,33 @@ TEST(S3UriTest, RefusesWhatS3WouldNot) {
   }
 }
 
+// Unsigned access is asked for in the URI, in so many words, and kept in
+// its normalized form.
+TEST(S3UriTest, AnonymousAccessIsAskedForByName) {
+  auto plain = ParseS3Uri("s3://bucket/p", NoEnv());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->anonymous);
+  auto loc = ParseS3Uri("s3://bucket/p?region=eu-west-1&anonymous=true", NoEnv());
+  ASSERT_TRUE(loc.ok()) << loc.status().message();
+  EXPECT_TRUE(loc->anonymous);
+  EXPECT_EQ(loc->uri, "s3://bucket/p?region=eu-west-1&anonymous=true");
+  auto again = ParseS3Uri(loc->uri, NoEnv());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->anonymous);
+  auto off = ParseS3Uri("s3://bucket/p?anonymous=false", NoEnv());
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->anonymous);
+  EXPECT_EQ(off->uri, "s3://bucket/p");
+  for (const char* bad :
+       {"s3://bucket/p?anonymous=1", "s3://bucket/p?anonymous=yes",
+        "s3://bucket/p?anonymous=", "s3://bucket/p?anonymous=true&anonymous=true"}) {
+    auto refused = ParseS3Uri(bad, NoEnv());
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << bad;
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "anonymous"))
+        << refused.status().message();
+  }
+}
+
 TEST(S3UriTest, RequestUrlsArePathStyleWithAnEndpointAndEncodedForSigV4) {
   auto loc = ParseS3Uri("s3://bucket/p?endpoint=http://127.0.0.1:9000", NoEnv());
   ASSERT_TRUE(loc.ok());
