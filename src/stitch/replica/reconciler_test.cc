@@ -108,6 +108,14 @@ class ReconcilerTest : public ::testing::Test {
   void Full(int64_t v) { PublishFull(*mem_, tmp_.path(), v); }
   void Delta(int64_t v, int files) { PublishDelta(*mem_, tmp_.path(), v, files); }
 
+  // Lets the 5 s backstop run one pass, which must be the `n`th to fail.
+  awaitable<bool> BackstopPassFails(int n) {
+    const bool asleep = co_await Until([&] { return clock_->sleepers() == 1; });
+    if (!asleep) co_return false;
+    clock_->Advance(std::chrono::seconds(5));
+    co_return co_await Until([&] { return reconciler_->counters().errors == uint64_t(n); });
+  }
+
   // The replica is idle at `v` of run r1 (or `run`).
   bool SettledAt(int64_t v, const std::string& run = "r1") const {
     return reconciler_->applied() == Ref(run, v) && reconciler_->sync_state() == SyncState::kIdle &&
@@ -734,9 +742,7 @@ TEST_F(ReconcilerTest, AMalformedPointerKeepsTheReplicaServingItsVersion) {
     CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
     mem_->SetPointerTextForTesting("r1/weight_v00005X");
     for (int pass = 1; pass <= 4; ++pass) {  // 20 s: past the 12 s limit
-      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
-      clock_->Advance(std::chrono::seconds(5));
-      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      CO_ASSERT(co_await BackstopPassFails(pass));
       EXPECT_TRUE(reconciler_->ready()) << pass;
     }
     EXPECT_EQ(reconciler_->applied(), Ref("r1", 3));
@@ -767,9 +773,7 @@ TEST_F(ReconcilerTest, ARefusedVersionIsRememberedNotReadAgainEveryPass) {
     store_->BreakVersion(5);
     SetPointer(Ref("r1", 5));
     for (int pass = 1; pass <= 3; ++pass) {
-      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
-      clock_->Advance(std::chrono::seconds(5));
-      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      CO_ASSERT(co_await BackstopPassFails(pass));
     }
     EXPECT_EQ(store_->manifest_reads(5), 1);
     EXPECT_TRUE(reconciler_->ready());
@@ -819,9 +823,7 @@ TEST_F(ReconcilerTest, AVersionWhoseBytesFailTheirChecksumsIsRefusedUntilTheNext
         WithKind(absl::DataLossError("tensor w: checksum mismatch"), ErrorKind::kChecksumMismatch));
     SetPointer(Ref("r1", 4));
     for (int pass = 1; pass <= 3; ++pass) {
-      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
-      clock_->Advance(std::chrono::seconds(5));
-      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      CO_ASSERT(co_await BackstopPassFails(pass));
     }
     EXPECT_EQ(engine_->Count("stage:4"), 1u);
     EXPECT_TRUE(reconciler_->ready());
@@ -1279,9 +1281,7 @@ TEST_F(ReconcilerTest, AReplicaThatLosesTheStoreLeavesRotationUntilCaughtUp) {
     CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
     store_->FailRefreshes(3);  // three backstop passes fail
     for (int pass = 1; pass <= 2; ++pass) {
-      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
-      clock_->Advance(std::chrono::seconds(5));
-      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      CO_ASSERT(co_await BackstopPassFails(pass));
       // A transient error (for 0 s, then 5 s): still in rotation.
       EXPECT_TRUE(reconciler_->ready()) << pass;
     }
@@ -1350,9 +1350,7 @@ TEST_F(ReconcilerTest, AStoreOutageLimitOfZeroKeepsTheReplicaInRotation) {
     CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
     store_->FailRefreshes(100);
     for (int pass = 1; pass <= 4; ++pass) {
-      CO_ASSERT(co_await Until([&] { return clock_->sleepers() == 1; }));
-      clock_->Advance(std::chrono::seconds(5));
-      CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == uint64_t(pass); }));
+      CO_ASSERT(co_await BackstopPassFails(pass));
     }
     EXPECT_TRUE(reconciler_->ready());
     store_->FailRefreshes(0);
