@@ -89,10 +89,17 @@ absl::StatusOr<Piece> ReadPiece(const std::string& route, std::string_view data)
   }
   piece.start = IntField(*stamps, "weight_version_start");
   piece.end = IntField(*stamps, "weight_version_end");
-  if (!piece.start.has_value() && o.contains("type")) {
-    const json::value* m = o.if_contains("message");
+  // Errors come flat (a 409's {"type", ...}) or nested ({"error": {"type",
+  // ...}}, what the sidecar sends when the engine's stream breaks).
+  const json::object* err = &o;
+  if (const json::value* nested = o.if_contains("error");
+      nested != nullptr && nested->is_object()) {
+    err = &nested->get_object();
+  }
+  if (!piece.start.has_value() && err->contains("type")) {
+    const json::value* m = err->if_contains("message");
     piece.error = absl::StrCat(
-        std::string(o.at("type").is_string() ? o.at("type").get_string() : "error"), ": ",
+        std::string(err->at("type").is_string() ? err->at("type").get_string() : "error"), ": ",
         m != nullptr && m->is_string() ? std::string(m->get_string()) : std::string());
   }
   return piece;
