@@ -130,12 +130,17 @@ clean:
 
 # The Python package (pyproject.toml, sources in python/): built into the
 # project venv, incrementally in build-python/ ($(JOBS) compile jobs: it
-# builds net and api too, for the pool's wakes), then its pytest suite.
+# builds net and api too, for the pool's wakes), then its pytest suite. With
+# a built `stitch` ($(BUILD), after `make build`) it is installed into the
+# venv's bin too, for `python -m stitch.sidecar`; the suite's tests that run
+# it are skipped without one.
 PYTHON_VENV ?= .venv
 PYTHON_JOBS ?= $(JOBS)
+STITCH_EXE = $(BUILD)/src/stitch/cli/stitch
 python-install: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(PYTHON_JOBS) $(PYTHON_VENV)/bin/pip install --quiet \
-	  --no-build-isolation -C build-dir=build-python/{wheel_tag} .
+	  --no-build-isolation -C build-dir=build-python/{wheel_tag} \
+	  -C cmake.define.STITCH_BINARY=$(if $(wildcard $(STITCH_EXE)),$(CURDIR)/$(STITCH_EXE)) .
 
 python-test: python-install
 	$(PYTHON_VENV)/bin/python -m pytest -q python/tests

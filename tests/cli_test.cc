@@ -1,7 +1,9 @@
 // The `stitch` binary end to end: claim, publish and pointer against a
 // filesystem store, their exit codes, and their one-line failures.
 #include <algorithm>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -292,6 +294,99 @@ TEST_F(CliTest, TheSidecarAcceptsTheOriginalsFlagNames) {
     EXPECT_THAT(r.err, IsOneFailureLine());
     EXPECT_THAT(r.err, HasSubstr(refusal));
   }
+  EXPECT_FALSE(fs::exists(x));
+}
+
+// The original Stitch's sidecar command line (tests/data/, taken from its
+// source): every flag is one `stitch sidecar --help` lists, and the whole
+// line is parsed; it then fails on the store it names (never claimed), not on
+// a flag.
+TEST_F(CliTest, TheSidecarTakesTheOriginalsWholeCommandLine) {
+  std::ifstream list(fs::path(STITCH_SOURCE_DIR_DEFAULT) / "tests" / "data" /
+                     "original_sidecar_flags.txt");
+  ASSERT_TRUE(list.good());
+  const fs::path bulletin = tmp_ / "bulletin";
+  const std::string x = (tmp_ / "x").string();
+  std::vector<std::string> args = {"sidecar"};
+  std::vector<std::string> flags;
+  for (std::string line; std::getline(list, line);) {
+    std::istringstream words(line);
+    std::string kind, flag, value;
+    words >> kind >> flag >> value;
+    if (kind != "flag") continue;
+    flags.push_back(flag);
+    args.push_back(flag);
+    if (value == "BULLETIN") {
+      value = bulletin.string();
+    } else if (value == "BASE" || value == "LOCAL") {
+      value = x;
+    }
+    if (!value.empty()) args.push_back(value);
+  }
+  ASSERT_GE(flags.size(), 18u);
+  ProcessResult help = RunStitch({"sidecar", "--help"});
+  ASSERT_EQ(help.exit_code, 0);
+  for (const std::string& flag : flags) {
+    EXPECT_THAT(help.out, HasSubstr(flag + " ")) << "`stitch sidecar --help` lacks " << flag;
+  }
+  ProcessResult r = RunStitch(args);
+  EXPECT_EQ(r.exit_code, 1) << ::testing::PrintToString(args) << "\n" << r.err;
+  EXPECT_THAT(r.err, IsOneFailureLine());
+  EXPECT_THAT(r.err, HasSubstr("sidecar: --store: "));
+  EXPECT_THAT(r.err, HasSubstr(bulletin.string()));
+  EXPECT_FALSE(fs::exists(x));
+}
+
+// What of the original's store wiring cannot work here is refused, one
+// line naming what replaces it.
+TEST_F(CliTest, TheOriginalsStoreWiringIsRefusedNamingItsReplacement) {
+  const std::string x = (tmp_ / "x").string();
+  const std::vector<std::string> base = {"sidecar",
+                                         "--run-id",
+                                         "run-a",
+                                         "--upstream",
+                                         "http://127.0.0.1:1",
+                                         "--base-checkpoint-dir",
+                                         x,
+                                         "--local-checkpoint-dir",
+                                         x,
+                                         "--bulletin-root",
+                                         x};
+  for (const auto& [extra, replacement] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--store-factory", "mypkg.stores:make_store", "--store-opt", "root=/r"},
+            "give --store URI"},
+           {{"--store-factory", "cookbook.common.storage:create_store", "--store-opt",
+             "backend=modal-volume", "--store-opt", "volume_name=v"},
+            "--store-opt backend=s3 --store-opt s3_root=s3://BUCKET/PREFIX"},
+           {{"--store-opt", "backend=s3"}, "--store-opt s3_root=s3://BUCKET/PREFIX"},
+           {{"--store-opt", "backend=s3", "--store-opt", "bucket=b"},
+            "known: backend, s3_root, s3_endpoint_url, volume_name"},
+           {{"--store", x, "--store-opt", "backend=local"}, "--store and --store-opt"},
+       }) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProcessResult r = RunStitch(args);
+    EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << "\n" << r.err;
+    EXPECT_THAT(r.err, IsOneFailureLine());
+    EXPECT_THAT(r.err, HasSubstr(replacement));
+  }
+  EXPECT_FALSE(fs::exists(x));
+}
+
+// A flag no command knows is named once, in the order given, apart from
+// the values around it.
+TEST_F(CliTest, UnknownFlagsAreNamedInTheOrderGiven) {
+  const std::string x = (tmp_ / "x").string();
+  ProcessResult r =
+      RunStitch({"sidecar", "--store", x, "--run-id", "run-a", "--frobnicate", "1", "--engine-url",
+                 "http://127.0.0.1:1", "--zap=2", "--base-checkpoint", x, "--frobnicate", "3"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "stitch: sidecar: unknown flags --frobnicate --zap (see `stitch sidecar --help`)\n");
+  ProcessResult one = RunStitch({"pointer", "--store", x, "--bogus"});
+  EXPECT_EQ(one.exit_code, 2);
+  EXPECT_EQ(one.err, "stitch: pointer: unknown flag --bogus (see `stitch pointer --help`)\n");
   EXPECT_FALSE(fs::exists(x));
 }
 

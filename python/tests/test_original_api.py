@@ -598,3 +598,29 @@ def test_a_pool_must_say_how_it_discovers_replicas_and_its_gateway():
     with pytest.raises(TypeError, match="gateway_url"):
         Incomplete()
     assert RecordingPool(gateway=None).gateway_url() is None
+
+
+def test_claim_run_and_publish_version_take_the_originals_argument_order(tmp_path):
+    """`claim_run(store, pool, run_id)` and `publish_version(store, pool, dir,
+    run_id=...)`, the original's order, under every name they have here;
+    this package's own order and keyword calls keep working."""
+    for n, (claim, publish) in enumerate([(stitch.publish.claim_run, stitch.publish.publish_version),
+                                          (stitch.claim_run, stitch.publish_version)]):
+        store = FsStore(str(tmp_path / f"s{n}"), run_id=RUN)
+        replica = FakeReplica()
+        pool = SpecPool(f"static:{replica.url}")
+        claim(store, None, RUN)
+        claim(store, pool, RUN, boot_version=0)
+        assert replica.woken.wait(10)
+        ref = publish(store, pool, full_version(tmp_path / f"v{n}", 1), run_id=RUN)
+        assert ref == VersionRef(RUN, 1)
+        assert publish(store, None, full_version(tmp_path / f"w{n}", 2), run_id=RUN) == VersionRef(RUN, 2)
+        replica.close()
+    store = FsStore(str(tmp_path / "ours"), run_id=RUN)
+    assert stitch.claim_run(store, RUN, 0).moved
+    assert stitch.claim_run(store=store, run_id=RUN, boot_version=0).moved is False
+    assert stitch.publish_version(store, full_version(tmp_path / "o", 1), RUN) == VersionRef(RUN, 1)
+    assert stitch.publish_version(store=store, version_dir=full_version(tmp_path / "p", 2),
+                                  run_id=RUN) == VersionRef(RUN, 2)
+    with pytest.raises(TypeError, match=r"claim_run\(store, pool, run_id"):
+        stitch.claim_run(store, RUN, [0])

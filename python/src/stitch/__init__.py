@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
+import os
 from typing import Any, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 from stitch import _stitch
@@ -83,31 +85,77 @@ class ClaimOutcome:
         return f"ClaimOutcome(pointer={self.pointer!s}, previous={self.previous!s}, moved={self.moved})"
 
 
-def claim_run(store: Store, run_id: Optional[str] = None, boot_version: int = 0,
-              pool: Optional[str] = None) -> ClaimOutcome:
-    """Points the store's pointer at ``run_id``'s boot version (a no-op when
-    the run is already claimed), then wakes the replicas of ``pool`` (a spec:
-    ``static:URL,URL,...``, ``file:PATH`` or ``dns:NAME:PORT``). Raises PointerRewind, PointerConflict or
-    StoreError."""
+def claim_run(store: Store, *args: Any, **kwargs: Any) -> Optional[ClaimOutcome]:
+    """``claim_run(store, run_id=None, boot_version=0, pool=None)``: points
+    the store's pointer at ``run_id``'s boot version (a no-op when the run is
+    already claimed), then wakes the replicas of ``pool`` (a spec:
+    ``static:URL,URL,...``, ``file:PATH`` or ``dns:NAME:PORT``). Raises
+    PointerRewind, PointerConflict or StoreError.
+
+    The original Stitch's order, ``claim_run(store, pool, run_id, *,
+    boot_version=0)`` (``stitch.publish.claim_run``), is taken too: a call
+    whose second argument is a pool object or None followed by a run id,
+    or whose third is a run id, means it, and returns None as the original's
+    does."""
+    if _original_claim_order(args):
+        from stitch.publish import claim_run as original_claim_run
+
+        return original_claim_run(store, *args, **kwargs)
+    run_id, boot_version, pool = _claim_args(*args, **kwargs)
     store = _core(store)
     _check_run(store, run_id)
-    pointer, previous, moved = _stitch.claim_run(store, int(boot_version), _check_pool(pool))
+    pointer, previous, moved = _stitch.claim_run(store, _version(boot_version, "boot_version"),
+                                                 _check_pool(pool))
     return ClaimOutcome(pointer, previous, moved)
 
 
-def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None,
-                    pool: Optional[str] = None, base_dir: Optional[str] = None) -> VersionRef:
-    """Verifies the version directory ``version_dir`` (named weight_vNNNNNN,
-    FULL or DELTA, the pointer's version + 1), publishes it with the
-    directory's other files (config.json, tokenizer files), moves the
-    pointer to it and wakes ``pool``'s replicas. The run must be claimed
+def _claim_args(run_id: Optional[str] = None, boot_version: int = 0,
+                pool: Optional[str] = None) -> Tuple[Optional[str], int, Optional[str]]:
+    return run_id, boot_version, pool
+
+
+def _original_claim_order(args: Sequence[Any]) -> bool:
+    # Ours: (run_id: str | None, boot_version: int, pool); the original's:
+    # (pool: Pool | str | None, run_id: str).
+    if len(args) >= 2 and isinstance(args[1], str):
+        return True
+    return len(args) >= 1 and args[0] is not None and not isinstance(args[0], str)
+
+
+def _version(value: Any, name: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"stitch: {name} must be an int, got {value!r}; the call order is "
+                        "claim_run(store, run_id, boot_version, pool) or the original's "
+                        "claim_run(store, pool, run_id, *, boot_version)") from None
+
+
+def publish_version(store: Store, *args: Any, **kwargs: Any) -> VersionRef:
+    """``publish_version(store, version_dir, run_id=None, pool=None,
+    base_dir=None)``: verifies the version directory ``version_dir`` (named
+    weight_vNNNNNN, FULL or DELTA, the pointer's version + 1), publishes it
+    with the directory's other files (config.json, tokenizer files), moves
+    the pointer to it and wakes ``pool``'s replicas. The run must be claimed
     first (:func:`claim_run`). ``base_dir``, the complete checkpoint of the
     pointer's version, makes a DELTA's checksums verified too.
 
     Publishing the version the pointer already names, with the bytes it was
     published with, is a successful no-op (a retry after a crash; logged);
     with other bytes it raises StoreError naming the first differing file.
-    Raises PointerRewind, PointerConflict, ChecksumMismatch or StoreError."""
+    Raises PointerRewind, PointerConflict, ChecksumMismatch or StoreError.
+
+    The original Stitch's order, ``publish_version(store, pool, version_dir,
+    *, run_id)`` (``stitch.publish.publish_version``), is taken too: a call
+    whose second argument is a pool object or None, or that gives a pool and
+    a directory before ``run_id=``, means it."""
+    if _original_publish_order(args, kwargs):
+        from stitch.publish import publish_version as original_publish_version
+
+        return original_publish_version(store, *args, **kwargs)
+    version_dir, run_id, pool, base_dir = _publish_args(*args, **kwargs)
     store = _core(store)
     _check_run(store, run_id)
     ref, already = _stitch.publish_version(store, str(version_dir), _check_pool(pool),
@@ -115,6 +163,19 @@ def publish_version(store: Store, version_dir: str, run_id: Optional[str] = None
     if already:
         _log_already_published(store, ref)
     return ref
+
+
+def _publish_args(version_dir: "str | os.PathLike[str]", run_id: Optional[str] = None,
+                  pool: Optional[str] = None, base_dir: Optional[str] = None) -> Tuple[Any, ...]:
+    return version_dir, run_id, pool, base_dir
+
+
+def _original_publish_order(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    # Ours: (version_dir: path, run_id, pool, base_dir); the original's:
+    # (pool: Pool | str | None, version_dir, *, run_id).
+    if len(args) >= 1 and not isinstance(args[0], (str, os.PathLike)):
+        return True
+    return len(args) >= 2 and "run_id" in kwargs
 
 
 def _log_already_published(store: Store, ref: VersionRef) -> None:

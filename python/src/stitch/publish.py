@@ -44,6 +44,9 @@ def claim_run(store: Any, pool: Any, run_id: str, *, boot_version: int = 0) -> N
     publish and wakes ``pool``. Claiming a claimed run again is a no-op (the
     pool is still woken); a reused run id that already published past its
     boot version raises PointerRewind."""
+    if not isinstance(run_id, str):
+        raise TypeError(f"stitch.publish.claim_run(store, pool, run_id, *, boot_version=0): "
+                        f"run_id must be a string, got {run_id!r}")
     pool = as_pool(pool)
     stitch.claim_run(core_store(store), run_id, int(boot_version))
     wake_pool(pool, VersionRef(run_id, int(boot_version)))

@@ -43,9 +43,11 @@ constexpr int kExitTerminal = 3;
 // How long an orderly shutdown may take before the process just ends.
 constexpr auto kShutdownGrace = std::chrono::seconds(10);
 
-// Where a remote store caches versions: beside the local checkpoint when
-// there is one, else a fresh temporary directory.
+// Where a remote store caches versions: --cache-dir (or the original's
+// --bulletin-root), else beside the local checkpoint when there is one, else
+// a fresh temporary directory.
 absl::StatusOr<std::filesystem::path> CacheDir(const SidecarConfig& config) {
+  if (!config.cache_dir.empty()) return config.cache_dir;
   if (!config.local_checkpoint.empty()) {
     std::filesystem::path local = std::filesystem::absolute(config.local_checkpoint);
     return local.parent_path() / absl::StrCat(".", local.filename().string(), ".store-cache");
@@ -174,6 +176,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   settings.proxy.own_authorization = !auth_token->empty();
   settings.auth_token = *auth_token;
   settings.auth_data_plane = flags.auth_data_plane;
+  settings.log_requests = config->log_requests;
   settings.server = config->server;
   // Both callbacks run on the loop thread, so they never race each other.
   absl::Notification stop;
@@ -229,8 +232,26 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       "the versioned rollout API");
   cmd->add_option("--store", flags.store,
                   "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
-      ->required();
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true] (required unless "
+                  "--store-opt names the store)");
+  cmd->add_option("--store-opt", flags.store_opts,
+                  "The original Stitch's store options, KEY=VALUE, repeatable, instead of "
+                  "--store: backend=s3 with s3_root=s3://BUCKET/PREFIX and "
+                  "s3_endpoint_url=URL, or backend=local (the store is --bulletin-root)")
+      ->take_all()
+      ->allow_extra_args(false);
+  cmd->add_option("--store-factory", flags.store_factory,
+                  std::string("The original Stitch's store factory: only ") +
+                      std::string(kOriginalStoreFactory) +
+                      " (its --store-opt keys) is understood; give --store otherwise");
+  cmd->add_option("--cache-dir", flags.cache_dir,
+                  "Where a remote (s3://) store caches versions (default: beside "
+                  "--local-checkpoint, else a temporary directory)");
+  cmd->add_option("--bulletin-root", flags.bulletin_root,
+                  "The original Stitch's store root: the cache directory of an S3 store, or the "
+                  "store itself with --store-opt backend=local");
+  cmd->add_flag("--debug-requests", flags.debug_requests,
+                "Log every request the sidecar receives (method and target) at info level");
   cmd->add_option("--run-id", flags.run_id, "The run the base checkpoint belongs to")->required();
   cmd->add_option("--engine", flags.engine,
                   "sglang (stages by itself), sglang-stock or vllm (the sidecar stages)")

@@ -4,12 +4,15 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/net/clock.h"
+#include "stitch/store/s3_uri.h"
 
 namespace stitch {
 
@@ -27,14 +30,109 @@ absl::StatusOr<Clock::Duration> Seconds(double seconds, std::string_view flag) {
   return std::chrono::duration_cast<Clock::Duration>(std::chrono::duration<double>(seconds));
 }
 
+constexpr char kStoreForms[] =
+    "--store URI (a path, file:///abs/path or s3://BUCKET/PREFIX?endpoint=URL)";
+
+// Where the store is and where it caches versions, from --store or the
+// original's --store-factory/--store-opt/--bulletin-root, which the
+// original's cookbook factory turned into a Store as follows: backend=s3
+// is an S3 store at s3_root (endpoint s3_endpoint_url) caching under the
+// local root; backend=modal-volume a Modal Volume mounted at the local root.
+absl::Status ResolveStore(const SidecarFlags& flags, SidecarConfig& config) {
+  if (!flags.store_factory.empty() && flags.store_factory != kOriginalStoreFactory) {
+    return Refuse(absl::StrCat("--store-factory ", flags.store_factory,
+                               ": a Python store factory cannot back this sidecar; give ",
+                               kStoreForms, " instead"));
+  }
+  if (!flags.store.empty() && !flags.store_opts.empty()) {
+    return Refuse(
+        absl::StrCat("--store and --store-opt both name a store: give ", kStoreForms, " alone"));
+  }
+  std::string cache = flags.cache_dir;
+  if (!flags.bulletin_root.empty() && !cache.empty() && cache != flags.bulletin_root) {
+    return Refuse(absl::StrCat("--cache-dir ", cache, " and --bulletin-root ", flags.bulletin_root,
+                               " name two cache directories: give one"));
+  }
+  if (flags.store_opts.empty()) {
+    if (flags.store.empty()) {
+      return Refuse(absl::StrCat("--store is required: give ", kStoreForms,
+                                 ", the store the trainer publishes to"));
+    }
+    config.store_uri = flags.store;
+    config.cache_dir = cache.empty() ? flags.bulletin_root : cache;
+    return absl::OkStatus();
+  }
+
+  absl::flat_hash_map<std::string, std::string> opts;
+  for (const std::string& opt : flags.store_opts) {
+    const size_t eq = opt.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Refuse(absl::StrCat("--store-opt expects KEY=VALUE (got \"", opt, "\")"));
+    }
+    std::string key = opt.substr(0, eq);
+    if (key != "backend" && key != "s3_root" && key != "s3_endpoint_url" && key != "volume_name") {
+      return Refuse(absl::StrCat("--store-opt ", key,
+                                 " is not a store option here (known: backend, s3_root, "
+                                 "s3_endpoint_url, volume_name); or give ",
+                                 kStoreForms));
+    }
+    if (!opts.emplace(key, opt.substr(eq + 1)).second) {
+      return Refuse(absl::StrCat("--store-opt ", key, " is given more than once: give it once"));
+    }
+  }
+  // The original's cookbook always names the backend; s3_root alone means S3.
+  const std::string backend =
+      opts.contains("backend") ? opts["backend"] : (opts.contains("s3_root") ? "s3" : "");
+  if (backend == "s3") {
+    std::string root = opts["s3_root"];
+    if (root.empty()) {
+      return Refuse(
+          "--store-opt backend=s3 needs --store-opt s3_root=s3://BUCKET/PREFIX: give the "
+          "bucket the trainer publishes to");
+    }
+    // The original's S3 store reads a bare "bucket/prefix" as s3://bucket/prefix.
+    if (!absl::StrContains(root, "://")) root = absl::StrCat("s3://", root);
+    if (absl::StrContains(root, "?")) {
+      return Refuse(absl::StrCat("--store-opt s3_root=", root,
+                                 " has a query; give s3_endpoint_url= for the endpoint"));
+    }
+    config.store_uri = root;
+    if (!opts["s3_endpoint_url"].empty()) {
+      absl::StrAppend(&config.store_uri,
+                      "?endpoint=", SigV4Encode(opts["s3_endpoint_url"], SlashEncoding::kEncode));
+    }
+    config.cache_dir = cache.empty() ? flags.bulletin_root : cache;
+    return absl::OkStatus();
+  }
+  if (backend == "local") {
+    if (flags.bulletin_root.empty()) {
+      return Refuse(
+          "--store-opt backend=local needs --bulletin-root: give the store's directory (or give "
+          "--store PATH)");
+    }
+    config.store_uri = flags.bulletin_root;
+    config.cache_dir = flags.cache_dir;
+    return absl::OkStatus();
+  }
+  if (backend == "modal-volume") {
+    return Refuse(
+        "--store-opt backend=modal-volume: the Modal Volume store is not provided (a Volume "
+        "shows writes only after a commit and a reload); publish to S3 and give --store-opt "
+        "backend=s3 --store-opt s3_root=s3://BUCKET/PREFIX, or --store PATH on a shared POSIX "
+        "filesystem");
+  }
+  return Refuse(absl::StrCat("--store-opt backend=", backend.empty() ? "(none)" : backend,
+                             " is not a store backend here: give backend=s3 (with s3_root) or "
+                             "backend=local (with --bulletin-root), or ",
+                             kStoreForms));
+}
+
 }  // namespace
 
 absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   SidecarConfig config;
-  if (flags.store.empty()) {
-    return Refuse("--store is required: give the store URI the trainer publishes to");
-  }
-  config.store_uri = flags.store;
+  if (absl::Status s = ResolveStore(flags, config); !s.ok()) return s;
+  config.log_requests = flags.debug_requests;
   if (flags.run_id.empty()) {
     return Refuse("--run-id must not be empty: give the run the base checkpoint belongs to");
   }

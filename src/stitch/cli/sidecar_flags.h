@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
@@ -20,7 +21,23 @@ namespace stitch {
 
 // The `stitch sidecar` flags, as given.
 struct SidecarFlags {
+  // The store URI; or the original Stitch's store wiring below, translated
+  // into one (docs/migrating.md, "Sidecar flags").
   std::string store;
+  // The original's `--store-factory MODULE:CALLABLE`: only the original
+  // cookbook's factory (kOriginalStoreFactory) is understood, through its
+  // --store-opt keys; any other Python factory is refused.
+  std::string store_factory;
+  // The original's `--store-opt KEY=VALUE`, in the order given.
+  std::vector<std::string> store_opts;
+  // The original's `--bulletin-root`, the store factory's local root: where
+  // an S3 store caches versions, and the store itself for backend=local.
+  std::string bulletin_root;
+  // Where a remote store caches versions (default: beside --local-checkpoint,
+  // else a fresh temporary directory).
+  std::string cache_dir;
+  // Log every request the sidecar receives (method and target) at info.
+  bool debug_requests = false;
   std::string run_id;
   std::string engine = "sglang";
   std::string engine_url;
@@ -64,6 +81,9 @@ enum class EngineKind {
 // The flags, checked and parsed.
 struct SidecarConfig {
   std::string store_uri;
+  // Where a remote store caches versions; empty: the sidecar picks one.
+  std::filesystem::path cache_dir;
+  bool log_requests = false;
   EngineKind engine = EngineKind::kSglang;
   std::string engine_url;
   HttpUrl engine_http;
@@ -78,6 +98,10 @@ struct SidecarConfig {
   ServerOptions server;
 };
 
+// The original Stitch cookbook's store factory, whose --store-opt keys
+// (backend, s3_root, s3_endpoint_url, volume_name) are understood here.
+inline constexpr std::string_view kOriginalStoreFactory = "cookbook.common.storage:create_store";
+
 // Checks the flags for consistency without touching anything. Errors are
 // InvalidArgument with one line naming the flag and saying what to do: an
 // empty or invalid run id, a negative boot version, disk mode (or the stock
@@ -85,7 +109,12 @@ struct SidecarConfig {
 // (they load versions only from disk), an unknown engine, mode, commit mode or
 // --whole-generate, a
 // bad engine URL, negative intervals, a threshold below 1, a port out of
-// range, a missing --store or --base-checkpoint.
+// range, a missing --store or --base-checkpoint; of the original's store
+// wiring: a Python --store-factory other than kOriginalStoreFactory,
+// --store together with --store-opt, a malformed, repeated or unknown
+// --store-opt key, backend=modal-volume, an S3 backend without s3_root, a
+// local backend without --bulletin-root, and --cache-dir and --bulletin-root
+// naming two cache directories.
 [[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);
 
 // Checks --run-id against the run the store holds at start (`pointer`, its

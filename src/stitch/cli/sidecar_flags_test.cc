@@ -200,5 +200,72 @@ TEST(SidecarFlagsTest, ARunIdOtherThanTheStoresRunIsRefusedNamingBoth) {
   EXPECT_TRUE(CheckRunMatchesStore("run-b", "file:///runs/a", VersionRef{"", 3}).ok());
 }
 
+// The original Stitch's store wiring: its cookbook's store options become
+// the store URI, and its bulletin root the cache directory (or, for a local
+// backend, the store).
+TEST(SidecarFlagsTest, TheOriginalsStoreOptionsBecomeAStoreUri) {
+  SidecarFlags s3 = Good();
+  s3.store.clear();
+  s3.store_factory = std::string(kOriginalStoreFactory);
+  s3.store_opts = {"backend=s3", "s3_root=s3://bucket/runs/a",
+                   "s3_endpoint_url=http://127.0.0.1:9000"};
+  s3.bulletin_root = "/var/stitch/bulletin";
+  auto config = CheckSidecarFlags(s3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store_uri, "s3://bucket/runs/a?endpoint=http%3A%2F%2F127.0.0.1%3A9000");
+  EXPECT_EQ(config->cache_dir, "/var/stitch/bulletin");
+
+  s3.store_opts = {"s3_root=bucket/runs/a", "volume_name=unused"};
+  s3.store_factory.clear();
+  config = CheckSidecarFlags(s3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store_uri, "s3://bucket/runs/a");
+
+  SidecarFlags local = Good();
+  local.store.clear();
+  local.store_opts = {"backend=local"};
+  local.bulletin_root = "/shared/store";
+  config = CheckSidecarFlags(local);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store_uri, "/shared/store");
+  EXPECT_TRUE(config->cache_dir.empty());
+
+  SidecarFlags plain = Good();
+  plain.bulletin_root = "/cache";
+  plain.debug_requests = true;
+  config = CheckSidecarFlags(plain);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->store_uri, "/tmp/store");
+  EXPECT_EQ(config->cache_dir, "/cache");
+  EXPECT_TRUE(config->log_requests);
+}
+
+TEST(SidecarFlagsTest, TheOriginalsStoreWiringThatCannotWorkIsRefused) {
+  SidecarFlags f = Good();
+  f.store_factory = "mypkg.stores:make";
+  ExpectRefused(f, "--store-factory mypkg.stores:make");
+  f = Good();
+  f.store_opts = {"backend=local"};
+  ExpectRefused(f, "--store and --store-opt");
+  f.store.clear();
+  ExpectRefused(f, "--bulletin-root");
+  f.store_opts = {"backend"};
+  ExpectRefused(f, "KEY=VALUE");
+  f.store_opts = {"backend=s3", "backend=s3"};
+  ExpectRefused(f, "more than once");
+  f.store_opts = {"backend=s3", "region=eu"};
+  ExpectRefused(f, "--store-opt region");
+  f.store_opts = {"backend=modal-volume", "volume_name=v"};
+  ExpectRefused(f, "backend=modal-volume");
+  f.store_opts = {"backend=gcs"};
+  ExpectRefused(f, "backend=gcs");
+  f.store_opts = {"backend=s3", "s3_root=s3://b/p?endpoint=x"};
+  ExpectRefused(f, "s3_endpoint_url");
+  f = Good();
+  f.cache_dir = "/a";
+  f.bulletin_root = "/b";
+  ExpectRefused(f, "--cache-dir");
+}
+
 }  // namespace
 }  // namespace stitch

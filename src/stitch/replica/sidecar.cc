@@ -1,7 +1,9 @@
 #include "stitch/replica/sidecar.h"
 
+#include <optional>
 #include <utility>
 
+#include <spdlog/spdlog.h>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
@@ -62,6 +64,13 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = settings.server;
   server_options.head_check = router.TokenCheck();
+  if (settings.log_requests) {
+    server_options.head_check = [check = std::move(server_options.head_check)](
+                                    const HttpRequest& head) -> std::optional<HttpResponse> {
+      spdlog::info("request: {} {}", head.method, head.target);
+      return check ? check(head) : std::nullopt;
+    };
+  }
   auto server = HttpServer::Start(ports.loop, server_options, router.AsHandler());
   if (!server.ok()) co_return Annotate(server.status(), "sidecar");
   sidecar->server_ = *std::move(server);

@@ -64,6 +64,9 @@ class Sidecar {
     // and with auth_data_plane so does every route but /health and /metrics.
     std::string auth_token;
     bool auth_data_plane = false;
+    // Logs every request's method and target at info level as its header
+    // arrives (the original's --debug-requests).
+    bool log_requests = false;
   };
 
   // Starts listening, reconciling and watching. Must run on `ports.loop`.
