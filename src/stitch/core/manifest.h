@@ -32,6 +32,13 @@ struct VersionManifest {
   // Payload file names (the distinct values of weight_map), sorted. Empty for
   // a DELTA that changes nothing.
   std::vector<std::string> files;
+  // What the index records of the weights (format/index.h): the fingerprint
+  // of the version's complete weights and, for a DELTA, of the weights it
+  // was encoded against; 32 lowercase hex digits, or empty where the index
+  // records none (versions written by other tools, or before Stitch
+  // recorded them).
+  std::string weights_fingerprint;
+  std::string base_weights_fingerprint;
 
   bool is_empty_delta() const { return kind == VersionKind::kDelta && files.empty(); }
 };

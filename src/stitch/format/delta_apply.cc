@@ -139,8 +139,9 @@ bool SameTensors(const CheckpointReader& anchor, const CheckpointReader& held) {
 
 // The materialized checkpoint's index: the base's, at the target version.
 CheckpointIndex MaterializedIndex(CheckpointIndex index, const VersionRef& version) {
-  for (std::string_view key :
-       {"delta_encoding", "compression_format", "checksum_format", "base_version", "run_id"}) {
+  for (std::string_view key : std::initializer_list<std::string_view>{
+           "delta_encoding", "compression_format", "checksum_format", "base_version", "run_id",
+           kWeightsFingerprintKey, kBaseFingerprintKey}) {
     index.metadata.erase(std::string(key));
     index.other_metadata.erase(std::string(key));
   }

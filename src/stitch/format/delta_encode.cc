@@ -20,6 +20,7 @@
 #include "stitch/format/delta_version.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/format/tensor_checksums.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -132,6 +133,7 @@ class ScratchFile final : public FrameSink {
 struct EncodedTensor {
   bool changed = false;
   Checksum128 checksum;
+  Checksum128 base_checksum;
   int worker = 0;
   uint64_t offset = 0;  // in the worker's scratch file
   uint64_t size = 0;
@@ -324,7 +326,8 @@ absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
                                                         spec, AsSource(bs), AsSource(ts), sf);
         if (!f.ok()) return f.status();
         if (!f->changed) sf.Rewind(start);
-        encoded[k] = EncodedTensor{f->changed, f->target_checksum, worker, start, f->frame_size};
+        encoded[k] = EncodedTensor{f->changed, f->target_checksum, f->base_checksum, worker,
+                                   start,      f->frame_size};
         return absl::OkStatus();
       },
       &cancel);
@@ -348,6 +351,15 @@ absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
   index.metadata["compression_format"] = "zstd";
   index.metadata["checksum_format"] = std::string(kChecksumFormat);
   if (!options.run_id.empty()) index.metadata[std::string(kRunIdMetadataKey)] = options.run_id;
+  {
+    TensorChecksums base_sums, target_sums;
+    for (size_t k = 0; k < order.size(); ++k) {
+      base_sums[order[k]->name] = encoded[k].base_checksum;
+      target_sums[order[k]->name] = encoded[k].checksum;
+    }
+    index.metadata[std::string(kBaseFingerprintKey)] = WeightsFingerprint(base_sums).ToHex();
+    index.metadata[std::string(kWeightsFingerprintKey)] = WeightsFingerprint(target_sums).ToHex();
+  }
 
   const std::vector<std::vector<size_t>> shards = Shard(changed_sizes, options.max_shard_bytes);
   std::vector<std::byte> buf(1 << 20);
@@ -422,15 +434,19 @@ absl::StatusOr<std::vector<TensorInput>> InputsFromViews(std::span<const TensorV
   return out;
 }
 
-// Index metadata of a FULL version made from `source`.
-CheckpointIndex FullIndex(CheckpointIndex source, const FullVersionOptions& options) {
-  for (std::string_view key :
-       {"delta_encoding", "compression_format", "checksum_format", "base_version"}) {
+// Index metadata of a FULL version made from `source`, whose tensors have
+// the checksums `sums`.
+CheckpointIndex FullIndex(CheckpointIndex source, const TensorChecksums& sums,
+                          const FullVersionOptions& options) {
+  for (std::string_view key : std::initializer_list<std::string_view>{
+           "delta_encoding", "compression_format", "checksum_format", "base_version",
+           kWeightsFingerprintKey, kBaseFingerprintKey}) {
     source.metadata.erase(std::string(key));
     source.other_metadata.erase(std::string(key));
   }
   source.metadata["version"] = VersionMetadataString(options.version);
   source.metadata["checksum_format"] = std::string(kChecksumFormat);
+  source.metadata[std::string(kWeightsFingerprintKey)] = WeightsFingerprint(sums).ToHex();
   if (!options.run_id.empty()) source.metadata[std::string(kRunIdMetadataKey)] = options.run_id;
   return source;
 }
@@ -616,7 +632,11 @@ absl::StatusOr<FullVersionResult> WriteFullVersion(const fs::path& checkpoint_di
     if (absl::Status s = (*out)->Finish(); !s.ok()) return s;
     result.files.push_back(f.name);
   }
-  if (absl::Status s = WriteIndex(*tmp, FullIndex(src->index(), options)); !s.ok()) return s;
+  TensorChecksums by_name;
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].name] = sums[i];
+  if (absl::Status s = WriteIndex(*tmp, FullIndex(src->index(), by_name, options)); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = FsyncTree(*tmp); !s.ok()) return s;
   if (absl::Status s = RenameDurably(*tmp, out_dir); !s.ok()) return s;
   guard.Release();
@@ -670,7 +690,11 @@ absl::StatusOr<FullVersionResult> WriteFullVersion(std::span<const TensorView> t
     if (absl::Status ws = WriteSafetensors(*tmp / name, part, checksums); !ws.ok()) return ws;
     result.files.push_back(name);
   }
-  if (absl::Status s = WriteIndex(*tmp, FullIndex(std::move(index), options)); !s.ok()) return s;
+  TensorChecksums by_name;
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].name] = sums[i];
+  if (absl::Status s = WriteIndex(*tmp, FullIndex(std::move(index), by_name, options)); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = FsyncPath(*tmp); !s.ok()) return s;
   if (absl::Status s = RenameDurably(*tmp, out_dir); !s.ok()) return s;
   guard.Release();

@@ -202,6 +202,7 @@ struct CodecWorkspace::Impl {
   ZSTD_CCtx* cctx = nullptr;
   AlignedBuffer cout;  // compressed output
   Xxh3Hasher hasher;
+  Xxh3Hasher base_hasher;  // EncodeXorFrame's, of the base tensor
 
   ~Impl() {
     for (DecoderSlot& s : slots) ZSTD_freeDCtx(s.dctx);
@@ -493,6 +494,7 @@ absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws, const EncodeSpec
     return zstd_error(r);
   }
   w.hasher.Reset();
+  w.base_hasher.Reset();
   EncodedFrame result;
 
   // Compressed bytes collect in `cout` and go to the sink when it is nearly
@@ -527,6 +529,9 @@ absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws, const EncodeSpec
     if (!b.ok()) return b.status();
     absl::StatusOr<std::span<const std::byte>> t = target.Read(off, w.ybuf.span().first(n));
     if (!t.ok()) return t.status();
+    // Hashed before the XOR: with copy_target_to, `b` may be the very
+    // memory the target is copied into.
+    w.base_hasher.Update(*b);
     const bool changed =
         spec.copy_target_to != nullptr
             ? XorIntoAnyAndCopy(w.xbuf.data(), b->data(), t->data(), spec.copy_target_to + off, n)
@@ -540,6 +545,7 @@ absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws, const EncodeSpec
   ZSTD_inBuffer none{nullptr, 0, 0};
   if (absl::Status s = drain(none, ZSTD_e_end); !s.ok()) return s;
   result.target_checksum = w.hasher.Digest();
+  result.base_checksum = w.base_hasher.Digest();
   return result;
 }
 

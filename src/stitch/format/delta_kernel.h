@@ -273,7 +273,8 @@ struct EncodeSpec {
 struct EncodedFrame {
   bool changed = false;  // some byte of target differs from base
   Checksum128 target_checksum;
-  uint64_t frame_size = 0;  // bytes appended to the frame sink
+  Checksum128 base_checksum;  // of the base tensor, for the base's fingerprint
+  uint64_t frame_size = 0;    // bytes appended to the frame sink
 };
 [[nodiscard]] absl::StatusOr<EncodedFrame> EncodeXorFrame(CodecWorkspace& ws,
                                                           const EncodeSpec& spec, ChunkSource& base,

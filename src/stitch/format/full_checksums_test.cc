@@ -208,6 +208,56 @@ TEST_F(FullChecksumsTest, APayloadFileIsCheckedOnItsOwn) {
             ErrorKind::kChecksumMismatch);
 }
 
+Checksum128 FingerprintOf(const TestCheckpoint& c) {
+  TensorChecksums sums;
+  for (const auto& [name, t] : c) sums[name] = Xxh3Checksum(t.bytes);
+  return WeightsFingerprint(sums);
+}
+
+// What a publisher compares to refuse a delta made from other weights
+// (publish.h CheckDeltaBase): each index records the fingerprint of its
+// complete weights, a DELTA also that of its base.
+TEST_F(FullChecksumsTest, IndexesRecordTheFingerprintsOfTheirWeightsAndOfADeltasBase) {
+  absl::StatusOr<CheckpointIndex> full = ReadIndex(Full());
+  ASSERT_TRUE(full.ok()) << full.status();
+  absl::StatusOr<VersionManifest> fm = full->ToManifest();
+  ASSERT_TRUE(fm.ok()) << fm.status();
+  EXPECT_EQ(fm->weights_fingerprint, FingerprintOf(v0_).ToHex());
+  EXPECT_EQ(fm->base_weights_fingerprint, "");
+
+  absl::StatusOr<CheckpointIndex> delta = ReadIndex(Delta());
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  absl::StatusOr<VersionManifest> dm = delta->ToManifest();
+  ASSERT_TRUE(dm.ok()) << dm.status();
+  EXPECT_EQ(dm->base_weights_fingerprint, FingerprintOf(v0_).ToHex());
+  EXPECT_EQ(dm->weights_fingerprint, FingerprintOf(v1_).ToHex());
+  EXPECT_NE(dm->weights_fingerprint, dm->base_weights_fingerprint);
+
+  // A FULL version made from a DELTA's materialized weights, or from a
+  // version that recorded another fingerprint, records its own.
+  ASSERT_TRUE(MaterializeCheckpoint(Full(), std::vector<fs::path>{Delta()}, dir_ / "mat", {}).ok());
+  absl::StatusOr<CheckpointIndex> mat = ReadIndex(dir_ / "mat");
+  ASSERT_TRUE(mat.ok()) << mat.status();
+  EXPECT_FALSE(mat->metadata.contains(std::string(kWeightsFingerprintKey)));
+  fs::create_directories(dir_ / "again");
+  FullVersionOptions fo;
+  fo.version = 1;
+  ASSERT_TRUE(WriteFullVersion(dir_ / "mat", dir_ / "again" / VersionDirName(1), fo).ok());
+  absl::StatusOr<CheckpointIndex> again = ReadIndex(dir_ / "again" / VersionDirName(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->metadata.at(std::string(kWeightsFingerprintKey)), FingerprintOf(v1_).ToHex());
+  EXPECT_FALSE(again->metadata.contains(std::string(kBaseFingerprintKey)));
+
+  // A recorded fingerprint that is not one is a malformed index.
+  CheckpointIndex bad = *full;
+  bad.metadata[std::string(kWeightsFingerprintKey)] = "not-hex";
+  absl::Status s = bad.ToManifest().status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("metadata.weights_fingerprint \"not-hex\" is not 32 hex digits"),
+            absl::string_view::npos)
+      << s;
+}
+
 TEST_F(FullChecksumsTest, TheEncoderNeverAssumesItsBasesVersion) {
   WriteCheckpoint(dir_ / "boot", v0_);  // records no version
   EncodeOptions o;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
+#include "stitch/format/checksum.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/format/strict_json.h"
@@ -103,6 +104,28 @@ bool CheckpointIndex::is_delta() const {
   return metadata.contains("delta_encoding") || other_metadata.contains("delta_encoding");
 }
 
+namespace {
+
+// A recorded fingerprint (kWeightsFingerprintKey, kBaseFingerprintKey) in
+// its canonical lowercase form, or "" when the index records none.
+absl::StatusOr<std::string> FingerprintField(const CheckpointIndex& index, std::string_view key) {
+  auto it = index.metadata.find(std::string(key));
+  if (it == index.metadata.end()) {
+    if (index.other_metadata.contains(std::string(key))) {
+      return IndexError(absl::StrCat("metadata.", AbslView(key), " is not a string"));
+    }
+    return std::string();
+  }
+  absl::StatusOr<Checksum128> parsed = Checksum128::FromHex(it->second);
+  if (!parsed.ok()) {
+    return IndexError(absl::StrCat("metadata.", AbslView(key), " ", QuoteForMessage(it->second),
+                                   " is not 32 hex digits"));
+  }
+  return parsed->ToHex();
+}
+
+}  // namespace
+
 absl::StatusOr<VersionManifest> CheckpointIndex::ToManifest() const {
   VersionManifest m;
   absl::StatusOr<std::optional<int64_t>> v = version();
@@ -134,6 +157,12 @@ absl::StatusOr<VersionManifest> CheckpointIndex::ToManifest() const {
     }
     if (!base.ok()) return base.status();
     m.base_version = *base;
+  }
+  for (auto [key, field] : {std::pair{kWeightsFingerprintKey, &m.weights_fingerprint},
+                            std::pair{kBaseFingerprintKey, &m.base_weights_fingerprint}}) {
+    absl::StatusOr<std::string> fingerprint = FingerprintField(*this, key);
+    if (!fingerprint.ok()) return fingerprint.status();
+    *field = *std::move(fingerprint);
   }
   if (absl::Status s = ValidateWeightMap(weight_map); !s.ok()) return s;
   for (const auto& [tensor, file] : weight_map) m.files.push_back(file);

@@ -5,8 +5,12 @@
 // `compression_format: "zstd"`, `checksum_format: "xxh3-128"` and
 // `base_version`. A FULL version Stitch writes records `checksum_format:
 // "xxh3-128"` too: its payload files' `__metadata__` then hold every
-// tensor's checksum (checksum.h, ReadRecordedChecksums). Other metadata keys
-// are preserved.
+// tensor's checksum (checksum.h, ReadRecordedChecksums). Stitch's writers
+// also record `weights_fingerprint`, the WeightsFingerprint (checksum.h) of
+// the version's complete weights, and a DELTA `base_weights_fingerprint`,
+// that of the weights it was encoded against: a publisher compares the two
+// to refuse a delta made against other weights than the version it would
+// follow, without reading either's bytes. Other metadata keys are preserved.
 #pragma once
 
 #include <filesystem>
@@ -30,6 +34,9 @@ namespace stitch {
 // (about 250 bytes each) and keeps a corrupt index from being read whole.
 inline constexpr size_t kMaxIndexTensors = 1'000'000;
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
+
+inline constexpr std::string_view kWeightsFingerprintKey = "weights_fingerprint";
+inline constexpr std::string_view kBaseFingerprintKey = "base_weights_fingerprint";
 
 struct CheckpointIndex {
   // String-valued metadata. Non-string metadata values (HF's "total_size" is

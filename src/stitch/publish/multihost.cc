@@ -412,6 +412,11 @@ absl::StatusOr<PublishOutcome> PublishFromHosts(Store& store, TrainerComms& comm
       }
       auto index = RequireIndex(version_dir, ref, **pointer, where);
       if (!index.ok()) return index.status();
+      if (!already) {
+        if (absl::Status s = CheckDeltaBase(where, store, **pointer, index->manifest); !s.ok()) {
+          return s;
+        }
+      }
       auto parsed = CheckpointIndex::Parse(index->json);
       if (!parsed.ok()) return Annotate(parsed.status(), where);
       PayloadFileKind kind{index->manifest.kind, ref.version, false};

@@ -52,6 +52,33 @@ absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
   return absl::OkStatus();
 }
 
+absl::Status CheckDeltaBase(std::string_view where, Store& store, const VersionRef& pointer,
+                            const VersionManifest& manifest) {
+  if (manifest.kind != VersionKind::kDelta || manifest.base_weights_fingerprint.empty()) {
+    return absl::OkStatus();
+  }
+  auto base = store.ReadManifest(pointer.version);
+  // The run's boot version is not in the store, and versions written by
+  // other tools record no fingerprint: then nothing here can tell, and the
+  // replicas' own checks (each changed tensor against its recorded target
+  // checksum) still refuse a wrong base.
+  if (absl::IsNotFound(base.status())) return absl::OkStatus();
+  if (!base.ok()) return Annotate(base.status(), where);
+  if (base->weights_fingerprint.empty() ||
+      base->weights_fingerprint == manifest.base_weights_fingerprint) {
+    return absl::OkStatus();
+  }
+  return WithKind(
+      absl::FailedPreconditionError(absl::StrCat(
+          AbslView(where), ": DELTA ", VersionDirName(manifest.version),
+          " was encoded against other weights than version ", pointer.version,
+          " holds (the delta's base fingerprint is ", manifest.base_weights_fingerprint,
+          ", the store records ", base->weights_fingerprint, " for ", pointer.ToString(),
+          "); every replica would refuse it. Encode it against version ", pointer.version,
+          "'s weights, or publish the new weights as a FULL version")),
+      ErrorKind::kChecksumMismatch);
+}
+
 absl::Status CheckRepublish(std::string_view where, Store& store, const VersionRef& ref) {
   auto published = store.ReadManifest(ref.version);
   if (published.ok()) return absl::OkStatus();
@@ -132,6 +159,9 @@ absl::StatusOr<PublishOutcome> PublishVersion(Store& store, const fs::path& dir,
     return PublishOutcome{ref, true};
   }
   if (absl::Status s = CheckFollows(where, **pointer, contents->manifest); !s.ok()) return s;
+  if (absl::Status s = CheckDeltaBase(where, store, **pointer, contents->manifest); !s.ok()) {
+    return s;
+  }
 
   // Every replica would refuse a payload that fails here, and go on refusing
   // the versions after it: nothing that fails may reach the pointer.

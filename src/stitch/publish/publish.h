@@ -47,7 +47,8 @@ struct PublishOutcome {
 //      already_published; a version the store holds no files for (the run's
 //      boot version) is a kPointerRewind. Otherwise the version must follow
 //      the pointer (CheckFollows: kPointerRewind, or FailedPrecondition for a
-//      gap or a DELTA on another base);
+//      gap or a DELTA on another base), and a DELTA must have been encoded
+//      against the weights the pointer's version holds (CheckDeltaBase);
 //   3. verifies the payload (format/delta_verify.h VerifyVersion): every
 //      file's structure and bounds, a DELTA's frames decoded whole to their
 //      recorded sizes (with options.base_checkpoint, its checksums too), a
@@ -99,6 +100,17 @@ absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& poin
 //                       against the wrong base).
 [[nodiscard]] absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
                                         const VersionManifest& manifest);
+
+// Whether a DELTA was encoded against the weights the store's version
+// `pointer` holds, told from the fingerprints the two indexes record
+// (format/index.h), without reading any payload: FailedPrecondition (kind
+// kChecksumMismatch) naming both fingerprints when they differ. OK for a
+// FULL version, and when either records none or the store does not hold the
+// pointer's version (the run's boot version): then the replicas' checksums
+// of each changed tensor are what refuse a wrong base.
+[[nodiscard]] absl::Status CheckDeltaBase(std::string_view where, Store& store,
+                                          const VersionRef& pointer,
+                                          const VersionManifest& manifest);
 
 // The FailedPrecondition for publishing `run_id` into a store whose pointer
 // is `pointer`: unset (the run must be claimed first), or naming another run

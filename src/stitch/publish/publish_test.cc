@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/core/version.h"
 #include "stitch/format/delta_encode.h"
 #include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
@@ -363,6 +365,71 @@ TEST_F(PublishTest, ADeltaOnAnotherBaseThanThePointerIsRefused) {
               HasSubstr("DELTA weight_v000002 applies to version 0, but the pointer is at "
                         "run-a/weight_v000001"));
   EXPECT_EQ(Pointer(), A(1));
+}
+
+// Published through an API with no base checkpoint (the original's
+// publish_version has none), a delta made from other weights is still
+// refused: the fingerprints the two indexes record disagree.
+TEST_F(PublishTest, ADeltaEncodedAgainstOtherWeightsThanThePointersVersionIsRefused) {
+  Claim();
+  fs::path full = tmp_ / "full" / "weight_v000001";
+  fs::create_directories(full.parent_path());
+  FullVersionOptions fo;
+  fo.version = 1;
+  ASSERT_TRUE(WriteFullVersion(Version(1, {.seed = 1}), full, fo).ok());
+  ASSERT_TRUE(PublishVersion(*store_, full, nullptr).ok());
+  auto encode = [&](const fs::path& base, int64_t version, int seed) {
+    fs::path out = tmp_ / absl::StrCat("delta-", sources_) / VersionDirName(version);
+    fs::create_directories(out.parent_path());
+    EncodeOptions o;
+    o.version = version;
+    EXPECT_TRUE(EncodeDelta(base, Version(version, {.seed = seed}), out, o).ok());
+    return out;
+  };
+
+  const fs::path wrong = encode(Version(1, {.seed = 7}), 2, 2);
+  InterferingStore watched(*store_);
+  auto ref = PublishVersion(watched, wrong, nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ref.status())) << ref.status();
+  EXPECT_EQ(GetErrorKind(ref.status()), ErrorKind::kChecksumMismatch);
+  EXPECT_THAT(std::string(ref.status().message()),
+              HasSubstr("DELTA weight_v000002 was encoded against other weights than version 1 "
+                        "holds"));
+  EXPECT_THAT(std::string(ref.status().message()), HasSubstr("publish the new weights as a FULL"));
+  EXPECT_EQ(watched.publish_files_calls, 0);
+  EXPECT_EQ(Pointer(), A(1));
+
+  // Against the right weights it goes through, and the DELTA's own
+  // fingerprint lets the next delta be checked the same way.
+  const fs::path v2 = Version(2, {.seed = 2});
+  fs::path right = tmp_ / "right" / "weight_v000002";
+  fs::create_directories(right.parent_path());
+  EncodeOptions o;
+  o.version = 2;
+  ASSERT_TRUE(EncodeDelta(full, v2, right, o).ok());
+  ASSERT_TRUE(PublishVersion(*store_, right, nullptr).ok());
+  EXPECT_EQ(Pointer(), A(2));
+  EXPECT_FALSE(PublishVersion(*store_, encode(Version(2, {.seed = 8}), 3, 3), nullptr).ok());
+  EXPECT_EQ(Pointer(), A(2));
+  ASSERT_TRUE(PublishVersion(*store_, encode(v2, 3, 3), nullptr).ok());
+  EXPECT_EQ(Pointer(), A(3));
+}
+
+// A version written by another tool records no fingerprint: nothing at
+// publish can tell its weights, and the replicas' checksums decide.
+TEST_F(PublishTest, ADeltaOverAVersionThatRecordsNoFingerprintIsNotJudgedAtPublish) {
+  Claim();
+  ASSERT_TRUE(PublishVersion(*store_, Version(1, {.seed = 1}), nullptr).ok());
+  auto recorded = store_->ReadManifest(1);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(recorded->weights_fingerprint, "");
+  fs::path delta = tmp_ / "delta" / "weight_v000002";
+  fs::create_directories(delta.parent_path());
+  EncodeOptions o;
+  o.version = 2;
+  ASSERT_TRUE(EncodeDelta(Version(1, {.seed = 7}), Version(2, {.seed = 2}), delta, o).ok());
+  EXPECT_TRUE(PublishVersion(*store_, delta, nullptr).ok());
+  EXPECT_EQ(Pointer(), A(2));
 }
 
 TEST_F(PublishTest, APayloadThatFailsVerificationNeverReachesTheStore) {
