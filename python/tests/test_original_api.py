@@ -249,6 +249,26 @@ def test_publish_version_refuses_a_store_of_another_run(tmp_path):
         stitch.publish.publish_version(store, None, full_version(tmp_path, 1), run_id="run-2")
 
 
+def test_publish_version_refuses_a_delta_encoded_against_other_weights(tmp_path):
+    # The original's publish_version takes no base checkpoint: the index
+    # fingerprints are what tell a delta made from other weights.
+    store = FsStore(tmp_path / "store", run_id=RUN)
+    stitch.publish.claim_run(store, None, RUN)
+    stitch.publish.publish_version(store, None, full_version(tmp_path / "a", 1, 1.0), run_id=RUN)
+    target = {"w": np.full(16, 2.0, np.float32)}
+
+    def delta(parent, base_value):
+        base = {"w": np.full(16, base_value, np.float32)}
+        return stitch.DeltaEncoder(base, version=1, run_id=RUN).encode(
+            target, os.path.join(str(parent), "weight_v000002"))["dir"]
+
+    with pytest.raises(stitch.errors.ChecksumMismatch, match="encoded against other weights"):
+        stitch.publish.publish_version(store, None, delta(tmp_path / "b", 5.0), run_id=RUN)
+    assert store.read_pointer() == VersionRef(RUN, 1)
+    stitch.publish.publish_version(store, None, delta(tmp_path / "c", 1.0), run_id=RUN)
+    assert store.read_pointer() == VersionRef(RUN, 2)
+
+
 def test_claim_run_is_idempotent_wakes_every_time_and_refuses_a_reused_run_id(tmp_path):
     store = FsStore(tmp_path / "store", run_id=RUN)
     pool = RecordingPool(["http://r0"])
