@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
-#include "stitch/format/weights_checksums.h"
 #include "stitch/net/loop_signal.h"
 #include "stitch/store/materialize_chain.h"
 
@@ -50,6 +49,9 @@ Reconciler::Reconciler(boost::asio::any_io_executor loop, ReconcilerOptions opti
       gate_(gate),
       pool_(pool),
       clock_(clock),
+      verifier_(EngineVerifierOptions{options_.boot_version, options_.base_checkpoint_dir,
+                                      options_.report_timeout},
+                store, engine, pool),
       wake_(std::make_unique<LoopSignal>(loop_)),
       ended_(std::make_unique<LoopSignal>(loop_)),
       tasks_(std::make_unique<Task[]>(kTasks)),
@@ -213,26 +215,6 @@ void Reconciler::Distrust(std::string why) {
   Wake();
 }
 
-std::string Reconciler::Disagreement(const EngineReport& report, const VersionRef& label,
-                                     const std::optional<Checksum128>& expected) const {
-  if (!report.label.empty()) {
-    if (!report.held.has_value()) {
-      return absl::StrCat("the engine labels its weights \"", report.label,
-                          "\", which names no version, not ", label.ToString());
-    }
-    if (report.held->version != label.version ||
-        (!report.held->run_id.empty() && report.held->run_id != label.run_id)) {
-      return absl::StrCat("the engine reports weights ", report.held->ToString(), ", not ",
-                          label.ToString());
-    }
-  }
-  if (expected.has_value() && report.fingerprint.has_value() && *report.fingerprint != *expected) {
-    return absl::StrCat("the engine's weights fingerprint is ", report.fingerprint->ToHex(),
-                        ", not ", expected->ToHex(), " (", label.ToString(), "'s)");
-  }
-  return "";
-}
-
 awaitable<absl::Status> Reconciler::CheckEngine(std::chrono::milliseconds timeout) {
   const uint64_t loads = loads_;
   absl::Status health = co_await engine_.Health(timeout);
@@ -255,89 +237,14 @@ awaitable<absl::Status> Reconciler::CheckEngine(std::chrono::milliseconds timeou
     if (waiting_for_engine_) Wake();
     co_return absl::OkStatus();
   }
-  std::string drift;
-  if (!baseline_.instance.empty() && report->instance != baseline_.instance) {
-    drift = absl::StrCat("the engine restarted (its instance id changed from ", baseline_.instance,
-                         " to ", report->instance, ")");
-  } else {
-    drift = Disagreement(*report, gate_.engine_label(), baseline_.fingerprint);
-  }
-  if (!drift.empty()) {
+  if (std::string drift = verifier_.Drift(*report, gate_.engine_label()); !drift.empty()) {
     Distrust(std::move(drift));
     gate_.Unhold();
     co_return absl::OkStatus();
   }
-  if (baseline_.instance.empty()) baseline_.instance = report->instance;
-  if (!baseline_.fingerprint.has_value()) baseline_.fingerprint = report->fingerprint;
   if (gate_.held()) spdlog::info("the engine answers again as expected");
   gate_.Unhold();
   co_return absl::OkStatus();
-}
-
-awaitable<absl::Status> Reconciler::VerifyLoaded(const VersionRef& label) {
-  std::optional<Checksum128> expected;
-  if (engine_reports_fingerprints_ && label.run_id == run_id_) {
-    auto fingerprint = co_await ExpectedFingerprint(label.version);
-    if (fingerprint.ok()) expected = *fingerprint;
-  }
-  absl::StatusOr<EngineReport> report = co_await engine_.Report(options_.report_timeout);
-  if (!report.ok()) {
-    co_return Annotate(report.status(), absl::StrCat("reading what the engine holds after loading ",
-                                                     label.ToString()));
-  }
-  const std::string disagreement = Disagreement(*report, label, expected);
-  if (!disagreement.empty()) {
-    co_return absl::InternalError(
-        absl::StrCat("after loading ", label.ToString(), ", ", disagreement));
-  }
-  baseline_ = Baseline{report->instance, report->fingerprint};
-  if (report->fingerprint.has_value()) engine_reports_fingerprints_ = true;
-  co_return absl::OkStatus();
-}
-
-absl::StatusOr<TensorChecksums> Reconciler::BootChecksums() {
-  if (!boot_checksums_.has_value()) {
-    auto hashed = AnchorChecksums(options_.base_checkpoint_dir);
-    if (!hashed.ok()) {
-      return Annotate(hashed.status(), "hashing the boot checkpoint for its fingerprint");
-    }
-    boot_checksums_ = *std::move(hashed);
-  }
-  return *boot_checksums_;
-}
-
-awaitable<absl::StatusOr<Checksum128>> Reconciler::ExpectedFingerprint(int64_t version) {
-  if (auto it = expected_fingerprints_.find(version); it != expected_fingerprints_.end()) {
-    co_return it->second;
-  }
-  const int64_t boot = options_.boot_version;
-  auto computed = co_await RunBlocking(pool_, [&, this]() -> absl::StatusOr<Checksum128> {
-    if (version == boot) {
-      auto checksums = BootChecksums();
-      if (!checksums.ok()) return checksums.status();
-      return WeightsFingerprint(*checksums);
-    }
-    auto chain = MaterializeChain(store_, version, boot);
-    if (!chain.ok()) return chain.status();
-    TensorChecksums checksums;
-    size_t first = 0;
-    if (!chain->empty() && chain->front().manifest.kind == VersionKind::kFull) {
-      auto anchor = AnchorChecksums(chain->front().dir);
-      if (!anchor.ok()) return anchor.status();
-      checksums = *std::move(anchor);
-      first = 1;
-    } else {
-      auto anchor = BootChecksums();
-      if (!anchor.ok()) return anchor.status();
-      checksums = *std::move(anchor);
-    }
-    for (size_t i = first; i < chain->size(); ++i) {
-      if (absl::Status s = FoldDeltaChecksums((*chain)[i].dir, checksums); !s.ok()) return s;
-    }
-    return WeightsFingerprint(checksums);
-  });
-  if (computed.ok()) expected_fingerprints_[version] = *computed;
-  co_return computed;
 }
 
 // The loops ------------------------------------------------------------------
@@ -402,62 +309,6 @@ awaitable<void> Reconciler::Loop() {
 
 // Establishing what the engine holds ------------------------------------------
 
-awaitable<std::string> Reconciler::Verify(const EngineReport& report,
-                                          const std::optional<VersionRef>& head,
-                                          VersionRef* verified) {
-  if (report.label.empty()) co_return "the engine reports no weight label";
-  if (!report.held.has_value()) {
-    co_return absl::StrCat("the engine's weight label \"", report.label, "\" names no version");
-  }
-  const int64_t boot = options_.boot_version;
-  VersionRef claim = *report.held;
-  if (claim.run_id.empty()) claim.run_id = run_id_;
-  const bool head_run = head.has_value() && head->run_id == claim.run_id;
-  if (claim.run_id != run_id_ && !head_run) {
-    co_return absl::StrCat("the engine holds ", claim.ToString(), ", a version of run ",
-                           claim.run_id, ", which this replica does not follow");
-  }
-  if (claim.version < boot) {
-    co_return absl::StrCat("the engine holds ", claim.ToString(), ", older than the boot version ",
-                           boot);
-  }
-  if (claim.version != boot) {
-    if (!head_run) {
-      co_return absl::StrCat("the engine holds ", claim.ToString(),
-                             ", but the store's pointer names no version of that run");
-    }
-    if (claim.version > head->version) {
-      co_return absl::StrCat("the engine holds ", claim.ToString(),
-                             ", ahead of the store's pointer ", head->ToString(),
-                             ": weights that were never published");
-    }
-    auto manifest = co_await RunBlocking(pool_, [&] { return store_.ReadManifest(claim.version); });
-    if (!manifest.ok()) {
-      co_return absl::StrCat("the engine holds ", claim.ToString(),
-                             ", which the store cannot show (", manifest.status().message(), ")");
-    }
-  }
-  if (claim.run_id != run_id_) {
-    run_id_ = claim.run_id;
-    expected_fingerprints_.clear();
-  }
-  if (report.fingerprint.has_value()) {
-    engine_reports_fingerprints_ = true;
-    auto expected = co_await ExpectedFingerprint(claim.version);
-    if (!expected.ok()) {
-      co_return absl::StrCat("the fingerprint of ", claim.ToString(), " cannot be computed (",
-                             expected.status().message(), ")");
-    }
-    if (*expected != *report.fingerprint) {
-      co_return absl::StrCat("the engine labels its weights ", claim.ToString(),
-                             ", but their fingerprint is ", report.fingerprint->ToHex(), ", not ",
-                             expected->ToHex());
-    }
-  }
-  *verified = claim;
-  co_return "";
-}
-
 awaitable<Reconciler::PassResult> Reconciler::Establish() {
   ++counters_.passes;
   SetState(SyncState::kFetching, "verifying what the engine holds");
@@ -476,10 +327,9 @@ awaitable<Reconciler::PassResult> Reconciler::Establish() {
     SetError(head.status());
     co_return PassResult::kError;
   }
-  VersionRef verified;
-  const std::string unverified = co_await Verify(*report, *head, &verified);
+  const EngineVerdict verdict = co_await verifier_.Verify(*report, *head, run_id_);
   if (!terminal_.ok() || stopping_) co_return PassResult::kTerminal;
-  if (!unverified.empty() && !head->has_value() && report->held.has_value() &&
+  if (!verdict.ok() && !head->has_value() && report->held.has_value() &&
       (report->held->run_id.empty() || report->held->run_id == run_id_) &&
       report->held->version > options_.boot_version) {
     // A pointer never goes back to unset: an unset one beside an engine
@@ -490,12 +340,14 @@ awaitable<Reconciler::PassResult> Reconciler::Establish() {
     SetError(PointerVanished(report->held->ToString()));
     co_return PassResult::kError;
   }
-  if (unverified.empty()) {
+  if (verdict.ok()) {
+    const VersionRef& verified = verdict.verified;
+    run_id_ = verified.run_id;
     // The label as the engine gave it: responses carry it.
     VersionRef label = *report->held;
     if (label.run_id.empty()) label.run_id = verified.run_id;
     gate_.Trust(verified, label);
-    baseline_ = Baseline{report->instance, report->fingerprint};
+    verifier_.Vouch(*report);
     weights_are_boot_ = verified.version == options_.boot_version;
     ++counters_.verified;
     spdlog::info("verified the engine's weights: {}{}", verified.ToString(),
@@ -503,15 +355,12 @@ awaitable<Reconciler::PassResult> Reconciler::Establish() {
     co_return PassResult::kMore;
   }
   spdlog::warn("cannot vouch for the engine's weights ({}): loading a complete version",
-               unverified);
+               verdict.unverified);
   // The pointer's version, staged from its anchor; else the boot
   // checkpoint of the run the pointer names (or of the boot run).
   const std::optional<VersionRef> pointer = *head;
   if (pointer.has_value() && pointer->version != options_.boot_version) {
-    if (pointer->run_id != run_id_) {
-      run_id_ = pointer->run_id;
-      expected_fingerprints_.clear();
-    }
+    run_id_ = pointer->run_id;
     co_return co_await LoadVersion(*pointer);
   }
   const std::string run = pointer.has_value() ? pointer->run_id : run_id_;
@@ -610,7 +459,7 @@ awaitable<absl::StatusOr<std::optional<VersionRef>>> Reconciler::ReadHead() {
 awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRef& target,
                                                                  int64_t from, bool allow_empty) {
   const int64_t boot = options_.boot_version;
-  const bool fingerprints = engine_reports_fingerprints_;
+  const bool fingerprints = verifier_.reports_fingerprints();
   auto plan = co_await RunBlocking(pool_, [&, this]() -> absl::StatusOr<Plan> {
     Plan plan;
     plan.empty = allow_empty;
@@ -657,7 +506,7 @@ awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRe
   // What the engine must report after loading the target, computed while
   // it still serves rather than in the paused commit.
   if (plan.ok() && !plan->empty && fingerprints && target.run_id == run_id_) {
-    auto expected = co_await ExpectedFingerprint(target.version);
+    auto expected = co_await verifier_.ExpectedFingerprint(run_id_, target.version);
     if (!expected.ok()) {
       co_return Annotate(expected.status(),
                          absl::StrCat("computing the fingerprint of ", target.ToString()));
@@ -829,10 +678,7 @@ awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool fo
                                              : std::string("loading the boot checkpoint"));
   auto window = co_await gate_.Close(DrainScope::kAll);
   if (!window.ok()) co_return window.status();
-  if (run_id != run_id_) {
-    run_id_ = run_id;
-    expected_fingerprints_.clear();
-  }
+  run_id_ = run_id;
   if (force_reset || !weights_are_boot_) {
     if (absl::Status paused = co_await engine_.Pause(); !paused.ok()) {
       (void)co_await engine_.Resume();
@@ -842,7 +688,7 @@ awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool fo
     ++loads_;
     window->Expect(boot);
     absl::Status reset = co_await engine_.ResetToBoot(boot);
-    if (reset.ok()) reset = co_await VerifyLoaded(boot);
+    if (reset.ok()) reset = co_await verifier_.CheckLoaded(boot, run_id_);
     ++loads_;
     loading_ = false;
     if (!reset.ok()) {
@@ -893,14 +739,14 @@ awaitable<absl::Status> Reconciler::Commit(const VersionRef& target) {
   window->Expect(target);
   absl::Status committed = co_await engine_.Commit(target, commit_options);
   if (committed.ok()) {
-    committed = co_await VerifyLoaded(target);
+    committed = co_await verifier_.CheckLoaded(target, run_id_);
   } else {
     // An error answer does not mean that nothing changed (SGLang answers
     // 400 when it loaded the weights and set the version but could not
     // flush its cache): what the engine holds decides. Holding the target,
     // verified, the commit stands; anything else is as uncertain as before.
     const absl::Status answer = committed;
-    const absl::Status holds = co_await VerifyLoaded(target);
+    const absl::Status holds = co_await verifier_.CheckLoaded(target, run_id_);
     if (holds.ok()) {
       spdlog::warn(
           "the engine answered the commit of {} with an error ({}), but it holds {}: "

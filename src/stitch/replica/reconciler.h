@@ -4,7 +4,8 @@
 //
 // At start it initializes the engine's update destination (a failure is
 // terminal). Then, and again whenever trust in the engine is withdrawn, it
-// establishes what the engine holds before anything versioned is admitted:
+// establishes what the engine holds before anything versioned is admitted
+// (whether a report can be vouched for is engine_verifier.h's to say):
 //   - it asks the engine what it holds (Engine::Report): a label naming a
 //     version of the run it follows (the boot version, or a published
 //     version at or below the pointer), and, when the engine reports one, a
@@ -85,10 +86,10 @@
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
-#include "stitch/format/weights_checksums.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/replica/admission_gate.h"
+#include "stitch/replica/engine_verifier.h"
 #include "stitch/store/store.h"
 
 namespace stitch {
@@ -209,11 +210,6 @@ class Reconciler {
  private:
   enum class PassResult { kCaughtUp, kMore, kError, kTerminal };
   struct Plan;
-  // What the engine reported after the last verification or load.
-  struct Baseline {
-    std::string instance;
-    std::optional<Checksum128> fingerprint;
-  };
 
   boost::asio::awaitable<void> Loop();
   boost::asio::awaitable<void> Backstop();
@@ -230,21 +226,6 @@ class Reconciler {
   boost::asio::awaitable<absl::Status> MoveWithoutEngine(const VersionRef& target);
   // Stages and commits `target` from its anchor (the weights are unknown).
   boost::asio::awaitable<PassResult> LoadVersion(const VersionRef& target);
-  // Whether the engine's report names `label` (and the expected
-  // fingerprint, when both are known): "" when it does, else why not.
-  std::string Disagreement(const EngineReport& report, const VersionRef& label,
-                           const std::optional<Checksum128>& expected) const;
-  // Reads the engine's report right after loading `label`: OK and the new
-  // baseline, or the error that makes the replica terminal.
-  boost::asio::awaitable<absl::Status> VerifyLoaded(const VersionRef& label);
-  // Why the engine's claim cannot be verified ("" when it is verified).
-  boost::asio::awaitable<std::string> Verify(const EngineReport& report,
-                                             const std::optional<VersionRef>& head,
-                                             VersionRef* verified);
-  // The fingerprint of `version` of the run being followed, from the
-  // store's checksums (cached). Runs on the worker pool.
-  boost::asio::awaitable<absl::StatusOr<Checksum128>> ExpectedFingerprint(int64_t version);
-  absl::StatusOr<TensorChecksums> BootChecksums();
   DrainScope CommitScope() const {
     return options_.commit_mode == CommitMode::kQuiesce ? DrainScope::kAll : DrainScope::kExactPins;
   }
@@ -264,6 +245,7 @@ class Reconciler {
   AdmissionGate& gate_;
   WorkerPool& pool_;
   Clock& clock_;
+  EngineVerifier verifier_;
 
   std::function<void(const absl::Status&)> on_terminal_;
   std::function<void()> on_distrust_;
@@ -294,11 +276,8 @@ class Reconciler {
   // load so that a probe overlapping one is ignored.
   bool loading_ = false;
   uint64_t loads_ = 0;
-  Baseline baseline_;
-  bool engine_reports_fingerprints_ = false;
   // The last attempt to establish the weights found the engine silent.
   bool waiting_for_engine_ = false;
-  std::map<int64_t, Checksum128> expected_fingerprints_;  // of run_id_
   // The version the pointer names when its files were refused as malformed
   // (InvalidArgument, DataLoss: a published version never changes), why,
   // and when: later passes say so again without reading it, until the
@@ -313,7 +292,6 @@ class Reconciler {
   void RefuseVersion(const VersionRef& version, const absl::Status& why);
   bool engine_answered_ = false;
   static constexpr Clock::Duration kRefusedVersionRecheck = std::chrono::minutes(10);
-  std::optional<TensorChecksums> boot_checksums_;  // worker pool only
   SyncState sync_state_ = SyncState::kIdle;
   std::string reason_ = "initializing: preparing the engine's update destination";
   // The error of the last pass that failed, until a pass catches up.
