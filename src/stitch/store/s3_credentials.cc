@@ -25,7 +25,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3_sigv4.h"
 #include "stitch/store/s3_xml.h"
 
 namespace stitch {

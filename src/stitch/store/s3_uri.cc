@@ -1,10 +1,7 @@
 #include "stitch/store/s3_uri.h"
 
 #include <algorithm>
-#include <boost/url/encode.hpp>
-#include <boost/url/grammar/lut_chars.hpp>
 #include <boost/url/parse.hpp>
-#include <boost/url/rfc/unreserved_chars.hpp>
 #include <boost/url/url_view.hpp>
 #include <cstdlib>
 #include <set>
@@ -16,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/errors.h"
+#include "stitch/store/s3_sigv4.h"
 
 namespace stitch {
 namespace {
@@ -79,13 +77,6 @@ S3Environment S3Environment::FromProcess() {
   env.endpoint_url = GetEnv("AWS_ENDPOINT_URL_S3");
   if (env.endpoint_url.empty()) env.endpoint_url = GetEnv("AWS_ENDPOINT_URL");
   return env;
-}
-
-std::string SigV4Encode(std::string_view text, SlashEncoding slash) {
-  static constexpr urls::grammar::lut_chars kWithSlash = urls::unreserved_chars + '/';
-  urls::string_view in(text.data(), text.size());
-  return slash == SlashEncoding::kKeep ? urls::encode(in, kWithSlash)
-                                       : urls::encode(in, urls::unreserved_chars);
 }
 
 std::string S3Location::Display() const {
