@@ -93,6 +93,32 @@ void SetMethod(CURL* c, const std::string& method, uint64_t size) {
   }
 }
 
+struct SlistDeleter {
+  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+};
+using HeaderList = std::unique_ptr<curl_slist, SlistDeleter>;
+
+// The headers `request` is sent with, all signed by curl: its own, the
+// payload hash, and the session token of temporary credentials. None may be
+// empty ("Name:" would remove a header curl adds, and curl 7.88 signs the
+// removal too), so empty values are left out.
+HeaderList RequestHeaders(const S3Request& request, const std::string& payload_sha256,
+                          const AwsCredentials* credentials) {
+  HeaderList headers;
+  auto add = [&](std::string_view name, std::string_view value) {
+    std::string line = absl::StrCat(AbslView(name), ": ", AbslView(value));
+    headers.reset(curl_slist_append(headers.release(), line.c_str()));
+  };
+  for (const auto& [name, value] : request.headers) {
+    if (!value.empty()) add(name, value);
+  }
+  add("x-amz-content-sha256", payload_sha256);
+  if (credentials != nullptr && !credentials->session_token.empty()) {
+    add("x-amz-security-token", credentials->session_token);
+  }
+  return headers;
+}
+
 struct Transfer {
   CURL* curl = nullptr;
   S3Response* response = nullptr;
@@ -385,23 +411,7 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
     curl_easy_setopt(c, CURLOPT_READDATA, &t);
   }
 
-  struct SlistDeleter {
-    void operator()(curl_slist* l) const { curl_slist_free_all(l); }
-  };
-  std::unique_ptr<curl_slist, SlistDeleter> headers;
-  // Every header here is signed by curl; none may be empty ("Name:" would
-  // remove a header curl adds, and curl 7.88 signs the removal too).
-  auto add = [&](std::string_view name, std::string_view value) {
-    std::string line = absl::StrCat(AbslView(name), ": ", AbslView(value));
-    headers.reset(curl_slist_append(headers.release(), line.c_str()));
-  };
-  for (const auto& [name, value] : request.headers) {
-    if (!value.empty()) add(name, value);
-  }
-  add("x-amz-content-sha256", payload_sha256);
-  if (credentials != nullptr && !credentials->session_token.empty()) {
-    add("x-amz-security-token", credentials->session_token);
-  }
+  HeaderList headers = RequestHeaders(request, payload_sha256, credentials);
   // No "Expect:" override to skip "100 Continue": curl 7.88 would sign the
   // removed header, and S3 answers 100 Continue anyway.
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
