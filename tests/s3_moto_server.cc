@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "stitch/store/s3_sigv4.h"
 #include "stitch/store/s3_uri.h"
 
 namespace stitch::testing {

@@ -64,6 +64,61 @@ long Seconds(absl::Duration d) {
 }
 
 // The state one attempt's callbacks share.
+// What to check when the service could not be reached, for messages.
+std::string_view UnreachableHint(CURLcode code) {
+  switch (code) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+      return "; check the endpoint (?endpoint= or AWS_ENDPOINT_URL) and that the service is up";
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+      return "; the service's TLS certificate is not trusted by this machine";
+    default:
+      return "; check the network and the service";
+  }
+}
+
+// Sets up `c` for `method`, with a body of `size` bytes for PUT and POST.
+void SetMethod(CURL* c, const std::string& method, uint64_t size) {
+  if (method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (method == "PUT") {
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(size));
+  } else if (method == "POST") {
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(size));
+  } else if (method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
+  }
+}
+
+struct SlistDeleter {
+  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+};
+using HeaderList = std::unique_ptr<curl_slist, SlistDeleter>;
+
+// The headers `request` is sent with, all signed by curl: its own, the
+// payload hash, and the session token of temporary credentials. None may be
+// empty ("Name:" would remove a header curl adds, and curl 7.88 signs the
+// removal too), so empty values are left out.
+HeaderList RequestHeaders(const S3Request& request, const std::string& payload_sha256,
+                          const AwsCredentials* credentials) {
+  HeaderList headers;
+  auto add = [&](std::string_view name, std::string_view value) {
+    std::string line = absl::StrCat(AbslView(name), ": ", AbslView(value));
+    headers.reset(curl_slist_append(headers.release(), line.c_str()));
+  };
+  for (const auto& [name, value] : request.headers) {
+    if (!value.empty()) add(name, value);
+  }
+  add("x-amz-content-sha256", payload_sha256);
+  if (credentials != nullptr && !credentials->session_token.empty()) {
+    add("x-amz-security-token", credentials->session_token);
+  }
+  return headers;
+}
+
 struct Transfer {
   CURL* curl = nullptr;
   S3Response* response = nullptr;
@@ -350,40 +405,13 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
   }
 
   const std::string& method = request.method;
-  bool has_body = method == "PUT" || method == "POST";
-  if (method == "HEAD") {
-    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-  } else if (method == "PUT") {
-    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(t.size));
-  } else if (method == "POST") {
-    curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(t.size));
-  } else if (method != "GET") {
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
-  }
-  if (has_body) {
+  SetMethod(c, method, t.size);
+  if (method == "PUT" || method == "POST") {
     curl_easy_setopt(c, CURLOPT_READFUNCTION, &OnRead);
     curl_easy_setopt(c, CURLOPT_READDATA, &t);
   }
 
-  struct SlistDeleter {
-    void operator()(curl_slist* l) const { curl_slist_free_all(l); }
-  };
-  std::unique_ptr<curl_slist, SlistDeleter> headers;
-  // Every header here is signed by curl; none may be empty ("Name:" would
-  // remove a header curl adds, and curl 7.88 signs the removal too).
-  auto add = [&](std::string_view name, std::string_view value) {
-    std::string line = absl::StrCat(AbslView(name), ": ", AbslView(value));
-    headers.reset(curl_slist_append(headers.release(), line.c_str()));
-  };
-  for (const auto& [name, value] : request.headers) {
-    if (!value.empty()) add(name, value);
-  }
-  add("x-amz-content-sha256", payload_sha256);
-  if (credentials != nullptr && !credentials->session_token.empty()) {
-    add("x-amz-security-token", credentials->session_token);
-  }
+  HeaderList headers = RequestHeaders(request, payload_sha256, credentials);
   // No "Expect:" override to skip "100 Continue": curl 7.88 would sign the
   // removed header, and S3 answers 100 Continue anyway.
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
@@ -399,22 +427,9 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
   std::string detail = h.error[0] != '\0' ? std::string(h.error) : curl_easy_strerror(code);
   std::string service = location_.endpoint.empty() ? absl::StrCat("AWS S3 (", location_.region, ")")
                                                    : location_.endpoint;
-  std::string hint;
-  switch (code) {
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_CONNECT:
-      hint = "; check the endpoint (?endpoint= or AWS_ENDPOINT_URL) and that the service is up";
-      break;
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CACERT_BADFILE:
-      hint = "; the service's TLS certificate is not trusted by this machine";
-      break;
-    default:
-      hint = "; check the network and the service";
-      break;
-  }
   return absl::UnavailableError(absl::StrCat(method, " ", location_.DisplayKey(request.key),
-                                             ": cannot reach ", service, ": ", detail, hint));
+                                             ": cannot reach ", service, ": ", detail,
+                                             AbslView(UnreachableHint(code))));
 }
 
 absl::Status S3Client::NoCredentialsError() const {

@@ -37,6 +37,9 @@
 // each part of a multipart upload), and S3 checks a signature only when a
 // request starts, so a long transfer never fails because the credentials
 // rotated while it ran.
+//
+// Each source on its own, and the chain over any list of them:
+// s3_credential_sources.h.
 #pragma once
 
 #include <functional>

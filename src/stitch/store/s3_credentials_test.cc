@@ -2,7 +2,8 @@
 // temporary directory and scripted loopback credential services (container
 // endpoint, instance metadata), with a manual clock. The same sources
 // against a real STS and instance metadata service (moto), signing real S3
-// requests: tests/s3_credentials_test.cc.
+// requests: tests/s3_credentials_test.cc. Each source on its own:
+// s3_credential_sources_test.cc.
 #include "stitch/store/s3_credentials.h"
 
 #include <gmock/gmock.h>

@@ -52,6 +52,8 @@
 
 namespace stitch {
 
+struct S3CacheRecord;  // s3_version_cache.h
+
 struct S3StoreOptions {
   S3ClientOptions client;
   // Transfers (uploads, parts, downloads, HEADs) in flight at once.
@@ -158,6 +160,8 @@ class S3Store final : public Store {
 
  private:
   struct Upload;
+  // Where multi-host receipts live inside a version directory.
+  static constexpr std::string_view kReceiptsDir = ".receipts";
   S3Store(S3Location location, std::string run_id, std::filesystem::path cache_dir,
           std::unique_ptr<S3Client> client, S3StoreOptions options);
 
@@ -173,15 +177,38 @@ class S3Store final : public Store {
   // Uploads whatever of `uploads` the store lacks (refusing different bytes
   // under the same name), then verifies all of them.
   [[nodiscard]] absl::Status UploadAll(std::vector<Upload>& uploads);
+  // Fills in the size and SHA-256 of `upload`'s file, and the parts' for a
+  // multipart one, in one pass.
+  [[nodiscard]] absl::Status HashUpload(Upload& upload) const;
   [[nodiscard]] absl::Status PutSingle(Upload& upload);
   [[nodiscard]] absl::Status PutMultipart(Upload& upload);
-  // After an upload lost a race (412): OK when the object now holds our
-  // bytes, AlreadyExists otherwise.
+  // The ETag of each part of `upload`, uploaded in parallel.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> UploadParts(const Upload& upload,
+                                                                     const std::string& upload_id);
+  // Best effort.
+  void AbortMultipart(const Upload& upload, const std::string& upload_id);
+  // OK when the existing object holds `upload`'s bytes, AlreadyExists
+  // otherwise.
   [[nodiscard]] absl::Status CompareExisting(const Upload& upload, const S3ObjectInfo& info);
+  // After an upload lost a race (412): CompareExisting with what is there
+  // now; Aborted when nothing is.
+  [[nodiscard]] absl::Status CompareAfterLostRace(const Upload& upload);
   [[nodiscard]] absl::Status VerifyUploaded(const std::vector<Upload>& uploads);
   // GET of a small object with its SHA-256 checked against its metadata.
   [[nodiscard]] absl::StatusOr<std::string> GetVerified(const std::string& key,
                                                         std::string_view what);
+  // The index of `version`, verified; NotFound "not published" when absent.
+  [[nodiscard]] absl::StatusOr<std::string> ReadIndexText(int64_t version);
+  // Materialize's steps (the cache's own pieces: s3_version_cache.h). The
+  // names it fills the cache with: the payload, then the other files.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> FilesToMaterialize(
+      int64_t version, const VersionManifest& manifest);
+  // Downloads `missing` (indexes into `stored`) into `target`, recording
+  // each file that arrived in `record`, even when another failed.
+  [[nodiscard]] absl::Status DownloadMissing(int64_t version, const std::filesystem::path& target,
+                                             const std::vector<StoredFile>& stored,
+                                             const std::vector<size_t>& missing,
+                                             S3CacheRecord& record);
   [[nodiscard]] absl::Status RequireRunId(std::string_view action) const;
   [[nodiscard]] absl::Status ParallelFor(size_t n, const std::function<absl::Status(size_t)>& fn);
 

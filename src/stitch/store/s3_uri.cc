@@ -1,10 +1,7 @@
 #include "stitch/store/s3_uri.h"
 
 #include <algorithm>
-#include <boost/url/encode.hpp>
-#include <boost/url/grammar/lut_chars.hpp>
 #include <boost/url/parse.hpp>
-#include <boost/url/rfc/unreserved_chars.hpp>
 #include <boost/url/url_view.hpp>
 #include <cstdlib>
 #include <set>
@@ -16,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/errors.h"
+#include "stitch/store/s3_sigv4.h"
 
 namespace stitch {
 namespace {
@@ -67,6 +65,29 @@ absl::StatusOr<std::string> NormalizeEndpoint(std::string_view text) {
   return absl::StrCat(scheme, "://", std::string(u.encoded_host_and_port()), path);
 }
 
+// The key prefix a URI's (decoded) path names, without leading or trailing
+// '/'; InvalidArgument saying what is wrong with it (completing "store URI
+// ... ") otherwise.
+absl::StatusOr<std::string> PrefixOfPath(const std::string& path) {
+  std::vector<std::string> segments;
+  if (path.empty()) return std::string();
+  if (path.front() != '/') return absl::InvalidArgumentError("has a relative path");
+  std::string_view rest = std::string_view(path).substr(1);
+  if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  if (!rest.empty()) {
+    for (absl::string_view seg : absl::StrSplit(AbslView(rest), '/')) {
+      if (seg.empty() || seg == "." || seg == "..") {
+        return absl::InvalidArgumentError("has an empty, \".\" or \"..\" prefix segment");
+      }
+      if (absl::StrContains(seg, '\0') || absl::StrContains(seg, '\\')) {
+        return absl::InvalidArgumentError("has a NUL or backslash in its prefix");
+      }
+      segments.emplace_back(seg);
+    }
+  }
+  return absl::StrJoin(segments, "/");
+}
+
 }  // namespace
 
 S3Environment S3Environment::FromProcess() {
@@ -79,13 +100,6 @@ S3Environment S3Environment::FromProcess() {
   env.endpoint_url = GetEnv("AWS_ENDPOINT_URL_S3");
   if (env.endpoint_url.empty()) env.endpoint_url = GetEnv("AWS_ENDPOINT_URL");
   return env;
-}
-
-std::string SigV4Encode(std::string_view text, SlashEncoding slash) {
-  static constexpr urls::grammar::lut_chars kWithSlash = urls::unreserved_chars + '/';
-  urls::string_view in(text.data(), text.size());
-  return slash == SlashEncoding::kKeep ? urls::encode(in, kWithSlash)
-                                       : urls::encode(in, urls::unreserved_chars);
 }
 
 std::string S3Location::Display() const {
@@ -148,25 +162,9 @@ absl::StatusOr<S3Location> ParseS3Uri(std::string_view uri, const S3Environment&
                             "\", which is not a valid S3 bucket name (3-63 characters of a-z, "
                             "0-9, '.' and '-')"));
   }
-  std::string path = u.path();
-  std::vector<std::string> segments;
-  if (!path.empty()) {
-    if (path.front() != '/') return bad("has a relative path");
-    std::string_view rest = std::string_view(path).substr(1);
-    if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
-    if (!rest.empty()) {
-      for (absl::string_view seg : absl::StrSplit(AbslView(rest), '/')) {
-        if (seg.empty() || seg == "." || seg == "..") {
-          return bad("has an empty, \".\" or \"..\" prefix segment");
-        }
-        if (absl::StrContains(seg, '\0') || absl::StrContains(seg, '\\')) {
-          return bad("has a NUL or backslash in its prefix");
-        }
-        segments.emplace_back(seg);
-      }
-    }
-  }
-  loc.prefix = absl::StrJoin(segments, "/");
+  auto prefix = PrefixOfPath(u.path());
+  if (!prefix.ok()) return bad(prefix.status().message());
+  loc.prefix = *std::move(prefix);
 
   std::string endpoint_param;
   std::string region_param;

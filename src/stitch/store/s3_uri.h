@@ -82,10 +82,4 @@ struct S3Location {
 // plain token, an `anonymous` other than "true" or "false".
 [[nodiscard]] absl::StatusOr<S3Location> ParseS3Uri(std::string_view uri, const S3Environment& env);
 
-// Percent-encodes `text` as SigV4 requires for URI paths and query strings:
-// everything but RFC 3986 unreserved characters (and '/' with
-// SlashEncoding::kKeep) becomes %XX with uppercase hex.
-enum class SlashEncoding { kKeep, kEncode };
-std::string SigV4Encode(std::string_view text, SlashEncoding slash);
-
 }  // namespace stitch

@@ -135,12 +135,5 @@ TEST(S3UriTest, RequestUrlsAreVirtualHostedOnAws) {
             "https://s3.us-east-1.amazonaws.com/my.bucket/p/latest");
 }
 
-TEST(S3UriTest, SigV4EncodingKeepsOnlyUnreservedCharacters) {
-  EXPECT_EQ(SigV4Encode("AZaz09-._~", SlashEncoding::kEncode), "AZaz09-._~");
-  EXPECT_EQ(SigV4Encode("a/b c", SlashEncoding::kKeep), "a/b%20c");
-  EXPECT_EQ(SigV4Encode("a/b c", SlashEncoding::kEncode), "a%2Fb%20c");
-  EXPECT_EQ(SigV4Encode("\xc3\xa9", SlashEncoding::kEncode), "%C3%A9");
-}
-
 }  // namespace
 }  // namespace stitch

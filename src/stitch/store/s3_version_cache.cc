@@ -1,0 +1,214 @@
+#include "stitch/store/s3_version_cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <cerrno>
+#include <span>
+#include <system_error>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "stitch/core/errors.h"
+#include "stitch/store/s3_sha256.h"
+#include "stitch/store/version_dir.h"
+
+namespace stitch {
+namespace fs = std::filesystem;
+namespace json = boost::json;
+namespace {
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// A download into a temporary file, hashed as it arrives.
+class FileSink final : public S3BodySink {
+ public:
+  explicit FileSink(fs::path path) : path_(std::move(path)) {}
+
+  absl::Status Restart() override {
+    fd_ = UniqueFd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd_) return ErrnoStatus(errno, "create", path_);
+    hasher_ = Sha256();
+    size_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Write(std::string_view bytes) override {
+    if (absl::Status s = WriteAll(fd_.get(), std::as_bytes(std::span(bytes)), path_); !s.ok()) {
+      return s;
+    }
+    hasher_.Update(bytes);
+    size_ += bytes.size();
+    return absl::OkStatus();
+  }
+
+  // fsyncs and closes the file; returns what was written.
+  absl::StatusOr<FileDigest> Finish() {
+    if (::fsync(fd_.get()) != 0) return ErrnoStatus(errno, "fsync", path_);
+    fd_ = UniqueFd();
+    return FileDigest{size_, hasher_.FinishHex()};
+  }
+
+ private:
+  const fs::path path_;
+  UniqueFd fd_;
+  Sha256 hasher_;
+  uint64_t size_ = 0;
+};
+
+// Receives `key` into `temp` and checks what arrived; the caller removes
+// `temp` on failure.
+absl::Status ReceiveVerified(S3Client& client, const S3Location& location, const std::string& key,
+                             const StoredFile& want, const fs::path& temp) {
+  FileSink sink(temp);
+  S3Request r;
+  r.key = key;
+  r.sink = &sink;
+  auto response = client.Send(r);
+  if (!response.ok()) return response.status();
+  if (!response->ok()) return client.ErrorFor(*response, "download", key);
+  auto written = sink.Finish();
+  if (!written.ok()) return written.status();
+  auto recorded = RecordedSha256(*response);
+  if (!recorded.ok()) return Annotate(recorded.status(), location.DisplayKey(key));
+  if (written->sha256 != *recorded || written->sha256 != want.sha256 ||
+      written->size != want.size) {
+    return WithKind(
+        absl::DataLossError(absl::StrCat(
+            location.DisplayKey(key), ": downloaded ", written->size, " bytes hashing to ",
+            written->sha256, " but the object records ", want.size, " bytes with sha256 ",
+            want.sha256, "; the object changed after it was published")),
+        ErrorKind::kChecksumMismatch);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+S3VersionCachePaths S3VersionCachePaths::For(const fs::path& cache_dir, const S3Location& location,
+                                             int64_t version) {
+  S3VersionCachePaths paths;
+  paths.parent = cache_dir / "s3" / location.bucket;
+  for (absl::string_view seg : absl::StrSplit(location.prefix, '/', absl::SkipEmpty())) {
+    paths.parent /= std::string(seg);
+  }
+  const std::string dir_name = VersionDirName(version);
+  paths.target = paths.parent / dir_name;
+  paths.lock = paths.parent / absl::StrCat(".", dir_name, ".lock");
+  paths.record = paths.parent / absl::StrCat(".", dir_name, ".files.json");
+  return paths;
+}
+
+absl::Status CheckCacheFileNames(const fs::path& target, const std::vector<std::string>& files,
+                                 std::string_view where) {
+  // Whatever the index (already validated when parsed) says.
+  for (const std::string& name : files) {
+    fs::path rel = (target / name).lexically_normal().lexically_relative(target);
+    if (absl::Status s = ValidatePayloadFileName(name);
+        !s.ok() || rel.empty() || *rel.begin() == "..") {
+      return absl::DataLossError(
+          absl::StrCat(AbslView(where), ": version ", target.filename().string(), " names file \"",
+                       absl::CEscape(name), "\", which would escape the cache directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> LockCacheVersion(const S3VersionCachePaths& paths) {
+  std::error_code ec;
+  fs::create_directories(paths.target, ec);
+  if (ec) return ErrnoStatus(ec.value(), "create", paths.target);
+  UniqueFd fd(::open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd) return ErrnoStatus(errno, "open", paths.lock);
+  while (::flock(fd.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) return ErrnoStatus(errno, "lock", paths.lock);
+  }
+  return fd;
+}
+
+S3CacheRecord ReadS3CacheRecord(const fs::path& path) {
+  S3CacheRecord out;
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return out;
+  json::error_code ec;
+  json::value v = json::parse(*text, ec);
+  if (ec || !v.is_object()) return out;
+  const json::object* files = v.as_object().if_contains("files") != nullptr
+                                  ? v.as_object().at("files").if_object()
+                                  : nullptr;
+  if (files == nullptr) return out;
+  for (const auto& [name, entry] : *files) {
+    const json::object* e = entry.if_object();
+    if (e == nullptr) continue;
+    const json::value* size = e->if_contains("size");
+    const json::value* sha = e->if_contains("sha256");
+    const json::value* mtime = e->if_contains("mtime_ns");
+    if (size == nullptr || !size->is_int64() || sha == nullptr || !sha->is_string() ||
+        mtime == nullptr || !mtime->is_int64()) {
+      continue;
+    }
+    out.files[std::string(name)] = S3CachedFile{static_cast<uint64_t>(size->as_int64()),
+                                                std::string(sha->as_string()), mtime->as_int64()};
+  }
+  return out;
+}
+
+absl::Status WriteS3CacheRecord(const fs::path& path, const S3CacheRecord& record) {
+  json::object files;
+  for (const auto& [name, f] : record.files) {
+    files[name] = json::object{
+        {"size", static_cast<int64_t>(f.size)}, {"sha256", f.sha256}, {"mtime_ns", f.mtime_ns}};
+  }
+  return WriteFileAtomically(path, json::serialize(json::object{{"files", std::move(files)}}));
+}
+
+std::vector<size_t> StaleCacheFiles(const fs::path& target, const std::vector<StoredFile>& stored,
+                                    const S3CacheRecord& record) {
+  std::vector<size_t> stale;
+  for (size_t i = 0; i < stored.size(); ++i) {
+    const StoredFile& want = stored[i];
+    auto it = record.files.find(want.name);
+    struct stat st;
+    bool fresh = it != record.files.end() && it->second.size == want.size &&
+                 it->second.sha256 == want.sha256 &&
+                 ::stat((target / want.name).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+                 static_cast<uint64_t>(st.st_size) == want.size &&
+                 MtimeNs(st) == it->second.mtime_ns;
+    if (!fresh) stale.push_back(i);
+  }
+  return stale;
+}
+
+absl::StatusOr<S3CachedFile> DownloadToCache(S3Client& client, const S3Location& location,
+                                             const std::string& key, const StoredFile& want,
+                                             const fs::path& final_path) {
+  std::error_code dir_ec;
+  fs::create_directories(final_path.parent_path(), dir_ec);
+  if (dir_ec) return ErrnoStatus(dir_ec.value(), "create", final_path.parent_path());
+  const fs::path temp = TempSiblingPath(final_path);
+  auto cleanup = [&] {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+  };
+  if (absl::Status s = ReceiveVerified(client, location, key, want, temp); !s.ok()) {
+    cleanup();
+    return s;
+  }
+  if (::rename(temp.c_str(), final_path.c_str()) != 0) {
+    int e = errno;
+    cleanup();
+    return ErrnoStatus(e, "rename", final_path);
+  }
+  if (absl::Status s = FsyncPath(final_path.parent_path()); !s.ok()) return s;
+  struct stat st;
+  if (::stat(final_path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", final_path);
+  return S3CachedFile{want.size, want.sha256, MtimeNs(st)};
+}
+
+}  // namespace stitch
