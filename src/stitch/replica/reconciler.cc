@@ -34,12 +34,6 @@ struct Reconciler::Task {
   bool running = false;
 };
 
-struct Reconciler::Plan {
-  // Every version after the applied one, up to the target, is an empty delta.
-  bool empty = false;
-  StagePlan stage;
-};
-
 Reconciler::Reconciler(boost::asio::any_io_executor loop, ReconcilerOptions options, Store& store,
                        Engine& engine, AdmissionGate& gate, WorkerPool& pool, Clock& clock)
     : loop_(std::move(loop)),
@@ -307,99 +301,6 @@ awaitable<void> Reconciler::Loop() {
   }
 }
 
-// Establishing what the engine holds ------------------------------------------
-
-awaitable<Reconciler::PassResult> Reconciler::Establish() {
-  ++counters_.passes;
-  SetState(SyncState::kFetching, "verifying what the engine holds");
-  absl::StatusOr<EngineReport> report = co_await engine_.Report(options_.report_timeout);
-  if (!report.ok()) {
-    EngineUnreachable(std::string(report.status().message()));
-    waiting_for_engine_ = true;
-    SetError(Annotate(report.status(), "verifying what the engine holds"));
-    co_return PassResult::kError;
-  }
-  waiting_for_engine_ = false;
-  engine_answered_ = true;
-  gate_.Unhold();
-  auto head = co_await ReadHead();
-  if (!head.ok()) {
-    SetError(head.status());
-    co_return PassResult::kError;
-  }
-  const EngineVerdict verdict = co_await verifier_.Verify(*report, *head, run_id_);
-  if (!terminal_.ok() || stopping_) co_return PassResult::kTerminal;
-  if (!verdict.ok() && !head->has_value() && report->held.has_value() &&
-      (report->held->run_id.empty() || report->held->run_id == run_id_) &&
-      report->held->version > options_.boot_version) {
-    // A pointer never goes back to unset: an unset one beside an engine
-    // that holds a later version of this run says the store is missing or
-    // unreadable (an unmounted volume, a renamed root), not that there is
-    // nothing to follow. Resetting the engine to its boot weights would
-    // throw a published version away; the replica waits for the store.
-    SetError(PointerVanished(report->held->ToString()));
-    co_return PassResult::kError;
-  }
-  if (verdict.ok()) {
-    const VersionRef& verified = verdict.verified;
-    run_id_ = verified.run_id;
-    // The label as the engine gave it: responses carry it.
-    VersionRef label = *report->held;
-    if (label.run_id.empty()) label.run_id = verified.run_id;
-    gate_.Trust(verified, label);
-    verifier_.Vouch(*report);
-    weights_are_boot_ = verified.version == options_.boot_version;
-    ++counters_.verified;
-    spdlog::info("verified the engine's weights: {}{}", verified.ToString(),
-                 report->fingerprint.has_value() ? " (label and fingerprint)" : " (label)");
-    co_return PassResult::kMore;
-  }
-  spdlog::warn("cannot vouch for the engine's weights ({}): loading a complete version",
-               verdict.unverified);
-  // The pointer's version, staged from its anchor; else the boot
-  // checkpoint of the run the pointer names (or of the boot run).
-  const std::optional<VersionRef> pointer = *head;
-  if (pointer.has_value() && pointer->version != options_.boot_version) {
-    run_id_ = pointer->run_id;
-    co_return co_await LoadVersion(*pointer);
-  }
-  const std::string run = pointer.has_value() ? pointer->run_id : run_id_;
-  absl::Status reset = co_await SwitchRun(run, /*force_reset=*/true);
-  if (!terminal_.ok()) co_return PassResult::kTerminal;
-  if (!reset.ok()) {
-    SetError(reset);
-    co_return PassResult::kError;
-  }
-  ++counters_.established;
-  co_return PassResult::kMore;
-}
-
-awaitable<Reconciler::PassResult> Reconciler::LoadVersion(const VersionRef& target) {
-  SetState(SyncState::kFetching, CatchingUp());
-  auto plan = co_await MakePlan(target, options_.boot_version, /*allow_empty=*/false);
-  if (!plan.ok()) {
-    SetError(plan.status());
-    co_return PassResult::kError;
-  }
-  SetState(SyncState::kStaging, CatchingUp());
-  absl::Status staged = co_await engine_.Stage(plan->stage);
-  if (!staged.ok()) {
-    SetError(Annotate(staged, absl::StrCat("staging ", target.ToString())));
-    co_return PassResult::kError;
-  }
-  ++counters_.stages;
-  absl::Status committed = co_await Commit(target);
-  if (!terminal_.ok()) co_return PassResult::kTerminal;
-  if (!committed.ok()) {
-    SetError(committed);
-    co_return PassResult::kError;
-  }
-  ++counters_.commits;
-  ++counters_.established;
-  spdlog::info("established the engine's weights by loading {}", target.ToString());
-  co_return PassResult::kMore;
-}
-
 void Reconciler::RefuseVersion(const VersionRef& version, const absl::Status& why) {
   refused_ = RefusedVersion{
       version,
@@ -524,22 +425,14 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     SetError(head.status());
     co_return PassResult::kError;
   }
-  auto caught_up = [this] {
-    SetState(SyncState::kIdle, "");
-    sync_error_.clear();
-    gate_.SetBehindReason("");
-    if (!ready_) spdlog::info("caught up with the store at {}: ready", applied().ToString());
-    ready_ = true;
-    return PassResult::kCaughtUp;
-  };
   if (!head->has_value()) {
-    if (applied().version == options_.boot_version) co_return caught_up();
+    if (applied().version == options_.boot_version) co_return CaughtUp();
     // Serving a later version, the replica keeps it (and its place in
     // rotation, as through any store error) until the pointer is back.
     SetError(PointerVanished(applied().ToString()));
     co_return PassResult::kError;
   }
-  VersionRef pointer = **head;
+  const VersionRef pointer = **head;
 
   if (PlanFollow(applied(), pointer) == FollowAction::kRunReset) {
     absl::Status switched = co_await SwitchRun(pointer.run_id, /*force_reset=*/false);
@@ -550,20 +443,29 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     }
   }
   if (!gate_.trusted()) co_return PassResult::kMore;
-  if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) co_return caught_up();
-
-  const int64_t applied_before = applied().version;
-  std::map<std::string, double> metrics;
-  metrics["initial_target_version"] = static_cast<double>(pointer.version);
-  metrics["applied_before_version"] = static_cast<double>(applied_before);
-
+  if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) co_return CaughtUp();
   if (refused_.has_value() && refused_->version == pointer &&
       clock_.Now() - refused_->at < kRefusedVersionRecheck) {
     SetError(refused_->why);
     co_return PassResult::kError;
   }
+  co_return co_await Advance(pointer, pass_start);
+}
+
+Reconciler::PassResult Reconciler::CaughtUp() {
+  SetState(SyncState::kIdle, "");
+  sync_error_.clear();
+  gate_.SetBehindReason("");
+  if (!ready_) spdlog::info("caught up with the store at {}: ready", applied().ToString());
+  ready_ = true;
+  return PassResult::kCaughtUp;
+}
+
+awaitable<Reconciler::PassResult> Reconciler::Advance(
+    const VersionRef& pointer, std::chrono::steady_clock::time_point pass_start) {
+  PassRecord record{applied().version, pointer, pointer, pass_start};
   SetState(SyncState::kFetching, CatchingUp());
-  auto plan = co_await MakePlan(pointer, applied_before, /*allow_empty=*/true);
+  auto plan = co_await MakePlan(pointer, record.applied_before, /*allow_empty=*/true);
   if (!plan.ok()) {
     const absl::Status& s = plan.status();
     if (absl::IsInvalidArgument(s) || absl::IsDataLoss(s)) {
@@ -582,14 +484,8 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
       co_return PassResult::kError;
     }
     ++counters_.skipped;
-    metrics["target_version"] = static_cast<double>(pointer.version);
-    metrics["versions"] = static_cast<double>(pointer.version - applied_before);
-    metrics["coalesced_versions"] = 0;
-    metrics["skipped_weight_update"] = 1;
-    metrics["stage_s"] = 0;
-    metrics["commit_s"] = 0;
-    metrics["pass_s"] = SecondsSince(pass_start);
-    last_pass_ = std::move(metrics);
+    record.skipped = true;
+    Record(std::move(record));
     co_return PassResult::kMore;
   }
 
@@ -608,170 +504,79 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     co_return PassResult::kError;
   }
   ++counters_.stages;
-  VersionRef target = pointer;
-
-  // Coalesce once: stage the newer head of the same run instead of
-  // committing a version that is already stale. Only once, so continuous
-  // publishing cannot starve commits.
-  auto newer = co_await ReadHead();
-  if (!newer.ok()) {
-    spdlog::warn("reconcile: re-reading the pointer after staging {} failed ({}); committing it",
-                 target.ToString(), std::string(newer.status().message()));
-    metrics["coalesce_failed"] = 1;
-  } else if (newer->has_value() && (*newer)->run_id == target.run_id &&
-             (*newer)->version > target.version) {
-    const VersionRef head_now = **newer;
-    SetState(SyncState::kFetching, CatchingUp());
-    auto newer_plan = co_await MakePlan(head_now, applied_before, /*allow_empty=*/true);
-    if (!newer_plan.ok()) {
-      SetError(newer_plan.status());
-      co_return PassResult::kError;
-    }
-    if (!newer_plan->empty) {
-      SetState(SyncState::kStaging, CatchingUp());
-      absl::Status restaged = co_await engine_.Stage(newer_plan->stage);
-      if (!restaged.ok()) {
-        SetError(Annotate(restaged, absl::StrCat("staging ", head_now.ToString())));
-        co_return PassResult::kError;
-      }
-      ++counters_.stages;
-      target = head_now;
-    }
-  }
-  const double stage_s = SecondsSince(stage_start);
-  counters_.stage_seconds_sum += stage_s;
-  counters_.last_stage_seconds = stage_s;
+  const bool staged_newest = co_await StageNewerHead(record);
+  if (!staged_newest) co_return PassResult::kError;
+  record.stage_s = SecondsSince(stage_start);
+  counters_.stage_seconds_sum += record.stage_s;
+  counters_.last_stage_seconds = record.stage_s;
   // Trust may have been withdrawn while staging: the weights are then
   // established from scratch, not from what the engine was thought to hold.
   if (!gate_.trusted()) co_return PassResult::kMore;
 
   const auto commit_start = std::chrono::steady_clock::now();
-  absl::Status committed = co_await Commit(target);
+  absl::Status committed = co_await Commit(record.target);
   if (!terminal_.ok()) co_return PassResult::kTerminal;
   if (!committed.ok()) {
     SetError(committed);
     co_return PassResult::kError;
   }
-  const double commit_s = SecondsSince(commit_start);
-  counters_.commit_seconds_sum += commit_s;
-  counters_.last_commit_seconds = commit_s;
+  record.commit_s = SecondsSince(commit_start);
+  counters_.commit_seconds_sum += record.commit_s;
+  counters_.last_commit_seconds = record.commit_s;
   ++counters_.commits;
-  metrics["target_version"] = static_cast<double>(target.version);
-  metrics["versions"] = static_cast<double>(target.version - applied_before);
-  metrics["coalesced_versions"] = static_cast<double>(target.version - pointer.version);
-  metrics["skipped_weight_update"] = 0;
-  metrics["stage_s"] = stage_s;
-  metrics["commit_s"] = commit_s;
-  metrics["pass_s"] = SecondsSince(pass_start);
-  last_pass_ = std::move(metrics);
-  spdlog::info("committed {} (stage {:.3f} s, commit {:.3f} s)", target.ToString(), stage_s,
-               commit_s);
+  spdlog::info("committed {} (stage {:.3f} s, commit {:.3f} s)", record.target.ToString(),
+               record.stage_s, record.commit_s);
+  Record(std::move(record));
   co_return PassResult::kMore;
 }
 
-// Changes under the gate --------------------------------------------------------
-
-awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool force_reset) {
-  const VersionRef boot{run_id, options_.boot_version};
-  const bool switching = gate_.trusted() && gate_.serving().run_id != run_id;
-  SetState(SyncState::kCommitting, switching ? absl::StrCat("switching to run ", run_id)
-                                             : std::string("loading the boot checkpoint"));
-  auto window = co_await gate_.Close(DrainScope::kAll);
-  if (!window.ok()) co_return window.status();
-  run_id_ = run_id;
-  if (force_reset || !weights_are_boot_) {
-    if (absl::Status paused = co_await engine_.Pause(); !paused.ok()) {
-      (void)co_await engine_.Resume();
-      co_return Annotate(paused, "pausing the engine to load the boot checkpoint");
-    }
-    loading_ = true;
-    ++loads_;
-    window->Expect(boot);
-    absl::Status reset = co_await engine_.ResetToBoot(boot);
-    if (reset.ok()) reset = co_await verifier_.CheckLoaded(boot, run_id_);
-    ++loads_;
-    loading_ = false;
-    if (!reset.ok()) {
-      Fail(Annotate(reset, absl::StrCat("resetting to the boot checkpoint for run ", run_id,
-                                        " failed; live engine state is uncertain")));
-      co_return terminal_;
-    }
-    weights_are_boot_ = true;
-    window->Flip(boot);
-    if (absl::Status resumed = co_await engine_.Resume(); !resumed.ok()) {
-      Fail(Annotate(resumed, "the engine did not resume after a reset to boot"));
-      co_return terminal_;
-    }
-  } else {
-    // The boot weights of every run are the same checkpoint: only the
-    // served version moves; the engine keeps its label.
-    window->Flip(boot, gate_.engine_label());
+// Coalesce once: stage the newer head of the same run instead of committing
+// a version that is already stale. Only once, so continuous publishing
+// cannot starve commits; a failed re-read commits what was staged.
+awaitable<bool> Reconciler::StageNewerHead(PassRecord& record) {
+  auto newer = co_await ReadHead();
+  if (!newer.ok()) {
+    spdlog::warn("reconcile: re-reading the pointer after staging {} failed ({}); committing it",
+                 record.target.ToString(), std::string(newer.status().message()));
+    record.coalesce_failed = true;
+    co_return true;
   }
-  if (switching) {
-    ++counters_.run_switches;
-    spdlog::info("switched to run {} at its boot version {}", run_id, boot.ToString());
+  if (!newer->has_value() || (*newer)->run_id != record.target.run_id ||
+      (*newer)->version <= record.target.version) {
+    co_return true;
   }
-  co_return absl::OkStatus();
+  const VersionRef head_now = **newer;
+  SetState(SyncState::kFetching, CatchingUp());
+  auto newer_plan = co_await MakePlan(head_now, record.applied_before, /*allow_empty=*/true);
+  if (!newer_plan.ok()) {
+    SetError(newer_plan.status());
+    co_return false;
+  }
+  if (newer_plan->empty) co_return true;
+  SetState(SyncState::kStaging, CatchingUp());
+  absl::Status restaged = co_await engine_.Stage(newer_plan->stage);
+  if (!restaged.ok()) {
+    SetError(Annotate(restaged, absl::StrCat("staging ", head_now.ToString())));
+    co_return false;
+  }
+  ++counters_.stages;
+  record.target = head_now;
+  co_return true;
 }
 
-awaitable<absl::Status> Reconciler::MoveWithoutEngine(const VersionRef& target) {
-  SetState(SyncState::kCommitting, CatchingUp());
-  auto window = co_await gate_.Close(CommitScope());
-  if (!window.ok()) co_return window.status();
-  if (!gate_.trusted()) co_return absl::OkStatus();
-  window->Flip(target, gate_.engine_label());
-  spdlog::info("{} changes no weights: serving it without an engine update", target.ToString());
-  co_return absl::OkStatus();
-}
-
-awaitable<absl::Status> Reconciler::Commit(const VersionRef& target) {
-  SetState(SyncState::kCommitting, CatchingUp());
-  auto window = co_await gate_.Close(CommitScope());
-  if (!window.ok()) co_return window.status();
-  if (absl::Status paused = co_await engine_.Pause(); !paused.ok()) {
-    (void)co_await engine_.Resume();
-    co_return Annotate(paused, "pausing the engine for a commit");
-  }
-  Engine::CommitOptions commit_options;
-  commit_options.flush_cache = options_.flush_cache_on_commit;
-  loading_ = true;
-  ++loads_;
-  window->Expect(target);
-  absl::Status committed = co_await engine_.Commit(target, commit_options);
-  if (committed.ok()) {
-    committed = co_await verifier_.CheckLoaded(target, run_id_);
-  } else {
-    // An error answer does not mean that nothing changed (SGLang answers
-    // 400 when it loaded the weights and set the version but could not
-    // flush its cache): what the engine holds decides. Holding the target,
-    // verified, the commit stands; anything else is as uncertain as before.
-    const absl::Status answer = committed;
-    const absl::Status holds = co_await verifier_.CheckLoaded(target, run_id_);
-    if (holds.ok()) {
-      spdlog::warn(
-          "the engine answered the commit of {} with an error ({}), but it holds {}: "
-          "the commit stands",
-          target.ToString(), std::string(answer.message()), target.ToString());
-      committed = absl::OkStatus();
-    }
-  }
-  ++loads_;
-  loading_ = false;
-  if (!committed.ok()) {
-    // The engine stays paused: the requests it holds must not continue on
-    // weights nobody can name. The process ends; clients retry elsewhere.
-    Fail(Annotate(committed, absl::StrCat("weight commit of ", target.ToString(),
-                                          " failed; live engine state is uncertain")));
-    co_return terminal_;
-  }
-  weights_are_boot_ = false;
-  window->Flip(target);
-  if (absl::Status resumed = co_await engine_.Resume(); !resumed.ok()) {
-    Fail(Annotate(resumed,
-                  absl::StrCat("the engine did not resume after committing ", target.ToString())));
-    co_return terminal_;
-  }
-  co_return absl::OkStatus();
+void Reconciler::Record(PassRecord record) {
+  std::map<std::string, double> m;
+  m["initial_target_version"] = static_cast<double>(record.pointer.version);
+  m["applied_before_version"] = static_cast<double>(record.applied_before);
+  if (record.coalesce_failed) m["coalesce_failed"] = 1;
+  m["target_version"] = static_cast<double>(record.target.version);
+  m["versions"] = static_cast<double>(record.target.version - record.applied_before);
+  m["coalesced_versions"] = static_cast<double>(record.target.version - record.pointer.version);
+  m["skipped_weight_update"] = record.skipped ? 1 : 0;
+  m["stage_s"] = record.stage_s;
+  m["commit_s"] = record.commit_s;
+  m["pass_s"] = SecondsSince(record.start);
+  last_pass_ = std::move(m);
 }
 
 }  // namespace stitch

@@ -209,11 +209,35 @@ class Reconciler {
 
  private:
   enum class PassResult { kCaughtUp, kMore, kError, kTerminal };
-  struct Plan;
+  // What a pass loads: every version after the applied one, up to the
+  // target, is an empty delta (`empty`), or the engine stages `stage`.
+  struct Plan {
+    bool empty = false;
+    StagePlan stage;
+  };
 
   boost::asio::awaitable<void> Loop();
   boost::asio::awaitable<void> Backstop();
   boost::asio::awaitable<PassResult> Pass();
+  // What one pass that moves the served version did, for last_pass().
+  struct PassRecord {
+    int64_t applied_before = 0;
+    VersionRef pointer;  // the pointer the pass started from
+    VersionRef target;   // what it served in the end (a newer head, coalesced)
+    std::chrono::steady_clock::time_point start;
+    bool skipped = false;  // only empty deltas: no engine update
+    bool coalesce_failed = false;
+    double stage_s = 0;
+    double commit_s = 0;
+  };
+  // The pass's steps: the replica is at the pointer; the pointer is ahead
+  // (plan, stage, coalesce, commit); staging the newer head of the same run
+  // once (false: the pass failed, the error is set); recording the pass.
+  PassResult CaughtUp();
+  boost::asio::awaitable<PassResult> Advance(const VersionRef& pointer,
+                                             std::chrono::steady_clock::time_point pass_start);
+  boost::asio::awaitable<bool> StageNewerHead(PassRecord& record);
+  void Record(PassRecord record);
   boost::asio::awaitable<PassResult> Establish();
   boost::asio::awaitable<absl::StatusOr<std::optional<VersionRef>>> ReadHead();
   // The chain from `from` (the applied version, or the boot version when
