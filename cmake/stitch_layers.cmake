@@ -18,7 +18,7 @@ set(STITCH_MAY_USE_replica api engine store net format core)
 # The gateway meets replicas only over HTTP: never the sidecar (replica) or
 # the engine port (engine).
 set(STITCH_MAY_USE_gateway api pool net core)
-set(STITCH_MAY_USE_publish pool store format core)
+set(STITCH_MAY_USE_publish pool api store format core)
 set(STITCH_MAY_USE_refengine api net format core)
 set(STITCH_MAY_USE_demo refengine publish pool api net store format core)
 # The fault-injection suite drives a fleet of processes as the demo does.

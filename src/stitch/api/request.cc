@@ -82,10 +82,19 @@ absl::StatusOr<std::string> WithConstraint(std::string_view body,
   JsonArena arena;
   boost::system::error_code ec;
   json::value doc = json::parse(body, ec, arena.storage());
-  if (ec || !doc.is_object()) {
-    return absl::InvalidArgumentError("the request body is not a JSON object");
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is not valid JSON: ", ec.message()));
   }
-  doc.get_object()[kConstraintField] = ConstraintToJsonValue(constraint);
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        "the request body is not a JSON object, so it cannot carry weight_version");
+  }
+  if (constraint.empty()) {
+    doc.get_object().erase(kConstraintField);
+  } else {
+    doc.get_object()[kConstraintField] = ConstraintToJsonValue(constraint);
+  }
   return json::serialize(doc);
 }
 

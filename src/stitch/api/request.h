@@ -39,8 +39,10 @@ struct VersionedAsk {
 [[nodiscard]] absl::StatusOr<VersionedAsk> ReadVersionedAsk(std::string_view body);
 
 // `body` (a JSON object) with its `weight_version` set to `constraint`'s
-// JSON form: how a gateway passes on a default constraint it applied.
-// InvalidArgument when `body` is not a JSON object.
+// JSON form, replacing any previous value (an empty constraint removes the
+// field); other fields are kept. How a gateway passes on a default
+// constraint it applied, and how a trainer constrains its requests.
+// InvalidArgument when `body` is not valid JSON or not a JSON object.
 [[nodiscard]] absl::StatusOr<std::string> WithConstraint(std::string_view body,
                                                          const VersionConstraint& constraint);
 

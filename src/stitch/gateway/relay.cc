@@ -10,6 +10,7 @@
 #include "stitch/api/request.h"
 #include "stitch/api/response.h"
 #include "stitch/net/auth.h"
+#include "stitch/net/upstream.h"
 
 namespace stitch {
 

@@ -26,7 +26,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "stitch/gateway/chooser.h"
-#include "stitch/gateway/gateway.h"
+#include "stitch/gateway/gateway_options.h"
 #include "stitch/gateway/replica_table.h"
 #include "stitch/gateway/session_table.h"
 #include "stitch/net/client.h"

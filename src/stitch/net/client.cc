@@ -25,7 +25,6 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/asio_internal.h"
-#include "stitch/net/server.h"
 #include "stitch/net/wire.h"
 
 namespace stitch {
@@ -590,12 +589,6 @@ boost::asio::awaitable<absl::StatusOr<HttpResponseStream>> HttpClient::SendStrea
     error = std::current_exception();
   }
   co_return StatusFromException(error, description);
-}
-
-CallOptions EndedWithTheClient(HttpExchange& exchange) {
-  CallOptions options;
-  options.abort = &exchange.AbortOnDisconnect();
-  return options;
 }
 
 boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpClient::Fetch(std::string method,

@@ -78,13 +78,6 @@ struct CallOptions {
   HttpCallAbort* abort = nullptr;
 };
 
-class HttpExchange;
-
-// Options for a proxy's upstream call that ends, closing its connection,
-// when the client of `exchange` disconnects (HttpExchange::AbortOnDisconnect
-// in server.h).
-CallOptions EndedWithTheClient(HttpExchange& exchange);
-
 namespace net_internal {
 struct ClientPool;
 }

@@ -17,6 +17,7 @@
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
 #include "stitch/net/sse.h"
+#include "stitch/net/upstream.h"
 
 namespace stitch {
 namespace {

@@ -34,6 +34,9 @@ absl::Status NotClaimedError(std::string_view where, std::string_view run_id,
 absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
                           const VersionManifest& manifest) {
   const VersionRef proposed{pointer.run_id, manifest.version};
+  // The store checks the same rule again at its compare-and-swap
+  // (store/pointer_cas.h), where it holds against every writer and against a
+  // pointer moved since this read; here it refuses before any byte moves.
   if (auto move = CheckPointerMove(where, pointer, proposed); !move.ok()) return move.status();
   if (manifest.version != pointer.version + 1) {
     return absl::FailedPreconditionError(
@@ -138,6 +141,10 @@ absl::StatusOr<PublishOutcome> PublishVersion(Store& store, const fs::path& dir,
   const VersionRef ref{store.run_id(), *number};
 
   // Everything the store will need must be there before anything is written.
+  // Store::PublishFiles reads the directory again (its listing and index,
+  // not the payload): every caller of the store gets its checks, and this
+  // first read fails an incomplete directory before the store is asked
+  // anything.
   auto contents = ReadVersionDir(version_dir, ref.version);
   if (!contents.ok()) return Annotate(contents.status(), where);
 

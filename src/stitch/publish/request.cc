@@ -1,32 +1,12 @@
 #include "stitch/publish/request.h"
 
-#include <boost/json/object.hpp>
-#include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
-
-#include "absl/strings/str_cat.h"
-#include "stitch/core/json.h"
+#include "stitch/api/request.h"
 
 namespace stitch {
 
 absl::StatusOr<std::string> ConstrainRequestBody(std::string_view json_body,
                                                  const VersionConstraint& constraint) {
-  boost::json::error_code ec;
-  boost::json::value body = boost::json::parse(json_body, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request body is not valid JSON: ", ec.message()));
-  }
-  boost::json::object* object = body.if_object();
-  if (object == nullptr) {
-    return absl::InvalidArgumentError("request body must be a JSON object to carry weight_version");
-  }
-  if (constraint.empty()) {
-    object->erase("weight_version");
-  } else {
-    (*object)["weight_version"] = ConstraintToJsonValue(constraint);
-  }
-  return boost::json::serialize(body);
+  return WithConstraint(json_body, constraint);
 }
 
 absl::StatusOr<std::string> ConstrainRequestBodyToLatest(std::string_view json_body,

@@ -11,7 +11,8 @@
 
 namespace stitch {
 
-// Returns `json_body` (a JSON object) with its `weight_version` field set to
+// api/request.h WithConstraint, under the name trainers use: returns
+// `json_body` (a JSON object) with its `weight_version` field set to
 // `constraint`'s JSON form, replacing any previous value; an empty
 // constraint removes the field. Other fields are kept. InvalidArgument when
 // the body is not valid JSON or not an object.

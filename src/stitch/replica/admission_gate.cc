@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/engine/engine.h"
 #include "stitch/net/loop_signal.h"
 
 namespace stitch {

@@ -53,7 +53,6 @@
 #include "stitch/api/response.h"
 #include "stitch/core/constraint.h"
 #include "stitch/core/version.h"
-#include "stitch/engine/engine.h"
 
 namespace stitch {
 

@@ -24,6 +24,7 @@
 #include "stitch/core/json.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/sse.h"
+#include "stitch/net/upstream.h"
 
 namespace stitch {
 
