@@ -42,13 +42,13 @@
 #include <vector>
 
 #include "encode_floor.h"
-#include "stitch/format/aligned_buffer.h"
-#include "stitch/format/checkpoint_image.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/checkpoint_image.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/delta/delta_kernel.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/io/aligned_buffer.h"
 
 extern char** environ;
 

@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 
 namespace stitch::bench {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "encode_floor.h"
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 
 // Encodes `bytes` of `base` against `target`, one tensor of `tensor_bytes`
 // at a time, as delta_bench's encode floor does; sets the seconds it took

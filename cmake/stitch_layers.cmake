@@ -3,25 +3,29 @@
 # refuses a link to a folder not listed here, and the `layering` test an
 # #include of one, so the direction cannot be broken quietly: changing it
 # means changing this table. A new folder declares its line here first.
-set(STITCH_FOLDERS core format store net api pool engine replica gateway publish refengine demo
-    chaos cli)
+set(STITCH_FOLDERS core io format delta store net api pool engine replica gateway publish refengine
+    demo chaos cli)
 set(STITCH_MAY_USE_core "")
-set(STITCH_MAY_USE_format core)
-set(STITCH_MAY_USE_store format core)
+set(STITCH_MAY_USE_io core)
+set(STITCH_MAY_USE_format io core)
+# The delta codec, the headline feature: versions encoded against the one
+# before, and the chains that apply them.
+set(STITCH_MAY_USE_delta format io core)
+set(STITCH_MAY_USE_store format io core)
 set(STITCH_MAY_USE_net core)
 # The versioned rollout API: what sidecars, gateways and engines say to each
 # other over HTTP, and nothing of any of them.
 set(STITCH_MAY_USE_api net core)
 set(STITCH_MAY_USE_pool api core)
-set(STITCH_MAY_USE_engine net format core)
-set(STITCH_MAY_USE_replica api engine store net format core)
+set(STITCH_MAY_USE_engine net delta format io core)
+set(STITCH_MAY_USE_replica api engine store net delta format core)
 # The gateway meets replicas only over HTTP: never the sidecar (replica) or
 # the engine port (engine).
 set(STITCH_MAY_USE_gateway api pool net core)
-set(STITCH_MAY_USE_publish pool api store format core)
-set(STITCH_MAY_USE_refengine api net format core)
-set(STITCH_MAY_USE_demo refengine publish pool api net store format core)
+set(STITCH_MAY_USE_publish pool api store delta format io core)
+set(STITCH_MAY_USE_refengine api net delta format io core)
+set(STITCH_MAY_USE_demo refengine publish pool api net store delta format io core)
 # The fault-injection suite drives a fleet of processes as the demo does.
-set(STITCH_MAY_USE_chaos demo refengine publish pool api net store format core)
-set(STITCH_MAY_USE_cli chaos demo refengine publish gateway replica engine pool api net store format
-    core)
+set(STITCH_MAY_USE_chaos demo refengine publish pool api net store delta format io core)
+set(STITCH_MAY_USE_cli chaos demo refengine publish gateway replica engine pool api net store delta
+    format io core)

@@ -19,8 +19,8 @@
 #include <span>
 #include <vector>
 
+#include "stitch/delta/delta_kernel.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_kernel.h"
 #include "stitch/format/safetensors.h"
 
 namespace {

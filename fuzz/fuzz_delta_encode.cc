@@ -17,8 +17,8 @@
 #include <span>
 #include <vector>
 
+#include "stitch/delta/delta_kernel.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_kernel.h"
 
 namespace {
 

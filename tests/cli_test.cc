@@ -10,7 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "tests/support/cli_expect.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/subprocess.h"

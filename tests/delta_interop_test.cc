@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "stitch/core/version.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/delta_test_util.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/delta/delta_test_util.h"
 #include "tests/support/subprocess.h"
 
 namespace stitch {

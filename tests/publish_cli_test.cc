@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/version.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/io/fileio.h"
 #include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"

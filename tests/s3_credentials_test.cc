@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
 #include "stitch/store/s3_credentials.h"
 #include "tests/s3_test_base.h"

@@ -7,7 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/publish/claim.h"
 #include "stitch/publish/multihost.h"
 #include "stitch/publish/receipts.h"

@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/publish/claim.h"
 #include "stitch/publish/publish.h"
 #include "stitch/store/s3_sha256.h"

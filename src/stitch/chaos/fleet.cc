@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "stitch/demo/fleet.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
 
 namespace stitch {

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "stitch/core/version.h"
-#include "stitch/format/checkpoint_image.h"
+#include "stitch/delta/checkpoint_image.h"
+#include "stitch/delta/delta_encode.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_encode.h"
 #include "stitch/store/materialize_chain.h"
 
 namespace stitch {

@@ -1,5 +1,5 @@
 // `stitch delta`: encode, apply, verify and write versions with the delta
-// codec (format/delta_*.h).
+// codec (delta/delta_*.h).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,10 +17,10 @@
 #include "stitch/cli/report.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/delta/delta_verify.h"
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/delta_verify.h"
 
 namespace stitch {
 namespace {

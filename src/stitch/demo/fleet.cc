@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/api/replica_client.h"
 #include "stitch/core/state.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
 
 namespace stitch {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/version.h"
-#include "stitch/format/delta_encode.h"
+#include "stitch/delta/delta_encode.h"
 #include "stitch/publish/publish.h"
 
 namespace stitch {

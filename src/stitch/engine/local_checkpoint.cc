@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/fileio.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 

@@ -9,10 +9,10 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
 #include "stitch/engine/fake_sglang_server.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/net/event_loop.h"
 #include "tests/support/json_object.h"
 #include "tests/support/loopback_http.h"

@@ -21,9 +21,9 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 

@@ -17,9 +17,9 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/format/strict_json.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace fs = std::filesystem;

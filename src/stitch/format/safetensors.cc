@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/strict_json.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace fs = std::filesystem;

@@ -247,7 +247,7 @@ TEST(HttpServerTest, ABodySlowerThanTheMinimumRateIsCut) {
   RawSocket slow(h.server->port());
   ASSERT_TRUE(slow.connected());
   slow.Send(PostHead("/", 1 << 20) + "x");
-  ASSERT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == (1u << 20); }));
+  // (Not waited for while held: on a loaded machine the cut may come first.)
   bool closed = false;
   const std::string answer = slow.ReadUntilClosed(&closed);
   EXPECT_TRUE(closed);

@@ -17,7 +17,7 @@
 //              the steps below then only compare, as publish.h
 //              PublishVersion does, and the pointer stays);
 //   2. upload: each host leader checks each of its files on its own
-//              (format/delta_verify.h VerifyPayloadFile: structure and
+//              (delta/delta_verify.h VerifyPayloadFile: structure and
 //              bounds, a DELTA's frames, a FULL version's recorded
 //              checksums; no links or special files), makes them durable in
 //              the store and produces a receipt (file, size, SHA-256, the

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
-#include "stitch/format/delta_verify.h"
+#include "stitch/delta/delta_verify.h"
 #include "stitch/publish/wake.h"
 #include "stitch/store/version_dir.h"
 

@@ -49,7 +49,7 @@ struct PublishOutcome {
 //      the pointer (CheckFollows: kPointerRewind, or FailedPrecondition for a
 //      gap or a DELTA on another base), and a DELTA must have been encoded
 //      against the weights the pointer's version holds (CheckDeltaBase);
-//   3. verifies the payload (format/delta_verify.h VerifyVersion): every
+//   3. verifies the payload (delta/delta_verify.h VerifyVersion): every
 //      file's structure and bounds, a DELTA's frames decoded whole to their
 //      recorded sizes (with options.base_checkpoint, its checksums too), a
 //      FULL version's recorded checksums. InvalidArgument or DataLoss (kind

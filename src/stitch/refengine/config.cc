@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace json = boost::json;

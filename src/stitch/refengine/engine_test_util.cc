@@ -18,7 +18,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
-#include "stitch/format/delta_encode.h"
+#include "stitch/delta/delta_encode.h"
 #include "stitch/format/index.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"

@@ -5,7 +5,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/refengine/tokenizer.h"
 
 namespace stitch {

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/io/fileio.h"
 #include "stitch/refengine/hf_tokenizer.h"
 
 namespace stitch {

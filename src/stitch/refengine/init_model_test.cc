@@ -10,8 +10,8 @@
 #include <boost/json/parse.hpp>
 
 #include "gtest/gtest.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/refengine/hf_tokenizer.h"
 #include "stitch/refengine/test_models.h"
 #include "tests/support/temp_dir.h"

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/weights_checksums.h"
+#include "stitch/delta/weights_checksums.h"
 #include "stitch/net/client.h"
 #include "stitch/refengine/engine_test_util.h"
 #include "stitch/refengine/tokenizer.h"

@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/manifest.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_version.h"
-#include "stitch/format/fileio.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_version.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 

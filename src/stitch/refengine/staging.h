@@ -37,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "stitch/core/version.h"
-#include "stitch/format/checkpoint_image.h"
+#include "stitch/delta/checkpoint_image.h"
 #include "stitch/refengine/config.h"
 #include "stitch/refengine/weights.h"
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/refengine/init_model.h"
 #include "stitch/refengine/model.h"
 #include "stitch/refengine/sequence.h"

@@ -7,7 +7,7 @@
 // any version of the run being followed must be: the store's recorded
 // checksums, folded along the version's chain from its anchor (a FULL
 // version, or the boot checkpoint, hashed once), give it without loading a
-// byte of weights (format/weights_checksums.h WeightsFingerprint). With
+// byte of weights (delta/weights_checksums.h WeightsFingerprint). With
 // that it answers three questions:
 //   - Verify: may an engine found holding weights (at start, or after trust
 //     was withdrawn) be trusted with the version it names? Only a version of
@@ -37,8 +37,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
+#include "stitch/delta/weights_checksums.h"
 #include "stitch/engine/engine.h"
-#include "stitch/format/weights_checksums.h"
 #include "stitch/net/worker_pool.h"
 #include "stitch/store/store.h"
 

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "stitch/core/errors.h"
-#include "stitch/format/weights_checksums.h"
+#include "stitch/delta/weights_checksums.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/replica/replica_test_util.h"
 #include "stitch/store/mem_store.h"

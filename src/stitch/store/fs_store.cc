@@ -20,8 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/store/pointer_cas.h"
 #include "stitch/store/version_dir.h"
 

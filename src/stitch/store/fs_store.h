@@ -39,7 +39,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/store/store.h"
 #include "stitch/store/version_dir.h"
 

@@ -4,8 +4,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/store/mem_store.h"
 #include "tests/support/temp_dir.h"
 

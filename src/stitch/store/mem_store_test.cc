@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/version_dirs.h"
 

@@ -16,7 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/store/s3_sha256.h"
 #include "stitch/store/s3_xml.h"
 

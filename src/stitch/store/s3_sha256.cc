@@ -11,7 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 

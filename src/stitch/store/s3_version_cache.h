@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 #include "stitch/store/s3_client.h"
 #include "stitch/store/s3_store.h"
 #include "stitch/store/s3_uri.h"

@@ -13,8 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/store/fs_store.h"
 #include "stitch/store/mem_store.h"
 #include "tests/support/temp_dir.h"

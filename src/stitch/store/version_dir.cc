@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace fs = std::filesystem;

@@ -52,7 +52,7 @@ inline constexpr size_t kMaxOtherFiles = 10000;
 // Errors name the directory and the offending file: NotFound for a missing
 // directory or payload file, InvalidArgument for a bad or mismatched index,
 // a link, a special file or too many files.
-// The payload's contents are not read (format/delta_verify.h does that).
+// The payload's contents are not read (delta/delta_verify.h does that).
 [[nodiscard]] absl::StatusOr<VersionDirContents> ReadVersionDir(const std::filesystem::path& dir,
                                                                 int64_t version);
 

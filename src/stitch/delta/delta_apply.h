@@ -49,7 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 
 namespace stitch {
 

@@ -1,14 +1,14 @@
-#include "stitch/format/checkpoint_image.h"
+#include "stitch/delta/checkpoint_image.h"
 
 #include <algorithm>
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/delta/delta_chain.h"
+#include "stitch/delta/delta_kernel.h"
+#include "stitch/delta/delta_version.h"
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/delta_chain.h"
-#include "stitch/format/delta_kernel.h"
-#include "stitch/format/delta_version.h"
 
 namespace stitch {
 namespace fs = std::filesystem;

@@ -31,9 +31,9 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
-#include "stitch/format/aligned_buffer.h"
-#include "stitch/format/delta_apply.h"
+#include "stitch/delta/delta_apply.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/io/aligned_buffer.h"
 
 namespace stitch {
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 #include "stitch/format/safetensors.h"
 
 namespace stitch {

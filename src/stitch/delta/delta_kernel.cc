@@ -1,4 +1,4 @@
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_getFrameHeader, ZSTD_registerSequenceProducer
 #include <unistd.h>
@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace {

@@ -1,13 +1,13 @@
-#include "stitch/format/checkpoint_image.h"
+#include "stitch/delta/checkpoint_image.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #include "stitch/core/errors.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/delta/delta_test_util.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/delta_test_util.h"
 
 namespace stitch {
 namespace {

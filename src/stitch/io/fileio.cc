@@ -1,4 +1,4 @@
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

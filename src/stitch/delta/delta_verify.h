@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/core/manifest.h"
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 
 namespace stitch {
 

@@ -7,12 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/format/checkpoint_image.h"
+#include "stitch/delta/checkpoint_image.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/delta/delta_test_util.h"
+#include "stitch/delta/delta_verify.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/delta_test_util.h"
-#include "stitch/format/delta_verify.h"
 #include "stitch/format/tensor_checksums.h"
 
 namespace stitch {

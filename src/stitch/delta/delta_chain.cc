@@ -1,4 +1,4 @@
-#include "stitch/format/delta_chain.h"
+#include "stitch/delta/delta_chain.h"
 
 #include <algorithm>
 

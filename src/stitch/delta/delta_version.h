@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/delta/delta_kernel.h"
 #include "stitch/format/checkpoint_reader.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_kernel.h"
 #include "stitch/format/index.h"
 
 namespace stitch {

@@ -1,4 +1,4 @@
-#include "stitch/format/delta_version.h"
+#include "stitch/delta/delta_version.h"
 
 #include <algorithm>
 #include <map>

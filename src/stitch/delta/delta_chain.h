@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/delta/delta_kernel.h"
+#include "stitch/delta/delta_version.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_kernel.h"
-#include "stitch/format/delta_version.h"
 
 namespace stitch {
 

@@ -9,13 +9,13 @@
 #include <fstream>
 
 #include "stitch/core/errors.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/delta/delta_test_util.h"
+#include "stitch/delta/delta_verify.h"
+#include "stitch/delta/delta_version.h"
+#include "stitch/delta/weights_checksums.h"
 #include "stitch/format/checksum.h"
-#include "stitch/format/delta_apply.h"
-#include "stitch/format/delta_encode.h"
-#include "stitch/format/delta_test_util.h"
-#include "stitch/format/delta_verify.h"
-#include "stitch/format/delta_version.h"
-#include "stitch/format/weights_checksums.h"
 
 namespace stitch {
 namespace {

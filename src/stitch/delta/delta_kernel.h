@@ -29,8 +29,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "stitch/format/aligned_buffer.h"
 #include "stitch/format/checksum.h"
+#include "stitch/io/aligned_buffer.h"
 
 namespace stitch {
 

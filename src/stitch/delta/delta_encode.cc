@@ -1,4 +1,4 @@
-#include "stitch/format/delta_encode.h"
+#include "stitch/delta/delta_encode.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,11 +16,11 @@
 #include "stitch/core/errors.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
+#include "stitch/delta/delta_version.h"
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/delta_version.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/tensor_checksums.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace fs = std::filesystem;

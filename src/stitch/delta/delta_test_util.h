@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch::testing {
 

@@ -1,4 +1,4 @@
-#include "stitch/format/delta_kernel.h"
+#include "stitch/delta/delta_kernel.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "stitch/core/errors.h"
-#include "stitch/format/delta_test_util.h"
+#include "stitch/delta/delta_test_util.h"
 
 namespace stitch {
 namespace {

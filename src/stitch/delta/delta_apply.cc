@@ -1,4 +1,4 @@
-#include "stitch/format/delta_apply.h"
+#include "stitch/delta/delta_apply.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -14,10 +14,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/delta/delta_chain.h"
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/delta_chain.h"
-#include "stitch/format/fileio.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 namespace fs = std::filesystem;

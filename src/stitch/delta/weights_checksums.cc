@@ -1,4 +1,4 @@
-#include "stitch/format/weights_checksums.h"
+#include "stitch/delta/weights_checksums.h"
 
 #include <unistd.h>
 
@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/delta/delta_version.h"
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/delta_version.h"
-#include "stitch/format/fileio.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 

@@ -1,11 +1,11 @@
-#include "stitch/format/delta_verify.h"
+#include "stitch/delta/delta_verify.h"
 
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/delta/delta_version.h"
 #include "stitch/format/checkpoint_reader.h"
-#include "stitch/format/delta_version.h"
 #include "stitch/format/index.h"
 
 namespace stitch {
