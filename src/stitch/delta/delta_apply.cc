@@ -209,6 +209,241 @@ struct OutFile {
   UniqueFd fd;
 };
 
+// A lineage checked whole before anything is written: the anchor, the
+// deltas after it, the run they belong to, and the version they reach.
+struct Lineage {
+  CheckpointReader anchor;
+  DeltaChain chain;
+  int64_t anchor_version = 0;
+  VersionRef target;
+};
+
+// The run the anchor records ("" when none), checked against `run` (the
+// caller's, or the anchor's when the caller gave none).
+absl::StatusOr<std::string> AnchorRun(const CheckpointReader& anchor, const fs::path& anchor_dir,
+                                      const std::string& asked) {
+  std::string anchor_run;
+  if (auto it = anchor.index().metadata.find(std::string(kRunIdMetadataKey));
+      it != anchor.index().metadata.end()) {
+    anchor_run = it->second;
+  }
+  const std::string run = asked.empty() ? anchor_run : asked;
+  if (!anchor_run.empty() && anchor_run != run) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "anchor ", anchor_dir.string(), " belongs to run \"", anchor_run, "\", not \"", run, "\""));
+  }
+  return anchor_run;
+}
+
+// The anchor's version (recorded, else given, else the chain's base), and
+// that the first delta applies to it.
+absl::StatusOr<int64_t> AnchorVersion(const CheckpointReader& anchor, const fs::path& anchor_dir,
+                                      const DeltaChain& chain, const ApplyOptions& options) {
+  if (anchor.version() && options.anchor_version && *anchor.version() != *options.anchor_version) {
+    return absl::InvalidArgumentError(absl::StrCat("anchor ", anchor_dir.string(),
+                                                   " records version ", *anchor.version(), ", not ",
+                                                   *options.anchor_version));
+  }
+  std::optional<int64_t> version = anchor.version() ? anchor.version() : options.anchor_version;
+  if (!version) {
+    if (chain.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "anchor ", anchor_dir.string(), " records no version; say which version it holds"));
+    }
+    version = chain.base_version();
+  }
+  if (!chain.empty() && chain.base_version() != *version) {
+    const DeltaVersion& first = chain.deltas.front();
+    return absl::InvalidArgumentError(
+        chain.base_version() > *version
+            ? absl::StrCat("the lineage has a gap: the anchor ", anchor_dir.string(),
+                           " is version ", *version, ", the first delta ", first.dir().string(),
+                           " applies to version ", first.base_version(),
+                           "; the deltas for versions ", *version + 1, "..", first.base_version(),
+                           " are missing")
+            : absl::StrCat("delta ", first.dir().string(), " (version ", first.version(),
+                           ") is not after the anchor ", anchor_dir.string(), " (version ",
+                           *version, "); give only the deltas after the anchor"));
+  }
+  return *version;
+}
+
+absl::StatusOr<Lineage> OpenLineage(const fs::path& anchor_dir,
+                                    std::span<const fs::path> delta_dirs,
+                                    const ApplyOptions& options) {
+  if (!options.run_id.empty()) {
+    if (absl::Status s = ValidateRunId(options.run_id); !s.ok()) return s;
+  }
+  absl::StatusOr<CheckpointReader> anchor = CheckpointReader::Open(anchor_dir);
+  if (!anchor.ok()) return Annotate(anchor.status(), absl::StrCat("anchor ", anchor_dir.string()));
+  if (anchor->index().is_delta()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("anchor ", anchor_dir.string(),
+                     " is a DELTA version; an anchor is a FULL version or the boot checkpoint"));
+  }
+  absl::StatusOr<std::string> anchor_run = AnchorRun(*anchor, anchor_dir, options.run_id);
+  if (!anchor_run.ok()) return anchor_run.status();
+  absl::StatusOr<DeltaChain> chain =
+      OpenDeltaChain(delta_dirs, options.run_id.empty() ? *anchor_run : options.run_id);
+  if (!chain.ok()) return chain.status();
+  if (!anchor_run->empty() && !chain->run_id.empty() && chain->run_id != *anchor_run) {
+    return absl::FailedPreconditionError(absl::StrCat("the deltas belong to run \"", chain->run_id,
+                                                      "\", the anchor ", anchor_dir.string(),
+                                                      " to run \"", *anchor_run, "\""));
+  }
+  absl::StatusOr<int64_t> anchor_version = AnchorVersion(*anchor, anchor_dir, *chain, options);
+  if (!anchor_version.ok()) return anchor_version.status();
+  const CheckpointReader& a = *anchor;
+  if (absl::Status s = CheckChainAgainst(*chain,
+                                         [&](std::string_view name) -> std::optional<uint64_t> {
+                                           const CheckpointTensor* t = a.Find(name);
+                                           if (t == nullptr) return std::nullopt;
+                                           return t->nbytes;
+                                         });
+      !s.ok()) {
+    return s;
+  }
+  const VersionRef target{chain->run_id,
+                          chain->empty() ? *anchor_version : chain->target_version()};
+  return Lineage{*std::move(anchor), *std::move(chain), *anchor_version, target};
+}
+
+// The new generation's work: files taken whole (linked from what the
+// destination held, or copied) and, in the files the deltas change, each
+// tensor folded or copied; from a FULL anchor that records checksums, every
+// unchanged tensor verified too.
+struct GenerationPlan {
+  std::vector<Task> tasks;
+  std::vector<OutFile> out_files;
+  uint64_t total = 0;
+};
+
+absl::StatusOr<GenerationPlan> PlanGeneration(
+    const CheckpointReader& base, const std::map<std::string, TensorChange, std::less<>>& plan,
+    bool from_held, const fs::path& gen, MaterializeResult& result) {
+  GenerationPlan out;
+  std::error_code ec;
+  std::vector<bool> file_changed(base.files().size(), false);
+  for (const CheckpointTensor& t : base.tensors()) {
+    if (plan.contains(t.name)) file_changed[t.file] = true;
+  }
+  std::vector<size_t> out_file_of(base.files().size(), SIZE_MAX);
+  for (size_t i = 0; i < base.files().size(); ++i) {
+    const CheckpointFile& f = base.files()[i];
+    const fs::path dst = gen / f.name;
+    fs::create_directories(dst.parent_path(), ec);
+    if (ec) return ErrnoStatus(ec.value(), "create directory", dst.parent_path());
+    if (!file_changed[i]) {
+      if (from_held && ::link(f.path.c_str(), dst.c_str()) == 0) {
+        ++result.files_linked;
+        continue;
+      }
+      out.tasks.push_back(Task{Task::Kind::kCopyFile, f.size, nullptr, nullptr, 0, f.path, dst});
+      ++result.files_copied;
+      continue;
+    }
+    OutFile of{dst, UniqueFd(::open(dst.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644))};
+    if (!of.fd) return ErrnoStatus(errno, "create", dst);
+    if (::ftruncate(of.fd.get(), static_cast<off_t>(f.size)) != 0) {
+      return ErrnoStatus(errno, "resize", dst);
+    }
+    // The header is the base file's, byte for byte: deltas change no dtype,
+    // shape or offset.
+    if (absl::Status s = CopyRange(f.fd.get(), f.path, of.fd.get(), dst, 0, f.header.data_start);
+        !s.ok()) {
+      return s;
+    }
+    out_file_of[i] = out.out_files.size();
+    out.out_files.push_back(std::move(of));
+    ++result.files_written;
+  }
+  for (const CheckpointTensor& t : base.tensors()) {
+    if (!file_changed[t.file]) continue;
+    auto it = plan.find(t.name);
+    if (it != plan.end()) {
+      out.tasks.push_back(
+          Task{Task::Kind::kFold, t.nbytes, &t, &it->second, out_file_of[t.file], {}, {}});
+      result.bytes_decoded += t.nbytes;
+    } else {
+      out.tasks.push_back(
+          Task{Task::Kind::kCopyRange, t.nbytes, &t, nullptr, out_file_of[t.file], {}, {}});
+    }
+  }
+  // A changed tensor is covered by its target checksum. What the
+  // destination already held was written and checked by this codec.
+  if (!from_held && base.records_checksums()) {
+    for (const CheckpointTensor& t : base.tensors()) {
+      if (!plan.contains(t.name)) {
+        out.tasks.push_back(Task{Task::Kind::kVerify, t.nbytes, &t, nullptr, 0, {}, {}});
+      }
+    }
+  }
+  for (const Task& t : out.tasks) out.total += t.size;
+  return out;
+}
+
+// Runs every task of `g`, largest first, on `threads` workers.
+absl::Status RunGeneration(const CheckpointReader& base, GenerationPlan& g, int threads,
+                           ProgressMeter& meter) {
+  std::vector<uint64_t> sizes;
+  for (const Task& t : g.tasks) sizes.push_back(t.size);
+  const std::vector<size_t> order = LargestFirst(sizes);
+  std::vector<CodecWorkspace> workspaces(static_cast<size_t>(threads));
+  std::atomic<bool> cancel{false};
+  return ParallelFor(
+      order.size(), threads,
+      [&](size_t i, int worker) -> absl::Status {
+        const Task& task = g.tasks[order[i]];
+        absl::Status s;
+        if (task.kind == Task::Kind::kVerify) {
+          s = VerifyRecordedChecksum(base, *task.tensor);
+        } else if (task.kind == Task::Kind::kCopyFile) {
+          s = CopyFileDurably(task.from, task.to);
+        } else {
+          const CheckpointTensor& t = *task.tensor;
+          const CheckpointFile& in = base.files()[t.file];
+          OutFile& out = g.out_files[task.out_file];
+          if (task.kind == Task::Kind::kCopyRange) {
+            s = CopyRange(in.fd.get(), in.path, out.fd.get(), out.path, t.offset, t.nbytes);
+          } else {
+            FileSource src(in.fd.get(), t.offset, &in.path);
+            FileSink sink(out.fd.get(), t.offset, &out.path);
+            FoldSpec spec{t.name,  t.nbytes, task.change->frames, task.change->expected, UINT64_MAX,
+                          &cancel, &meter};
+            return FoldFrames(workspaces[static_cast<size_t>(worker)], spec, src, sink);
+          }
+        }
+        meter.Add(task.size);
+        return s;
+      },
+      &cancel);
+}
+
+// Makes the written generation durable and complete (companion files, the
+// index, the held-version marker), then swaps it into `out_dir`.
+absl::Status FinishGeneration(GenerationPlan& g, int threads, const fs::path& anchor_dir,
+                              const CheckpointReader& base, const VersionRef& target,
+                              const fs::path& gen, const fs::path& out_dir, bool out_exists) {
+  absl::Status st = ParallelFor(g.out_files.size(), threads, [&](size_t i, int) -> absl::Status {
+    if (::fsync(g.out_files[i].fd.get()) != 0) {
+      return ErrnoStatus(errno, "fsync", g.out_files[i].path);
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  g.out_files.clear();
+  if (absl::Status s = CopyCompanionFiles(anchor_dir, gen); !s.ok()) return s;
+  if (absl::Status s = WriteIndex(gen, MaterializedIndex(base.index(), target)); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(gen / kHeldVersionFileName, target.ToString() + "\n");
+      !s.ok()) {
+    return s;
+  }
+  // Every file is synced already (a no-op for them); this reaches the
+  // directories, including those of nested payload names.
+  if (absl::Status s = FsyncTree(gen); !s.ok()) return s;
+  return Swap(gen, out_dir, out_exists);
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<VersionRef>> ReadHeldVersion(const fs::path& dir) {
@@ -241,75 +476,12 @@ absl::StatusOr<MaterializeResult> MaterializeCheckpoint(const fs::path& anchor_d
                                                         const fs::path& out_arg,
                                                         const ApplyOptions& options) {
   const fs::path out_dir = CleanPath(out_arg);
-  if (!options.run_id.empty()) {
-    if (absl::Status s = ValidateRunId(options.run_id); !s.ok()) return s;
-  }
-
   // Validate the whole lineage before touching anything.
-  absl::StatusOr<CheckpointReader> anchor = CheckpointReader::Open(anchor_dir);
-  if (!anchor.ok()) return Annotate(anchor.status(), absl::StrCat("anchor ", anchor_dir.string()));
-  if (anchor->index().is_delta()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("anchor ", anchor_dir.string(),
-                     " is a DELTA version; an anchor is a FULL version or the boot checkpoint"));
-  }
-  std::string anchor_run;
-  if (auto it = anchor->index().metadata.find(std::string(kRunIdMetadataKey));
-      it != anchor->index().metadata.end()) {
-    anchor_run = it->second;
-  }
-  std::string run = options.run_id.empty() ? anchor_run : options.run_id;
-  if (!anchor_run.empty() && anchor_run != run) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "anchor ", anchor_dir.string(), " belongs to run \"", anchor_run, "\", not \"", run, "\""));
-  }
-  absl::StatusOr<DeltaChain> chain = OpenDeltaChain(delta_dirs, run);
-  if (!chain.ok()) return chain.status();
-  if (!anchor_run.empty() && !chain->run_id.empty() && chain->run_id != anchor_run) {
-    return absl::FailedPreconditionError(absl::StrCat("the deltas belong to run \"", chain->run_id,
-                                                      "\", the anchor ", anchor_dir.string(),
-                                                      " to run \"", anchor_run, "\""));
-  }
-  run = chain->run_id;
-
-  if (anchor->version() && options.anchor_version &&
-      *anchor->version() != *options.anchor_version) {
-    return absl::InvalidArgumentError(absl::StrCat("anchor ", anchor_dir.string(),
-                                                   " records version ", *anchor->version(),
-                                                   ", not ", *options.anchor_version));
-  }
-  std::optional<int64_t> anchor_version =
-      anchor->version() ? anchor->version() : options.anchor_version;
-  if (!anchor_version) {
-    if (chain->empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "anchor ", anchor_dir.string(), " records no version; say which version it holds"));
-    }
-    anchor_version = chain->base_version();
-  }
-  if (!chain->empty() && chain->base_version() != *anchor_version) {
-    const DeltaVersion& first = chain->deltas.front();
-    return absl::InvalidArgumentError(
-        chain->base_version() > *anchor_version
-            ? absl::StrCat("the lineage has a gap: the anchor ", anchor_dir.string(),
-                           " is version ", *anchor_version, ", the first delta ",
-                           first.dir().string(), " applies to version ", first.base_version(),
-                           "; the deltas for versions ", *anchor_version + 1, "..",
-                           first.base_version(), " are missing")
-            : absl::StrCat("delta ", first.dir().string(), " (version ", first.version(),
-                           ") is not after the anchor ", anchor_dir.string(), " (version ",
-                           *anchor_version, "); give only the deltas after the anchor"));
-  }
-  const VersionRef target{run, chain->empty() ? *anchor_version : chain->target_version()};
-  if (absl::Status s = CheckChainAgainst(*chain,
-                                         [&](std::string_view name) -> std::optional<uint64_t> {
-                                           const CheckpointTensor* t = anchor->Find(name);
-                                           if (t == nullptr) return std::nullopt;
-                                           return t->nbytes;
-                                         });
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<Lineage> lineage = OpenLineage(anchor_dir, delta_dirs, options);
+  if (!lineage.ok()) return lineage.status();
+  const CheckpointReader& anchor = lineage->anchor;
+  const DeltaChain& chain = lineage->chain;
+  const VersionRef& target = lineage->target;
 
   // The destination: what it holds decides where we start.
   std::error_code ec;
@@ -324,21 +496,22 @@ absl::StatusOr<MaterializeResult> MaterializeCheckpoint(const fs::path& anchor_d
   MaterializeResult result;
   result.version = target;
   std::optional<CheckpointReader> held_reader;
-  if (*held && (*held)->run_id == run && (*held)->version >= *anchor_version &&
+  if (*held && (*held)->run_id == target.run_id && (*held)->version >= lineage->anchor_version &&
       (*held)->version <= target.version) {
     absl::StatusOr<CheckpointReader> r = CheckpointReader::Open(out_dir);
-    if (r.ok() && SameTensors(*anchor, *r)) held_reader = *std::move(r);
+    if (r.ok() && SameTensors(anchor, *r)) held_reader = *std::move(r);
   }
   if (held_reader && (*held)->version == target.version) {
     result.applied_on = target.version;
     return result;
   }
-  const CheckpointReader& base = held_reader ? *held_reader : *anchor;
-  const size_t first = held_reader ? static_cast<size_t>((*held)->version - *anchor_version) : 0;
-  result.applied_on = held_reader ? (*held)->version : *anchor_version;
+  const CheckpointReader& base = held_reader ? *held_reader : anchor;
+  const size_t first =
+      held_reader ? static_cast<size_t>((*held)->version - lineage->anchor_version) : 0;
+  result.applied_on = held_reader ? (*held)->version : lineage->anchor_version;
   result.reseeded = !held_reader;
-  result.deltas_applied = chain->deltas.size() - first;
-  const std::map<std::string, TensorChange, std::less<>> plan = PlanChanges(*chain, first);
+  result.deltas_applied = chain.deltas.size() - first;
+  const std::map<std::string, TensorChange, std::less<>> plan = PlanChanges(chain, first);
   result.tensors_changed = plan.size();
 
   // Build the new generation.
@@ -346,127 +519,20 @@ absl::StatusOr<MaterializeResult> MaterializeCheckpoint(const fs::path& anchor_d
   const fs::path gen = TempSiblingPath(out_dir);
   if (::mkdir(gen.c_str(), 0755) != 0) return ErrnoStatus(errno, "create directory", gen);
   TreeGuard guard(gen);
-
-  std::vector<bool> file_changed(base.files().size(), false);
-  for (const CheckpointTensor& t : base.tensors()) {
-    if (plan.contains(t.name)) file_changed[t.file] = true;
-  }
-  std::vector<Task> tasks;
-  std::vector<OutFile> out_files;
-  std::vector<size_t> out_file_of(base.files().size(), SIZE_MAX);
-  for (size_t i = 0; i < base.files().size(); ++i) {
-    const CheckpointFile& f = base.files()[i];
-    const fs::path dst = gen / f.name;
-    fs::create_directories(dst.parent_path(), ec);
-    if (ec) return ErrnoStatus(ec.value(), "create directory", dst.parent_path());
-    if (!file_changed[i]) {
-      if (held_reader && ::link(f.path.c_str(), dst.c_str()) == 0) {
-        ++result.files_linked;
-        continue;
-      }
-      tasks.push_back(Task{Task::Kind::kCopyFile, f.size, nullptr, nullptr, 0, f.path, dst});
-      ++result.files_copied;
-      continue;
-    }
-    OutFile of{dst, UniqueFd(::open(dst.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644))};
-    if (!of.fd) return ErrnoStatus(errno, "create", dst);
-    if (::ftruncate(of.fd.get(), static_cast<off_t>(f.size)) != 0) {
-      return ErrnoStatus(errno, "resize", dst);
-    }
-    // The header is the base file's, byte for byte: deltas change no dtype,
-    // shape or offset.
-    if (absl::Status s = CopyRange(f.fd.get(), f.path, of.fd.get(), dst, 0, f.header.data_start);
-        !s.ok()) {
-      return s;
-    }
-    out_file_of[i] = out_files.size();
-    out_files.push_back(std::move(of));
-    ++result.files_written;
-  }
-  uint64_t total = 0;
-  for (const CheckpointTensor& t : base.tensors()) {
-    if (!file_changed[t.file]) continue;
-    auto it = plan.find(t.name);
-    if (it != plan.end()) {
-      tasks.push_back(
-          Task{Task::Kind::kFold, t.nbytes, &t, &it->second, out_file_of[t.file], {}, {}});
-      result.bytes_decoded += t.nbytes;
-    } else {
-      tasks.push_back(
-          Task{Task::Kind::kCopyRange, t.nbytes, &t, nullptr, out_file_of[t.file], {}, {}});
-    }
-  }
-  // From a FULL anchor that records checksums, every tensor the deltas
-  // leave unchanged is checked against its checksum (a changed one is
-  // covered by its target checksum). What the destination already held was
-  // written and checked by this codec.
-  if (!held_reader && base.records_checksums()) {
-    for (const CheckpointTensor& t : base.tensors()) {
-      if (!plan.contains(t.name)) {
-        tasks.push_back(Task{Task::Kind::kVerify, t.nbytes, &t, nullptr, 0, {}, {}});
-      }
-    }
-  }
-  std::vector<uint64_t> sizes;
-  for (const Task& t : tasks) {
-    sizes.push_back(t.size);
-    total += t.size;
-  }
-  const std::vector<size_t> order = LargestFirst(sizes);
+  absl::StatusOr<GenerationPlan> g =
+      PlanGeneration(base, plan, held_reader.has_value(), gen, result);
+  if (!g.ok()) return g.status();
   const int threads = options.threads > 0 ? options.threads : DefaultThreads();
-  std::vector<CodecWorkspace> workspaces(static_cast<size_t>(threads));
-  ProgressMeter meter(total, options.progress);
-  std::atomic<bool> cancel{false};
-  absl::Status st = ParallelFor(
-      order.size(), threads,
-      [&](size_t i, int worker) -> absl::Status {
-        const Task& task = tasks[order[i]];
-        if (task.kind == Task::Kind::kVerify) {
-          absl::Status s = VerifyRecordedChecksum(base, *task.tensor);
-          meter.Add(task.size);
-          return s;
-        }
-        if (task.kind == Task::Kind::kCopyFile) {
-          absl::Status s = CopyFileDurably(task.from, task.to);
-          meter.Add(task.size);
-          return s;
-        }
-        const CheckpointTensor& t = *task.tensor;
-        const CheckpointFile& in = base.files()[t.file];
-        OutFile& out = out_files[task.out_file];
-        if (task.kind == Task::Kind::kCopyRange) {
-          absl::Status s =
-              CopyRange(in.fd.get(), in.path, out.fd.get(), out.path, t.offset, t.nbytes);
-          meter.Add(task.size);
-          return s;
-        }
-        FileSource src(in.fd.get(), t.offset, &in.path);
-        FileSink sink(out.fd.get(), t.offset, &out.path);
-        FoldSpec spec{t.name,  t.nbytes, task.change->frames, task.change->expected, UINT64_MAX,
-                      &cancel, &meter};
-        return FoldFrames(workspaces[static_cast<size_t>(worker)], spec, src, sink);
-      },
-      &cancel);
-  if (!st.ok()) return st;
+  ProgressMeter meter(g->total, options.progress);
+  if (absl::Status s = RunGeneration(base, *g, threads, meter); !s.ok()) return s;
   result.write_seconds = SecondsSince(write_start);
 
   const auto sync_start = Clock::now();
-  st = ParallelFor(out_files.size(), threads, [&](size_t i, int) -> absl::Status {
-    if (::fsync(out_files[i].fd.get()) != 0) return ErrnoStatus(errno, "fsync", out_files[i].path);
-    return absl::OkStatus();
-  });
-  if (!st.ok()) return st;
-  out_files.clear();
-  if (absl::Status s = CopyCompanionFiles(anchor_dir, gen); !s.ok()) return s;
-  if (absl::Status s = WriteIndex(gen, MaterializedIndex(base.index(), target)); !s.ok()) return s;
-  if (absl::Status s = WriteFileAtomically(gen / kHeldVersionFileName, target.ToString() + "\n");
+  if (absl::Status s =
+          FinishGeneration(*g, threads, anchor_dir, base, target, gen, out_dir, out_exists);
       !s.ok()) {
     return s;
   }
-  // Every file is synced already (a no-op for them); this reaches the
-  // directories, including those of nested payload names.
-  if (absl::Status s = FsyncTree(gen); !s.ok()) return s;
-  if (absl::Status s = Swap(gen, out_dir, out_exists); !s.ok()) return s;
   meter.Finish();
   result.sync_seconds = SecondsSince(sync_start);
   return result;
