@@ -125,12 +125,20 @@ void CheckpointImage::Swap(CheckpointImage& other) noexcept {
   version_.swap(other.version_);
 }
 
-absl::StatusOr<ImageApplyResult> CheckpointImage::ApplyDeltas(std::span<const fs::path> delta_dirs,
-                                                              const ApplyOptions& options) {
-  if (!version_) {
-    return absl::FailedPreconditionError("the image holds no checkpoint; load one first");
-  }
-  const VersionRef held = *version_;
+namespace {
+
+// One tensor an apply changes in place.
+struct Job {
+  const std::string* name;
+  const TensorChange* change;
+  std::span<std::byte> bytes;
+};
+
+// The deltas after `held` (for `options.run_id`, or the run the image
+// holds), checked to continue from it: same run, no gap, not behind it.
+absl::StatusOr<DeltaChain> OpenChainAfter(const VersionRef& held,
+                                          std::span<const fs::path> delta_dirs,
+                                          const ApplyOptions& options) {
   if (!options.run_id.empty() && !held.run_id.empty() && options.run_id != held.run_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("the image holds run \"", held.run_id, "\", the deltas are for run \"",
@@ -144,9 +152,7 @@ absl::StatusOr<ImageApplyResult> CheckpointImage::ApplyDeltas(std::span<const fs
         absl::StrCat("the image holds run \"", held.run_id, "\", the deltas belong to run \"",
                      chain->run_id, "\"; load that run's boot checkpoint first"));
   }
-  ImageApplyResult result;
-  result.version = held;
-  if (chain->empty()) return result;
+  if (chain->empty()) return chain;
   if (chain->target_version() < held.version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the image holds version ", held.version, ", newer than the deltas' target version ",
@@ -159,6 +165,47 @@ absl::StatusOr<ImageApplyResult> CheckpointImage::ApplyDeltas(std::span<const fs
                      " applies to version ", chain->base_version(), "; the deltas for versions ",
                      held.version + 1, "..", chain->base_version(), " are missing"));
   }
+  return chain;
+}
+
+// Undoes a partial apply: XOR is its own inverse, so the frames each job
+// had folded (progress) are folded again over the same bytes.
+absl::Status UndoFolds(std::span<const Job> jobs, std::span<const FoldProgress> progress,
+                       std::vector<CodecWorkspace>& workspaces, int threads) {
+  return ParallelFor(jobs.size(), threads, [&](size_t k, int worker) -> absl::Status {
+    const Job& job = jobs[k];
+    const FoldProgress& p = progress[k];
+    std::span<const FrameRef> frames = job.change->frames;
+    MemorySource src(job.bytes);
+    MemorySink sink(job.bytes);
+    CodecWorkspace& ws = workspaces[static_cast<size_t>(worker)];
+    if (p.frames_done > 0) {
+      FoldSpec spec{*job.name, job.bytes.size(), frames.first(p.frames_done)};
+      if (absl::Status s = FoldFrames(ws, spec, src, sink); !s.ok()) return s;
+    }
+    if (p.prefix_done > 0) {
+      const size_t n = std::min(kMaxFramesPerPass, frames.size() - p.frames_done);
+      FoldSpec spec{*job.name, job.bytes.size(), frames.subspan(p.frames_done, n)};
+      spec.limit = p.prefix_done;
+      if (absl::Status s = FoldFrames(ws, spec, src, sink); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<ImageApplyResult> CheckpointImage::ApplyDeltas(std::span<const fs::path> delta_dirs,
+                                                              const ApplyOptions& options) {
+  if (!version_) {
+    return absl::FailedPreconditionError("the image holds no checkpoint; load one first");
+  }
+  const VersionRef held = *version_;
+  absl::StatusOr<DeltaChain> chain = OpenChainAfter(held, delta_dirs, options);
+  if (!chain.ok()) return chain.status();
+  ImageApplyResult result;
+  result.version = held;
+  if (chain->empty()) return result;
   if (absl::Status s = CheckChainAgainst(*chain,
                                          [&](std::string_view name) -> std::optional<uint64_t> {
                                            const ImageTensor* t = Find(name);
@@ -175,11 +222,6 @@ absl::StatusOr<ImageApplyResult> CheckpointImage::ApplyDeltas(std::span<const fs
   result.deltas_applied = chain->deltas.size() - first;
   result.tensors_changed = plan.size();
 
-  struct Job {
-    const std::string* name;
-    const TensorChange* change;
-    std::span<std::byte> bytes;
-  };
   std::vector<Job> jobs;
   std::vector<uint64_t> sizes;
   for (const auto& [name, change] : plan) {
@@ -216,26 +258,7 @@ absl::StatusOr<ImageApplyResult> CheckpointImage::ApplyDeltas(std::span<const fs
     return result;
   }
 
-  // Undo: XOR the same frames over the bytes that were changed.
-  absl::Status undo = ParallelFor(jobs.size(), threads, [&](size_t k, int worker) -> absl::Status {
-    const Job& job = jobs[k];
-    const FoldProgress& p = progress[k];
-    std::span<const FrameRef> frames = job.change->frames;
-    MemorySource src(job.bytes);
-    MemorySink sink(job.bytes);
-    CodecWorkspace& ws = workspaces[static_cast<size_t>(worker)];
-    if (p.frames_done > 0) {
-      FoldSpec spec{*job.name, job.bytes.size(), frames.first(p.frames_done)};
-      if (absl::Status s = FoldFrames(ws, spec, src, sink); !s.ok()) return s;
-    }
-    if (p.prefix_done > 0) {
-      const size_t n = std::min(kMaxFramesPerPass, frames.size() - p.frames_done);
-      FoldSpec spec{*job.name, job.bytes.size(), frames.subspan(p.frames_done, n)};
-      spec.limit = p.prefix_done;
-      if (absl::Status s = FoldFrames(ws, spec, src, sink); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  });
+  const absl::Status undo = UndoFolds(jobs, progress, workspaces, threads);
   if (!undo.ok()) {
     // Cannot happen unless memory runs out or files change underneath: the
     // same bytes decoded fine a moment ago. The contents are unknown now.

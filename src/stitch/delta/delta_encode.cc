@@ -258,6 +258,128 @@ absl::StatusOr<int64_t> ResolveBaseVersion(const EncodeOptions& options,
   return base;
 }
 
+// The tensors' frames, encoded into per-worker scratch files.
+struct EncodedTensors {
+  std::vector<EncodedTensor> tensors;  // in the order encoded
+  std::vector<ScratchFile> scratch;    // one per worker
+};
+
+// Encodes every tensor of `order` against its base, largest first, on the
+// options' threads. `*started` (when given) is set once bytes are encoded.
+absl::StatusOr<EncodedTensors> EncodeTensors(
+    std::span<const TensorInput* const> order,
+    const std::map<std::string_view, const TensorInput*>& base_by_name, const fs::path& tmp,
+    const EncodeOptions& options, uint64_t checkpoint_bytes, bool* started) {
+  std::vector<uint64_t> sizes;
+  for (const TensorInput* t : order) sizes.push_back(t->nbytes);
+  const int threads = static_cast<int>(std::min<size_t>(
+      static_cast<size_t>(options.threads > 0 ? options.threads : DefaultThreads()),
+      std::max<size_t>(order.size(), 1)));
+  std::vector<CodecWorkspace> workspaces(static_cast<size_t>(threads));
+  EncodedTensors out;
+  out.scratch.resize(static_cast<size_t>(threads));
+  out.tensors.resize(order.size());
+  ProgressMeter meter(checkpoint_bytes, options.progress);
+  std::atomic<bool> cancel{false};
+  const std::vector<size_t> schedule = LargestFirst(sizes);
+
+  if (started != nullptr) *started = true;
+  absl::Status st = ParallelFor(
+      schedule.size(), threads,
+      [&](size_t i, int worker) -> absl::Status {
+        const size_t k = schedule[i];
+        const TensorInput& t = *order[k];
+        const TensorInput& b = *base_by_name.at(t.name);
+        ScratchFile& sf = out.scratch[static_cast<size_t>(worker)];
+        if (!sf.is_open()) {
+          if (absl::Status s = sf.Open(tmp / absl::StrCat(".scratch-", worker)); !s.ok()) return s;
+        }
+        const uint64_t start = sf.end();
+        AnySource bs = SourceFor(b), ts = SourceFor(t);
+        EncodeSpec spec{t.name, t.nbytes, options.level, &cancel, &meter, b.advance};
+        absl::StatusOr<EncodedFrame> f = EncodeXorFrame(workspaces[static_cast<size_t>(worker)],
+                                                        spec, AsSource(bs), AsSource(ts), sf);
+        if (!f.ok()) return f.status();
+        if (!f->changed) sf.Rewind(start);
+        out.tensors[k] = EncodedTensor{f->changed, f->target_checksum, f->base_checksum, worker,
+                                       start,      f->frame_size};
+        return absl::OkStatus();
+      },
+      &cancel);
+  if (!st.ok()) return st;
+  meter.Finish();
+  return out;
+}
+
+// The DELTA index: the version, its base, the codec, the run, and the
+// fingerprints of the base's and the target's complete weights.
+CheckpointIndex DeltaIndex(std::span<const TensorInput* const> order, const EncodedTensors& encoded,
+                           int64_t base_version, const EncodeOptions& options) {
+  CheckpointIndex index;
+  index.metadata["version"] = VersionMetadataString(options.version);
+  index.metadata["base_version"] = VersionMetadataString(base_version);
+  index.metadata["delta_encoding"] = "xor";
+  index.metadata["compression_format"] = "zstd";
+  index.metadata["checksum_format"] = std::string(kChecksumFormat);
+  if (!options.run_id.empty()) index.metadata[std::string(kRunIdMetadataKey)] = options.run_id;
+  TensorChecksums base_sums, target_sums;
+  for (size_t k = 0; k < order.size(); ++k) {
+    base_sums[order[k]->name] = encoded.tensors[k].base_checksum;
+    target_sums[order[k]->name] = encoded.tensors[k].checksum;
+  }
+  index.metadata[std::string(kBaseFingerprintKey)] = WeightsFingerprint(base_sums).ToHex();
+  index.metadata[std::string(kWeightsFingerprintKey)] = WeightsFingerprint(target_sums).ToHex();
+  return index;
+}
+
+// Writes the changed tensors' frames into payload shards in `tmp` (each
+// file's __metadata__ mapping its tensors to their target checksums), adds
+// them to `index` and `result`.
+absl::Status WriteDeltaShards(std::span<const TensorInput* const> order,
+                              const EncodedTensors& encoded, const fs::path& tmp,
+                              uint64_t max_shard_bytes, CheckpointIndex& index,
+                              EncodeResult& result) {
+  std::vector<size_t> changed;
+  std::vector<uint64_t> changed_sizes;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (encoded.tensors[k].changed) {
+      changed.push_back(k);
+      changed_sizes.push_back(encoded.tensors[k].size);
+    }
+  }
+  result.changed_tensors = changed.size();
+  const std::vector<std::vector<size_t>> shards = Shard(changed_sizes, max_shard_bytes);
+  std::vector<std::byte> buf(1 << 20);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = ShardName(s, shards.size(), "delta");
+    SafetensorsWriter w;
+    for (size_t c : shards[s]) {
+      const size_t k = changed[c];
+      const EncodedTensor& e = encoded.tensors[k];
+      if (absl::Status as =
+              w.Add(order[k]->name, DType::kU8, {static_cast<int64_t>(e.size)}, e.size);
+          !as.ok()) {
+        return as;
+      }
+      w.SetMetadata(order[k]->name, e.checksum.ToHex());
+      index.weight_map[order[k]->name] = name;
+    }
+    absl::StatusOr<std::unique_ptr<SafetensorsWriter::Output>> out = w.Begin(tmp / name);
+    if (!out.ok()) return out.status();
+    for (size_t c : shards[s]) {
+      const EncodedTensor& e = encoded.tensors[changed[c]];
+      const ScratchFile& sf = encoded.scratch[static_cast<size_t>(e.worker)];
+      if (absl::Status cs = CopyRange(sf.fd(), e.offset, e.size, sf.path(), **out, buf); !cs.ok()) {
+        return cs;
+      }
+    }
+    if (absl::Status fin = (*out)->Finish(); !fin.ok()) return fin;
+    result.files.push_back(name);
+    result.payload_bytes += w.SerializeHeader().size() + w.data_size();
+  }
+  return absl::OkStatus();
+}
+
 // `*started` (when given) is set once the tensors' bytes start to be
 // encoded: input is refused before that.
 absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
@@ -292,108 +414,21 @@ absl::StatusOr<EncodeResult> EncodeImpl(std::span<const TensorInput> base,
   result.version = options.version;
   result.base_version = *base_version;
   result.tensors = order.size();
-  std::vector<uint64_t> sizes;
-  for (const TensorInput* t : order) {
-    sizes.push_back(t->nbytes);
-    result.checkpoint_bytes += t->nbytes;
+  for (const TensorInput* t : order) result.checkpoint_bytes += t->nbytes;
+
+  absl::StatusOr<EncodedTensors> encoded =
+      EncodeTensors(order, base_by_name, *tmp, options, result.checkpoint_bytes, started);
+  if (!encoded.ok()) return encoded.status();
+  CheckpointIndex index = DeltaIndex(order, *encoded, *base_version, options);
+  if (absl::Status s =
+          WriteDeltaShards(order, *encoded, *tmp, options.max_shard_bytes, index, result);
+      !s.ok()) {
+    return s;
   }
-
-  const int threads = static_cast<int>(std::min<size_t>(
-      static_cast<size_t>(options.threads > 0 ? options.threads : DefaultThreads()),
-      std::max<size_t>(order.size(), 1)));
-  std::vector<CodecWorkspace> workspaces(static_cast<size_t>(threads));
-  std::vector<ScratchFile> scratch(static_cast<size_t>(threads));
-  std::vector<EncodedTensor> encoded(order.size());
-  ProgressMeter meter(result.checkpoint_bytes, options.progress);
-  std::atomic<bool> cancel{false};
-  const std::vector<size_t> schedule = LargestFirst(sizes);
-
-  if (started != nullptr) *started = true;
-  absl::Status st = ParallelFor(
-      schedule.size(), threads,
-      [&](size_t i, int worker) -> absl::Status {
-        const size_t k = schedule[i];
-        const TensorInput& t = *order[k];
-        const TensorInput& b = *base_by_name.at(t.name);
-        ScratchFile& sf = scratch[static_cast<size_t>(worker)];
-        if (!sf.is_open()) {
-          if (absl::Status s = sf.Open(*tmp / absl::StrCat(".scratch-", worker)); !s.ok()) return s;
-        }
-        const uint64_t start = sf.end();
-        AnySource bs = SourceFor(b), ts = SourceFor(t);
-        EncodeSpec spec{t.name, t.nbytes, options.level, &cancel, &meter, b.advance};
-        absl::StatusOr<EncodedFrame> f = EncodeXorFrame(workspaces[static_cast<size_t>(worker)],
-                                                        spec, AsSource(bs), AsSource(ts), sf);
-        if (!f.ok()) return f.status();
-        if (!f->changed) sf.Rewind(start);
-        encoded[k] = EncodedTensor{f->changed, f->target_checksum, f->base_checksum, worker,
-                                   start,      f->frame_size};
-        return absl::OkStatus();
-      },
-      &cancel);
-  if (!st.ok()) return st;
-  meter.Finish();
-
-  std::vector<size_t> changed;
-  std::vector<uint64_t> changed_sizes;
-  for (size_t k = 0; k < order.size(); ++k) {
-    if (encoded[k].changed) {
-      changed.push_back(k);
-      changed_sizes.push_back(encoded[k].size);
-    }
-  }
-  result.changed_tensors = changed.size();
-
-  CheckpointIndex index;
-  index.metadata["version"] = VersionMetadataString(options.version);
-  index.metadata["base_version"] = VersionMetadataString(*base_version);
-  index.metadata["delta_encoding"] = "xor";
-  index.metadata["compression_format"] = "zstd";
-  index.metadata["checksum_format"] = std::string(kChecksumFormat);
-  if (!options.run_id.empty()) index.metadata[std::string(kRunIdMetadataKey)] = options.run_id;
-  {
-    TensorChecksums base_sums, target_sums;
-    for (size_t k = 0; k < order.size(); ++k) {
-      base_sums[order[k]->name] = encoded[k].base_checksum;
-      target_sums[order[k]->name] = encoded[k].checksum;
-    }
-    index.metadata[std::string(kBaseFingerprintKey)] = WeightsFingerprint(base_sums).ToHex();
-    index.metadata[std::string(kWeightsFingerprintKey)] = WeightsFingerprint(target_sums).ToHex();
-  }
-
-  const std::vector<std::vector<size_t>> shards = Shard(changed_sizes, options.max_shard_bytes);
-  std::vector<std::byte> buf(1 << 20);
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string name = ShardName(s, shards.size(), "delta");
-    SafetensorsWriter w;
-    for (size_t c : shards[s]) {
-      const size_t k = changed[c];
-      const EncodedTensor& e = encoded[k];
-      if (absl::Status as =
-              w.Add(order[k]->name, DType::kU8, {static_cast<int64_t>(e.size)}, e.size);
-          !as.ok()) {
-        return as;
-      }
-      w.SetMetadata(order[k]->name, e.checksum.ToHex());
-      index.weight_map[order[k]->name] = name;
-    }
-    absl::StatusOr<std::unique_ptr<SafetensorsWriter::Output>> out = w.Begin(*tmp / name);
-    if (!out.ok()) return out.status();
-    for (size_t c : shards[s]) {
-      const EncodedTensor& e = encoded[changed[c]];
-      const ScratchFile& sf = scratch[static_cast<size_t>(e.worker)];
-      if (absl::Status cs = CopyRange(sf.fd(), e.offset, e.size, sf.path(), **out, buf); !cs.ok()) {
-        return cs;
-      }
-    }
-    if (absl::Status fin = (*out)->Finish(); !fin.ok()) return fin;
-    result.files.push_back(name);
-    result.payload_bytes += w.SerializeHeader().size() + w.data_size();
-  }
-  for (ScratchFile& sf : scratch) {
+  for (ScratchFile& sf : encoded->scratch) {
     if (sf.is_open()) ::unlink(sf.path().c_str());
   }
-  scratch.clear();
+  encoded->scratch.clear();
   if (absl::Status s = WriteIndex(*tmp, index); !s.ok()) return s;
   if (absl::Status s = FsyncPath(*tmp); !s.ok()) return s;
   if (absl::Status s = RenameDurably(*tmp, out_dir); !s.ok()) return s;
