@@ -54,6 +54,8 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+// Long on purpose: one process's wiring, in the order it happens (flags,
+// token, pool, gateway, signals, shutdown).
 int RunGateway(const GatewayFlags& flags) {
   if (flags.port < 0 || flags.port > 65535) {
     ReportFailure(absl::InvalidArgumentError(

@@ -82,6 +82,64 @@ class ShutdownDeadline {
   std::thread thread_;
 };
 
+// The adapter for the engine kind the flags name.
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const SidecarConfig& config,
+                                                   const std::string& engine_token,
+                                                   const boost::asio::any_io_executor& executor,
+                                                   WorkerPool& pool) {
+  if (config.engine == EngineKind::kVllm) {
+    VllmEngineOptions vllm_options;
+    vllm_options.url = config.engine_url;
+    vllm_options.base_checkpoint_dir = config.reconciler.base_checkpoint_dir;
+    vllm_options.local_checkpoint_dir = config.local_checkpoint;
+    vllm_options.pause_mode = config.reconciler.commit_mode == CommitMode::kQuiesce
+                                  ? VllmPauseMode::kWait
+                                  : VllmPauseMode::kKeep;
+    vllm_options.api_key = engine_token;
+    auto made = VllmEngine::Make(executor, vllm_options, pool);
+    if (!made.ok()) return made.status();
+    return std::unique_ptr<Engine>(*std::move(made));
+  }
+  SglangEngineOptions engine_options;
+  engine_options.url = config.engine_url;
+  engine_options.base_checkpoint_dir = config.reconciler.base_checkpoint_dir;
+  engine_options.local_checkpoint_dir = config.local_checkpoint;
+  engine_options.destination = config.update_mode;
+  engine_options.load_format = config.disk_load_format;
+  engine_options.api_key = engine_token;
+  if (config.engine == EngineKind::kSglangStock) {
+    auto made = StockSglangEngine::Make(executor, engine_options, pool);
+    if (!made.ok()) return made.status();
+    return std::unique_ptr<Engine>(*std::move(made));
+  }
+  auto made = SglangEngine::Make(executor, engine_options);
+  if (!made.ok()) return made.status();
+  return std::unique_ptr<Engine>(*std::move(made));
+}
+
+// The sidecar's settings from its checked flags and tokens.
+Sidecar::Settings SettingsFor(const SidecarConfig& config, bool auth_data_plane,
+                              const std::string& auth_token, const std::string& engine_token) {
+  Sidecar::Settings settings;
+  settings.reconciler = config.reconciler;
+  settings.watchdog = config.watchdog;
+  settings.proxy.engine = config.engine_http.origin;
+  settings.proxy.rid_field =
+      config.engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
+  settings.proxy.engine_token = engine_token;
+  settings.proxy.assemble_whole_generate = config.assemble_whole_generate;
+  settings.proxy.own_authorization = !auth_token.empty();
+  settings.auth_token = auth_token;
+  settings.auth_data_plane = auth_data_plane;
+  settings.log_requests = config.log_requests;
+  settings.server = config.server;
+  return settings;
+}
+
+// Long on purpose: one process's wiring, in the order it happens (flags,
+// tokens, store, engine, sidecar, signals, shutdown), each refusal with its
+// own exit code; the parts that have a meaning of their own are the
+// functions above.
 int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   auto config = CheckSidecarFlags(flags);
   if (!config.ok()) {
@@ -135,49 +193,11 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   auto loop = std::make_unique<EventLoop>();
   SteadyClock clock;
 
-  SglangEngineOptions engine_options;
-  engine_options.url = config->engine_url;
-  engine_options.base_checkpoint_dir = config->reconciler.base_checkpoint_dir;
-  engine_options.local_checkpoint_dir = config->local_checkpoint;
-  engine_options.destination = config->update_mode;
-  engine_options.load_format = config->disk_load_format;
-  engine_options.api_key = *engine_token;
-  std::unique_ptr<Engine> engine;
-  if (config->engine == EngineKind::kSglang) {
-    auto made = SglangEngine::Make(loop->executor(), engine_options);
-    if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
-    engine = *std::move(made);
-  } else if (config->engine == EngineKind::kSglangStock) {
-    auto made = StockSglangEngine::Make(loop->executor(), engine_options, pool);
-    if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
-    engine = *std::move(made);
-  } else {
-    VllmEngineOptions vllm_options;
-    vllm_options.url = config->engine_url;
-    vllm_options.base_checkpoint_dir = config->reconciler.base_checkpoint_dir;
-    vllm_options.local_checkpoint_dir = config->local_checkpoint;
-    vllm_options.pause_mode = config->reconciler.commit_mode == CommitMode::kQuiesce
-                                  ? VllmPauseMode::kWait
-                                  : VllmPauseMode::kKeep;
-    vllm_options.api_key = *engine_token;
-    auto made = VllmEngine::Make(loop->executor(), vllm_options, pool);
-    if (!made.ok()) return ReportFailure(Annotate(made.status(), "sidecar"));
-    engine = *std::move(made);
-  }
+  auto engine = MakeEngine(*config, *engine_token, loop->executor(), pool);
+  if (!engine.ok()) return ReportFailure(Annotate(engine.status(), "sidecar"));
 
-  Sidecar::Settings settings;
-  settings.reconciler = config->reconciler;
-  settings.watchdog = config->watchdog;
-  settings.proxy.engine = config->engine_http.origin;
-  settings.proxy.rid_field =
-      config->engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
-  settings.proxy.engine_token = *engine_token;
-  settings.proxy.assemble_whole_generate = config->assemble_whole_generate;
-  settings.proxy.own_authorization = !auth_token->empty();
-  settings.auth_token = *auth_token;
-  settings.auth_data_plane = flags.auth_data_plane;
-  settings.log_requests = config->log_requests;
-  settings.server = config->server;
+  Sidecar::Settings settings =
+      SettingsFor(*config, flags.auth_data_plane, *auth_token, *engine_token);
   // Both callbacks run on the loop thread, so they never race each other.
   absl::Notification stop;
   std::optional<absl::Status> terminal;  // written on the loop before stop is notified
@@ -187,7 +207,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
       stop.Notify();
     }
   };
-  Sidecar::Ports ports{loop->executor(), &pool, store->get(), engine.get(), &clock};
+  Sidecar::Ports ports{loop->executor(), &pool, store->get(), engine->get(), &clock};
   auto started = loop->BlockOn(Sidecar::Start(settings, ports));
   if (!started.ok()) return ReportFailure(started.status());
   std::unique_ptr<Sidecar> sidecar = *std::move(started);
@@ -197,7 +217,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   });
 
   std::cout << "stitch sidecar: listening on " << sidecar->url() << " (engine "
-            << config->engine_url << " [" << engine->name() << ", "
+            << config->engine_url << " [" << (*engine)->name() << ", "
             << UpdateDestinationName(config->update_mode) << "], store " << (*store)->uri()
             << ", run " << config->reconciler.run_id << ")" << std::endl;
 
@@ -215,7 +235,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
     }());
     // I/O objects go before their loop, once nothing uses them.
     sidecar.reset();
-    engine.reset();
+    engine->reset();
     loop.reset();
   }
   return exit_code;
@@ -223,6 +243,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
 
 }  // namespace
 
+// Long on purpose: the sidecar's flag declarations, one after another.
 void AddSidecarCommand(CLI::App& app, int* exit_code) {
   static SidecarFlags flags;
   static BodyLimitArgs body_limits;

@@ -39,6 +39,8 @@ constexpr char kStoreForms[] =
 // original's cookbook factory turned into a Store as follows: backend=s3
 // is an S3 store at s3_root (endpoint s3_endpoint_url) caching under the
 // local root; backend=modal-volume a Modal Volume mounted at the local root.
+// Long on purpose: one case per form of the original's store flags, each
+// refused with the flag that replaces it.
 absl::Status ResolveStore(const SidecarFlags& flags, SidecarConfig& config) {
   if (!flags.store_factory.empty() && flags.store_factory != kOriginalStoreFactory) {
     return Refuse(absl::StrCat("--store-factory ", flags.store_factory,
@@ -130,6 +132,8 @@ absl::Status ResolveStore(const SidecarFlags& flags, SidecarConfig& config) {
 
 }  // namespace
 
+// Long on purpose: every flag checked in turn, each with its own message;
+// flags that combine (the store, the engine) have functions of their own.
 absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   SidecarConfig config;
   if (absl::Status s = ResolveStore(flags, config); !s.ok()) return s;

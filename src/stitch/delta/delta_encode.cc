@@ -1,3 +1,7 @@
+// Over ~600 lines on purpose: the DELTA encoder and the FULL writer share
+// the output protocol (a temporary directory beside the output and its
+// guard, scratch files, shard names and sizes), private to this file.
+
 #include "stitch/delta/delta_encode.h"
 
 #include <fcntl.h>

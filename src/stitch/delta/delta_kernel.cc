@@ -1,3 +1,7 @@
+// Over ~600 lines on purpose: the codec's inner loops (XOR, the zero-run
+// matcher, encode, fold, undo) share one workspace type, whose buffers and
+// zstd contexts stay private to this file.
+
 #include "stitch/delta/delta_kernel.h"
 
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_getFrameHeader, ZSTD_registerSequenceProducer

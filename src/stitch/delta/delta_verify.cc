@@ -122,6 +122,9 @@ absl::StatusOr<std::vector<std::string>> VerifyPayloadFile(const fs::path& dir,
   return names;
 }
 
+// Long on purpose: the checks a publisher runs before the pointer moves,
+// in order (index, files, frames, then checksums against the base when
+// given), each failure naming its file and tensor.
 absl::StatusOr<VerifyReport> VerifyVersion(const fs::path& dir,
                                            const std::optional<fs::path>& base_dir,
                                            const VerifyOptions& options) {

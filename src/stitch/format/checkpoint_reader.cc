@@ -82,6 +82,9 @@ absl::StatusOr<CheckpointFile> OpenSafetensorsForReading(const fs::path& path, s
   return f;
 }
 
+// Long on purpose: the index and every file it names are checked against
+// each other in one pass (each tensor mapped once, to the file that holds
+// it, and nothing else in any file), with one message per mismatch.
 absl::StatusOr<CheckpointReader> CheckpointReader::Open(const fs::path& dir) {
   CheckpointReader r;
   r.dir_ = dir;

@@ -222,6 +222,9 @@ int64_t TensorInfo::numel() const {
   return static_cast<int64_t>(*n);
 }
 
+// Long on purpose: the header's checks in the order the format defines
+// them (length, JSON, each entry's dtype, shape and offsets, the coverage of
+// the data section), so that a reader sees every rule in one place.
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::span<const std::byte> prefix,
                                                          uint64_t file_size) {
   if (prefix.size() > file_size) {

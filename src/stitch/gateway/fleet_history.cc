@@ -205,6 +205,8 @@ void FleetHistory::Conflict() { ++Current().conflicts; }
 void FleetHistory::Unavailable() { ++Current().unavailable; }
 void FleetHistory::Retried() { ++Current().retries; }
 
+// Long on purpose: it writes the dashboard's one JSON document (/ui/state)
+// field by field, in one place.
 std::string FleetHistory::Json(const ReplicaMap& replicas) const {
   const double now = Now();
   json::object o;

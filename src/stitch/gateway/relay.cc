@@ -70,6 +70,10 @@ HttpHeaders Relay::UpstreamHeaders(const HttpHeaders& from) const {
   return headers;
 }
 
+// Long on purpose: one versioned request's path through the gateway, in
+// order (read the constraint and session, wait for a replica, try up to
+// max_attempts, answer); the steps that stand alone (Attempt,
+// AttemptStream, RelayStream, the chooser) are functions of their own.
 awaitable<void> Relay::Versioned(HttpExchange& exchange) {
   ++counters_.requests;
   absl::StatusOr<VersionedAsk> ask = ReadVersionedAsk(exchange.request().body);

@@ -1,3 +1,6 @@
+// Over ~600 lines on purpose: the connection pool and the ways to call
+// through it (whole, streamed, fetched) share its connection handling.
+
 #include "stitch/net/client.h"
 
 #include <sys/socket.h>

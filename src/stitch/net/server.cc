@@ -1,3 +1,7 @@
+// Over ~600 lines on purpose: one connection's life (ServerConnection:
+// read a head, judge it, hold a body within the budgets, dispatch, write,
+// keep alive or close) is one state machine whose parts share its state.
+
 #include "stitch/net/server.h"
 
 #include <sys/resource.h>

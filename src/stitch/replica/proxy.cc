@@ -1,3 +1,7 @@
+// Over ~600 lines on purpose: the versioned proxy's request paths (whole,
+// streamed, assembled, unversioned) share the Call state and the answers
+// they build.
+
 #include "stitch/replica/proxy.h"
 
 #include <optional>
@@ -519,6 +523,10 @@ awaitable<void> VersionedProxy::NotAssembled(HttpExchange& exchange, Call& call,
   (void)co_await exchange.Respond(std::move(response));
 }
 
+// Long on purpose: reading the engine's event stream and judging and
+// assembling each event share one state (the assembler, why the answer
+// cannot be vouched for or placed, an error event) from the first event to
+// the answer.
 awaitable<void> VersionedProxy::RelayAssembled(HttpExchange& exchange, Call& call) {
   std::optional<HttpResponseStream> stream = co_await OpenEventStream(exchange, call);
   if (!stream.has_value()) co_return;
