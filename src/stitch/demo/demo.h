@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-#include "stitch/refengine/engine_api.h"
+#include "stitch/refengine/dialect.h"
 
 namespace stitch {
 

@@ -27,7 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/demo/report.h"
 #include "stitch/demo/supervisor.h"
-#include "stitch/refengine/engine_api.h"
+#include "stitch/refengine/dialect.h"
 
 namespace stitch {
 

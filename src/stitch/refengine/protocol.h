@@ -29,7 +29,7 @@
 #include "stitch/api/routes.h"
 #include "stitch/core/version.h"
 #include "stitch/refengine/config.h"
-#include "stitch/refengine/engine_api.h"
+#include "stitch/refengine/dialect.h"
 #include "stitch/refengine/faults.h"
 #include "stitch/refengine/scheduler.h"
 #include "stitch/refengine/staging.h"

@@ -46,7 +46,7 @@ struct EngineOptions {
   std::string run_id;
   // The model name in OpenAI responses; default: model_dir's last component.
   std::string served_model_name;
-  // Whose HTTP API it speaks (protocol.h).
+  // Whose HTTP API it speaks (dialect.h).
   EngineApi api = EngineApi::kSglang;
   SchedulerOptions scheduler;
   FaultOptions faults;

@@ -1,5 +1,6 @@
-// Whose HTTP API the reference engine speaks, on its own so that callers
-// that only choose (the demo, the CLI) need not include the protocol.
+// The dialects of the reference engine's HTTP API, on their own so that
+// callers that only choose one (the demo, the CLI) need not include the
+// protocol.
 #pragma once
 
 #include <string_view>
