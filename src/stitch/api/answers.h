@@ -1,6 +1,6 @@
 // The answers the rollout API gives instead of a generation, each written
 // here and nowhere else, so that the sidecar and the gateway answer alike
-// (docs/design.md, "HTTP contracts"; errors grouped by where recovery
+// (docs/design.md, "The rollout API"; errors grouped by where recovery
 // happens):
 //   400 BadRequest              the request is at fault; do not retry it as is
 //   403 RouteBlocked            an engine control route; never forwarded

@@ -1,4 +1,4 @@
-// The routes of the versioned rollout API (docs/design.md, "HTTP contracts"),
+// The routes of the versioned rollout API (docs/design.md, "The rollout API"),
 // as every party that serves them classifies a request path: the sidecar,
 // the gateway and the reference engine.
 //

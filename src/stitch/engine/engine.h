@@ -1,5 +1,5 @@
 // The Engine port: how a replica sidecar drives the inference engine beside
-// it (docs/design.md, "Engine protocol"). The sidecar is the only thing that talks
+// it (docs/design.md, "Engines"). The sidecar is the only thing that talks
 // to the engine's control surface; everything it needs goes through here.
 //
 // Lifecycle, as the reconciler uses it:

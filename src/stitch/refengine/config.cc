@@ -80,6 +80,8 @@ absl::StatusOr<int32_t> GetTokenId(const json::value& v, std::string_view field,
   return static_cast<int32_t>(*id);
 }
 
+// Long on purpose: config.json's fields read one after another, each with
+// its own check and message.
 absl::StatusOr<ModelConfig> ParseObject(const json::object& o) {
   ModelConfig c;
   auto required_int = [&](std::string_view key, int64_t& out) -> absl::Status {

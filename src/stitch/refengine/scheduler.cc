@@ -424,6 +424,9 @@ void Scheduler::SweepFinished() {
   running_count_ -= removed;
 }
 
+// Long on purpose: one step of the batch (forward pass, then each
+// sequence's token: prefix sharing, stop strings, what may be emitted) over
+// state every part of it reads and writes; the model math is model.cc's.
 void Scheduler::Step() {
   std::vector<Sequence*> sequences;
   std::vector<Entry*> entries;

@@ -1,6 +1,8 @@
 // `stitch engine`: the reference inference engine's HTTP server. It speaks
-// SGLang's HTTP API with the staged-update extension (docs/design.md, "Engine
-// protocol"); docs/engine.md documents every route.
+// one dialect (dialect.h): SGLang's HTTP API with the staged-update
+// extension (sglang_routes.cc), or vLLM's (vllm_routes.cc); docs/engine.md
+// documents every route, docs/design.md ("Engines") how the sidecar uses
+// them.
 //
 // Threads: one event loop runs every connection and handler (net/server.h);
 // one scheduler thread runs the model (scheduler.h), and the loop never does
@@ -9,7 +11,7 @@
 // loop; control routes post commands to the scheduler and await their
 // completion on the loop.
 //
-// Routes:
+// Routes of the SGLang dialect (the vLLM dialect's: vllm_routes.cc):
 //   POST /generate, /v1/completions, /v1/chat/completions   generation
 //   GET  /v1/models
 //   POST /pause_generation, /continue_generation, /abort_request
