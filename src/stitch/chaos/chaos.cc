@@ -26,12 +26,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "stitch/chaos/checker.h"
 #include "stitch/chaos/client.h"
 #include "stitch/chaos/faults.h"
 #include "stitch/chaos/fleet.h"
 #include "stitch/chaos/history.h"
+#include "stitch/chaos/leftovers.h"
 #include "stitch/chaos/oracle.h"
 #include "stitch/chaos/resources.h"
 #include "stitch/chaos/schedule.h"
@@ -166,66 +166,6 @@ int64_t EngineBusy(const std::string& url, const std::string& api_key) {
   return total;
 }
 
-// Processes still alive that the run started or orphaned: children of this
-// process (a subreaper, so orphans come back to it) and members of the
-// process groups it created.
-std::vector<std::string> LeftoverProcesses(const std::set<int>& groups) {
-  std::vector<std::string> out;
-  const int self = ::getpid();
-  std::error_code ec;
-  for (auto it = fs::directory_iterator("/proc", ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(it->path().filename().string(), &pid) || pid == self) continue;
-    std::ifstream in(it->path() / "stat");
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    const size_t open = line.find('(');
-    const size_t close = line.rfind(')');
-    if (open == std::string::npos || close == std::string::npos) continue;
-    std::vector<std::string> rest = absl::StrSplit(line.substr(close + 2), ' ');
-    if (rest.size() < 3) continue;
-    int ppid = 0;
-    int pgrp = 0;
-    if (!absl::SimpleAtoi(rest[1], &ppid) || !absl::SimpleAtoi(rest[2], &pgrp)) continue;
-    if (rest[0] == "Z" || (ppid != self && !groups.contains(pgrp))) continue;
-    out.push_back(absl::StrFormat("pid %d (%s), parent %d, process group %d", pid,
-                                  line.substr(open + 1, close - open - 1), ppid, pgrp));
-  }
-  return out;
-}
-
-bool LooksTemporary(const std::string& name) {
-  return absl::StrContains(name, ".tmp") || absl::StartsWith(name, "tmp");
-}
-
-// Temporary files and directories left under `dir`: everything in its tmp/
-// (the TMPDIR of every process of the run), and anything named like a
-// temporary elsewhere, except under `skip`.
-std::vector<std::string> LeftoverTemp(const fs::path& dir, const std::vector<fs::path>& skip) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(dir / "tmp", ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    out.push_back(fs::relative(it->path(), dir, ec).string());
-  }
-  for (auto it = fs::recursive_directory_iterator(dir, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    const fs::path& p = it->path();
-    bool skipped = false;
-    for (const fs::path& s : skip) skipped |= p == s;
-    if (skipped || p == dir / "tmp") {
-      it.disable_recursion_pending();
-      continue;
-    }
-    if (LooksTemporary(p.filename().string())) {
-      out.push_back(fs::relative(p, dir, ec).string());
-      it.disable_recursion_pending();
-    }
-  }
-  return out;
-}
-
 class Run {
  public:
   Run(const ChaosOptions& options, const std::atomic<bool>& stop)
@@ -246,8 +186,19 @@ class Run {
   }
   double Now() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
   absl::Status SetUp();
+  // The fleet's options; writes its token files and picks the filesystem
+  // store's place.
+  ChaosFleetOptions FleetOptions();
+  // Starts the S3 server or mounts the filesystem store's tmpfs; adds the
+  // store's fault kinds to `kinds` and notes the ones left out.
+  absl::Status PrepareStore(std::vector<FaultKind>& kinds);
   absl::Status Load();
   EndEntry Finish();
+  // The steps of Finish, each filling its part of `end`.
+  void AwaitConvergence(EndEntry& end);
+  void AwaitDrain(EndEntry& end);
+  void StopEverything(EndEntry& end);
+  std::vector<std::string> TempLeftBehind();
   int Report(EndEntry end);
 
   const ChaosOptions& options_;
@@ -275,24 +226,7 @@ class Run {
   std::unique_ptr<FaultInjector> injector_;
 };
 
-absl::Status Run::SetUp() {
-  auto dir = PrepareDir(options_.dir);
-  if (!dir.ok()) return dir.status();
-  dir_ = *dir;
-  Say(absl::StrCat("seed ", options_.seed, ", ", options_.minutes, " min, ", options_.store,
-                   " store, ", options_.replicas, " replicas; run directory ", dir_.string()));
-  // Orphans of the run (a server's child whose parent was killed) come back
-  // here, so that the end can tell whether any is left.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  // Every process of the run keeps its temporary files where the end can
-  // see them.
-  std::error_code ec;
-  fs::create_directories(dir_ / "tmp", ec);
-  ::setenv("TMPDIR", (dir_ / "tmp").c_str(), 1);
-
-  std::vector<FaultKind> kinds = {FaultKind::kEngineKill,    FaultKind::kEngineStop,
-                                  FaultKind::kSidecarKill,   FaultKind::kGatewayKill,
-                                  FaultKind::kPublisherKill, FaultKind::kClientDisconnect};
+ChaosFleetOptions Run::FleetOptions() {
   const fs::path token_file = dir_ / "fleet.token";
   const fs::path engine_token_file = dir_ / "engine.token";
   std::ofstream(token_file) << token_ << "\n";
@@ -314,7 +248,10 @@ absl::Status Run::SetUp() {
     store_uri_ = store_root_.string();
     fleet.store_uri = store_uri_;
   }
-  fleet_ = std::make_unique<ChaosFleet>(supervisor_, fleet, &stop_);
+  return fleet;
+}
+
+absl::Status Run::PrepareStore(std::vector<FaultKind>& kinds) {
   if (options_.store == "s3") {
     ::setenv("AWS_ACCESS_KEY_ID", "chaos", 1);
     ::setenv("AWS_SECRET_ACCESS_KEY", "chaos", 1);
@@ -330,20 +267,43 @@ absl::Status Run::SetUp() {
     auto uri = fleet_->StartS3("chaos");
     if (!uri.ok()) return uri.status();
     store_uri_ = *uri;
-  } else {
-    kinds.push_back(FaultKind::kStoreUnreadable);
-    run_.left_out.push_back(
-        "s3_kill, s3_stall: S3 server faults run in the S3 configuration (CHAOS_STORE=s3)");
-    run_.left_out.push_back(
-        "slow store: a local file system has no delay to inject without a delay device; the "
-        "S3 configuration's s3_stall is the slow store");
-    if (absl::Status mounted = MountTmpfs(store_mount_, kTmpfsMegabytes); mounted.ok()) {
-      kinds.push_back(FaultKind::kStoreFull);
-    } else {
-      run_.left_out.push_back(absl::StrCat("store_full: ", mounted.message()));
-      store_mounted_ = false;
-    }
+    return absl::OkStatus();
   }
+  kinds.push_back(FaultKind::kStoreUnreadable);
+  run_.left_out.push_back(
+      "s3_kill, s3_stall: S3 server faults run in the S3 configuration (CHAOS_STORE=s3)");
+  run_.left_out.push_back(
+      "slow store: a local file system has no delay to inject without a delay device; the "
+      "S3 configuration's s3_stall is the slow store");
+  if (absl::Status mounted = MountTmpfs(store_mount_, kTmpfsMegabytes); mounted.ok()) {
+    kinds.push_back(FaultKind::kStoreFull);
+  } else {
+    run_.left_out.push_back(absl::StrCat("store_full: ", mounted.message()));
+    store_mounted_ = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run::SetUp() {
+  auto dir = PrepareDir(options_.dir);
+  if (!dir.ok()) return dir.status();
+  dir_ = *dir;
+  Say(absl::StrCat("seed ", options_.seed, ", ", options_.minutes, " min, ", options_.store,
+                   " store, ", options_.replicas, " replicas; run directory ", dir_.string()));
+  // Orphans of the run (a server's child whose parent was killed) come back
+  // here, so that the end can tell whether any is left.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // Every process of the run keeps its temporary files where the end can
+  // see them.
+  std::error_code ec;
+  fs::create_directories(dir_ / "tmp", ec);
+  ::setenv("TMPDIR", (dir_ / "tmp").c_str(), 1);
+
+  std::vector<FaultKind> kinds = {FaultKind::kEngineKill,    FaultKind::kEngineStop,
+                                  FaultKind::kSidecarKill,   FaultKind::kGatewayKill,
+                                  FaultKind::kPublisherKill, FaultKind::kClientDisconnect};
+  fleet_ = std::make_unique<ChaosFleet>(supervisor_, FleetOptions(), &stop_);
+  if (absl::Status s = PrepareStore(kinds); !s.ok()) return s;
   for (const std::string& line : run_.left_out) Say(absl::StrCat("left out: ", line));
 
   run_.seed = options_.seed;
@@ -448,8 +408,7 @@ absl::Status Run::Load() {
   return absl::OkStatus();
 }
 
-EndEntry Run::Finish() {
-  EndEntry end;
+void Run::AwaitConvergence(EndEntry& end) {
   // Converged: every sidecar ready at the final pointer and the gateway
   // answering min_version = that pointer.
   const auto deadline = Clock::now() + kConvergeTimeout;
@@ -489,40 +448,33 @@ EndEntry Run::Finish() {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   end.convergence = why;
-  if (load_ != nullptr) load_->StopProbes();
+}
 
+void Run::AwaitDrain(EndEntry& end) {
   // Nothing may keep running once the clients are gone.
-  if (fleet_ != nullptr) {
-    const auto drain = Clock::now() + kDrainTimeout;
-    for (;;) {
-      end.unfinished.clear();
-      for (int r = 0; r < options_.replicas; ++r) {
-        const int64_t busy = EngineBusy(fleet_->engine_url(r), engine_key_);
-        if (busy != 0) {
-          end.unfinished.push_back(absl::StrCat("engine r", r, ": ",
-                                                busy < 0 ? "unreadable" : absl::StrCat(busy),
-                                                " requests running or queued"));
-        }
-        std::optional<ReplicaState> s = ServerInfo(fleet_->sidecar_url(r), token_);
-        if (s.has_value() && s->active_requests != 0) {
-          end.unfinished.push_back(
-              absl::StrCat("sidecar r", r, ": ", s->active_requests, " requests in flight"));
-        }
+  if (fleet_ == nullptr) return;
+  const auto drain = Clock::now() + kDrainTimeout;
+  for (;;) {
+    end.unfinished.clear();
+    for (int r = 0; r < options_.replicas; ++r) {
+      const int64_t busy = EngineBusy(fleet_->engine_url(r), engine_key_);
+      if (busy != 0) {
+        end.unfinished.push_back(absl::StrCat("engine r", r, ": ",
+                                              busy < 0 ? "unreadable" : absl::StrCat(busy),
+                                              " requests running or queued"));
       }
-      if (end.unfinished.empty() || Clock::now() >= drain) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::optional<ReplicaState> s = ServerInfo(fleet_->sidecar_url(r), token_);
+      if (s.has_value() && s->active_requests != 0) {
+        end.unfinished.push_back(
+            absl::StrCat("sidecar r", r, ": ", s->active_requests, " requests in flight"));
+      }
     }
+    if (end.unfinished.empty() || Clock::now() >= drain) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  if (watcher_ != nullptr) watcher_->Stop();
-  if (sampler_ != nullptr) sampler_->Stop();
+}
 
-  if (store_ != nullptr && end.final_pointer >= 0) {
-    absl::Status bytes = VerifyVersionBytes(*store_, oracle_, dir_ / "base", end.final_pointer);
-    end.pointer_complete = bytes.ok();
-    end.pointer_detail = std::string(bytes.message());
-  }
-
-  // Stop everything, then look for what is left.
+void Run::StopEverything(EndEntry& end) {
   std::set<int> groups;
   std::vector<FleetProcess> started;
   std::vector<FleetProcess> running;
@@ -548,7 +500,9 @@ EndEntry Run::Finish() {
   }
   end.leftover_processes = LeftoverProcesses(groups);
   for (const std::string& line : end.leftover_processes) Say(absl::StrCat("left behind: ", line));
+}
 
+std::vector<std::string> Run::TempLeftBehind() {
   std::error_code ec;
   fs::remove_all(dir_ / "publish", ec);  // the trainer's own work, never published
   std::vector<fs::path> skip = {dir_ / "logs", dir_ / "s3", dir_ / "harness-cache"};
@@ -558,7 +512,26 @@ EndEntry Run::Finish() {
       if (absl::StrContains(it->path().filename().string(), ".stray-")) skip.push_back(it->path());
     }
   }
-  end.leftover_temp = LeftoverTemp(dir_, skip);
+  return LeftoverTemp(dir_, skip);
+}
+
+EndEntry Run::Finish() {
+  EndEntry end;
+  AwaitConvergence(end);
+  if (load_ != nullptr) load_->StopProbes();
+  AwaitDrain(end);
+  if (watcher_ != nullptr) watcher_->Stop();
+  if (sampler_ != nullptr) sampler_->Stop();
+
+  if (store_ != nullptr && end.final_pointer >= 0) {
+    absl::Status bytes = VerifyVersionBytes(*store_, oracle_, dir_ / "base", end.final_pointer);
+    end.pointer_complete = bytes.ok();
+    end.pointer_detail = std::string(bytes.message());
+  }
+
+  // Stop everything, then look for what is left.
+  StopEverything(end);
+  end.leftover_temp = TempLeftBehind();
   if (injector_ != nullptr) {
     for (const std::string& f : injector_->Findings()) end.notes.push_back(f);
   }

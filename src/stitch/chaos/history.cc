@@ -296,6 +296,137 @@ absl::StatusOr<HistoryEntry> Finish(const Reader& r, HistoryEntry entry) {
   return entry;
 }
 
+absl::StatusOr<HistoryEntry> ReadRun(Reader& r) {
+  RunEntry e;
+  e.seed = r.Unsigned("seed");
+  e.minutes = r.Double("minutes");
+  e.store = r.String("store");
+  e.replicas = static_cast<int>(r.Int("replicas"));
+  e.dir = r.String("dir");
+  e.replay = r.String("replay");
+  if (const json::value* s = r.Find("schedule"); s != nullptr && s->is_array()) {
+    for (const json::value& item : s->get_array()) {
+      if (!item.is_object()) return absl::InvalidArgumentError("chaos history: bad schedule");
+      Reader fr(item.get_object());
+      e.schedule.push_back(ReadFault(fr));
+      if (!fr.status().ok()) return fr.status();
+    }
+  }
+  e.left_out = r.StringList("left_out");
+  return Finish(r, e);
+}
+
+Outcome ReadOutcome(Reader& r) {
+  const std::string outcome = r.String("outcome", true);
+  for (Outcome o :
+       {Outcome::kAnswered, Outcome::kRetryable, Outcome::kFailed, Outcome::kClientLeft}) {
+    if (OutcomeName(o) == outcome) return o;
+  }
+  r.Fail("outcome", absl::StrCat("names no outcome: ", outcome));
+  return RequestRecord{}.outcome;
+}
+
+Verdict ReadVerdict(Reader& r) {
+  const std::string verdict = r.String("verdict");
+  for (Verdict v : {Verdict::kNone, Verdict::kSame, Verdict::kCrossed, Verdict::kUnjudged,
+                    Verdict::kMismatch}) {
+    if (VerdictName(v) == verdict) return v;
+  }
+  r.Fail("verdict", absl::StrCat("names no verdict: ", verdict));
+  return RequestRecord{}.verdict;
+}
+
+absl::StatusOr<HistoryEntry> ReadRequest(Reader& r) {
+  RequestRecord q;
+  q.id = r.Int("id", true);
+  q.via = r.String("via", true);
+  q.route = r.String("route", true);
+  q.stream = r.Bool("stream");
+  q.session = r.String("session");
+  q.probe = r.Bool("probe");
+  if (const json::value* c = r.Find("constraint"); c != nullptr && c->is_object()) {
+    Reader cr(c->get_object());
+    q.constraint.exact_version = cr.OptionalInt("exact_version");
+    q.constraint.min_version = cr.OptionalInt("min_version");
+    if (!cr.status().ok()) return cr.status();
+  }
+  q.pointer = r.Int("pointer");
+  q.sent_s = r.Double("sent_s");
+  q.done_s = r.Double("done_s");
+  q.status = static_cast<int>(r.Int("status"));
+  q.outcome = ReadOutcome(r);
+  q.error = r.String("error");
+  q.start = r.OptionalInt("start");
+  q.end = r.OptionalInt("end");
+  q.prompt = static_cast<int>(r.Int("prompt"));
+  q.max_tokens = r.Int("max_tokens");
+  q.tokens = r.IntList<int32_t>("tokens");
+  q.text = r.String("text");
+  q.events = static_cast<int>(r.Int("events"));
+  q.verdict = ReadVerdict(r);
+  q.versions = r.IntList<int64_t>("versions");
+  q.switch_at = r.IntList<int>("switch_at");
+  q.matches = r.OptionalInt("matches");
+  q.spans = r.String("spans");
+  q.spans_check = r.String("spans_check");
+  return Finish(r, q);
+}
+
+absl::StatusOr<HistoryEntry> ReadFaultEntry(Reader& r) {
+  FaultEntry e;
+  e.fault = ReadFault(r);
+  e.applied_s = r.Double("applied_s");
+  e.ended_s = r.Double("ended_s");
+  e.skipped = r.Bool("skipped");
+  e.note = r.String("note");
+  return Finish(r, e);
+}
+
+absl::StatusOr<HistoryEntry> ReadPublish(Reader& r) {
+  PublishEntry e;
+  e.version = r.Int("version", true);
+  e.full = r.Bool("full");
+  e.started_s = r.Double("started_s");
+  e.done_s = r.Double("done_s");
+  e.outcome = r.String("outcome");
+  return Finish(r, e);
+}
+
+absl::StatusOr<HistoryEntry> ReadPointer(Reader& r) {
+  PointerEntry e;
+  e.at_s = r.Double("at_s");
+  e.version = r.Int("version", true);
+  e.complete = r.Bool("complete");
+  e.detail = r.String("detail");
+  return Finish(r, e);
+}
+
+absl::StatusOr<HistoryEntry> ReadResources(Reader& r) {
+  ResourceEntry e;
+  e.at_s = r.Double("at_s");
+  e.process = r.String("process", true);
+  e.instance = static_cast<int>(r.Int("instance"));
+  e.pid = static_cast<int>(r.Int("pid"));
+  e.rss_kib = r.Int("rss_kib");
+  e.open_files = r.Int("open_files");
+  return Finish(r, e);
+}
+
+absl::StatusOr<HistoryEntry> ReadEnd(Reader& r) {
+  EndEntry e;
+  e.at_s = r.Double("at_s");
+  e.final_pointer = r.Int("final_pointer");
+  e.pointer_complete = r.Bool("pointer_complete");
+  e.pointer_detail = r.String("pointer_detail");
+  e.converged = r.Bool("converged");
+  e.convergence = r.String("convergence");
+  e.leftover_processes = r.StringList("leftover_processes");
+  e.leftover_temp = r.StringList("leftover_temp");
+  e.unfinished = r.StringList("unfinished");
+  e.notes = r.StringList("notes");
+  return Finish(r, e);
+}
+
 }  // namespace
 
 std::string_view OutcomeName(Outcome outcome) {
@@ -340,127 +471,14 @@ absl::StatusOr<HistoryEntry> ParseHistoryLine(std::string_view line) {
   }
   Reader r(doc.get_object());
   const std::string type = r.String("type", true);
-  if (type == "run") {
-    RunEntry e;
-    e.seed = r.Unsigned("seed");
-    e.minutes = r.Double("minutes");
-    e.store = r.String("store");
-    e.replicas = static_cast<int>(r.Int("replicas"));
-    e.dir = r.String("dir");
-    e.replay = r.String("replay");
-    if (const json::value* s = r.Find("schedule"); s != nullptr && s->is_array()) {
-      for (const json::value& item : s->get_array()) {
-        if (!item.is_object()) return absl::InvalidArgumentError("chaos history: bad schedule");
-        Reader fr(item.get_object());
-        e.schedule.push_back(ReadFault(fr));
-        if (!fr.status().ok()) return fr.status();
-      }
-    }
-    e.left_out = r.StringList("left_out");
-    return Finish(r, e);
-  }
-  if (type == "request") {
-    RequestRecord q;
-    q.id = r.Int("id", true);
-    q.via = r.String("via", true);
-    q.route = r.String("route", true);
-    q.stream = r.Bool("stream");
-    q.session = r.String("session");
-    q.probe = r.Bool("probe");
-    if (const json::value* c = r.Find("constraint"); c != nullptr && c->is_object()) {
-      Reader cr(c->get_object());
-      q.constraint.exact_version = cr.OptionalInt("exact_version");
-      q.constraint.min_version = cr.OptionalInt("min_version");
-      if (!cr.status().ok()) return cr.status();
-    }
-    q.pointer = r.Int("pointer");
-    q.sent_s = r.Double("sent_s");
-    q.done_s = r.Double("done_s");
-    q.status = static_cast<int>(r.Int("status"));
-    const std::string outcome = r.String("outcome", true);
-    bool known = false;
-    for (Outcome o :
-         {Outcome::kAnswered, Outcome::kRetryable, Outcome::kFailed, Outcome::kClientLeft}) {
-      if (OutcomeName(o) == outcome) {
-        q.outcome = o;
-        known = true;
-      }
-    }
-    if (!known) r.Fail("outcome", absl::StrCat("names no outcome: ", outcome));
-    q.error = r.String("error");
-    q.start = r.OptionalInt("start");
-    q.end = r.OptionalInt("end");
-    q.prompt = static_cast<int>(r.Int("prompt"));
-    q.max_tokens = r.Int("max_tokens");
-    q.tokens = r.IntList<int32_t>("tokens");
-    q.text = r.String("text");
-    q.events = static_cast<int>(r.Int("events"));
-    const std::string verdict = r.String("verdict");
-    known = false;
-    for (Verdict v : {Verdict::kNone, Verdict::kSame, Verdict::kCrossed, Verdict::kUnjudged,
-                      Verdict::kMismatch}) {
-      if (VerdictName(v) == verdict) {
-        q.verdict = v;
-        known = true;
-      }
-    }
-    if (!known) r.Fail("verdict", absl::StrCat("names no verdict: ", verdict));
-    q.versions = r.IntList<int64_t>("versions");
-    q.switch_at = r.IntList<int>("switch_at");
-    q.matches = r.OptionalInt("matches");
-    q.spans = r.String("spans");
-    q.spans_check = r.String("spans_check");
-    return Finish(r, q);
-  }
-  if (type == "fault") {
-    FaultEntry e;
-    e.fault = ReadFault(r);
-    e.applied_s = r.Double("applied_s");
-    e.ended_s = r.Double("ended_s");
-    e.skipped = r.Bool("skipped");
-    e.note = r.String("note");
-    return Finish(r, e);
-  }
-  if (type == "publish") {
-    PublishEntry e;
-    e.version = r.Int("version", true);
-    e.full = r.Bool("full");
-    e.started_s = r.Double("started_s");
-    e.done_s = r.Double("done_s");
-    e.outcome = r.String("outcome");
-    return Finish(r, e);
-  }
-  if (type == "pointer") {
-    PointerEntry e;
-    e.at_s = r.Double("at_s");
-    e.version = r.Int("version", true);
-    e.complete = r.Bool("complete");
-    e.detail = r.String("detail");
-    return Finish(r, e);
-  }
-  if (type == "resources") {
-    ResourceEntry e;
-    e.at_s = r.Double("at_s");
-    e.process = r.String("process", true);
-    e.instance = static_cast<int>(r.Int("instance"));
-    e.pid = static_cast<int>(r.Int("pid"));
-    e.rss_kib = r.Int("rss_kib");
-    e.open_files = r.Int("open_files");
-    return Finish(r, e);
-  }
-  if (type == "end") {
-    EndEntry e;
-    e.at_s = r.Double("at_s");
-    e.final_pointer = r.Int("final_pointer");
-    e.pointer_complete = r.Bool("pointer_complete");
-    e.pointer_detail = r.String("pointer_detail");
-    e.converged = r.Bool("converged");
-    e.convergence = r.String("convergence");
-    e.leftover_processes = r.StringList("leftover_processes");
-    e.leftover_temp = r.StringList("leftover_temp");
-    e.unfinished = r.StringList("unfinished");
-    e.notes = r.StringList("notes");
-    return Finish(r, e);
+  using LineReader = absl::StatusOr<HistoryEntry> (*)(Reader&);
+  static constexpr std::pair<std::string_view, LineReader> kReaders[] = {
+      {"run", ReadRun},         {"request", ReadRequest}, {"fault", ReadFaultEntry},
+      {"publish", ReadPublish}, {"pointer", ReadPointer}, {"resources", ReadResources},
+      {"end", ReadEnd},
+  };
+  for (const auto& [name, read] : kReaders) {
+    if (type == name) return read(r);
   }
   if (!r.status().ok()) return r.status();
   return absl::InvalidArgumentError(

@@ -1,13 +1,11 @@
 #include "stitch/demo/demo.h"
 
 #include <stdlib.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -28,14 +26,15 @@
 #include "absl/time/time.h"
 #include "stitch/core/version.h"
 #include "stitch/demo/batch.h"
+#include "stitch/demo/console.h"
 #include "stitch/demo/fleet.h"
 #include "stitch/demo/policy_gradient.h"
 #include "stitch/demo/publisher.h"
 #include "stitch/demo/report.h"
 #include "stitch/demo/rollout.h"
+#include "stitch/demo/rollout_dispatcher.h"
 #include "stitch/demo/supervisor.h"
 #include "stitch/format/safetensors.h"
-#include "stitch/net/client.h"
 #include "stitch/pool/pool.h"
 #include "stitch/publish/claim.h"
 #include "stitch/refengine/config.h"
@@ -52,11 +51,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kExitFailed = 1;
 constexpr int kExitInterrupted = 130;
 constexpr const char* kRunId = "demo";
-constexpr int kRolloutThreads = 16;
-constexpr int kMaxAttempts = 6;
 // Completions the report shows per sampled step (one per prompt).
 constexpr size_t kSamplesPerStep = 3;
-constexpr auto kRolloutTimeout = std::chrono::seconds(90);
 constexpr auto kFleetReadyTimeout = std::chrono::seconds(90);
 constexpr auto kConvergeTimeout = std::chrono::seconds(30);
 
@@ -72,55 +68,6 @@ constexpr const char* kPrompts[] = {
 
 // --- output -------------------------------------------------------------------
 
-// The person's view: plain lines, plus, on a terminal, one live line that is
-// redrawn in place until its step ends.
-class Console {
- public:
-  Console() : tty_(::isatty(STDOUT_FILENO) == 1) {}
-
-  bool tty() const { return tty_; }
-
-  // A line of its own (an event): on a terminal, above the live line.
-  void Line(const std::string& text) {
-    absl::MutexLock lock(&mu_);
-    if (tty_) std::cout << "\r\033[K";
-    std::cout << text << "\n";
-    if (tty_ && !live_.empty()) std::cout << Fit(live_);
-    std::cout.flush();
-  }
-
-  // Redraws the live line (terminals only).
-  void Live(const std::string& text) {
-    absl::MutexLock lock(&mu_);
-    live_ = text;
-    if (!tty_) return;
-    std::cout << "\r\033[K" << Fit(live_);
-    std::cout.flush();
-  }
-
-  // Ends the live line with `text` as its final content.
-  void Commit(const std::string& text) {
-    absl::MutexLock lock(&mu_);
-    live_.clear();
-    if (tty_) std::cout << "\r\033[K";
-    std::cout << text << "\n";
-    std::cout.flush();
-  }
-
- private:
-  static std::string Fit(const std::string& text) {
-    winsize w{};
-    if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 1 && text.size() >= w.ws_col) {
-      return text.substr(0, w.ws_col - 1);
-    }
-    return text;
-  }
-
-  const bool tty_;
-  absl::Mutex mu_;
-  std::string live_ ABSL_GUARDED_BY(mu_);
-};
-
 std::string FleetText(const std::vector<ReplicaView>& views) {
   std::string s;
   for (const ReplicaView& v : views) {
@@ -129,166 +76,6 @@ std::string FleetText(const std::vector<ReplicaView>& views) {
   }
   return s;
 }
-
-// --- rollouts -----------------------------------------------------------------
-
-struct RolloutOutcome {
-  GeneratedRollout generated;
-  DemoResponse response;
-};
-
-// One step's rollouts in flight.
-struct PendingBatch {
-  // Set before the batch is launched, then only read.
-  std::vector<std::vector<int32_t>> prompts;
-  int64_t min_version = 0;
-
-  absl::Mutex mu;
-  std::vector<std::optional<RolloutOutcome>> results ABSL_GUARDED_BY(mu);
-  int remaining ABSL_GUARDED_BY(mu) = 0;
-  std::optional<absl::Status> error ABSL_GUARDED_BY(mu);
-
-  bool Done() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return remaining == 0 || error.has_value();
-  }
-};
-
-// Sends rollout requests through the gateway from a fixed set of threads,
-// sending a failed attempt again (a 409 after the gateway's admission wait,
-// a 503, a dropped connection) a bounded number of times.
-class RolloutDispatcher {
- public:
-  RolloutDispatcher(std::string gateway, EngineApi api, std::function<double()> now,
-                    const std::atomic<bool>* stop)
-      : gateway_(std::move(gateway)), api_(api), now_(std::move(now)), stop_(stop) {
-    for (int i = 0; i < kRolloutThreads; ++i) threads_.emplace_back([this] { Work(); });
-  }
-
-  ~RolloutDispatcher() {
-    {
-      absl::MutexLock lock(&mu_);
-      closing_ = true;
-    }
-    for (std::thread& t : threads_) t.join();
-  }
-
-  std::shared_ptr<PendingBatch> Launch(std::vector<RolloutRequest> requests) {
-    auto batch = std::make_shared<PendingBatch>();
-    for (const RolloutRequest& r : requests) batch->prompts.push_back(r.prompt);
-    if (!requests.empty()) batch->min_version = requests.front().min_version.value_or(0);
-    {
-      absl::MutexLock lock(&batch->mu);
-      batch->results.resize(requests.size());
-      batch->remaining = static_cast<int>(requests.size());
-    }
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < requests.size(); ++i) {
-      jobs_.push_back(Job{batch, i, std::move(requests[i])});
-    }
-    return batch;
-  }
-
-  // Waits for every rollout of `batch`. The first rollout that failed every
-  // attempt fails the batch; Cancelled when `stop` is set (looked at every
-  // 100 ms).
-  absl::StatusOr<std::vector<RolloutOutcome>> Wait(PendingBatch& batch) {
-    absl::MutexLock lock(&batch.mu);
-    while (!batch.Done()) {
-      if (stop_->load()) return absl::CancelledError("demo: interrupted");
-      batch.mu.AwaitWithTimeout(absl::Condition(&batch, &PendingBatch::Done),
-                                absl::Milliseconds(100));
-    }
-    if (batch.error.has_value()) return *batch.error;
-    std::vector<RolloutOutcome> out;
-    for (auto& r : batch.results) out.push_back(*std::move(r));
-    return out;
-  }
-
-  int64_t retries() const { return retries_.load(); }
-
- private:
-  struct Job {
-    std::shared_ptr<PendingBatch> batch;
-    size_t index = 0;
-    RolloutRequest request;
-  };
-
-  bool HasWorkOrClosing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closing_ || !jobs_.empty();
-  }
-
-  void Work() {
-    for (;;) {
-      Job job;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &RolloutDispatcher::HasWorkOrClosing));
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      absl::StatusOr<RolloutOutcome> outcome = Run(job.request);
-      absl::MutexLock lock(&job.batch->mu);
-      if (outcome.ok()) {
-        job.batch->results[job.index] = *std::move(outcome);
-      } else if (!job.batch->error.has_value()) {
-        job.batch->error = outcome.status();
-      }
-      --job.batch->remaining;
-    }
-  }
-
-  absl::StatusOr<RolloutOutcome> Run(const RolloutRequest& request) {
-    const bool vllm = api_ == EngineApi::kVllm;
-    const std::string body = vllm ? CompletionRequestBody(request) : GenerateRequestBody(request);
-    const std::string route = vllm ? "/v1/completions" : "/generate";
-    std::string last_error;
-    for (int attempt = 1; attempt <= kMaxAttempts; ++attempt) {
-      if (stop_->load()) return absl::CancelledError("demo: interrupted");
-      if (attempt > 1) {
-        ++retries_;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
-      }
-      FetchOptions options;
-      options.timeout = kRolloutTimeout;
-      auto response = HttpFetch("POST", gateway_ + route, body, options);
-      if (!response.ok()) {
-        last_error = std::string(response.status().message());
-        continue;
-      }
-      if (response->status != 200) {
-        last_error = absl::StrCat("HTTP ", response->status, ": ", response->body.substr(0, 200));
-        continue;
-      }
-      auto generated =
-          vllm ? ParseCompletionResponse(response->body) : ParseGenerateResponse(response->body);
-      if (!generated.ok()) return generated.status();
-      RolloutOutcome out;
-      out.response.min_version = request.min_version.value_or(0);
-      out.response.version_start = generated->version_start;
-      out.response.version_end = generated->version_end;
-      out.response.received_at = now_();
-      if (auto replica = response->headers.Get("X-Stitch-Replica")) {
-        out.response.replica = std::string(*replica);
-      }
-      out.generated = *std::move(generated);
-      return out;
-    }
-    return absl::UnavailableError(absl::StrCat("demo: a rollout failed ", kMaxAttempts,
-                                               " times through the gateway ", gateway_,
-                                               "; last: ", last_error));
-  }
-
-  const std::string gateway_;
-  const EngineApi api_;
-  const std::function<double()> now_;
-  const std::atomic<bool>* stop_;
-  absl::Mutex mu_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<int64_t> retries_{0};
-  std::vector<std::thread> threads_;
-};
 
 // --- set-up -------------------------------------------------------------------
 
@@ -379,6 +166,15 @@ class Demo {
   double Now() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
   absl::Status SetUp();
   absl::Status Train();
+  // The steps of one training step: what the ticker shows, the replica that
+  // joins or is killed at its step, learning from the batch, publishing.
+  void SetPhase(int64_t step, std::string what, std::shared_ptr<PendingBatch> batch);
+  absl::Status JoinOrKill(int64_t step);
+  absl::StatusOr<BatchStats> Learn(int64_t step, const PendingBatch& pending,
+                                   const std::vector<GeneratedRollout>& generated);
+  absl::Status Publish(int64_t step, StepPublisher& publisher,
+                       const std::vector<GeneratedRollout>& generated, const BatchStats& stats,
+                       int64_t min_version);
   std::vector<RolloutRequest> Requests(int64_t step, int64_t latest);
   void Ticker();
   void NoteTransitions();
@@ -388,7 +184,7 @@ class Demo {
   const DemoOptions& options_;
   const std::atomic<bool>& stop_;
   const Clock::time_point epoch_;
-  Console console_;
+  DemoConsole console_;
   fs::path dir_;
   ProcessSupervisor supervisor_;
   std::unique_ptr<FsStore> store_;
@@ -534,6 +330,97 @@ void Demo::Ticker() {
   }
 }
 
+void Demo::SetPhase(int64_t step, std::string what, std::shared_ptr<PendingBatch> batch) {
+  absl::MutexLock lock(&progress_mu_);
+  progress_step_ = step;
+  progress_phase_ = std::move(what);
+  progress_batch_ = std::move(batch);
+}
+
+absl::Status Demo::JoinOrKill(int64_t step) {
+  const int64_t steps = options_.steps;
+  const int64_t join_step = std::max<int64_t>(1, steps / 3);
+  const int64_t kill_step = std::max<int64_t>(join_step + 1, 2 * steps / 3);
+  const std::string victim = "r1";
+  if (step == join_step) {
+    console_.Line(absl::StrFormat(
+        "stitch demo: join: starting replica r%d at step %d (it enters rotation once caught "
+        "up)",
+        options_.replicas, step));
+    join_started_at_ = Now();
+    fleet_->StartReplicaInBackground();
+  }
+  if (step == kill_step) {
+    if (absl::Status s = fleet_->Kill(victim); s.ok()) {
+      console_.Line(absl::StrFormat(
+          "stitch demo: kill: SIGKILL to replica %s (engine and sidecar) at step %d; traffic "
+          "continues on the others",
+          victim, step));
+    } else {
+      return s;
+    }
+  }
+  if (std::optional<absl::Status> e = fleet_->BackgroundError(); e.has_value()) return *e;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchStats> Demo::Learn(int64_t step, const PendingBatch& pending,
+                                       const std::vector<GeneratedRollout>& generated) {
+  BatchStats stats;
+  // A batch was launched one step before the trainer learns from it, so
+  // behaviour policies up to lag + 1 versions old are expected.
+  std::vector<Rollout> batch = BuildBatch(pending.prompts, generated, options_.group_size, targets_,
+                                          step - 1, options_.lag + 1, &stats);
+  auto trained = trainer_->Step(batch, options_.epochs);
+  if (!trained.ok()) return trained.status();
+  return stats;
+}
+
+absl::Status Demo::Publish(int64_t step, StepPublisher& publisher,
+                           const std::vector<GeneratedRollout>& generated, const BatchStats& stats,
+                           int64_t min_version) {
+  const double publish_start = Now();
+  auto published = publisher.Publish(step, ViewsOf(previous_), trainer_->Tensors());
+  if (!published.ok()) return published.status();
+  const double published_at = Now();
+  wake_pool_->Wake();
+  previous_ = CopyTensors(trainer_->Tensors());
+
+  DemoStep s;
+  s.step = step;
+  s.version = step;
+  s.full = published->kind == PublishedKind::kFull;
+  s.payload_bytes = published->payload_bytes;
+  s.published_at = published_at;
+  s.publish_s = published_at - publish_start;
+  s.mean_reward = stats.mean_reward;
+  s.rollouts = static_cast<int64_t>(generated.size());
+  s.dropped = stats.dropped;
+  s.crossed = stats.crossed;
+  s.crossed_exact = stats.crossed_exact;
+  record_.steps.push_back(s);
+  const int64_t steps = options_.steps;
+  if (step == 1 || step == (steps + 1) / 2 || step == steps) {
+    std::vector<std::string> texts;
+    const auto group = static_cast<size_t>(options_.group_size);
+    for (size_t i = 0; i < generated.size() && texts.size() < kSamplesPerStep; i += group) {
+      texts.push_back(Decode(generated[i].output_ids));
+    }
+    record_.samples.emplace_back(step, std::move(texts));
+  }
+  {
+    absl::MutexLock lock(&progress_mu_);
+    last_reward_ = stats.mean_reward;
+  }
+  NoteTransitions();
+  console_.Commit(
+      absl::StrFormat("step %2d/%d  published v%d %-5s %8s  reward %.3f  min_version %d | %s", step,
+                      steps, step, s.full ? "FULL" : "DELTA",
+                      absl::StrFormat("%.1fKiB", static_cast<double>(s.payload_bytes) / 1024),
+                      s.mean_reward, min_version, FleetText(fleet_->Views())));
+  return absl::OkStatus();
+}
+
 absl::Status Demo::Train() {
   // Owned by the demo, not this function: on an interrupt its threads may
   // still wait on requests, which end only once the fleet is stopped.
@@ -541,9 +428,6 @@ absl::Status Demo::Train() {
       fleet_->gateway_url(), options_.engine_api, [this] { return Now(); }, &stop_);
   RolloutDispatcher& dispatcher = *dispatcher_;
   const int64_t steps = options_.steps;
-  const int64_t join_step = std::max<int64_t>(1, steps / 3);
-  const int64_t kill_step = std::max<int64_t>(join_step + 1, 2 * steps / 3);
-  const std::string victim = "r1";
   StepPublisher publisher(*store_, dir_ / "publish", options_.anchor_every);
   int64_t latest = 0;
 
@@ -557,97 +441,33 @@ absl::Status Demo::Train() {
       if (thread->joinable()) thread->join();
     }
   } stop_ticker{this, &ticker};
-  auto phase = [this](int64_t step, std::string what, std::shared_ptr<PendingBatch> batch) {
-    absl::MutexLock lock(&progress_mu_);
-    progress_step_ = step;
-    progress_phase_ = std::move(what);
-    progress_batch_ = std::move(batch);
-  };
 
   std::shared_ptr<PendingBatch> pending = dispatcher.Launch(Requests(1, latest));
   for (int64_t step = 1; step <= steps; ++step) {
-    phase(step, "rollouts", pending);
+    SetPhase(step, "rollouts", pending);
     auto outcomes = dispatcher.Wait(*pending);
     if (!outcomes.ok()) return outcomes.status();
     // The next step's rollouts go out now, on whatever the fleet serves,
     // while this step trains and publishes: one step off-policy.
     std::shared_ptr<PendingBatch> next;
     if (step < steps) next = dispatcher.Launch(Requests(step + 1, latest));
+    if (absl::Status s = JoinOrKill(step); !s.ok()) return s;
 
-    if (step == join_step) {
-      console_.Line(absl::StrFormat(
-          "stitch demo: join: starting replica r%d at step %d (it enters rotation once caught "
-          "up)",
-          options_.replicas, step));
-      join_started_at_ = Now();
-      fleet_->StartReplicaInBackground();
-    }
-    if (step == kill_step) {
-      if (absl::Status s = fleet_->Kill(victim); s.ok()) {
-        console_.Line(absl::StrFormat(
-            "stitch demo: kill: SIGKILL to replica %s (engine and sidecar) at step %d; traffic "
-            "continues on the others",
-            victim, step));
-      } else {
-        return s;
-      }
-    }
-    if (std::optional<absl::Status> e = fleet_->BackgroundError(); e.has_value()) return *e;
-
-    phase(step, "training", next);
+    SetPhase(step, "training", next);
     std::vector<GeneratedRollout> generated;
     for (RolloutOutcome& o : *outcomes) {
       record_.responses.push_back(o.response);
       generated.push_back(std::move(o.generated));
     }
-    BatchStats stats;
-    // A batch was launched one step before the trainer learns from it, so
-    // behaviour policies up to lag + 1 versions old are expected.
-    std::vector<Rollout> batch = BuildBatch(pending->prompts, generated, options_.group_size,
-                                            targets_, step - 1, options_.lag + 1, &stats);
-    auto trained = trainer_->Step(batch, options_.epochs);
-    if (!trained.ok()) return trained.status();
+    absl::StatusOr<BatchStats> stats = Learn(step, *pending, generated);
+    if (!stats.ok()) return stats.status();
 
-    phase(step, "publishing", next);
-    const double publish_start = Now();
-    auto published = publisher.Publish(step, ViewsOf(previous_), trainer_->Tensors());
-    if (!published.ok()) return published.status();
-    const double published_at = Now();
-    wake_pool_->Wake();
+    SetPhase(step, "publishing", next);
+    if (absl::Status s = Publish(step, publisher, generated, *stats, pending->min_version);
+        !s.ok()) {
+      return s;
+    }
     latest = step;
-    previous_ = CopyTensors(trainer_->Tensors());
-
-    DemoStep s;
-    s.step = step;
-    s.version = step;
-    s.full = published->kind == PublishedKind::kFull;
-    s.payload_bytes = published->payload_bytes;
-    s.published_at = published_at;
-    s.publish_s = published_at - publish_start;
-    s.mean_reward = stats.mean_reward;
-    s.rollouts = static_cast<int64_t>(generated.size());
-    s.dropped = stats.dropped;
-    s.crossed = stats.crossed;
-    s.crossed_exact = stats.crossed_exact;
-    record_.steps.push_back(s);
-    if (step == 1 || step == (steps + 1) / 2 || step == steps) {
-      std::vector<std::string> texts;
-      const auto group = static_cast<size_t>(options_.group_size);
-      for (size_t i = 0; i < generated.size() && texts.size() < kSamplesPerStep; i += group) {
-        texts.push_back(Decode(generated[i].output_ids));
-      }
-      record_.samples.emplace_back(step, std::move(texts));
-    }
-    {
-      absl::MutexLock lock(&progress_mu_);
-      last_reward_ = stats.mean_reward;
-    }
-    NoteTransitions();
-    console_.Commit(
-        absl::StrFormat("step %2d/%d  published v%d %-5s %8s  reward %.3f  min_version %d | %s",
-                        step, steps, step, s.full ? "FULL" : "DELTA",
-                        absl::StrFormat("%.1fKiB", static_cast<double>(s.payload_bytes) / 1024),
-                        s.mean_reward, pending->min_version, FleetText(fleet_->Views())));
     if (stop_.load()) return absl::CancelledError("demo: interrupted");
     pending = std::move(next);
   }

@@ -89,6 +89,8 @@ struct DemoRecord {
 
   // The version the last step published (the boot version without steps).
   int64_t final_version() const;
+  // The store's pointer at time `t`: the newest version published by then.
+  int64_t pointer_at(double t) const;
 };
 
 // The nearest-rank percentile (p in [0, 100]) of `values`; 0 when empty.

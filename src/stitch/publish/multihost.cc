@@ -360,6 +360,115 @@ absl::StatusOr<bool> Commit(Store& store, S3Store* s3, const fs::path& dir, cons
   return !moved.ok();
 }
 
+// The version identity the directory names; every rank checks it on its own.
+absl::StatusOr<VersionRef> LocalVersionRef(const Store& store, const fs::path& dir,
+                                           const fs::path& version_dir, const std::string& where) {
+  if (absl::Status s = ValidateRunId(store.run_id()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", s.message()));
+  }
+  const std::string name = version_dir.filename().string();
+  auto number = ParseVersionDirName(name);
+  if (!number.ok() || VersionDirName(*number) != name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": cannot publish ", dir.string(), ": \"", absl::CEscape(name),
+        "\" is not a version identity; name the directory weight_vNNNNNN (six digits or more, "
+        "zero padded)"));
+  }
+  return VersionRef{store.run_id(), *number};
+}
+
+// The kind of the version's payload files, from rank 0's index.
+absl::StatusOr<PayloadFileKind> PayloadKindOf(const LoadedIndex& index, const VersionRef& ref,
+                                              const fs::path& version_dir,
+                                              const std::string& where) {
+  auto parsed = CheckpointIndex::Parse(index.json);
+  if (!parsed.ok()) return Annotate(parsed.status(), where);
+  PayloadFileKind kind{index.manifest.kind, ref.version, false};
+  if (auto it = parsed->metadata.find("checksum_format"); it != parsed->metadata.end()) {
+    if (it->second != kChecksumFormat) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", (version_dir / kIndexFileName).string(), ": unsupported checksum_format \"",
+          it->second, "\": Stitch reads only \"", AbslView(kChecksumFormat), "\""));
+    }
+    kind.records_checksums = kind.kind == VersionKind::kFull;
+  }
+  return kind;
+}
+
+// Rank 0's part of the begin step: the pointer it expects to move, and what
+// it tells the other ranks.
+struct RankZeroBegin {
+  VersionRef expected;
+  std::string message;  // EncodeBegin
+};
+
+// Checks, before any upload, that the version can be published after the
+// pointer (or is a retry of one that was).
+absl::StatusOr<RankZeroBegin> BeginOnRankZero(Store& store, const fs::path& version_dir,
+                                              const VersionRef& ref, const std::string& where) {
+  if (absl::Status s = store.Refresh(); !s.ok()) return s;
+  auto pointer = store.ReadPointer();
+  if (!pointer.ok()) return pointer.status();
+  if (!*pointer || (*pointer)->run_id != ref.run_id) {
+    return NotClaimedError(where, ref.run_id, *pointer);
+  }
+  const bool already = **pointer == ref;
+  if (already) {
+    if (absl::Status s = CheckRepublish(where, store, ref); !s.ok()) return s;
+  } else if (auto move = CheckPointerMove(where, *pointer, ref); !move.ok()) {
+    return move.status();
+  }
+  auto index = RequireIndex(version_dir, ref, **pointer, where);
+  if (!index.ok()) return index.status();
+  if (!already) {
+    if (absl::Status s = CheckDeltaBase(where, store, **pointer, index->manifest); !s.ok()) {
+      return s;
+    }
+  }
+  auto kind = PayloadKindOf(*index, ref, version_dir, where);
+  if (!kind.ok()) return kind.status();
+  return RankZeroBegin{**pointer, EncodeBegin(BeginMessage{*kind, already})};
+}
+
+// A host leader's part of the upload step: its files made durable in the
+// store with a receipt. Returns what it tells rank 0: on S3, the name of
+// the receipt it stored; on a shared filesystem, the receipt itself.
+absl::StatusOr<std::string> UploadHostFiles(S3Store* s3, const fs::path& version_dir,
+                                            const VersionRef& ref, const BeginMessage& began,
+                                            int rank, std::vector<std::string> files,
+                                            const std::string& where) {
+  if (files.empty()) {
+    auto found = DiscoverHostFiles(version_dir);
+    if (!found.ok()) return Annotate(found.status(), where);
+    files = *std::move(found);
+  }
+  UploadReceipt receipt{ref.version, HostReceiptName(rank), {}};
+  if (s3 == nullptr) {
+    auto committed = CommitSharedFiles(version_dir, files, began.kind);
+    if (!committed.ok()) return Annotate(committed.status(), where);
+    receipt.files = *std::move(committed);
+    return ReceiptToJson(receipt);
+  }
+  std::vector<std::vector<std::string>> tensors;
+  for (const std::string& name : files) {
+    auto checked = CheckHostFile(version_dir, name, began.kind);
+    if (!checked.ok()) return checked.status();
+    tensors.push_back(*std::move(checked));
+  }
+  auto stored = s3->UploadVersionFiles(ref.version, version_dir, files);
+  if (!stored.ok()) {
+    return ExplainImmutable(stored.status(), PointerBefore(ref, began.already_published), ref);
+  }
+  for (size_t i = 0; i < stored->size(); ++i) {
+    const StoredFile& f = (*stored)[i];
+    receipt.files.push_back(FileReceipt{f.name, f.size, f.sha256, std::move(tensors[i])});
+  }
+  if (absl::Status s = s3->PutReceipt(ref.version, receipt.host, ReceiptToJson(receipt)); !s.ok()) {
+    return s;
+  }
+  return receipt.host;
+}
+
 }  // namespace
 
 std::string HostReceiptName(int rank) { return absl::StrFormat("rank-%06d", rank); }
@@ -370,118 +479,36 @@ absl::StatusOr<PublishOutcome> PublishFromHosts(Store& store, TrainerComms& comm
   const std::string where = absl::StrCat("store ", store.uri());
   const int rank = comms.rank();
   auto* s3 = dynamic_cast<S3Store*>(&store);
-
-  // Checks every rank makes on its own.
   fs::path version_dir = dir.lexically_normal();
   if (!version_dir.has_filename()) version_dir = version_dir.parent_path();
-  VersionRef ref;
-  absl::Status local = ValidateRunId(store.run_id());
-  if (!local.ok()) {
-    local = absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", local.message()));
-  } else {
-    const std::string name = version_dir.filename().string();
-    auto number = ParseVersionDirName(name);
-    if (!number.ok() || VersionDirName(*number) != name) {
-      local = absl::InvalidArgumentError(absl::StrCat(
-          where, ": cannot publish ", dir.string(), ": \"", absl::CEscape(name),
-          "\" is not a version identity; name the directory weight_vNNNNNN (six digits or more, "
-          "zero padded)"));
-    } else {
-      ref = VersionRef{store.run_id(), *number};
-    }
-  }
+  const absl::StatusOr<VersionRef> local = LocalVersionRef(store, dir, version_dir, where);
+  const VersionRef ref = local.ok() ? *local : VersionRef{};
 
   // 1. begin: the expected pointer, and no upload for a doomed version.
   std::optional<VersionRef> expected;
-  absl::Status begin = local;
+  absl::Status begin = local.status();
   std::string kind_payload;
   if (begin.ok() && rank == 0) {
-    begin = [&]() -> absl::Status {
-      if (absl::Status s = store.Refresh(); !s.ok()) return s;
-      auto pointer = store.ReadPointer();
-      if (!pointer.ok()) return pointer.status();
-      if (!*pointer || (*pointer)->run_id != ref.run_id) {
-        return NotClaimedError(where, ref.run_id, *pointer);
-      }
-      expected = *pointer;
-      const bool already = **pointer == ref;
-      if (already) {
-        if (absl::Status s = CheckRepublish(where, store, ref); !s.ok()) return s;
-      } else if (auto move = CheckPointerMove(where, *pointer, ref); !move.ok()) {
-        return move.status();
-      }
-      auto index = RequireIndex(version_dir, ref, **pointer, where);
-      if (!index.ok()) return index.status();
-      if (!already) {
-        if (absl::Status s = CheckDeltaBase(where, store, **pointer, index->manifest); !s.ok()) {
-          return s;
-        }
-      }
-      auto parsed = CheckpointIndex::Parse(index->json);
-      if (!parsed.ok()) return Annotate(parsed.status(), where);
-      PayloadFileKind kind{index->manifest.kind, ref.version, false};
-      if (auto it = parsed->metadata.find("checksum_format"); it != parsed->metadata.end()) {
-        if (it->second != kChecksumFormat) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": ", (version_dir / kIndexFileName).string(),
-                           ": unsupported checksum_format \"", it->second,
-                           "\": Stitch reads only \"", AbslView(kChecksumFormat), "\""));
-        }
-        kind.records_checksums = kind.kind == VersionKind::kFull;
-      }
-      kind_payload = EncodeBegin(BeginMessage{kind, already});
-      return absl::OkStatus();
-    }();
+    auto begun = BeginOnRankZero(store, version_dir, ref, where);
+    begin = begun.status();
+    if (begun.ok()) {
+      expected = begun->expected;
+      kind_payload = std::move(begun->message);
+    }
   }
   auto step = Exchange(comms, where, begin, kind_payload);
   if (!step.ok()) return step.status();
   if (absl::Status s = FirstFailure(*step, rank, begin); !s.ok()) return s;
   auto began = DecodeBegin(where, (*step)[0].payload);
   if (!began.ok()) return began.status();
-  const PayloadFileKind& kind = began->kind;
 
   // 2. upload: each host leader's files, durable, with a receipt.
   absl::Status upload;
   std::string payload;
   if (comms.IsHostLeader()) {
-    upload = [&]() -> absl::Status {
-      std::vector<std::string> files = options.files;
-      if (files.empty()) {
-        auto found = DiscoverHostFiles(version_dir);
-        if (!found.ok()) return Annotate(found.status(), where);
-        files = *std::move(found);
-      }
-      UploadReceipt receipt{ref.version, HostReceiptName(rank), {}};
-      if (s3 != nullptr) {
-        std::vector<std::vector<std::string>> tensors;
-        for (const std::string& name : files) {
-          auto checked = CheckHostFile(version_dir, name, kind);
-          if (!checked.ok()) return checked.status();
-          tensors.push_back(*std::move(checked));
-        }
-        auto stored = s3->UploadVersionFiles(ref.version, version_dir, files);
-        if (!stored.ok()) {
-          return ExplainImmutable(stored.status(), PointerBefore(ref, began->already_published),
-                                  ref);
-        }
-        for (size_t i = 0; i < stored->size(); ++i) {
-          const StoredFile& f = (*stored)[i];
-          receipt.files.push_back(FileReceipt{f.name, f.size, f.sha256, std::move(tensors[i])});
-        }
-        if (absl::Status s = s3->PutReceipt(ref.version, receipt.host, ReceiptToJson(receipt));
-            !s.ok()) {
-          return s;
-        }
-        payload = receipt.host;
-      } else {
-        auto committed = CommitSharedFiles(version_dir, files, kind);
-        if (!committed.ok()) return Annotate(committed.status(), where);
-        receipt.files = *std::move(committed);
-        payload = ReceiptToJson(receipt);
-      }
-      return absl::OkStatus();
-    }();
-    if (!upload.ok()) payload.clear();
+    auto uploaded = UploadHostFiles(s3, version_dir, ref, *began, rank, options.files, where);
+    upload = uploaded.status();
+    if (uploaded.ok()) payload = *std::move(uploaded);
   }
   step = Exchange(comms, where, upload, payload);
   if (!step.ok()) return step.status();
