@@ -91,9 +91,9 @@ TEST(DemoTest, AShortRunOnTheVllmApiPassesItsChecks) {
   TempDir tmp;
   const std::filesystem::path dir = tmp / "demo";
   ProcessResult r = RunStitch(
-      {"demo", "--engine-api", "vllm", "--replicas", "2", "--steps", "6", "--dir", dir.string()});
+      {"demo", "--engine-api", "vllm", "--replicas", "2", "--steps", "10", "--dir", dir.string()});
   ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
-  EXPECT_THAT(r.out, HasSubstr("6/6  published v6 "));
+  EXPECT_THAT(r.out, HasSubstr("10/10  published v10 "));
   EXPECT_THAT(r.out, HasSubstr("kill: SIGKILL to replica r1"));
   EXPECT_THAT(r.out, HasSubstr(" 0 constraint violations"));
   EXPECT_THAT(r.out, HasSubstr("checks         all passed"));

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/demo/report.h"
 #include "stitch/demo/rollout.h"
-#include "stitch/refengine/engine_api.h"
+#include "stitch/refengine/dialect.h"
 
 namespace stitch {
 
