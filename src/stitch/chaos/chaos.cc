@@ -1,3 +1,7 @@
+// Over ~600 lines on purpose: one run's life (set up, load, faults on a
+// schedule, convergence, finish) shares the Run's state; what a run leaves
+// behind is leftovers.cc's.
+
 #include "stitch/chaos/chaos.h"
 #include "stitch/api/replica_client.h"
 

@@ -159,6 +159,9 @@ absl::Status ChaosTrainer::PrepareVersion(int64_t version, bool* full) {
   return written.ok() ? absl::OkStatus() : written.status();
 }
 
+// Long on purpose: the publish loop and its retries in one place; each
+// outcome of a publish (moved, refused, killed, failed with the pointer
+// moved anyway) decides the next step here.
 void ChaosTrainer::Loop() {
   int64_t next = 1;
   int attempt = 0;
