@@ -360,23 +360,6 @@ absl::StatusOr<bool> Commit(Store& store, S3Store* s3, const fs::path& dir, cons
   return !moved.ok();
 }
 
-// The version identity the directory names; every rank checks it on its own.
-absl::StatusOr<VersionRef> LocalVersionRef(const Store& store, const fs::path& dir,
-                                           const fs::path& version_dir, const std::string& where) {
-  if (absl::Status s = ValidateRunId(store.run_id()); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", s.message()));
-  }
-  const std::string name = version_dir.filename().string();
-  auto number = ParseVersionDirName(name);
-  if (!number.ok() || VersionDirName(*number) != name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": cannot publish ", dir.string(), ": \"", absl::CEscape(name),
-        "\" is not a version identity; name the directory weight_vNNNNNN (six digits or more, "
-        "zero padded)"));
-  }
-  return VersionRef{store.run_id(), *number};
-}
-
 // The kind of the version's payload files, from rank 0's index.
 absl::StatusOr<PayloadFileKind> PayloadKindOf(const LoadedIndex& index, const VersionRef& ref,
                                               const fs::path& version_dir,
@@ -479,9 +462,9 @@ absl::StatusOr<PublishOutcome> PublishFromHosts(Store& store, TrainerComms& comm
   const std::string where = absl::StrCat("store ", store.uri());
   const int rank = comms.rank();
   auto* s3 = dynamic_cast<S3Store*>(&store);
-  fs::path version_dir = dir.lexically_normal();
-  if (!version_dir.has_filename()) version_dir = version_dir.parent_path();
-  const absl::StatusOr<VersionRef> local = LocalVersionRef(store, dir, version_dir, where);
+  const fs::path version_dir = VersionDirOf(dir);
+  // Every rank checks the identity on its own.
+  const absl::StatusOr<VersionRef> local = NamedVersion(store, dir, where);
   const VersionRef ref = local.ok() ? *local : VersionRef{};
 
   // 1. begin: the expected pointer, and no upload for a doomed version.

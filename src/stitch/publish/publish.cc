@@ -82,6 +82,29 @@ absl::Status CheckDeltaBase(std::string_view where, Store& store, const VersionR
       ErrorKind::kChecksumMismatch);
 }
 
+fs::path VersionDirOf(const fs::path& dir) {
+  fs::path version_dir = dir.lexically_normal();
+  if (!version_dir.has_filename()) version_dir = version_dir.parent_path();
+  return version_dir;
+}
+
+absl::StatusOr<VersionRef> NamedVersion(const Store& store, const fs::path& dir,
+                                        std::string_view where) {
+  if (absl::Status s = ValidateRunId(store.run_id()); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(where), ": cannot publish: ", s.message()));
+  }
+  const std::string name = VersionDirOf(dir).filename().string();
+  auto number = ParseVersionDirName(name);
+  if (!number.ok() || VersionDirName(*number) != name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        AbslView(where), ": cannot publish ", dir.string(), ": \"", absl::CEscape(name),
+        "\" is not a version identity; name the directory weight_vNNNNNN (six digits or more, "
+        "zero padded)"));
+  }
+  return VersionRef{store.run_id(), *number};
+}
+
 absl::Status CheckRepublish(std::string_view where, Store& store, const VersionRef& ref) {
   auto published = store.ReadManifest(ref.version);
   if (published.ok()) return absl::OkStatus();
@@ -125,20 +148,10 @@ absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& poin
 absl::StatusOr<PublishOutcome> PublishVersion(Store& store, const fs::path& dir, Pool* pool,
                                               const PublishOptions& options) {
   const std::string where = absl::StrCat("store ", store.uri());
-  if (absl::Status s = ValidateRunId(store.run_id()); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": cannot publish: ", s.message()));
-  }
-  fs::path version_dir = dir.lexically_normal();
-  if (!version_dir.has_filename()) version_dir = version_dir.parent_path();
-  const std::string name = version_dir.filename().string();
-  auto number = ParseVersionDirName(name);
-  if (!number.ok() || VersionDirName(*number) != name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": cannot publish ", dir.string(), ": \"", absl::CEscape(name),
-        "\" is not a version identity; name the directory weight_vNNNNNN (six digits or more, "
-        "zero padded)"));
-  }
-  const VersionRef ref{store.run_id(), *number};
+  const fs::path version_dir = VersionDirOf(dir);
+  auto named = NamedVersion(store, dir, where);
+  if (!named.ok()) return named.status();
+  const VersionRef ref = *named;
 
   // Everything the store will need must be there before anything is written.
   // Store::PublishFiles reads the directory again (its listing and index,

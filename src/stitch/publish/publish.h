@@ -101,6 +101,17 @@ absl::Status ExplainImmutable(const absl::Status& status, const VersionRef& poin
 [[nodiscard]] absl::Status CheckFollows(std::string_view where, const VersionRef& pointer,
                                         const VersionManifest& manifest);
 
+// The version directory `dir` names (normalized, a trailing slash dropped).
+std::filesystem::path VersionDirOf(const std::filesystem::path& dir);
+
+// The version identity a publish of `dir` into `store` would make: the
+// store's run and the number the directory's name gives. InvalidArgument,
+// starting with `where`, for a store whose run id is invalid or a name that
+// is not a canonical weight_vNNNNNN.
+[[nodiscard]] absl::StatusOr<VersionRef> NamedVersion(const Store& store,
+                                                      const std::filesystem::path& dir,
+                                                      std::string_view where);
+
 // Whether a DELTA was encoded against the weights the store's version
 // `pointer` holds, told from the fingerprints the two indexes record
 // (format/index.h), without reading any payload: FailedPrecondition (kind
