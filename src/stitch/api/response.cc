@@ -122,6 +122,92 @@ std::optional<int64_t> ReportedCompletionTokens(ApiRoute route, const json::obje
   return n->get_int64();
 }
 
+namespace {
+
+// Where `weight_versions` sits on `route`: meta_info on /generate; on an
+// OpenAI answer with one choice, its `metadata`, else the choice.
+const json::value* WeightVersionsOf(ApiRoute route, const json::object& item) {
+  if (route == ApiRoute::kGenerate) {
+    const json::object* meta = VersionHolder(route, item);
+    return meta != nullptr ? meta->if_contains("weight_versions") : nullptr;
+  }
+  const json::value* choices = item.if_contains("choices");
+  if (choices == nullptr || !choices->is_array() || choices->get_array().size() != 1) {
+    return nullptr;
+  }
+  const json::value* metadata = item.if_contains("metadata");
+  if (metadata != nullptr && metadata->is_object() &&
+      metadata->get_object().contains("weight_versions")) {
+    return metadata->get_object().if_contains("weight_versions");
+  }
+  const json::value& choice = choices->get_array().front();
+  return choice.is_object() ? choice.get_object().if_contains("weight_versions") : nullptr;
+}
+
+absl::Status BadWeightVersions(std::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the engine's weight_versions ", AbslView(why),
+                   " (expected {version, start, end} spans, contiguous from token 0)"));
+}
+
+// `weight_versions` read as spans; empty spans (no tokens) are left out.
+absl::StatusOr<LabelledSpans> ReadWeightVersions(const json::value& list) {
+  if (!list.is_array()) return BadWeightVersions("is not a list");
+  LabelledSpans spans;
+  int64_t covered = 0;
+  for (const json::value& entry : list.get_array()) {
+    const json::object* span = entry.is_object() ? &entry.get_object() : nullptr;
+    const json::value* version = span != nullptr ? span->if_contains("version") : nullptr;
+    const json::value* start = span != nullptr ? span->if_contains("start") : nullptr;
+    const json::value* end = span != nullptr ? span->if_contains("end") : nullptr;
+    if (version == nullptr || start == nullptr || end == nullptr || !start->is_int64() ||
+        !end->is_int64() || !(version->is_string() || version->is_int64())) {
+      return BadWeightVersions("hold a span without a version, start and end");
+    }
+    if (start->get_int64() != covered || end->get_int64() < covered) {
+      return BadWeightVersions("leave a gap or overlap");
+    }
+    if (end->get_int64() == covered) continue;
+    spans.push_back({covered, version->is_string() ? std::string(version->get_string())
+                                                   : std::to_string(version->get_int64())});
+    covered = end->get_int64();
+  }
+  return spans;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<LabelledSpans>> EngineReportedSpans(ApiRoute route,
+                                                                 const json::object& item) {
+  const std::optional<int64_t> tokens = ReportedCompletionTokens(route, item);
+  const json::value* list = WeightVersionsOf(route, item);
+  if (list == nullptr || list->is_null()) {
+    // The reference engine's [offset, version] pairs, if any.
+    absl::StatusOr<std::optional<VersionSpans>> numbered = ReportedSpans(route, item);
+    if (!numbered.ok()) return numbered.status();
+    if (!numbered->has_value()) return std::nullopt;
+    LabelledSpans spans;
+    for (const VersionSpan& span : **numbered) {
+      spans.push_back({span.offset, std::to_string(span.version)});
+    }
+    if (tokens.has_value() && !spans.empty() && spans.back().offset >= *tokens) {
+      return BadWeightVersions(absl::StrCat("start a span at token ", spans.back().offset,
+                                            " of ", *tokens));
+    }
+    return spans;
+  }
+  absl::StatusOr<LabelledSpans> spans = ReadWeightVersions(*list);
+  if (!spans.ok()) return spans.status();
+  const int64_t covered = list->get_array().empty()
+                              ? 0
+                              : list->get_array().back().get_object().at("end").get_int64();
+  if (tokens.has_value() && covered != *tokens) {
+    return BadWeightVersions(
+        absl::StrCat("cover ", covered, " output tokens, the answer says ", *tokens));
+  }
+  return *std::move(spans);
+}
+
 void SpanDeriver::Observe(std::optional<int64_t> label, std::optional<int64_t> tokens) {
   if (lost_) return;
   if (!label.has_value() || !tokens.has_value() || *tokens < tokens_ || *label < floor_) {

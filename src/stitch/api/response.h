@@ -59,6 +59,29 @@ void StampSpans(ApiRoute route, boost::json::object& item,
 [[nodiscard]] absl::StatusOr<std::optional<VersionSpans>> ReportedSpans(
     ApiRoute route, const boost::json::object& item);
 
+// A span as an engine reports it: from output token `offset` on (until the
+// next span), the tokens were made by the weights it labelled `label`.
+struct LabelledSpan {
+  int64_t offset = 0;
+  std::string label;
+  friend bool operator==(const LabelledSpan&, const LabelledSpan&) = default;
+};
+using LabelledSpans = std::vector<LabelledSpan>;
+
+// The spans an engine reported for the tokens of a response object (or one
+// streamed event), nullopt when it reported none:
+//  - `weight_versions`, a list of {version, start, end} (SGLang and vLLM):
+//    in `meta_info` on /generate, in `metadata` of an OpenAI answer with one
+//    choice (SGLang reports the first choice's alone), in the choice itself
+//    (vLLM's token-in/token-out generate);
+//  - `weight_version_spans`, [offset, version] pairs where StampSpans writes
+//    them (the reference engine), labels then being the numbers.
+// InvalidArgument, saying what is wrong, unless the spans are contiguous
+// from token 0 and, where the answer says how many tokens it generated
+// (ReportedCompletionTokens), end there.
+[[nodiscard]] absl::StatusOr<std::optional<LabelledSpans>> EngineReportedSpans(
+    ApiRoute route, const boost::json::object& item);
+
 // How many output tokens a response object (or a cumulative /generate event)
 // says were generated: `meta_info.completion_tokens`, else the length of
 // `output_ids` (/generate); `usage.completion_tokens` (OpenAI routes);

@@ -114,6 +114,68 @@ TEST(SpansTest, ReportedSpansAreReadWhereTheyAreStampedAndChecked) {
   }
 }
 
+// SGLang's and vLLM's `weight_versions`, where each puts them, in labels.
+TEST(SpansTest, EnginesWeightVersionsAreReadWhereEachEnginePutsThem) {
+  auto read = EngineReportedSpans(
+      ApiRoute::kGenerate,
+      ParseObject(R"({"meta_info":{"completion_tokens":5,"weight_versions":[)"
+                  R"({"version":"r1/weight_v000001","start":0,"end":3},)"
+                  R"({"version":"r1/weight_v000002","start":3,"end":5}]}})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (LabelledSpans{{0, "r1/weight_v000001"}, {3, "r1/weight_v000002"}}));
+  // An OpenAI answer of one choice: SGLang's `metadata`, or vLLM's choice.
+  read = EngineReportedSpans(
+      ApiRoute::kCompletions,
+      ParseObject(R"({"choices":[{"text":"ab"}],"usage":{"completion_tokens":2},)"
+                  R"("metadata":{"weight_versions":[{"version":"7","start":0,"end":2}]}})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (LabelledSpans{{0, "7"}}));
+  read = EngineReportedSpans(
+      ApiRoute::kChatCompletions,
+      ParseObject(R"({"choices":[{"weight_versions":[{"version":"3","start":0,"end":1}]}]})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (LabelledSpans{{0, "3"}}));
+  // Nothing generated: one empty span.
+  read = EngineReportedSpans(ApiRoute::kGenerate,
+                             ParseObject(R"({"meta_info":{"completion_tokens":0,)"
+                                         R"("weight_versions":[{"version":"1","start":0,"end":0}]}})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, LabelledSpans{});
+  // The reference engine's pairs, labels being their numbers.
+  read = EngineReportedSpans(ApiRoute::kCompletions,
+                             ParseObject(R"({"weight_version_spans":[[0,1],[2,4]]})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (LabelledSpans{{0, "1"}, {2, "4"}}));
+}
+
+TEST(SpansTest, EnginesWeightVersionsThatDoNotCoverTheTokensOrOneChoiceAreNotUsed) {
+  // SGLang's `metadata` describes the first choice alone.
+  auto read = EngineReportedSpans(
+      ApiRoute::kCompletions,
+      ParseObject(R"({"choices":[{},{}],"usage":{"completion_tokens":4},)"
+                  R"("metadata":{"weight_versions":[{"version":"1","start":0,"end":2}]}})"));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->has_value());
+  for (const char* bad : {
+           R"({"meta_info":{"weight_versions":[{"version":"1","start":1,"end":2}]}})",
+           R"({"meta_info":{"weight_versions":[{"version":"1","start":0,"end":2},)"
+           R"({"version":"2","start":1,"end":3}]}})",
+           R"({"meta_info":{"weight_versions":[{"version":"1","start":0,"end":2},)"
+           R"({"version":"2","start":3,"end":4}]}})",
+           R"({"meta_info":{"weight_versions":[{"version":"1","start":0}]}})",
+           R"({"meta_info":{"weight_versions":[{"version":null,"start":0,"end":1}]}})",
+           R"({"meta_info":{"weight_versions":{"version":"1"}}})",
+           // Spans that end before (or after) the tokens the answer reports.
+           R"({"meta_info":{"completion_tokens":3,)"
+           R"("weight_versions":[{"version":"1","start":0,"end":2}]}})",
+           R"({"usage":{"completion_tokens":2},"weight_version_spans":[[0,1],[2,2]]})",
+       }) {
+    EXPECT_FALSE(EngineReportedSpans(ApiRoute::kGenerate, ParseObject(bad)).ok() &&
+                 EngineReportedSpans(ApiRoute::kCompletions, ParseObject(bad)).ok())
+        << bad;
+  }
+}
+
 TEST(SpansTest, CompletionTokensComeFromMetaInfoOutputIdsOrUsage) {
   EXPECT_EQ(ReportedCompletionTokens(ApiRoute::kGenerate,
                                      ParseObject(R"({"meta_info":{"completion_tokens":7}})")),

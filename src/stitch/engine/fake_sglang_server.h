@@ -111,6 +111,13 @@ class FakeSglangServer {
     absl::MutexLock lock(&mu_);
     incremental_ = incremental;
   }
+  // The last event of a streamed /generate reports its tokens' spans, as
+  // stock SGLang does (`meta_info.weight_versions`), each token labelled
+  // with the weight version when its event was sent.
+  void SetFinalSpans(bool final_spans) {
+    absl::MutexLock lock(&mu_);
+    final_spans_ = final_spans;
+  }
   // Streamed events written so far, over all streams.
   int events_sent() const {
     absl::MutexLock lock(&mu_);
@@ -179,7 +186,7 @@ class FakeSglangServer {
       if (auto it = answers_.find(path); it != answers_.end()) answer = it->second;
       hang = hanging_.contains(path);
       events = events_;
-      form = StreamForm{stepwise_, incremental_};
+      form = StreamForm{stepwise_, incremental_, final_spans_};
       ++in_flight_;
     }
     co_await Answer(ex, path, std::move(answer), hang, events, form);
@@ -190,6 +197,7 @@ class FakeSglangServer {
   struct StreamForm {
     bool stepwise = false;
     bool incremental = false;
+    bool final_spans = false;
   };
 
   // Waits until `event` may be sent; false when the client went away first.
@@ -274,6 +282,7 @@ class FakeSglangServer {
     headers.Add("Content-Type", "text/event-stream");
     absl::Status begun = co_await ex.BeginStream(200, std::move(headers));
     if (!begun.ok()) co_return;
+    boost::json::array spans;  // SGLang's {version, start, end}
     for (int i = 0; i < events; ++i) {
       if (!co_await MaySend(ex, i, form.stepwise)) co_return;
       // One token per event, its id the event's number from 1.
@@ -287,6 +296,8 @@ class FakeSglangServer {
         boost::json::object meta;
         meta["weight_version"] = weight_version();
         meta["completion_tokens"] = i + 1;  // the tokens so far, as counted by SGLang
+        AddSpan(spans, meta.at("weight_version").as_string(), i);
+        if (form.final_spans && i + 1 == events) meta["weight_versions"] = spans;
         event["meta_info"] = std::move(meta);
       }
       std::string chunk = SseEvent(boost::json::serialize(event));
@@ -298,6 +309,15 @@ class FakeSglangServer {
     std::string done = SseEvent("[DONE]");
     (void)co_await ex.WriteChunk(std::move(done));
     (void)co_await ex.EndStream();
+  }
+
+  // Token `token` labelled `label`, added to SGLang-style spans.
+  static void AddSpan(boost::json::array& spans, const boost::json::string& label, int token) {
+    if (!spans.empty() && spans.back().as_object().at("version").as_string() == label) {
+      spans.back().as_object()["end"] = token + 1;
+      return;
+    }
+    spans.push_back(boost::json::object{{"version", label}, {"start", token}, {"end", token + 1}});
   }
 
   std::unique_ptr<EventLoop> loop_;
@@ -312,6 +332,7 @@ class FakeSglangServer {
   int events_ ABSL_GUARDED_BY(mu_) = 3;
   bool stepwise_ ABSL_GUARDED_BY(mu_) = false;
   bool incremental_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_spans_ ABSL_GUARDED_BY(mu_) = false;
   int events_sent_ ABSL_GUARDED_BY(mu_) = 0;
   std::string weight_version_ ABSL_GUARDED_BY(mu_) = "default";
   int disconnects_ ABSL_GUARDED_BY(mu_) = 0;

@@ -41,6 +41,10 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
         "Responses answered 503 because the engine's weights changed or were mislabelled while "
         "they ran.",
         m.proxy.unvouched);
+  w.One("engine_spans_disagreed_total", "counter",
+        "Generations whose spans the engine reported differ from those its events' labels "
+        "suggested (the engine's are stamped).",
+        m.proxy.spans_disagreed);
   w.One("engine_distrusts_total", "counter",
         "Times the sidecar withdrew trust in the engine's weights (a restart, a change it did not "
         "make).",

@@ -197,27 +197,34 @@ absl::StatusOr<std::optional<VersionSpans>> VersionedProxy::Spans(Call& call,
                                                                   const json::object& item) {
   const AdmissionGate::Ticket& ticket = *call.ticket;
   const std::optional<int64_t> tokens = ReportedCompletionTokens(call.route, item);
-  // In the engine's labels first.
-  std::optional<VersionSpans> labelled;
-  absl::StatusOr<std::optional<VersionSpans>> reported = ReportedSpans(call.route, item);
-  if (!reported.ok()) return reported.status();
-  if (reported->has_value()) {
-    for (const VersionSpan& span : **reported) {
-      if (absl::Status held = gate_.CheckEngineLabel(ticket, absl::StrCat(span.version));
-          !held.ok()) {
-        return held;
-      }
-    }
-    labelled = **reported;
-    engine_reports_spans_ = true;
-  } else if (doc.is_object() && call.deriver.has_value()) {
-    // One generation (batches are never streamed): derive from its labels.
+  // In the engine's labels first: derived event by event, and as the engine
+  // reports them.
+  std::optional<VersionSpans> derived;
+  if (doc.is_object() && call.deriver.has_value()) {
+    // One generation (batches are never streamed).
     std::optional<int64_t> label;
     if (std::optional<std::string> text = ResponseWeightLabel(doc)) {
       if (std::optional<VersionRef> ref = ParseEngineLabel(*text)) label = ref->version;
     }
     call.deriver->Observe(label, tokens);
-    labelled = call.deriver->spans();
+    derived = call.deriver->spans();
+  }
+  absl::StatusOr<std::optional<LabelledSpans>> reported = EngineReportedSpans(call.route, item);
+  if (!reported.ok()) return reported.status();
+  std::optional<VersionSpans> labelled;
+  if (reported->has_value()) {
+    absl::StatusOr<VersionSpans> held = HeldSpans(ticket, **reported);
+    if (!held.ok()) return held.status();
+    labelled = *std::move(held);
+    engine_reports_spans_ = true;
+    if (derived.has_value() && *derived != *labelled) {
+      // The engine's record of each token wins over what its events' labels
+      // suggested, which is counted: an engine whose labels run ahead of or
+      // behind its tokens.
+      ++counters_.spans_disagreed;
+    }
+  } else if (!options_.engine_reports_final_spans) {
+    labelled = std::move(derived);
   }
   // Then in served versions.
   std::optional<VersionSpans> served;
@@ -240,6 +247,24 @@ absl::StatusOr<std::optional<VersionSpans>> VersionedProxy::Spans(Call& call,
     if (tokens.value_or(1) > 0) served->push_back({0, ticket.start().version});
   }
   return served;
+}
+
+absl::StatusOr<VersionSpans> VersionedProxy::HeldSpans(const AdmissionGate::Ticket& ticket,
+                                                       const LabelledSpans& reported) const {
+  VersionSpans spans;
+  for (const LabelledSpan& span : reported) {
+    // Every label must be one the engine held while the request ran, in
+    // the order the sidecar made them.
+    if (absl::Status held = gate_.CheckEngineLabel(ticket, span.label); !held.ok()) return held;
+    const int64_t version = ParseEngineLabel(span.label)->version;
+    if (!spans.empty() && version <= spans.back().version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the engine's spans name version ", version, " after ", spans.back().version,
+          " within one generation, which the sidecar never did"));
+    }
+    spans.push_back({span.offset, version});
+  }
+  return spans;
 }
 
 awaitable<void> VersionedProxy::Handle(HttpExchange& exchange) {

@@ -100,6 +100,11 @@ struct ProxyOptions {
   // and assembled (see above): for engines that label each streamed event
   // (SGLang) but report no spans.
   bool assemble_whole_generate = false;
+  // The engine reports each generation's spans on its last answer or event
+  // (stock SGLang's `weight_versions`), and the labels of its other events
+  // are the engine's label when they were sent, not their tokens': spans are
+  // claimed on those events only when nothing changed while the request ran.
+  bool engine_reports_final_spans = false;
   // The sidecar checks a token of its own, so the client's Authorization is
   // its credential for the sidecar and is not forwarded. Without either
   // this or an engine token, the client's Authorization passes through.
@@ -118,6 +123,7 @@ struct ProxyCounters {
   uint64_t client_disconnects = 0;  // aborted because the client went away
   uint64_t forwarded = 0;           // other routes, forwarded as is
   uint64_t unvouched = 0;           // 503: weights changed or were mislabelled mid-request
+  uint64_t spans_disagreed = 0;     // the engine's spans and its events' labels told apart
 };
 
 class VersionedProxy {
@@ -172,6 +178,11 @@ class VersionedProxy {
   // that are malformed or name weights it did not hold.
   absl::StatusOr<std::optional<VersionSpans>> Spans(Call& call, const boost::json::value& doc,
                                                     const boost::json::object& item);
+  // An engine's reported spans in its labels' versions: FailedPrecondition
+  // when a label names weights it did not hold while `ticket`'s request ran,
+  // or the versions do not rise.
+  absl::StatusOr<VersionSpans> HeldSpans(const AdmissionGate::Ticket& ticket,
+                                         const LabelledSpans& reported) const;
   boost::asio::awaitable<void> HandleVersioned(HttpExchange& exchange, ApiRoute route);
   boost::asio::awaitable<void> BadRequest(HttpExchange& exchange, std::string message);
   boost::asio::awaitable<void> Forward(HttpExchange& exchange);

@@ -552,6 +552,34 @@ TEST_F(ProxyTest, StreamedSpansAreDerivedFromTheEnginesLabelsAcrossACommit) {
   EXPECT_EQ(s.Next(), "[DONE]");
 }
 
+// Stock SGLang: its events' labels are its label when each was sent, and its
+// last event reports the tokens' spans. Across a commit, the events before
+// the last claim no spans, and the last one has the engine's, exact.
+TEST_F(ProxyTest, StreamedSpansComeFromTheEnginesFinalReportAcrossACommit) {
+  fake_.SetWeightVersion("r1/weight_v000000");
+  fake_.SetStreamEvents(3);
+  fake_.SetFinalSpans(true);
+  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.engine_reports_final_spans = true; });
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+  Streamed s;
+  OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
+  std::optional<std::string> first = s.Next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(json::serialize(ParseObject(*first).at("meta_info").at("weight_version_spans")),
+            "[[0,0]]");
+  CommitInPlace(1);
+  fake_.ReleaseStream();
+  std::optional<std::string> second = s.Next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(ParseObject(*second).at("meta_info").at("weight_version_spans"), "unknown");
+  std::optional<std::string> last = s.Next();
+  ASSERT_TRUE(last.has_value());
+  const json::object meta = ParseObject(*last).at("meta_info").as_object();
+  EXPECT_EQ(json::serialize(meta.at("weight_version_spans")), "[[0,0],[1,1]]") << *last;
+  EXPECT_EQ(meta.at("weight_version_end").as_int64(), 1);
+  EXPECT_EQ(s.Next(), "[DONE]");
+}
+
 // An engine that says nothing per event (SGLang's OpenAI streams): across a
 // commit the sidecar knows only start and end, and says the spans are
 // unknown rather than guess.
@@ -595,6 +623,24 @@ TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) 
   HttpResponse refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_EQ(refused.body.find("weight_version_start"), std::string::npos) << refused.body;
+  // SGLang's form: labels, in `metadata` of a one-choice answer.
+  fake_.SetAnswer("/v1/completions",
+                  JsonResponse(200, R"({"choices":[{"text":"ab"}],"usage":{"completion_tokens":2},)"
+                                    R"("metadata":{"weight_version":"r1/weight_v000000",)"
+                                    R"("weight_versions":[{"version":"r1/weight_v000000",)"
+                                    R"("start":0,"end":2}]}})"));
+  ok = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(json::serialize(ParseObject(ok.body).at("weight_version_spans")), "[[0,0]]");
+  fake_.SetAnswer("/v1/completions",
+                  JsonResponse(200, R"({"choices":[{"text":"ab"}],"usage":{"completion_tokens":2},)"
+                                    R"("metadata":{"weight_version":"r1/weight_v000000",)"
+                                    R"("weight_versions":[{"version":"r1/weight_v000000",)"
+                                    R"("start":0,"end":1},{"version":"r1/weight_v000004",)"
+                                    R"("start":1,"end":2}]}})"));
+  refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.body.find("weight_v000004"), std::string::npos) << refused.body;
 }
 
 // A whole /generate sent to an engine that labels each streamed event, with
