@@ -62,6 +62,9 @@ absl::StatusOr<EngineReport> ParseEngineReport(std::string_view body) {
     if (!parsed.ok()) return Annotate(parsed.status(), "the engine's weights_fingerprint");
     report.fingerprint = *parsed;
   }
+  absl::StatusOr<std::optional<std::string>> served = text("served_model_name");
+  if (!served.ok()) return served.status();
+  report.served_model_name = served->value_or("");
   return report;
 }
 

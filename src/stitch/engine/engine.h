@@ -94,6 +94,9 @@ struct EngineReport {
   // WeightsFingerprint (format/checksum.h) of the serving weights, when the
   // engine reports one.
   std::optional<Checksum128> fingerprint;
+  // The name the engine serves its model under (SGLang's
+  // `served_model_name`); "" when it reports none.
+  std::string served_model_name;
 };
 
 // Reads an engine's weight label as a version: an identity
@@ -154,6 +157,15 @@ class Engine {
 
   // Best effort: asks the engine to end the requests with these ids.
   virtual boost::asio::awaitable<void> Abort(std::vector<std::string> rids) = 0;
+
+  // Gives the body of a 200 answer to a request forwarded as is (to
+  // `path`) back what the engine was started with, where the sidecar's own
+  // loads changed it: stock SGLang names its served model after the last
+  // disk load's directory. Default: unchanged.
+  virtual void RestoreForwarded(std::string_view path, std::string& body) const {
+    (void)path;
+    (void)body;
+  }
 };
 
 }  // namespace stitch

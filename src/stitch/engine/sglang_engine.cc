@@ -80,7 +80,55 @@ awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
     response = co_await Get(model_info_route_, timeout);
   }
   if (!response.ok()) co_return response.status();
-  co_return ReportFromAnswer(*response, http_.Where("GET", model_info_route_));
+  absl::StatusOr<EngineReport> report =
+      ReportFromAnswer(*response, http_.Where("GET", model_info_route_));
+  if (report.ok() && !report->served_model_name.empty() &&
+      !IsLoadPath(report->served_model_name)) {
+    served_name_ = report->served_model_name;
+  }
+  co_return report;
+}
+
+bool SglangHttpEngine::IsLoadPath(std::string_view name) const {
+  for (const std::filesystem::path& dir :
+       {options_.local_checkpoint_dir, options_.base_checkpoint_dir}) {
+    if (dir.empty()) continue;
+    std::string prefix = PathString(dir.lexically_normal());
+    while (prefix.size() > 1 && prefix.ends_with('/')) prefix.pop_back();
+    if (name.starts_with(prefix) &&
+        (name.size() == prefix.size() || name[prefix.size()] == '/')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void SglangHttpEngine::RestoreForwarded(std::string_view path, std::string& body) const {
+  const bool models = path == "/v1/models";
+  if (served_name_.empty() || !(models || path == "/model_info" || path == "/get_model_info")) {
+    return;
+  }
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec);
+  if (ec || !doc.is_object()) return;
+  bool changed = false;
+  auto restore = [&](json::object& holder, std::string_view key) {
+    json::value* name = holder.if_contains(key);
+    if (name != nullptr && name->is_string() && IsLoadPath(name->get_string())) {
+      *name = served_name_;
+      changed = true;
+    }
+  };
+  if (!models) {
+    restore(doc.get_object(), "served_model_name");
+  } else if (json::value* data = doc.get_object().if_contains("data"); data && data->is_array()) {
+    for (json::value& entry : data->get_array()) {
+      if (!entry.is_object()) continue;
+      restore(entry.get_object(), "id");
+      restore(entry.get_object(), "root");
+    }
+  }
+  if (changed) body = json::serialize(doc);
 }
 
 awaitable<void> SglangHttpEngine::Abort(std::vector<std::string> rids) {

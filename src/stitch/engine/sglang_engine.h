@@ -93,6 +93,10 @@ class SglangHttpEngine : public Engine {
   boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
       std::chrono::milliseconds timeout) override;
   boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
+  // /v1/models and /model_info name the served model as the engine was
+  // started (learned from its reports before a load of the sidecar's
+  // renamed it), not after the directory the sidecar last loaded.
+  void RestoreForwarded(std::string_view path, std::string& body) const override;
 
   const SglangEngineOptions& options() const { return options_; }
 
@@ -117,6 +121,14 @@ class SglangHttpEngine : public Engine {
   const HttpUrl url_;
   EngineHttp http_;
   std::string_view model_info_route_ = "/model_info";
+
+ private:
+  // Whether `name` is a directory the sidecar loads from (SGLang's name
+  // after such a load).
+  bool IsLoadPath(std::string_view name) const;
+  // The served model's name as the engine reported it before any load of
+  // the sidecar's; "" until known.
+  std::string served_name_;
 };
 
 // Checks `options` for an engine that stages by itself: a URL that parses,

@@ -9,6 +9,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/delta/delta_apply.h"
 #include "stitch/delta/delta_encode.h"
 #include "stitch/engine/fake_sglang_server.h"
@@ -246,6 +247,42 @@ TEST_F(SglangEngineTest, ReportReadsTheLabelALoadSet) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->held, (VersionRef{"r1", 3}));
   EXPECT_EQ(fake_.RequestsTo("/model_info").size(), 2u);
+}
+
+// A disk load renames SGLang's served model after the load's directory: the
+// forwarded /v1/models and /model_info name it as the engine was started.
+TEST_F(SglangEngineTest, TheServedModelKeepsTheNameTheEngineWasStartedWith) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
+  ASSERT_TRUE(engine.ok());
+  const std::string local = (tmp_ / "local").string();
+  const std::string models = absl::StrCat(R"({"object":"list","data":[{"id":")", local,
+                                          R"(","root":")", local, R"(","owned_by":"sglang"}]})");
+  std::string body = models;
+  (*engine)->RestoreForwarded("/v1/models", body);
+  EXPECT_EQ(body, models) << "nothing is restored before the engine's name is known";
+  fake_.SetAnswer("/model_info", JsonResponse(200, R"({"weight_version":"default",)"
+                                                   R"("served_model_name":"policy"})"));
+  ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
+  // After a load, the engine reports the path: that name is not learned.
+  fake_.SetAnswer("/model_info", JsonResponse(200, absl::StrCat(R"({"weight_version":"r1/3",)",
+                                                                R"("served_model_name":")",
+                                                                local, R"("})")));
+  ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
+  (*engine)->RestoreForwarded("/v1/models", body);
+  EXPECT_EQ(ParseObject(body).at("data").at(0).at("id").as_string(), "policy") << body;
+  EXPECT_EQ(ParseObject(body).at("data").at(0).at("root").as_string(), "policy") << body;
+  body = absl::StrCat(R"({"served_model_name":")", (tmp_ / "base").string(), R"("})");
+  (*engine)->RestoreForwarded("/model_info", body);
+  EXPECT_EQ(ParseObject(body).at("served_model_name").as_string(), "policy") << body;
+  // Names that are not the sidecar's load directories, and other routes, stay.
+  for (const auto& [path, other] :
+       {std::pair<std::string, std::string>{"/v1/models", R"({"data":[{"id":"other"}]})"},
+        {"/model_info", absl::StrCat(R"({"served_model_name":")", local, R"(x"})")},
+        {"/server_info", absl::StrCat(R"({"served_model_name":")", local, R"("})")}}) {
+    std::string kept = other;
+    (*engine)->RestoreForwarded(path, kept);
+    EXPECT_EQ(kept, other) << path;
+  }
 }
 
 TEST_F(SglangEngineTest, ReportFallsBackToGetModelInfoOnOlderEngines) {
