@@ -223,9 +223,10 @@ absl::StatusOr<std::optional<VersionSpans>> VersionedProxy::Spans(Call& call,
       // behind its tokens.
       ++counters_.spans_disagreed;
     }
-  } else if (!options_.engine_reports_final_spans) {
+  } else {
     labelled = std::move(derived);
   }
+  if (!options_.engine_places_commits) labelled.reset();
   // Then in served versions.
   std::optional<VersionSpans> served;
   if (labelled.has_value()) {
@@ -687,6 +688,7 @@ awaitable<void> VersionedProxy::Forward(HttpExchange& exchange) {
   HttpResponse out{response->status,
                    ResponseHeadersToRelay(std::move(response->headers), BodyRelay::kRewritten),
                    std::move(response->body)};
+  if (out.status == 200) engine_.RestoreForwarded(TargetPath(exchange.request().target), out.body);
   (void)co_await exchange.Respond(std::move(out));
 }
 

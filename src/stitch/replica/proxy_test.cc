@@ -178,6 +178,7 @@ class ProxyTest : public ::testing::Test {
   }
 
   void WholeGenerateAcrossTwoCommits(bool incremental);
+  void FinalSpansAcrossACommit(bool engine_places_commits);
 
   stitch::testing::TempDir tmp_;
   FakeSglangServer fake_;
@@ -552,14 +553,15 @@ TEST_F(ProxyTest, StreamedSpansAreDerivedFromTheEnginesLabelsAcrossACommit) {
   EXPECT_EQ(s.Next(), "[DONE]");
 }
 
-// Stock SGLang: its events' labels are its label when each was sent, and its
-// last event reports the tokens' spans. Across a commit, the events before
-// the last claim no spans, and the last one has the engine's, exact.
-TEST_F(ProxyTest, StreamedSpansComeFromTheEnginesFinalReportAcrossACommit) {
+// An engine that reports each generation's spans on its last event: across a
+// commit, those are stamped. Where the engine does not place commits exactly
+// (stock SGLang), every event after the commit says "unknown".
+void ProxyTest::FinalSpansAcrossACommit(bool engine_places_commits) {
   fake_.SetWeightVersion("r1/weight_v000000");
   fake_.SetStreamEvents(3);
   fake_.SetFinalSpans(true);
-  Start(fake_.url(), [](Sidecar::Settings& s) { s.proxy.engine_reports_final_spans = true; });
+  Start(fake_.url(),
+        [&](Sidecar::Settings& s) { s.proxy.engine_places_commits = engine_places_commits; });
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   Streamed s;
   OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
@@ -569,15 +571,28 @@ TEST_F(ProxyTest, StreamedSpansComeFromTheEnginesFinalReportAcrossACommit) {
             "[[0,0]]");
   CommitInPlace(1);
   fake_.ReleaseStream();
-  std::optional<std::string> second = s.Next();
-  ASSERT_TRUE(second.has_value());
-  EXPECT_EQ(ParseObject(*second).at("meta_info").at("weight_version_spans"), "unknown");
-  std::optional<std::string> last = s.Next();
-  ASSERT_TRUE(last.has_value());
-  const json::object meta = ParseObject(*last).at("meta_info").as_object();
-  EXPECT_EQ(json::serialize(meta.at("weight_version_spans")), "[[0,0],[1,1]]") << *last;
-  EXPECT_EQ(meta.at("weight_version_end").as_int64(), 1);
+  std::vector<std::string> spans;
+  for (int i = 1; i < 3; ++i) {
+    std::optional<std::string> e = s.Next();
+    ASSERT_TRUE(e.has_value());
+    const json::object meta = ParseObject(*e).at("meta_info").as_object();
+    spans.push_back(json::serialize(meta.at("weight_version_spans")));
+    EXPECT_EQ(meta.at("weight_version_end").as_int64(), 1);
+  }
   EXPECT_EQ(s.Next(), "[DONE]");
+  if (engine_places_commits) {
+    EXPECT_EQ(spans, (std::vector<std::string>{"[[0,0],[1,1]]", "[[0,0],[1,1]]"}));
+  } else {
+    EXPECT_EQ(spans, (std::vector<std::string>{R"("unknown")", R"("unknown")"}));
+  }
+}
+
+TEST_F(ProxyTest, StreamedSpansComeFromTheEnginesFinalReportAcrossACommit) {
+  FinalSpansAcrossACommit(/*engine_places_commits=*/true);
+}
+
+TEST_F(ProxyTest, SpansAcrossACommitAreUnknownWhereTheEngineDoesNotPlaceItExactly) {
+  FinalSpansAcrossACommit(/*engine_places_commits=*/false);
 }
 
 // An engine that says nothing per event (SGLang's OpenAI streams): across a
@@ -641,6 +656,21 @@ TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) 
   refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_NE(refused.body.find("weight_v000004"), std::string::npos) << refused.body;
+  // vLLM's form, on its token route: in the choice.
+  fake_.SetAnswer("/inference/v1/generate",
+                  JsonResponse(200, R"({"request_id":"generate-tokens-x","choices":[{"index":0,)"
+                                    R"("token_ids":[5,6],"weight_versions":[{"version":)"
+                                    R"("r1/weight_v000000","start":0,"end":2}]}],)"
+                                    R"("usage":{"completion_tokens":2}})"));
+  ok = Send("POST", "/inference/v1/generate",
+            R"({"token_ids":[1,2],"sampling_params":{"max_tokens":2},)"
+            R"("weight_version":{"exact_version":0}})");
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  const json::object tokens = ParseObject(ok.body);
+  EXPECT_EQ(json::serialize(tokens.at("weight_version_spans")), "[[0,0]]");
+  EXPECT_EQ(tokens.at("weight_version_start").as_int64(), 0);
+  const json::object sent = ParseObject(fake_.RequestsTo("/inference/v1/generate").back().body);
+  EXPECT_FALSE(sent.contains("weight_version")) << json::serialize(sent);
 }
 
 // A whole /generate sent to an engine that labels each streamed event, with
