@@ -79,6 +79,34 @@ def sse_events(url, body, timeout=120):
     return events
 
 
+class Stream:
+    """A streamed answer read event by event (its JSON events; None once
+    `data: [DONE]` or the end came)."""
+
+    def __init__(self, url, body, timeout=120):
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+        req.add_header("Content-Type", "application/json")
+        self.response = urllib.request.urlopen(req, timeout=timeout)
+
+    def next(self):
+        for line in self.response:
+            line = line.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:"):].strip()
+            return None if payload == "[DONE]" else json.loads(payload)
+        return None
+
+    def rest(self):
+        events = []
+        while (e := self.next()) is not None:
+            events.append(e)
+        return events
+
+    def close(self):
+        self.response.close()
+
+
 def wait_until(condition, timeout, what):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -140,14 +168,22 @@ class Process:
             return "".join(f.readlines()[-lines:])
 
 
+# The engines run with an API key, which the sidecar presents
+# (--engine-token-file); requests made here straight to an engine carry it
+# through EngineServer.http.
+ENGINE_KEY = "stitch-engine-test-key"
+
+
 class EngineServer:
-    """A real engine serving `model` as "policy" on 127.0.0.1, in its own
-    process group; start() again after a kill restarts it on its port."""
+    """A real engine serving `model` as "policy" on 127.0.0.1 behind
+    ENGINE_KEY, in its own process group; start() again after a kill
+    restarts it on its port."""
 
     name = "engine"
 
     def __init__(self, model, workdir, port=None, extra=()):
-        self.model, self.workdir, self.extra = model, workdir, list(extra)
+        self.model, self.workdir = model, workdir
+        self.extra = ["--api-key", ENGINE_KEY, *extra]
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = None
@@ -169,6 +205,11 @@ class EngineServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 return False
         wait_until(healthy, timeout, f"{self.name}'s /health")
+
+    def http(self, method, path, body=None, key=ENGINE_KEY):
+        """A request straight to the engine, with its API key."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return http(method, self.url + path, body, headers)
 
     def close(self):
         if self.process is not None:
@@ -208,13 +249,17 @@ class Fleet:
         self.workdir, self.base = workdir, base
         self.store = os.path.join(workdir, "store")
         stitch("claim", "--store", self.store, "--run-id", RUN, "--boot-version", "0")
+        key_file = os.path.join(workdir, "engine.key")
+        with open(key_file, "w") as out:
+            out.write(ENGINE_KEY + "\n")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["sidecar", "--store", self.store, "--run-id", RUN, "--engine", engine,
                      "--engine-url", engine_url, "--base-checkpoint", base,
                      "--local-checkpoint", os.path.join(workdir, "local"),
                      "--reconcile-interval", "0.5", "--watchdog-interval", "0.5",
-                     "--port", str(self.port), *sidecar_flags]
+                     "--engine-token-file", key_file, "--port", str(self.port),
+                     *sidecar_flags]
         self.sidecar = Process([STITCH, *self.args], os.path.join(workdir, "sidecar.log"))
         self.published = {0: base}  # version -> the checkpoint whose weights it holds
 
@@ -251,6 +296,7 @@ class Fleet:
         """DELTA `version` from the previous version's weights to `target`'s."""
         base = self.published[version - 1]
         out = os.path.join(self.workdir, "out", f"weight_v{version:06d}")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         stitch("delta", "encode", "--base", base, "--target", target, "--out", out,
                "--version", str(version), "--base-version", str(version - 1), "--run-id", RUN)
         stitch("publish", "--store", self.store, "--run-id", RUN, "--base", base,
@@ -294,6 +340,35 @@ class Oracle:
     def made_by(self, checkpoint, prompt_ids, output_ids):
         return self.worst_gap(checkpoint, prompt_ids, output_ids) <= LOGIT_TIE
 
+    def switched_gap(self, old, new, prompt_ids, output_ids, k):
+        """worst_gap for an answer whose first `k` tokens `old`'s weights
+        made and the rest `new`'s. An engine switched in place keeps the keys
+        and values `old` computed for the positions before the switch; one
+        that recomputes them (a retracted request, a flushed cache) uses
+        `new`'s: the smaller gap of the two."""
+        import torch
+
+        if k == 0:
+            return self.worst_gap(new, prompt_ids, output_ids)
+        before = self.worst_gap(old, prompt_ids, output_ids[:k])
+        if k == len(output_ids):
+            return before
+        recomputed = self.worst_gap(new, prompt_ids + output_ids[:k], output_ids[k:])
+        ids = prompt_ids + output_ids
+        split = len(prompt_ids) + k - 1  # inputs the old weights processed
+        with torch.no_grad():
+            past = self._model(old)(torch.tensor([ids[:split]]), use_cache=True).past_key_values
+            logits = self._model(new)(torch.tensor([ids[split:-1]]), past_key_values=past,
+                                      use_cache=True).logits[0].float()
+        kept = max(float(logits[j].max() - logits[j][t]) for j, t in enumerate(output_ids[k:]))
+        return max(before, min(kept, recomputed))
+
+    def switch_points(self, old, new, prompt_ids, output_ids, lowest=0):
+        """The token offsets (>= lowest) at which an in-place switch from
+        `old` to `new` explains the answer."""
+        return [k for k in range(lowest, len(output_ids) + 1)
+                if self.switched_gap(old, new, prompt_ids, output_ids, k) <= LOGIT_TIE]
+
     def which(self, checkpoints, prompt_ids, output_ids):
         """The versions (keys of `checkpoints`) whose weights could have
         produced the answer."""
@@ -328,11 +403,56 @@ class Env:
         assert makers == [weights], (
             f"tokens {output} should be v{version}'s ({weights}) alone: {makers}")
 
+    def assert_switched_inside(self, old, prompt, output, seen, stamped):
+        """An answer (stamps in `stamped`) across an in-place commit from
+        `old` to the next version, `seen` tokens of which were read before
+        the commit: made by the old weights up to a switch after `seen` and
+        by the new ones after it, stamped with both, its spans exact or
+        "unknown"."""
+        new = old + 1
+        assert stamped["weight_version_start"] == old, stamped
+        assert stamped["weight_version_end"] == new, stamped
+        points = self.oracle.switch_points(self.fleet.published[old], self.fleet.published[new],
+                                           prompt, output, lowest=seen)
+        assert points, "the answer is neither version's, nor a switch from one to the other"
+        assert len(output) not in points, "the new weights made none of it: no switch inside"
+        spans = stamped["weight_version_spans"]
+        if spans != "unknown":
+            assert len(spans) == 2 and spans[0] == [0, old] and spans[1][1] == new, spans
+            assert spans[1][0] in points, (spans, points)
+
     def close(self):
         if self.fleet is not None:
             self.fleet.close()
         if self.engine is not None:
             self.engine.close()
+
+
+def sidecar_counter(env, name):
+    """A counter of the sidecar's /metrics (`stitch_sidecar_<name>`)."""
+    _, text, _ = http("GET", env.fleet.url + "/metrics")
+    for line in text.splitlines():
+        if line.startswith(f"stitch_sidecar_{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no stitch_sidecar_{name} in the sidecar's /metrics")
+
+
+def leave_inside(env, frozen, leaving):
+    """The client of stream `leaving` leaves while the engine holds its
+    generation (`frozen(env)`, a context), until the sidecar has seen it
+    leave; then the engine runs again."""
+    left = sidecar_counter(env, "client_disconnects_total")
+    with frozen(env):
+        leaving.close()
+        wait_until(lambda: sidecar_counter(env, "client_disconnects_total") == left + 1, 30,
+                   "the sidecar to see the client leave")
+
+
+def engine_metric(env, family, match=""):
+    """The sum of an engine /metrics family's samples whose line holds `match`."""
+    _, text, _ = env.engine.http("GET", "/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(family) and line[len(family)] in "{ " and match in line)
 
 
 def restart_under_load(env, send, prompt, served_version):

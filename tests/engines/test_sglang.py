@@ -3,6 +3,7 @@ CPU, judged by transformers as test_vllm.py judges vLLM. One SGLang start
 serves the module; the tests run in order.
 """
 
+import contextlib
 import socket
 
 import pytest
@@ -93,18 +94,10 @@ def test_control_routes_in_any_spelling_never_reach_sglang(f):
     assert status == 200, body
 
 
-def watchdog_failures(f):
-    _, text, _ = http("GET", f.fleet.url + "/metrics")
-    for line in text.splitlines():
-        if line.startswith("stitch_sidecar_watchdog_failures_total"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no stitch_sidecar_watchdog_failures_total")
-
-
 def test_health_checks_fit_sglangs_slow_health(f):
     """SGLang's /health runs a one-token generation (about a second here):
     the sidecar's checks must not fail on it, so the replica never flaps."""
-    before = watchdog_failures(f)
+    before = harness.sidecar_counter(f, "watchdog_failures_total")
     checks = 0
 
     def enough_checks():
@@ -113,7 +106,7 @@ def test_health_checks_fit_sglangs_slow_health(f):
         assert f.fleet.info().get("ready"), "the replica left rotation"
         return checks >= 25
     harness.wait_until(enough_checks, 60, "25 readiness checks")
-    assert watchdog_failures(f) == before
+    assert harness.sidecar_counter(f, "watchdog_failures_total") == before
     assert "sglang:" in http("GET", f.fleet.url + "/metrics")[1]
 
 
@@ -128,8 +121,89 @@ def test_full_and_delta_versions_are_followed(f):
     status, body, _ = generate(f, {"exact_version": 2})
     assert status == 200, body
     f.assert_made_by(2, prompt_ids(PROMPT), body["output_ids"])
-    _, info, _ = http("GET", f.engine.url + "/get_model_info")
+    _, info, _ = f.engine.http("GET", "/get_model_info")
     assert info.get("weight_version") == "r1/weight_v000002", info
+
+
+def test_the_served_model_name_survives_disk_loads(f):
+    """SGLang's disk load renames the served model after the load's path;
+    through the sidecar, clients keep seeing the name it was served as."""
+    assert len(f.fleet.published) > 1, "runs after a disk load"
+    status, body, _ = http("GET", f.fleet.url + "/v1/models")
+    assert status == 200, body
+    assert [m["id"] for m in body["data"]] == ["policy"], body
+    status, body, _ = http("GET", f.fleet.url + "/model_info")
+    assert status == 200 and body["served_model_name"] == "policy", body
+
+
+def test_the_engines_api_key_guards_it_and_the_sidecar_presents_it(f):
+    for key in (None, "wrong"):
+        status, body, _ = f.engine.http("GET", "/model_info", key=key)
+        assert status == 401, body
+    status, body, _ = http("GET", f.fleet.url + "/model_info",
+                           headers={"Authorization": "Bearer wrong"})
+    assert status == 200, body
+
+
+@contextlib.contextmanager
+def frozen(f):
+    """Holds SGLang's running requests where they are (an in-place pause),
+    so that what the test does next lands inside them; the sidecar's next
+    commit continues the engine."""
+    status, body, _ = f.engine.http("POST", "/pause_generation", {"mode": "in_place"})
+    assert status == 200, body
+    try:
+        yield
+    finally:  # whatever happened, the engine serves again
+        f.engine.http("POST", "/continue_generation", {})
+
+
+def long_generation(f, text, max_new_tokens=64):
+    return harness.Stream(f.fleet.url + "/generate", {
+        "text": text, "stream": True, "weight_version": {"min_version": max(f.fleet.published)},
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
+                            "ignore_eos": True}})
+
+
+def test_an_in_place_commit_inside_a_streamed_generation(f):
+    """A DELTA committed while a generation streams: the generation goes on
+    under the new weights, its stamps name both versions, and its spans are
+    exact or "unknown", never wrong. (SGLang's own `weight_versions` put the
+    switch a token late here: its overlap scheduler had that token in flight
+    when the version changed. So the sidecar says "unknown".)"""
+    old, text = max(f.fleet.published), "Once upon a time"
+    stream = long_generation(f, text)
+    first = stream.next()
+    seen = len(first["output_ids"])
+    with frozen(f):
+        f.fleet.publish_delta(old + 1, f.ckpt[1])
+        f.fleet.wait_serving(old + 1)
+    events = [first] + stream.rest()
+    tokens, meta = events[-1]["output_ids"], events[-1]["meta_info"]
+    assert len(tokens) == 64, meta
+    f.assert_switched_inside(old, prompt_ids(text), tokens, seen, meta)
+    # Later answers are the new weights'.
+    status, body, _ = generate(f, {"exact_version": old + 1})
+    assert status == 200, body
+    f.assert_made_by(old + 1, prompt_ids(PROMPT), body["output_ids"])
+
+
+def test_a_client_that_leaves_is_aborted_in_sglang_and_no_other(f):
+    version = max(f.fleet.published)
+    def aborted():
+        return harness.engine_metric(f, "sglang:num_aborted_requests_total")
+    before = aborted()
+    leaving, staying = long_generation(f, "A client that leaves"), long_generation(f, PROMPT)
+    assert leaving.next() and staying.next()
+    harness.leave_inside(f, frozen, leaving)
+    harness.wait_until(lambda: aborted() == before + 1, 60,
+                       "SGLang to abort the generation of the client that left")
+    events = staying.rest()
+    meta = events[-1]["meta_info"]
+    assert meta["finish_reason"]["type"] == "length", meta
+    assert meta["weight_version_end"] == version, meta
+    f.assert_made_by(version, prompt_ids(PROMPT), events[-1]["output_ids"])
+    assert aborted() == before + 1
 
 
 def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
@@ -141,5 +215,5 @@ def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
         return status, {"start": meta["weight_version_start"],
                         "end": meta["weight_version_end"]}, body["output_ids"]
 
-    figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), 2)
+    figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), max(f.fleet.published))
     print(f"\nSGLang restart: {figures}")

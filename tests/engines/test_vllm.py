@@ -4,6 +4,7 @@ weights. One vLLM start serves the whole module; the tests run in order and
 each states what the fleet holds when it ends.
 """
 
+import contextlib
 import os
 import socket
 
@@ -120,7 +121,7 @@ def test_control_routes_in_any_spelling_never_reach_vllm(f):
         with socket.create_connection(("127.0.0.1", f.fleet.port), timeout=10) as s:
             s.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
             assert s.recv(64).startswith(b"HTTP/1.1 400"), target
-    status, body, _ = http("GET", f.engine.url + "/is_paused")
+    status, body, _ = f.engine.http("GET", "/is_paused")
     assert body == {"is_paused": False}
     assert completion(f)[0] == 200
 
@@ -146,12 +147,12 @@ def test_full_and_delta_versions_are_followed(f):
     status, body, _ = chat(f, {"exact_version": 2})
     assert status == 200, body
     assert_made_by(f, 2, harness.chat_prompt_ids(MESSAGES), body["choices"][0]["token_ids"])
-    status, body, _ = http("GET", f.engine.url + "/weight_info")
+    status, body, _ = f.engine.http("GET", "/weight_info")
     assert body == {"weight_version": "r1/weight_v000002"}, body
 
 
 def prefix_hits(f):
-    _, text, _ = http("GET", f.engine.url + "/metrics")
+    _, text, _ = f.engine.http("GET", "/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:prefix_cache_hits_total"))
 
@@ -175,12 +176,12 @@ def test_the_prefix_cache_never_serves_one_versions_prefix_to_another(f):
 
 
 def test_a_label_changed_behind_the_sidecars_back_is_noticed(f):
-    status, _, _ = http("POST", f.engine.url + "/update_weight_version",
+    status, _, _ = f.engine.http("POST", "/update_weight_version",
                         {"new_version": "r1/weight_v000009"})
     assert status == 200
 
     def relabelled_by_the_sidecar():
-        return http("GET", f.engine.url + "/weight_info")[1] == {
+        return f.engine.http("GET", "/weight_info")[1] == {
             "weight_version": "r1/weight_v000003"}
     harness.wait_until(relabelled_by_the_sidecar, 120, "the sidecar to load v3 again")
     f.fleet.wait_serving(3)
@@ -188,6 +189,82 @@ def test_a_label_changed_behind_the_sidecars_back_is_noticed(f):
     status, body, _ = completion(f, {"exact_version": 3})
     assert status == 200, body
     assert_made_by(f, 3, prompt_ids(PROMPT), body["choices"][0]["token_ids"])
+
+
+def test_the_engines_api_key_guards_it_and_the_sidecar_presents_it(f):
+    body = {"model": "policy", "prompt": PROMPT, "max_tokens": 2}
+    for key in (None, "wrong"):
+        status, answer, _ = f.engine.http("POST", "/v1/completions", body, key=key)
+        assert status == 401, answer
+    # Through the sidecar a client needs no engine key, and its own
+    # Authorization is not what reaches the engine.
+    assert completion(f, max_tokens=2)[0] == 200
+    status, answer, _ = http("POST", f.fleet.url + "/v1/completions", body,
+                             {"Authorization": "Bearer wrong"})
+    assert status == 200, answer
+
+
+@contextlib.contextmanager
+def frozen(f):
+    """Holds vLLM's running requests where they are (`/pause?mode=keep`),
+    so that what the test does next lands inside them; the sidecar's next
+    commit resumes the engine."""
+    status, body, _ = f.engine.http("POST", "/pause?mode=keep")
+    assert status == 200, body
+    try:
+        yield
+    finally:  # whatever happened, the engine serves again
+        f.engine.http("POST", "/resume")
+
+
+def streamed_tokens(events):
+    return [t for e in events for c in e.get("choices", []) for t in c.get("token_ids") or []]
+
+
+def long_stream(f, prompt, max_tokens=400):
+    return harness.Stream(f.fleet.url + "/v1/completions", {
+        "model": "policy", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "return_token_ids": True, "stream": True,
+        "weight_version": {"min_version": max(f.fleet.published)}})
+
+
+def test_an_in_place_commit_inside_a_streamed_generation(f):
+    """A DELTA committed (/pause?mode=keep) while a long generation streams:
+    the generation goes on under the new weights, its stamps say both
+    versions, and its spans are exact or "unknown", never wrong."""
+    old, prompt = max(f.fleet.published), "Once upon a time"
+    stream = long_stream(f, prompt)
+    first = stream.next()
+    seen = len(streamed_tokens([first]))
+    with frozen(f):
+        f.fleet.publish_delta(old + 1, f.ckpt[1])
+        f.fleet.wait_serving(old + 1)
+    events = [first] + stream.rest()
+    tokens = streamed_tokens(events)
+    assert len(tokens) == 400, events[-1]
+    f.assert_switched_inside(old, prompt_ids(prompt), tokens, seen, events[-1])
+
+
+def test_a_client_that_leaves_is_aborted_in_vllm_and_no_other(f):
+    """vLLM counts no aborted request in its metrics, so the abort shows in
+    the tokens it generates: once both generations are over, fewer than two
+    whole ones."""
+    version = max(f.fleet.published)
+    generated = harness.engine_metric(f, "vllm:generation_tokens_total")
+    leaving, staying = long_stream(f, "A client that leaves"), long_stream(f, PROMPT)
+    assert leaving.next()
+    first = staying.next()
+    harness.leave_inside(f, frozen, leaving)
+    events = [first] + staying.rest()
+    assert events[-1]["choices"][0]["finish_reason"] == "length", events[-1]
+    assert events[-1]["weight_version_end"] == version, events[-1]
+    tokens = streamed_tokens(events)
+    assert len(tokens) == 400
+    assert f.oracle.made_by(f.fleet.published[version], prompt_ids(PROMPT), tokens)
+    harness.wait_until(lambda: harness.engine_metric(f, "vllm:num_requests_running") == 0, 60,
+                       "vLLM to run no request")
+    made = harness.engine_metric(f, "vllm:generation_tokens_total") - generated
+    assert 400 <= made < 800, f"vLLM generated {made} tokens: the generation left was not aborted"
 
 
 def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
@@ -201,8 +278,41 @@ def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
         return status, {"start": body["weight_version_start"],
                         "end": body["weight_version_end"]}, body["choices"][0]["token_ids"]
 
-    figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), 3)
+    figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), max(f.fleet.published))
     print(f"\nvLLM restart: {figures}")
+
+
+def committing(f):
+    _, text, _ = http("GET", f.fleet.url + "/metrics")
+    return 'stitch_sidecar_sync_state{state="COMMITTING"} 1' in text
+
+
+def test_a_quiesce_commit_lets_the_generations_in_flight_finish_first(f):
+    """--commit-mode quiesce (vLLM's /pause?mode=wait), from a new sidecar
+    over a new store: a generation in flight when a version is published
+    finishes on the weights it began with, and the version is committed
+    after it."""
+    f.fleet.close()
+    work = os.path.join(f.work, "quiesce")
+    os.makedirs(work)
+    f.fleet = Fleet(work, f.ckpt[0], "vllm", f.engine.url,
+                    sidecar_flags=["--commit-mode", "quiesce"])
+    f.fleet.wait_serving(0)
+    stream = long_stream(f, PROMPT)
+    first = stream.next()
+    with frozen(f):
+        f.fleet.publish_delta(1, f.ckpt[1])
+        harness.wait_until(lambda: committing(f), 60, "the sidecar to begin its commit")
+    f.fleet.wait_serving(1)
+    events = [first] + stream.rest()
+    tokens = streamed_tokens(events)
+    assert len(tokens) == 400, events[-1]
+    assert events[-1]["weight_version_start"] == 0 and events[-1]["weight_version_end"] == 0
+    assert events[-1]["weight_version_spans"] == [[0, 0]], events[-1]
+    assert_made_by(f, 0, prompt_ids(PROMPT), tokens)
+    status, body, _ = completion(f, {"exact_version": 1})
+    assert status == 200, body
+    assert_made_by(f, 1, prompt_ids(PROMPT), body["choices"][0]["token_ids"])
 
 
 def field(doc, path):
@@ -224,7 +334,7 @@ def test_the_adapters_route_list_holds_for_the_installed_vllm(f):
     reloads the engine behind the sidecar, which is stopped first.)"""
     f.fleet.close()
     listed = os.path.join(harness.REPO, "tests", "data", "engine_api", "vllm.txt")
-    _, openapi, _ = http("GET", f.engine.url + "/openapi.json")
+    _, openapi, _ = f.engine.http("GET", "/openapi.json")
     paths = openapi["paths"]
     failures = []
     with open(listed) as lines:
@@ -241,7 +351,7 @@ def test_the_adapters_route_list_holds_for_the_installed_vllm(f):
             arrow = words.index("->")
             status, checks = int(words[arrow + 1]), words[arrow + 2:]
             body = None if body == "-" else body.replace("$MODEL", f.ckpt[0]).encode()
-            got, answer, _ = http(method, f.engine.url + target, body)
+            got, answer, _ = f.engine.http(method, target, body)
             if got != status:
                 failures.append(f"{line.strip()}: status {got}: {answer}")
                 continue
