@@ -277,7 +277,7 @@ void RestoreRid(ApiRoute route, json::object& item, std::string_view upstream,
     }
     return;
   }
-  json::value* id = item.if_contains("id");
+  json::value* id = item.if_contains(route == ApiRoute::kTokens ? "request_id" : "id");
   if (id == nullptr || !id->is_string()) return;
   std::string_view text(id->get_string().data(), id->get_string().size());
   if (!text.ends_with(upstream)) return;

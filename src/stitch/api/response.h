@@ -129,7 +129,8 @@ std::optional<std::string> ResponseWeightLabel(const boost::json::value& body);
 
 // Gives a response object the client's own request id back where it names
 // the id the engine was given (`upstream`): `meta_info.id` on /generate, the
-// OpenAI `id` ("cmpl-<rid>", "chatcmpl-<rid>") on the other routes.
+// OpenAI `id` ("cmpl-<rid>", "chatcmpl-<rid>"), vLLM's `request_id`
+// ("generate-tokens-<rid>") on its token route.
 void RestoreRid(ApiRoute route, boost::json::object& item, std::string_view upstream,
                 std::string_view client);
 

@@ -81,6 +81,10 @@ TEST(RestoreRidTest, TheClientsOwnIdComesBackWhereTheEnginesWas) {
   RestoreRid(ApiRoute::kChatCompletions, chat, "stitch-1-mine", "mine");
   EXPECT_EQ(chat.at("id").as_string(), "chatcmpl-mine");
 
+  json::object tokens = ParseObject(R"({"request_id":"generate-tokens-stitch-1-mine"})");
+  RestoreRid(ApiRoute::kTokens, tokens, "stitch-1-mine", "mine");
+  EXPECT_EQ(tokens.at("request_id").as_string(), "generate-tokens-mine");
+
   json::object other = ParseObject(R"({"meta_info":{"id":"someone-else"}})");
   RestoreRid(ApiRoute::kGenerate, other, "stitch-1-mine", "mine");
   EXPECT_EQ(other.at("meta_info").at("id").as_string(), "someone-else");

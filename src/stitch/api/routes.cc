@@ -24,6 +24,7 @@ constexpr std::string_view kBlockedRoutes[] = {
     "/finish_weight_update",
     "/flush_cache",
     "/init_weight_transfer_engine",
+    "/inference/v1/abort_requests",
     "/init_weights_update_group",
     "/load_lora_adapter",
     "/pause",
@@ -147,12 +148,14 @@ std::string_view RoutePath(ApiRoute route) {
       return "/v1/completions";
     case ApiRoute::kChatCompletions:
       return "/v1/chat/completions";
+    case ApiRoute::kTokens:
+      return "/inference/v1/generate";
   }
   return "";
 }
 
 ClassifiedRoute ClassifyRoute(std::string_view path) {
-  for (ApiRoute route : kApiRoutes) {
+  for (ApiRoute route : kVersionedRoutes) {
     if (path == RoutePath(route)) return {RouteClass::kVersioned, route};
   }
   while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);

@@ -3,9 +3,9 @@
 // the gateway and the reference engine.
 //
 //   versioned  POST /generate (SGLang), /v1/completions and
-//              /v1/chat/completions (OpenAI): a body may carry
-//              `weight_version`, and the response reports the versions that
-//              produced it
+//              /v1/chat/completions (OpenAI), /inference/v1/generate (vLLM's
+//              tokens in, tokens out): a body may carry `weight_version`,
+//              and the response reports the versions that produced it
 //   blocked    the engine's control routes, SGLang's and vLLM's (weight
 //              updates, pause, flush, abort, memory, sleep, RPC, profiling,
 //              LoRA): only a replica's sidecar
@@ -32,11 +32,17 @@ enum class ApiRoute {
   kGenerate,         // POST /generate (SGLang)
   kCompletions,      // POST /v1/completions (OpenAI)
   kChatCompletions,  // POST /v1/chat/completions (OpenAI)
+  kTokens,           // POST /inference/v1/generate (vLLM, with --enable-scale-out)
 };
+// The routes both of the reference engine's dialects serve.
 inline constexpr ApiRoute kApiRoutes[] = {ApiRoute::kGenerate, ApiRoute::kCompletions,
                                           ApiRoute::kChatCompletions};
+// Every versioned route.
+inline constexpr ApiRoute kVersionedRoutes[] = {ApiRoute::kGenerate, ApiRoute::kCompletions,
+                                                ApiRoute::kChatCompletions, ApiRoute::kTokens};
 
-// "/generate", "/v1/completions", "/v1/chat/completions".
+// "/generate", "/v1/completions", "/v1/chat/completions",
+// "/inference/v1/generate".
 std::string_view RoutePath(ApiRoute route);
 
 enum class RouteClass { kVersioned, kBlocked, kOther };

@@ -9,11 +9,12 @@ namespace stitch {
 namespace {
 
 TEST(RoutesTest, VersionedRoutesAreClassifiedByTheirExactPath) {
-  for (ApiRoute route : kApiRoutes) {
+  for (ApiRoute route : kVersionedRoutes) {
     const ClassifiedRoute c = ClassifyRoute(RoutePath(route));
     EXPECT_EQ(c.kind, RouteClass::kVersioned) << RoutePath(route);
     EXPECT_EQ(c.api, route);
   }
+  EXPECT_EQ(ClassifyRoute("/inference/v1/generate").api, ApiRoute::kTokens);
   EXPECT_EQ(ClassifyRoute("/generate/").kind, RouteClass::kOther);
   EXPECT_EQ(ClassifyRoute("/v1/completions/x").kind, RouteClass::kOther);
 }
@@ -28,7 +29,8 @@ TEST(RoutesTest, EngineControlRoutesAreBlockedWithOrWithoutATrailingSlash) {
 
 TEST(RoutesTest, VllmControlRoutesAreBlocked) {
   for (const char* path : {"/pause", "/resume", "/collective_rpc", "/update_weight_version",
-                           "/abort_requests", "/reset_prefix_cache", "/sleep", "/wake_up/"}) {
+                           "/abort_requests", "/reset_prefix_cache", "/sleep", "/wake_up/",
+                           "/inference/v1/abort_requests"}) {
     EXPECT_EQ(ClassifyRoute(path).kind, RouteClass::kBlocked) << path;
   }
 }

@@ -119,6 +119,7 @@ awaitable<void> VllmEngine::Abort(std::vector<std::string> rids) {
   for (const std::string& rid : rids) {
     ids.emplace_back(absl::StrCat("cmpl-", rid, "-0"));
     ids.emplace_back(absl::StrCat("chatcmpl-", rid));
+    ids.emplace_back(absl::StrCat("generate-tokens-", rid));
   }
   json::object body;
   body["request_ids"] = std::move(ids);

@@ -384,6 +384,8 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body
     case ApiRoute::kChatCompletions:
       status = ParseChat(*object, config, &request);
       break;
+    case ApiRoute::kTokens:
+      return absl::UnimplementedError("the reference engine does not serve /inference/v1/generate");
   }
   if (!status.ok()) return status;
   return request;
