@@ -12,7 +12,7 @@ SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*
 
 .PHONY: all deps build test test-asan test-multihost test-engines fuzz format format-check lint
 .PHONY: thread-safety
-.PHONY: bench clean demo chaos chaos-short
+.PHONY: bench clean demo demo-vllm chaos chaos-short
 .PHONY: python-install python-test
 
 all: build
@@ -81,6 +81,22 @@ fuzz: deps
 DEMO_FLAGS ?=
 demo: deps build
 	$(BUILD)/src/stitch/cli/stitch demo $(DEMO_FLAGS)
+
+# The same demo on real engines: each replica is a vLLM server (its CPU
+# build, installed once by scripts/install-engines, started through
+# scripts/vllm_serve.py by the demo's --engine-cmd template) behind its
+# sidecar, following the trainer's deltas. Two replicas, since each vLLM takes
+# about 4 GiB and a minute or more to start; the base model is bfloat16 with
+# a head dimension of 32, as vLLM's CPU attention needs, and 256 positions.
+# DEMO_FLAGS passes options through.
+DEMO_VLLM_FLAGS ?= --replicas 2 --steps 24
+VLLM_ENGINE_CMD = $(ENGINES_DIR)/vllm/bin/python $(CURDIR)/scripts/vllm_serve.py serve {model} \
+  --host {host} --port {port} --served-model-name {served_model_name} --dtype bfloat16 \
+  --max-model-len 256 --enforce-eager --max-num-seqs 8 --enable-prefix-caching
+demo-vllm: deps build
+	scripts/install-engines vllm
+	$(BUILD)/src/stitch/cli/stitch demo --engine-api vllm --engine-cmd '$(VLLM_ENGINE_CMD)' \
+	  $(DEMO_VLLM_FLAGS) $(DEMO_FLAGS)
 
 # The fault-injection suite (docs/chaos.md): a fleet on loopback under
 # rollout load and a fault schedule drawn from CHAOS_SEED ("random" draws and

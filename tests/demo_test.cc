@@ -102,6 +102,54 @@ TEST(DemoTest, AShortRunOnTheVllmApiPassesItsChecks) {
   EXPECT_THAT(ProcessesMentioning(dir.string()), ::testing::IsEmpty());
 }
 
+// The same on engines started by a command template (--engine-cmd), as
+// `make demo-vllm` starts real vLLM servers: here the template runs `stitch
+// engine --api vllm` on the port the fleet picked, after starting a helper
+// in the engine's process group that outlives the shell, so that the kill
+// and the final stop are seen to reach every process the command started.
+TEST(DemoTest, AShortRunOnEnginesStartedByACommandTemplatePassesItsChecks) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  TempDir tmp;
+  const std::filesystem::path dir = tmp / "demo";
+  const std::string command = "touch {dir}/helper; tail -f {dir}/helper & exec '" +
+                              testing::StitchBinary() +
+                              "' engine --model {model} --host {host} --port {port} --api vllm "
+                              "--served-model-name {served_model_name} --worker-threads 1";
+  ProcessResult r = RunStitch({"demo", "--engine-api", "vllm", "--engine-cmd", command,
+                               "--replicas", "2", "--steps", "10", "--dir", dir.string()});
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_THAT(r.out, HasSubstr("engines: vllm API, started by --engine-cmd touch {dir}/helper"));
+  EXPECT_THAT(r.out, HasSubstr("10/10  published v10 "));
+  EXPECT_THAT(r.out, HasSubstr("join: starting replica r2"));
+  EXPECT_THAT(r.out, HasSubstr("kill: SIGKILL to replica r1"));
+  EXPECT_THAT(r.out, HasSubstr("3 started, 1 joined, 1 killed"));
+  EXPECT_THAT(r.out, HasSubstr(" 0 constraint violations"));
+  EXPECT_THAT(r.out, HasSubstr("checks         all passed"));
+  // Each engine served the base checkpoint, stored as real engines load it,
+  // on the port its sidecar was given.
+  EXPECT_THAT(Slurp(dir / "base" / "config.json"), HasSubstr("bfloat16"));
+  for (const std::string name : {"r0", "r1", "r2"}) {
+    const std::string engine_log = Slurp(dir / "logs" / ("engine-" + name + ".log"));
+    EXPECT_THAT(engine_log, HasSubstr("serving " + (dir / "base").string()));
+    EXPECT_THAT(engine_log, HasSubstr("vllm API"));
+    const size_t at = engine_log.find("on http://127.0.0.1:");
+    ASSERT_NE(at, std::string::npos) << engine_log;
+    const std::string port =
+        engine_log.substr(at + 20, engine_log.find_first_not_of("0123456789", at + 20) - at - 20);
+    EXPECT_THAT(Slurp(dir / "logs" / ("sidecar-" + name + ".log")), HasSubstr("127.0.0.1:" + port));
+    EXPECT_TRUE(std::filesystem::exists(dir / "replicas" / name / "helper"));
+  }
+  EXPECT_THAT(ProcessesMentioning(dir.string()), ::testing::IsEmpty());
+}
+
+TEST(DemoTest, RefusesAnEngineCommandWithoutItsPort) {
+  ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
+  ProcessResult r = RunStitch({"demo", "--engine-cmd", "vllm serve {model} --port 8000"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--engine-cmd"));
+  EXPECT_THAT(r.err, HasSubstr("{port}"));
+}
+
 TEST(DemoTest, RefusesAnUnknownEngineApi) {
   ASSERT_FALSE(testing::StitchBinary().empty()) << "STITCH_BIN is not set";
   ProcessResult r = RunStitch({"demo", "--engine-api", "trtllm"});

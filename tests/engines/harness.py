@@ -217,13 +217,13 @@ class EngineServer:
 
 
 class Vllm(EngineServer):
-    """vLLM's CPU build, through vllm_serve.py (run by this environment's
-    python: the suite runs in the engine's environment)."""
+    """vLLM's CPU build, through scripts/vllm_serve.py (run by this
+    environment's python: the suite runs in the engine's environment)."""
 
     name = "vllm"
 
     def command(self):
-        return [sys.executable, os.path.join(HERE, "vllm_serve.py"), "serve", self.model,
+        return [sys.executable, os.path.join(REPO, "scripts", "vllm_serve.py"), "serve", self.model,
                 "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
                 "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager",
                 "--max-num-seqs", "8", "--enable-prefix-caching", *self.extra]

@@ -15,19 +15,28 @@
 #include "stitch/cli/stop_signals.h"
 #include "stitch/core/errors.h"
 #include "stitch/demo/demo.h"
+#include "stitch/demo/engine_command.h"
 
 namespace stitch {
 namespace {
 
 constexpr int kExitRefused = 2;
 
-int RunDemoCommand(DemoOptions options, const std::string& engine_api) {
+int RunDemoCommand(DemoOptions options, const std::string& engine_api, bool dtype_given) {
   absl::StatusOr<EngineApi> api = ParseEngineApi(engine_api);
   if (!api.ok()) {
     ReportFailure(Annotate(api.status(), "demo: --engine-api"));
     return kExitRefused;
   }
   options.engine_api = *api;
+  if (!options.engine_command.empty()) {
+    if (absl::Status s = CheckEngineCommand(options.engine_command); !s.ok()) {
+      ReportFailure(s);
+      return kExitRefused;
+    }
+    // Real engines load bfloat16 checkpoints.
+    if (!dtype_given) options.model_dtype = "bfloat16";
+  }
   if (options.replicas < 2 || options.steps < 3 || options.lag < 0 || options.targets.empty()) {
     ReportFailure(absl::InvalidArgumentError(
         "demo: --replicas must be at least 2 (one is killed on stage), --steps at least 3, "
@@ -47,7 +56,8 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "demo",
       "Asynchronous RL on a local elastic fleet: a trainer learning and publishing, reference "
-      "engines with sidecars following behind a gateway, one replica joining and one killed, "
+      "engines (or real ones: --engine-cmd) with sidecars following behind a gateway, one replica "
+      "joining and one killed, "
       "then a summary, DIR/report.html and self-checks");
   cmd->add_option("--replicas", options.replicas, "Replicas at the start (one more joins)")
       ->capture_default_str();
@@ -69,6 +79,17 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                   "with --api vllm behind sidecars with --engine vllm; rollouts on "
                   "/v1/completions)")
       ->capture_default_str();
+  cmd->add_option("--engine-cmd", options.engine_command,
+                  "Start each replica's engine with this command (run by /bin/sh -c in a process "
+                  "group of its own) instead of `stitch engine`: a real engine speaking "
+                  "--engine-api's API. Placeholders, replaced by shell-quoted values: {model} "
+                  "(the base checkpoint's directory), {host}, {port} (picked free), "
+                  "{served_model_name}, {name} (r0, r1, ...), {dir} (the replica's directory); "
+                  "{{ and }} for braces. Its sidecar waits for it (--engine-start-timeout)");
+  cmd->add_option("--engine-start-timeout", options.engine_start_timeout_s,
+                  "Seconds a replica may take to start and catch up before the demo gives up")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--seed", options.seed, "Seed of the base checkpoint and the sampling")
       ->capture_default_str();
   cmd->add_option("--anchor-every", options.anchor_every,
@@ -86,17 +107,25 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                   "Entropy (nats) below which the bonus pulls the policy back")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--model-hidden", options.model_hidden, "Hidden size of the demo's model")
+  cmd->add_option("--model-hidden", options.model_hidden,
+                  "Hidden size of the demo's model (4 heads: a real vLLM on CPU needs a head "
+                  "dimension of at least 32, so 128 or more)")
       ->capture_default_str();
   cmd->add_option("--model-layers", options.model_layers, "Decoder layers of the demo's model")
       ->capture_default_str();
+  CLI::Option* dtype =
+      cmd->add_option("--model-dtype", options.model_dtype,
+                      "Weight storage of the demo's model: float32 or bfloat16 (default: "
+                      "bfloat16 with --engine-cmd, which real engines load, else float32)")
+          ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--prompts", options.prompts_per_step, "Prompts per step")->capture_default_str();
   cmd->add_option("--group", options.group_size,
                   "Completions per prompt (their rewards are compared with each other)")
       ->capture_default_str();
   cmd->add_option("--tokens", options.max_new_tokens, "Tokens per completion")
       ->capture_default_str();
-  cmd->callback([exit_code] { *exit_code = RunDemoCommand(options, engine_api); });
+  cmd->callback(
+      [exit_code, dtype] { *exit_code = RunDemoCommand(options, engine_api, dtype->count() > 0); });
 }
 
 }  // namespace stitch

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "stitch/core/version.h"
+#include "stitch/demo/base_model.h"
 #include "stitch/demo/batch.h"
 #include "stitch/demo/console.h"
 #include "stitch/demo/fleet.h"
@@ -37,7 +38,6 @@
 #include "stitch/format/safetensors.h"
 #include "stitch/pool/pool.h"
 #include "stitch/publish/claim.h"
-#include "stitch/refengine/config.h"
 #include "stitch/refengine/tokenizer.h"
 #include "stitch/refengine/weights.h"
 #include "stitch/store/fs_store.h"
@@ -53,7 +53,6 @@ constexpr int kExitInterrupted = 130;
 constexpr const char* kRunId = "demo";
 // Completions the report shows per sampled step (one per prompt).
 constexpr size_t kSamplesPerStep = 3;
-constexpr auto kFleetReadyTimeout = std::chrono::seconds(90);
 constexpr auto kConvergeTimeout = std::chrono::seconds(30);
 
 // Prompts the policy continues; the task does not depend on them, but
@@ -75,6 +74,15 @@ std::string FleetText(const std::vector<ReplicaView>& views) {
                     v.applied >= 0 ? absl::StrCat("v", v.applied) : "v-", " ", v.state);
   }
   return s;
+}
+
+// What runs the replicas, for the console and the report.
+std::string EnginesText(const DemoOptions& options) {
+  const std::string api(EngineApiName(options.engine_api));
+  if (options.engine_command.empty()) {
+    return absl::StrCat("stitch engine --api ", api, " (the reference engine)");
+  }
+  return absl::StrCat(api, " API, started by --engine-cmd ", options.engine_command);
 }
 
 // --- set-up -------------------------------------------------------------------
@@ -122,24 +130,6 @@ std::vector<HostTensor> CopyTensors(std::span<const TensorView> views) {
   return out;
 }
 
-// The checkpoint `stitch engine init-model` wrote, as the trainer's tensors.
-absl::StatusOr<std::pair<ModelConfig, std::vector<HostTensor>>> LoadBase(const fs::path& dir) {
-  auto config = ReadModelConfig(dir);
-  if (!config.ok()) return config.status();
-  auto file = SafetensorsFile::Open(dir / "model.safetensors");
-  if (!file.ok()) return file.status();
-  std::vector<HostTensor> tensors;
-  for (const TensorSpec& spec : ExpectedTensors(*config)) {
-    const TensorInfo* info = file->Find(spec.name);
-    if (info == nullptr) {
-      return absl::DataLossError(absl::StrCat("demo: ", dir.string(), " lacks ", spec.name));
-    }
-    std::span<const std::byte> data = file->Data(*info);
-    tensors.push_back(HostTensor{info->name, info->dtype, info->shape, {data.begin(), data.end()}});
-  }
-  return std::make_pair(*config, std::move(tensors));
-}
-
 std::string Decode(const std::vector<int32_t>& ids) {
   std::string bytes;
   for (int32_t id : ids) {
@@ -165,11 +155,13 @@ class Demo {
  private:
   double Now() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
   absl::Status SetUp();
+  absl::Status StartFleet(const fs::path& base);
   absl::Status Train();
   // The steps of one training step: what the ticker shows, the replica that
   // joins or is killed at its step, learning from the batch, publishing.
   void SetPhase(int64_t step, std::string what, std::shared_ptr<PendingBatch> batch);
   absl::Status JoinOrKill(int64_t step);
+  absl::Status AwaitJoined();
   absl::StatusOr<BatchStats> Learn(int64_t step, const PendingBatch& pending,
                                    const std::vector<GeneratedRollout>& generated);
   absl::Status Publish(int64_t step, StepPublisher& publisher,
@@ -216,32 +208,24 @@ absl::Status Demo::SetUp() {
   console_.Line(absl::StrCat("stitch demo: ", options_.replicas, " replicas, ", options_.steps,
                              " steps, lag ", options_.lag, "; working in ", dir_.string(),
                              " (process logs in logs/)"));
+  console_.Line(absl::StrCat("stitch demo: engines: ", record_.engines));
 
   const fs::path base = dir_ / "base";
-  auto init = supervisor_.Start(
-      "init-model",
-      {"engine", "init-model", base.string(), "--layers", absl::StrCat(options_.model_layers),
-       "--hidden", absl::StrCat(options_.model_hidden), "--heads", "4", "--max-positions", "256",
-       "--seed", absl::StrCat(options_.seed)},
-      logs / "init-model.log");
-  if (!init.ok()) return init.status();
-  auto init_status = supervisor_.WaitForExit(*init, std::chrono::seconds(120));
-  if (!init_status.ok()) return init_status.status();
-  if (*init_status != 0) {
-    return absl::InternalError(absl::StrCat("demo: `stitch engine init-model` exited with ",
-                                            *init_status, "; see ",
-                                            (logs / "init-model.log").string()));
-  }
-  auto loaded = LoadBase(base);
+  BaseModelOptions base_options;
+  base_options.hidden = options_.model_hidden;
+  base_options.layers = options_.model_layers;
+  base_options.seed = options_.seed;
+  base_options.dtype = options_.model_dtype;
+  auto loaded = MakeBaseModel(supervisor_, base_options, base, logs / "init-model.log");
   if (!loaded.ok()) return loaded.status();
   TrainerOptions trainer_options;
   trainer_options.learning_rate = options_.learning_rate;
   trainer_options.entropy_bonus = options_.entropy_bonus;
   trainer_options.entropy_floor = options_.entropy_floor;
-  auto trainer = LmHeadTrainer::Create(loaded->first, loaded->second, trainer_options);
+  auto trainer = LmHeadTrainer::Create(loaded->config, loaded->tensors, trainer_options);
   if (!trainer.ok()) return trainer.status();
   trainer_ = *std::move(trainer);
-  previous_ = std::move(loaded->second);
+  previous_ = std::move(loaded->tensors);
 
   // The trainer owns the run: it claims it at the boot version before any
   // replica starts following the store.
@@ -251,12 +235,19 @@ absl::Status Demo::SetUp() {
   auto claimed = ClaimRun(*store_, 0, nullptr);
   if (!claimed.ok()) return claimed.status();
 
+  return StartFleet(base);
+}
+
+absl::Status Demo::StartFleet(const fs::path& base) {
   FleetOptions fleet;
   fleet.dir = dir_;
   fleet.store = (dir_ / "store").string();
   fleet.run_id = kRunId;
   fleet.base_checkpoint = base;
   fleet.api = options_.engine_api;
+  fleet.engine_command = options_.engine_command;
+  fleet.ready_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options_.engine_start_timeout_s * 1000));
   fleet_ = std::make_unique<LocalFleet>(supervisor_, fleet, epoch_, &stop_);
   for (int i = 0; i < options_.replicas; ++i) {
     auto name = fleet_->StartReplica(false);
@@ -267,7 +258,13 @@ absl::Status Demo::SetUp() {
                              " over file:", fleet_->pool_file().string()));
   console_.Line(absl::StrCat("stitch demo: dashboard ", fleet_->gateway_url(),
                              "/ui (open it in a browser while the demo runs; --keep keeps it up)"));
-  if (absl::Status s = fleet_->WaitReady(options_.replicas, kFleetReadyTimeout); !s.ok()) return s;
+  if (!options_.engine_command.empty()) {
+    console_.Line(absl::StrFormat(
+        "stitch demo: waiting up to %.0f s for the engines to start and the replicas to catch up "
+        "(logs/engine-r*.log)",
+        options_.engine_start_timeout_s));
+  }
+  if (absl::Status s = fleet_->WaitReady(options_.replicas); !s.ok()) return s;
   for (const ReplicaView& v : fleet_->Views()) seen_ready_[v.name] = v.ready;
   console_.Line(absl::StrFormat("stitch demo: %d replicas ready at v%d after %.1f s: %s",
                                 options_.replicas, 0, Now(), FleetText(fleet_->Views())));
@@ -337,6 +334,26 @@ void Demo::SetPhase(int64_t step, std::string what, std::shared_ptr<PendingBatch
   progress_batch_ = std::move(batch);
 }
 
+absl::Status Demo::AwaitJoined() {
+  // The fleet never shrinks below its starting size: the kill waits for the
+  // joining replica to be in rotation. A reference engine joins within a
+  // step or two; a real engine takes a minute or more to start.
+  const std::string joiner = absl::StrCat("r", options_.replicas);
+  for (const ReplicaView& v : fleet_->Views()) {
+    if (v.name == joiner && v.ready) return absl::OkStatus();
+  }
+  console_.Line(absl::StrFormat(
+      "stitch demo: kill: waiting for %s to enter rotation first (the fleet keeps %d replicas)",
+      joiner, options_.replicas));
+  {
+    absl::MutexLock lock(&progress_mu_);
+    progress_phase_ = absl::StrCat("waiting for ", joiner);
+  }
+  if (absl::Status s = fleet_->WaitJoinedReady(); !s.ok()) return s;
+  NoteTransitions();
+  return absl::OkStatus();
+}
+
 absl::Status Demo::JoinOrKill(int64_t step) {
   const int64_t steps = options_.steps;
   const int64_t join_step = std::max<int64_t>(1, steps / 3);
@@ -351,14 +368,12 @@ absl::Status Demo::JoinOrKill(int64_t step) {
     fleet_->StartReplicaInBackground();
   }
   if (step == kill_step) {
-    if (absl::Status s = fleet_->Kill(victim); s.ok()) {
-      console_.Line(absl::StrFormat(
-          "stitch demo: kill: SIGKILL to replica %s (engine and sidecar) at step %d; traffic "
-          "continues on the others",
-          victim, step));
-    } else {
-      return s;
-    }
+    if (absl::Status s = AwaitJoined(); !s.ok()) return s;
+    if (absl::Status s = fleet_->Kill(victim); !s.ok()) return s;
+    console_.Line(absl::StrFormat(
+        "stitch demo: kill: SIGKILL to replica %s (its engine's and its sidecar's process "
+        "groups) at step %d; traffic continues on the others",
+        victim, step));
   }
   if (std::optional<absl::Status> e = fleet_->BackgroundError(); e.has_value()) return *e;
   return absl::OkStatus();
@@ -550,6 +565,7 @@ int Demo::Run() {
   record_.run_id = kRunId;
   record_.targets = options_.targets;
   record_.lag = options_.lag;
+  record_.engines = EnginesText(options_);
   absl::Status status = SetUp();
   if (status.ok()) status = Train();
   int exit_code = 0;

@@ -1,13 +1,15 @@
 // `stitch demo`: asynchronous RL on a local elastic fleet, end to end.
 //
 // One supervising process starts, on loopback: a filesystem store, a base
-// checkpoint (`stitch engine init-model`), N reference engines each with its
+// checkpoint (`stitch engine init-model`), N engines (reference engines, or
+// real ones started by a command template: engine_command.h) each with its
 // sidecar, and a gateway over a `file:` pool. It then runs a real
 // asynchronous RL loop (policy_gradient.h): rollouts go through the gateway
 // with min_version = latest - lag while the trainer learns from the previous
 // batch and publishes every step (XOR delta; FULL anchor every
 // `anchor_every`). A third of the way in one more replica joins; two thirds
-// of the way in one is killed with SIGKILL. It prints a status line per step,
+// of the way in, once the joining replica is in rotation, one is killed with
+// SIGKILL (its sidecar's and its engine's process groups). It prints a status line per step,
 // a summary table and DIR/report.html, checks its invariants (report.h,
 // CheckDemo) and stops everything it started.
 #pragma once
@@ -38,9 +40,18 @@ struct DemoOptions {
   // or vLLM's (`stitch engine --api vllm` behind `stitch sidecar --engine
   // vllm`; rollouts on /v1/completions).
   EngineApi engine_api = EngineApi::kSglang;
-  // The base checkpoint's size (`stitch engine init-model --hidden --layers`).
+  // Empty: the replicas' engines are `stitch engine --api <engine_api>`.
+  // Otherwise the command template each replica's engine runs (a real vLLM
+  // or SGLang speaking `engine_api`; engine_command.h).
+  std::string engine_command;
+  // How long the fleet's replicas may take to start and catch up (a real
+  // engine takes a minute or more on a small machine).
+  double engine_start_timeout_s = 600;
+  // The base checkpoint's size (`stitch engine init-model --hidden --layers`,
+  // 4 heads) and storage: "float32" or "bfloat16" (what real engines load).
   int model_hidden = 128;
   int model_layers = 2;
+  std::string model_dtype = "float32";
   int prompts_per_step = 16;
   int group_size = 4;  // completions per prompt (group-relative advantages)
   int max_new_tokens = 16;

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/api/replica_client.h"
 #include "stitch/core/state.h"
+#include "stitch/demo/engine_command.h"
 #include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
 
@@ -129,64 +130,37 @@ absl::Status LocalFleet::WritePoolFile() {
   return WriteFileAtomically(pool_file(), text);
 }
 
+LocalFleet::Member* LocalFleet::AddMember(bool joined) {
+  absl::MutexLock lock(&mu_);
+  auto m = std::make_unique<Member>();
+  m->record.name = absl::StrCat("r", next_index_++);
+  m->record.started_at = Now();
+  m->record.joined = joined;
+  const std::filesystem::path logs = options_.dir / "logs";
+  m->engine_log = logs / absl::StrCat("engine-", m->record.name, ".log");
+  m->sidecar_log = logs / absl::StrCat("sidecar-", m->record.name, ".log");
+  members_.push_back(std::move(m));
+  return members_.back().get();
+}
+
 absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
-  Member* member = nullptr;
+  Member* member = AddMember(joined);
   std::string name;
   {
     absl::MutexLock lock(&mu_);
-    name = absl::StrCat("r", next_index_++);
-    auto m = std::make_unique<Member>();
-    m->record.name = name;
-    m->record.started_at = Now();
-    m->record.joined = joined;
-    member = m.get();
-    members_.push_back(std::move(m));
+    name = member->record.name;
   }
   auto fail = [&](absl::Status status) {
     absl::MutexLock lock(&mu_);
     member->state = "failed";
     return status;
   };
-  const std::filesystem::path dir = options_.dir / "replicas" / name;
-  const std::filesystem::path logs = options_.dir / "logs";
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  std::filesystem::create_directories(logs, ec);
-
-  std::vector<std::string> engine_args =
-      EngineArgs(options_.base_checkpoint, options_.run_id, /*port=*/0);
-  engine_args.push_back("--api");
-  engine_args.push_back(std::string(EngineApiName(options_.api)));
-  auto engine = supervisor_.Start(absl::StrCat("engine ", name), std::move(engine_args),
-                                  logs / absl::StrCat("engine-", name, ".log"));
-  if (!engine.ok()) return fail(engine.status());
-  {
-    absl::MutexLock lock(&mu_);
-    member->engine_pid = *engine;
-  }
-  auto engine_url = supervisor_.WaitForUrl(*engine, options_.start_timeout, cancel_);
+  std::filesystem::create_directories(options_.dir / "replicas" / name, ec);
+  std::filesystem::create_directories(options_.dir / "logs", ec);
+  auto engine_url = StartEngine(*member, name);
   if (!engine_url.ok()) return fail(engine_url.status());
-
-  SidecarLaunch launch;
-  launch.store = options_.store;
-  launch.run_id = options_.run_id;
-  launch.engine_url = *engine_url;
-  launch.base_checkpoint = options_.base_checkpoint;
-  launch.local_checkpoint = dir / "local";
-  launch.reconcile_interval_s = options_.reconcile_interval_s;
-  // vLLM loads versions only from disk: the sidecar stages them.
-  if (options_.api == EngineApi::kVllm) {
-    launch.engine = "vllm";
-    launch.update_mode = "disk";
-  }
-  auto sidecar = supervisor_.Start(absl::StrCat("sidecar ", name), SidecarArgs(launch),
-                                   logs / absl::StrCat("sidecar-", name, ".log"));
-  if (!sidecar.ok()) return fail(sidecar.status());
-  {
-    absl::MutexLock lock(&mu_);
-    member->sidecar_pid = *sidecar;
-  }
-  auto url = supervisor_.WaitForUrl(*sidecar, options_.start_timeout, cancel_);
+  auto url = StartSidecar(*member, name, *engine_url);
   if (!url.ok()) return fail(url.status());
   absl::MutexLock lock(&mu_);
   member->record.url = *url;
@@ -194,6 +168,72 @@ absl::StatusOr<std::string> LocalFleet::StartReplica(bool joined) {
   member->state = "catching up";
   if (absl::Status s = WritePoolFile(); !s.ok()) return s;
   return name;
+}
+
+absl::StatusOr<std::string> LocalFleet::StartEngine(Member& member, const std::string& name) {
+  if (!options_.engine_command.empty()) return StartEngineCommand(member, name);
+  std::vector<std::string> args = EngineArgs(options_.base_checkpoint, options_.run_id, /*port=*/0);
+  args.push_back("--api");
+  args.push_back(std::string(EngineApiName(options_.api)));
+  auto engine = supervisor_.Start(absl::StrCat("engine ", name), args, member.engine_log);
+  if (!engine.ok()) return engine.status();
+  {
+    absl::MutexLock lock(&mu_);
+    member.engine_pid = *engine;
+  }
+  return supervisor_.WaitForUrl(*engine, options_.start_timeout, cancel_);
+}
+
+absl::StatusOr<std::string> LocalFleet::StartEngineCommand(Member& member,
+                                                           const std::string& name) {
+  EngineCommandValues values;
+  values.model = options_.base_checkpoint.string();
+  values.name = name;
+  values.dir = (options_.dir / "replicas" / name).string();
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<int> port = PickEnginePort(engine_ports_);
+    if (!port.ok()) return port.status();
+    engine_ports_.insert(*port);
+    values.port = *port;
+  }
+  absl::StatusOr<std::string> command = ExpandEngineCommand(options_.engine_command, values);
+  if (!command.ok()) return command.status();
+  auto engine = supervisor_.StartProgram(absl::StrCat("engine ", name), "/bin/sh", {"-c", *command},
+                                         member.engine_log);
+  if (!engine.ok()) return engine.status();
+  absl::MutexLock lock(&mu_);
+  member.engine_pid = *engine;
+  // The sidecar waits for the engine to answer there.
+  return absl::StrCat("http://", values.host, ":", values.port);
+}
+
+absl::StatusOr<std::string> LocalFleet::StartSidecar(Member& member, const std::string& name,
+                                                     const std::string& engine_url) {
+  SidecarLaunch launch;
+  launch.store = options_.store;
+  launch.run_id = options_.run_id;
+  launch.engine_url = engine_url;
+  launch.base_checkpoint = options_.base_checkpoint;
+  launch.local_checkpoint = options_.dir / "replicas" / name / "local";
+  launch.reconcile_interval_s = options_.reconcile_interval_s;
+  // vLLM loads versions only from disk: the sidecar stages them.
+  if (options_.api == EngineApi::kVllm) {
+    launch.engine = "vllm";
+    launch.update_mode = "disk";
+  }
+  if (!options_.engine_command.empty()) {
+    launch.extra = {"--engine-start-timeout",
+                    absl::StrCat(std::chrono::duration<double>(options_.ready_timeout).count())};
+  }
+  auto sidecar =
+      supervisor_.Start(absl::StrCat("sidecar ", name), SidecarArgs(launch), member.sidecar_log);
+  if (!sidecar.ok()) return sidecar.status();
+  {
+    absl::MutexLock lock(&mu_);
+    member.sidecar_pid = *sidecar;
+  }
+  return supervisor_.WaitForUrl(*sidecar, options_.start_timeout, cancel_);
 }
 
 void LocalFleet::StartReplicaInBackground() {
@@ -229,8 +269,35 @@ absl::Status LocalFleet::StartGateway() {
   return absl::OkStatus();
 }
 
-absl::Status LocalFleet::WaitReady(int count, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+absl::Status LocalFleet::CheckAlive() {
+  struct Watched {
+    std::string name;
+    std::string what;
+    int pid;
+    std::filesystem::path log;
+  };
+  std::vector<Watched> watched;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& m : members_) {
+      if (m->killed || m->ready) continue;
+      watched.push_back({m->record.name, "engine", m->engine_pid, m->engine_log});
+      watched.push_back({m->record.name, "sidecar", m->sidecar_pid, m->sidecar_log});
+    }
+  }
+  for (const Watched& w : watched) {
+    if (w.pid < 0) continue;
+    if (std::optional<int> status = supervisor_.ExitStatus(w.pid); status.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("demo: replica ", w.name, "'s ", w.what, " ended (status ", *status,
+                       ") before the replica was ready; see ", w.log.string()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalFleet::WaitReady(int count) {
+  const auto deadline = Clock::now() + options_.ready_timeout;
   for (;;) {
     int ready = 0;
     std::string laggards;
@@ -255,13 +322,41 @@ absl::Status LocalFleet::WaitReady(int count, std::chrono::milliseconds timeout)
       gateway_ok = health.ok() && health->status == 200;
     }
     if (ready >= count && gateway_ok) return absl::OkStatus();
+    if (absl::Status s = CheckAlive(); !s.ok()) return s;
     if (cancel_ != nullptr && cancel_->load()) return absl::CancelledError("demo: interrupted");
     if (Clock::now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("demo: ", ready, " of ", count, " replicas ready after ",
-                       std::chrono::duration_cast<std::chrono::seconds>(timeout).count(), " s (",
-                       laggards, gateway_ok ? "" : "; gateway not healthy", "); see the logs in ",
-                       (options_.dir / "logs").string()));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "demo: ", ready, " of ", count, " replicas ready after ",
+          std::chrono::duration_cast<std::chrono::seconds>(options_.ready_timeout).count(), " s (",
+          laggards, gateway_ok ? "" : "; gateway not healthy", "); see the logs in ",
+          (options_.dir / "logs").string()));
+    }
+    std::this_thread::sleep_for(options_.poll_every);
+  }
+}
+
+absl::Status LocalFleet::WaitJoinedReady() {
+  const auto deadline = Clock::now() + options_.ready_timeout;
+  for (;;) {
+    if (std::optional<absl::Status> e = BackgroundError(); e.has_value()) return *e;
+    std::string state = "not started";
+    bool ready = false;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& m : members_) {
+        if (!m->record.joined || m->killed) continue;
+        state = m->state;
+        ready = m->ready;
+      }
+    }
+    if (ready) return absl::OkStatus();
+    if (absl::Status s = CheckAlive(); !s.ok()) return s;
+    if (cancel_ != nullptr && cancel_->load()) return absl::CancelledError("demo: interrupted");
+    if (Clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "demo: the joining replica is not ready after ",
+          std::chrono::duration_cast<std::chrono::seconds>(options_.ready_timeout).count(), " s (",
+          state, "); see the logs in ", (options_.dir / "logs").string()));
     }
     std::this_thread::sleep_for(options_.poll_every);
   }

@@ -1,5 +1,6 @@
-// The demo's local elastic fleet: reference engines with their sidecars
-// following one store, listed in a `file:` pool that a `stitch gateway`
+// The demo's local elastic fleet: engines (`stitch engine`, or what a
+// command template starts: engine_command.h) with their sidecars following
+// one store, listed in a `file:` pool that a `stitch gateway`
 // routes over, all started and stopped through a ProcessSupervisor, and
 // watched by a monitor thread that polls every replica's /server_info and
 // records what it sees (DemoReplica) for the status line and the report.
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +68,15 @@ struct FleetOptions {
   std::filesystem::path base_checkpoint;
   // The engines' API, and so the sidecars' engine adapter.
   EngineApi api = EngineApi::kSglang;
+  // Empty: each replica's engine is `stitch engine --api <api>`, started
+  // before its sidecar. Otherwise the template (engine_command.h) each
+  // engine runs, on a port picked here; its sidecar starts at once and waits
+  // for it.
+  std::string engine_command;
+  // How long a replica may take to report ready (WaitReady,
+  // WaitJoinedReady), and a sidecar's --engine-start-timeout in front of a
+  // templated engine: a real engine takes a minute or more to start.
+  std::chrono::milliseconds ready_timeout = std::chrono::seconds(600);
   // Sidecar backstop reconcile period; publishes also wake the fleet.
   double reconcile_interval_s = 0.5;
   double gateway_poll_interval_s = 0.2;
@@ -118,10 +129,17 @@ class LocalFleet {
   std::filesystem::path pool_file() const;
 
   // Blocks until `count` replicas report ready and the gateway's /health
-  // answers 200, or `timeout` passes (DeadlineExceeded naming the laggards).
-  [[nodiscard]] absl::Status WaitReady(int count, std::chrono::milliseconds timeout);
+  // answers 200. DeadlineExceeded naming the laggards after
+  // options.ready_timeout; FailedPrecondition as soon as the engine or the
+  // sidecar of a replica that is not ready yet exits (CheckAlive).
+  [[nodiscard]] absl::Status WaitReady(int count);
 
-  // SIGKILLs replica `name`'s sidecar and engine and drops it from the pool
+  // Blocks until the replica StartReplicaInBackground started reports ready;
+  // its start's error, or as WaitReady, otherwise.
+  [[nodiscard]] absl::Status WaitJoinedReady();
+
+  // SIGKILLs the process groups of replica `name`'s sidecar and engine
+  // (every process a templated engine started) and drops it from the pool
   // file, as a supervisor would once it saw the replica die.
   [[nodiscard]] absl::Status Kill(const std::string& name);
 
@@ -143,6 +161,8 @@ class LocalFleet {
     DemoReplica record;
     int engine_pid = -1;
     int sidecar_pid = -1;
+    std::filesystem::path engine_log;
+    std::filesystem::path sidecar_log;
     bool listed = false;
     bool killed = false;
     std::optional<int64_t> applied;
@@ -151,6 +171,17 @@ class LocalFleet {
   };
 
   double Now() const;
+  Member* AddMember(bool joined);
+  // Starts `member`'s engine; returns the URL its sidecar reaches it at.
+  absl::StatusOr<std::string> StartEngine(Member& member, const std::string& name);
+  absl::StatusOr<std::string> StartEngineCommand(Member& member, const std::string& name);
+  // Starts `member`'s sidecar in front of `engine_url`; returns its URL once
+  // it listens.
+  absl::StatusOr<std::string> StartSidecar(Member& member, const std::string& name,
+                                           const std::string& engine_url);
+  // FailedPrecondition naming the first replica that is neither killed nor
+  // ready and whose engine or sidecar exited.
+  absl::Status CheckAlive();
   void MonitorLoop();
   absl::Status WritePoolFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -164,6 +195,7 @@ class LocalFleet {
   std::string gateway_url_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> background_error_ ABSL_GUARDED_BY(mu_);
   int next_index_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int> engine_ports_ ABSL_GUARDED_BY(mu_);  // picked for templated engines
 
   std::atomic<bool> stop_monitor_{false};
   std::thread monitor_;

@@ -323,6 +323,7 @@ std::string FormatSummary(const DemoRecord& record, const DemoSummary& summary,
                         record.steps.size(), record.lag, record.wall_s);
   absl::StrAppendFormat(&s, "task           continue a prompt with bytes from \"%s\"\n",
                         PrintableBytes(record.targets));
+  if (!record.engines.empty()) absl::StrAppend(&s, "engines        ", record.engines, "\n");
   absl::StrAppendFormat(&s, "reward         %.3f -> %.3f (mean of the first and last %d steps)\n",
                         summary.reward_first, summary.reward_last, window);
   bool first = true;
@@ -385,6 +386,9 @@ std::string RenderHtmlReport(const DemoRecord& record, const DemoSummary& summar
                   " s. Task: continue a prompt with bytes "
                   "from <code>",
                   HtmlEscape(PrintableBytes(record.targets)), "</code>.</p>\n");
+  if (!record.engines.empty()) {
+    absl::StrAppend(&s, "<p>Engines: <code>", HtmlEscape(record.engines), "</code>.</p>\n");
+  }
   if (failures.empty()) {
     s += "<p class=\"ok\">All checks passed.</p>\n";
   } else {

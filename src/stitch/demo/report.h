@@ -73,6 +73,7 @@ struct DemoResponse {
 struct DemoRecord {
   std::string run_id;
   std::string targets;  // the task's target bytes
+  std::string engines;  // what ran the replicas' engines, in words
   int64_t lag = 1;
   int64_t boot_version = 0;
   std::vector<DemoStep> steps;

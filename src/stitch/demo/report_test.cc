@@ -175,6 +175,17 @@ TEST(FormatSummary, CountsTheRolloutsThatCrossedACommit) {
                               "from their version spans, 2 half-weighted (spans unknown)"));
 }
 
+TEST(FormatSummary, SaysWhatRanTheEngines) {
+  DemoRecord record = SampleRecord();
+  EXPECT_THAT(FormatSummary(record, Summarize(record), {}), Not(HasSubstr("engines ")));
+  record.engines = "vllm API, started by --engine-cmd serve <{model}>";
+  EXPECT_THAT(FormatSummary(record, Summarize(record), {}),
+              HasSubstr("\nengines        vllm API, started by --engine-cmd serve <{model}>\n"));
+  EXPECT_THAT(RenderHtmlReport(record, Summarize(record), {}),
+              HasSubstr("<p>Engines: <code>vllm API, started by --engine-cmd serve "
+                        "&lt;{model}&gt;</code>.</p>"));
+}
+
 TEST(RenderHtmlReport, IsSelfContainedWithChartsAndEscapedText) {
   DemoRecord record = SampleRecord();
   record.targets = "<b>";

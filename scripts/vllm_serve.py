@@ -1,9 +1,10 @@
 """Starts vLLM's command line (`vllm serve MODEL ...`) from the CPU build.
 
 Run with the python of the environment scripts/install-engines made:
-    <engines dir>/vllm/bin/python tests/engines/vllm_serve.py serve MODEL --port N ...
+    <engines dir>/vllm/bin/python scripts/vllm_serve.py serve MODEL --port N ...
 The arguments are those of the `vllm` command. tests/engines/VLLM_NOTES.md
-has a full command line.
+has a full command line. The real-engine suite (tests/engines/harness.py)
+and `make demo-vllm` (the demo's --engine-cmd) start vLLM through it.
 """
 
 import importlib.metadata
