@@ -21,7 +21,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 def f(tmp_path_factory):
     env = harness.Env(str(tmp_path_factory.mktemp("vllm")))
     try:
-        env.engine = Vllm(env.ckpt[0], env.work)
+        env.engine = Vllm(env.ckpt[0], env.work, extra=["--enable-scale-out"])
         env.engine.wait_healthy()
         env.fleet = Fleet(env.work, env.ckpt[0], "vllm", env.engine.url)
         env.fleet.wait_serving(0)
@@ -228,21 +228,37 @@ def long_stream(f, prompt, max_tokens=400):
         "weight_version": {"min_version": max(f.fleet.published)}})
 
 
+def read_stream(events):
+    return streamed_tokens(events), events[-1]
+
+
 def test_an_in_place_commit_inside_a_streamed_generation(f):
     """A DELTA committed (/pause?mode=keep) while a long generation streams:
     the generation goes on under the new weights, its stamps say both
     versions, and its spans are exact or "unknown", never wrong."""
-    old, prompt = max(f.fleet.published), "Once upon a time"
-    stream = long_stream(f, prompt)
-    first = stream.next()
-    seen = len(streamed_tokens([first]))
-    with frozen(f):
-        f.fleet.publish_delta(old + 1, f.ckpt[1])
-        f.fleet.wait_serving(old + 1)
-    events = [first] + stream.rest()
-    tokens = streamed_tokens(events)
-    assert len(tokens) == 400, events[-1]
-    f.assert_switched_inside(old, prompt_ids(prompt), tokens, seen, events[-1])
+    prompt = "Once upon a time"
+    f.commit_inside(frozen, lambda old: long_stream(f, prompt), read_stream, prompt_ids(prompt))
+
+
+def test_vllms_token_route_carries_its_own_exact_spans_across_an_in_place_commit(f):
+    """/inference/v1/generate (vLLM's tokens in, tokens out): stamped, the
+    client's request_id given back, and across an in-place commit the
+    per-token versions vLLM reports become exact spans."""
+    old, prompt = max(f.fleet.published), prompt_ids("Once upon a time")
+    body = {"token_ids": prompt, "request_id": "mine-1", "weight_version": {"exact_version": old},
+            "sampling_params": {"max_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    status, answer, _ = http("POST", f.fleet.url + "/inference/v1/generate", body)
+    assert status == 200, answer
+    assert answer["request_id"] == "generate-tokens-mine-1", answer
+    assert answer["weight_version_start"] == old and answer["weight_version_spans"] == [[0, old]]
+    assert_made_by(f, old, prompt, answer["choices"][0]["token_ids"])
+
+    def open_stream(old):
+        return harness.Stream(f.fleet.url + "/inference/v1/generate", {
+            "token_ids": prompt, "stream": True, "weight_version": {"min_version": old},
+            "sampling_params": {"max_tokens": 400, "temperature": 0, "ignore_eos": True}})
+    stamped = f.commit_inside(frozen, open_stream, read_stream, prompt)
+    assert stamped["weight_version_spans"] != "unknown", stamped
 
 
 def test_a_client_that_leaves_is_aborted_in_vllm_and_no_other(f):
