@@ -191,16 +191,15 @@ absl::StatusOr<std::optional<LabelledSpans>> EngineReportedSpans(ApiRoute route,
       spans.push_back({span.offset, std::to_string(span.version)});
     }
     if (tokens.has_value() && !spans.empty() && spans.back().offset >= *tokens) {
-      return BadWeightVersions(absl::StrCat("start a span at token ", spans.back().offset,
-                                            " of ", *tokens));
+      return BadWeightVersions(
+          absl::StrCat("start a span at token ", spans.back().offset, " of ", *tokens));
     }
     return spans;
   }
   absl::StatusOr<LabelledSpans> spans = ReadWeightVersions(*list);
   if (!spans.ok()) return spans.status();
-  const int64_t covered = list->get_array().empty()
-                              ? 0
-                              : list->get_array().back().get_object().at("end").get_int64();
+  const int64_t covered =
+      list->get_array().empty() ? 0 : list->get_array().back().get_object().at("end").get_int64();
   if (tokens.has_value() && covered != *tokens) {
     return BadWeightVersions(
         absl::StrCat("cover ", covered, " output tokens, the answer says ", *tokens));

@@ -121,10 +121,9 @@ TEST(SpansTest, ReportedSpansAreReadWhereTheyAreStampedAndChecked) {
 // SGLang's and vLLM's `weight_versions`, where each puts them, in labels.
 TEST(SpansTest, EnginesWeightVersionsAreReadWhereEachEnginePutsThem) {
   auto read = EngineReportedSpans(
-      ApiRoute::kGenerate,
-      ParseObject(R"({"meta_info":{"completion_tokens":5,"weight_versions":[)"
-                  R"({"version":"r1/weight_v000001","start":0,"end":3},)"
-                  R"({"version":"r1/weight_v000002","start":3,"end":5}]}})"));
+      ApiRoute::kGenerate, ParseObject(R"({"meta_info":{"completion_tokens":5,"weight_versions":[)"
+                                       R"({"version":"r1/weight_v000001","start":0,"end":3},)"
+                                       R"({"version":"r1/weight_v000002","start":3,"end":5}]}})"));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, (LabelledSpans{{0, "r1/weight_v000001"}, {3, "r1/weight_v000002"}}));
   // An OpenAI answer of one choice: SGLang's `metadata`, or vLLM's choice.
@@ -140,9 +139,10 @@ TEST(SpansTest, EnginesWeightVersionsAreReadWhereEachEnginePutsThem) {
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, (LabelledSpans{{0, "3"}}));
   // Nothing generated: one empty span.
-  read = EngineReportedSpans(ApiRoute::kGenerate,
-                             ParseObject(R"({"meta_info":{"completion_tokens":0,)"
-                                         R"("weight_versions":[{"version":"1","start":0,"end":0}]}})"));
+  read = EngineReportedSpans(
+      ApiRoute::kGenerate,
+      ParseObject(R"({"meta_info":{"completion_tokens":0,)"
+                  R"("weight_versions":[{"version":"1","start":0,"end":0}]}})"));
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, LabelledSpans{});
   // The reference engine's pairs, labels being their numbers.

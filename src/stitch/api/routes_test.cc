@@ -28,9 +28,9 @@ TEST(RoutesTest, EngineControlRoutesAreBlockedWithOrWithoutATrailingSlash) {
 }
 
 TEST(RoutesTest, VllmControlRoutesAreBlocked) {
-  for (const char* path : {"/pause", "/resume", "/collective_rpc", "/update_weight_version",
-                           "/abort_requests", "/reset_prefix_cache", "/sleep", "/wake_up/",
-                           "/inference/v1/abort_requests"}) {
+  for (const char* path :
+       {"/pause", "/resume", "/collective_rpc", "/update_weight_version", "/abort_requests",
+        "/reset_prefix_cache", "/sleep", "/wake_up/", "/inference/v1/abort_requests"}) {
     EXPECT_EQ(ClassifyRoute(path).kind, RouteClass::kBlocked) << path;
   }
 }

@@ -82,8 +82,7 @@ awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
   if (!response.ok()) co_return response.status();
   absl::StatusOr<EngineReport> report =
       ReportFromAnswer(*response, http_.Where("GET", model_info_route_));
-  if (report.ok() && !report->served_model_name.empty() &&
-      !IsLoadPath(report->served_model_name)) {
+  if (report.ok() && !report->served_model_name.empty() && !IsLoadPath(report->served_model_name)) {
     served_name_ = report->served_model_name;
   }
   co_return report;
@@ -95,8 +94,7 @@ bool SglangHttpEngine::IsLoadPath(std::string_view name) const {
     if (dir.empty()) continue;
     std::string prefix = PathString(dir.lexically_normal());
     while (prefix.size() > 1 && prefix.ends_with('/')) prefix.pop_back();
-    if (name.starts_with(prefix) &&
-        (name.size() == prefix.size() || name[prefix.size()] == '/')) {
+    if (name.starts_with(prefix) && (name.size() == prefix.size() || name[prefix.size()] == '/')) {
       return true;
     }
   }

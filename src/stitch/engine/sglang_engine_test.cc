@@ -264,9 +264,9 @@ TEST_F(SglangEngineTest, TheServedModelKeepsTheNameTheEngineWasStartedWith) {
                                                    R"("served_model_name":"policy"})"));
   ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
   // After a load, the engine reports the path: that name is not learned.
-  fake_.SetAnswer("/model_info", JsonResponse(200, absl::StrCat(R"({"weight_version":"r1/3",)",
-                                                                R"("served_model_name":")",
-                                                                local, R"("})")));
+  fake_.SetAnswer("/model_info",
+                  JsonResponse(200, absl::StrCat(R"({"weight_version":"r1/3",)",
+                                                 R"("served_model_name":")", local, R"("})")));
   ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
   (*engine)->RestoreForwarded("/v1/models", body);
   EXPECT_EQ(ParseObject(body).at("data").at(0).at("id").as_string(), "policy") << body;

@@ -259,9 +259,9 @@ absl::StatusOr<VersionSpans> VersionedProxy::HeldSpans(const AdmissionGate::Tick
     if (absl::Status held = gate_.CheckEngineLabel(ticket, span.label); !held.ok()) return held;
     const int64_t version = ParseEngineLabel(span.label)->version;
     if (!spans.empty() && version <= spans.back().version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the engine's spans name version ", version, " after ", spans.back().version,
-          " within one generation, which the sidecar never did"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the engine's spans name version ", version, " after ", spans.back().version,
+                       " within one generation, which the sidecar never did"));
     }
     spans.push_back({span.offset, version});
   }
