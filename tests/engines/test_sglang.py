@@ -165,17 +165,21 @@ def long_generation(f, text, max_new_tokens=64):
                             "ignore_eos": True}})
 
 
+def read_generation(events):
+    return events[-1]["output_ids"], events[-1]["meta_info"]
+
+
 def test_an_in_place_commit_inside_a_streamed_generation(f):
     """A DELTA committed while a generation streams: the generation goes on
     under the new weights, its stamps name both versions, and its spans are
     exact or "unknown", never wrong. (SGLang's own `weight_versions` put the
-    switch a token late here: its overlap scheduler had that token in flight
-    when the version changed. So the sidecar says "unknown".)"""
+    switch a token late here: its overlap scheduler, on by default, had that
+    token in flight when the version changed. So the sidecar says
+    "unknown".)"""
     text = "Once upon a time"
-
-    def read(events):
-        return events[-1]["output_ids"], events[-1]["meta_info"]
-    f.commit_inside(frozen, lambda old: long_generation(f, text), read, prompt_ids(text))
+    stamped = f.commit_inside(frozen, lambda old: long_generation(f, text), read_generation,
+                              prompt_ids(text))
+    assert stamped["weight_version_spans"] == "unknown", stamped
     # Later answers are the new weights'.
     version = max(f.fleet.published)
     status, body, _ = generate(f, {"exact_version": version})
@@ -212,3 +216,18 @@ def test_an_engine_killed_and_restarted_under_a_live_sidecar(f):
 
     figures = harness.restart_under_load(f, send, prompt_ids(PROMPT), max(f.fleet.published))
     print(f"\nSGLang restart: {figures}")
+
+
+def test_with_the_overlap_scheduler_off_sglangs_own_spans_are_exact(f):
+    """The engine restarted with --disable-overlap-schedule under the live
+    sidecar: SGLang's `weight_versions` then place an in-place commit
+    exactly (transformers agrees), and the sidecar stamps them."""
+    f.engine.close()
+    f.engine.extra.append("--disable-overlap-schedule")
+    f.engine.start()
+    f.engine.wait_healthy()
+    f.fleet.wait_serving(max(f.fleet.published), timeout=300)
+    text = "Once upon a time"
+    stamped = f.commit_inside(frozen, lambda old: long_generation(f, text), read_generation,
+                              prompt_ids(text))
+    assert stamped["weight_version_spans"] != "unknown", stamped

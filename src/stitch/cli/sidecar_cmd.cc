@@ -128,8 +128,6 @@ Sidecar::Settings SettingsFor(const SidecarConfig& config, bool auth_data_plane,
       config.engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
   settings.proxy.engine_token = engine_token;
   settings.proxy.assemble_whole_generate = config.assemble_whole_generate;
-  // Stock SGLang places a commit up to a token late (ProxyOptions).
-  settings.proxy.engine_places_commits = config.engine != EngineKind::kSglangStock;
   settings.proxy.own_authorization = !auth_token.empty();
   settings.auth_token = auth_token;
   settings.auth_data_plane = auth_data_plane;

@@ -158,6 +158,12 @@ class Engine {
   // Best effort: asks the engine to end the requests with these ids.
   virtual boost::asio::awaitable<void> Abort(std::vector<std::string> rids) = 0;
 
+  // Whether what the engine says of a request's tokens (the spans it
+  // reports, the labels of its events) places a commit exactly, as its last
+  // Report found. Stock SGLang's overlap scheduler does not: its spans count
+  // a change before the token it has in flight. Default: true.
+  virtual bool PlacesCommitsExactly() const { return true; }
+
   // Gives the body of a 200 answer to a request forwarded as is (to
   // `path`) back what the engine was started with, where the sidecar's own
   // loads changed it: stock SGLang names its served model after the last

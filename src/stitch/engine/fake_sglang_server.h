@@ -118,6 +118,12 @@ class FakeSglangServer {
     absl::MutexLock lock(&mu_);
     final_spans_ = final_spans;
   }
+  // Whether /server_info says the overlap scheduler is on (by default off,
+  // as for an engine whose labels and spans place commits exactly).
+  void SetOverlapSchedule(bool on) {
+    absl::MutexLock lock(&mu_);
+    overlap_ = on;
+  }
   // Streamed events written so far, over all streams.
   int events_sent() const {
     absl::MutexLock lock(&mu_);
@@ -239,6 +245,16 @@ class FakeSglangServer {
     const bool generation =
         path == "/generate" || path == "/v1/completions" || path == "/v1/chat/completions";
     const std::string label = weight_version();
+    if (path == "/server_info") {
+      boost::json::object info;
+      {
+        absl::MutexLock lock(&mu_);
+        info["disable_overlap_schedule"] = !overlap_;
+      }
+      HttpResponse response = JsonResponse(200, boost::json::serialize(info));
+      (void)co_await ex.Respond(std::move(response));
+      co_return;
+    }
     if (path == "/model_info" || path == "/get_model_info") {
       boost::json::object info;
       info["model_path"] = "fake";
@@ -333,6 +349,7 @@ class FakeSglangServer {
   bool stepwise_ ABSL_GUARDED_BY(mu_) = false;
   bool incremental_ ABSL_GUARDED_BY(mu_) = false;
   bool final_spans_ ABSL_GUARDED_BY(mu_) = false;
+  bool overlap_ ABSL_GUARDED_BY(mu_) = false;
   int events_sent_ ABSL_GUARDED_BY(mu_) = 0;
   std::string weight_version_ ABSL_GUARDED_BY(mu_) = "default";
   int disconnects_ ABSL_GUARDED_BY(mu_) = 0;

@@ -85,6 +85,16 @@ awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
   if (report.ok() && !report->served_model_name.empty() && !IsLoadPath(report->served_model_name)) {
     served_name_ = report->served_model_name;
   }
+  if (report.ok()) {
+    // Not knowing (an engine without /server_info, a failed call) is "on".
+    auto info = co_await Get("/server_info", timeout);
+    boost::system::error_code ec;
+    const json::value doc =
+        info.ok() && info->status == 200 ? json::parse(info->body, ec) : json::value();
+    const json::value* off =
+        !ec && doc.is_object() ? doc.get_object().if_contains("disable_overlap_schedule") : nullptr;
+    overlap_disabled_ = off != nullptr && off->is_bool() && off->get_bool();
+  }
   co_return report;
 }
 

@@ -51,6 +51,7 @@ inline constexpr std::string_view kSglangEngineRoutes[] = {
     "GET /health",
     "GET /model_info",
     "GET /get_model_info",
+    "GET /server_info",
     "POST /abort_request",
     "POST /update_weights_from_disk",
     "POST /update_weights_from_cpu",
@@ -89,9 +90,14 @@ class SglangHttpEngine : public Engine {
   boost::asio::awaitable<absl::Status> Resume() override;
   boost::asio::awaitable<absl::Status> FlushCache() override;
   boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds timeout) override;
-  // GET /model_info (/get_model_info on engines that predate it).
+  // GET /model_info (/get_model_info on engines that predate it), then
+  // /server_info for whether its overlap scheduler is off.
   boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
       std::chrono::milliseconds timeout) override;
+  // Only with the overlap scheduler off (`disable_overlap_schedule` in
+  // /server_info, as last reported): with it on, SGLang's spans place a
+  // commit a token late.
+  bool PlacesCommitsExactly() const override { return overlap_disabled_; }
   boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
   // /v1/models and /model_info name the served model as the engine was
   // started (learned from its reports before a load of the sidecar's
@@ -129,6 +135,7 @@ class SglangHttpEngine : public Engine {
   // The served model's name as the engine reported it before any load of
   // the sidecar's; "" until known.
   std::string served_name_;
+  bool overlap_disabled_ = false;
 };
 
 // Checks `options` for an engine that stages by itself: a URL that parses,

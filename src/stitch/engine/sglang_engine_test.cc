@@ -285,6 +285,24 @@ TEST_F(SglangEngineTest, TheServedModelKeepsTheNameTheEngineWasStartedWith) {
   }
 }
 
+// SGLang's spans place a commit exactly only with its overlap scheduler
+// off, which /server_info reports; not knowing is "on".
+TEST_F(SglangEngineTest, CommitsArePlacedExactlyOnlyWithTheOverlapSchedulerOff) {
+  WorkerPool pool(1);
+  auto engine = StockSglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk), pool);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_FALSE((*engine)->PlacesCommitsExactly()) << "before any report";
+  ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
+  EXPECT_TRUE((*engine)->PlacesCommitsExactly());
+  fake_.SetOverlapSchedule(true);
+  ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
+  EXPECT_FALSE((*engine)->PlacesCommitsExactly());
+  fake_.SetOverlapSchedule(false);
+  fake_.SetAnswer("/server_info", JsonResponse(404, R"({"detail":"Not Found"})"));
+  ASSERT_TRUE(Await((*engine)->Report(std::chrono::seconds(2))).ok());
+  EXPECT_FALSE((*engine)->PlacesCommitsExactly());
+}
+
 TEST_F(SglangEngineTest, ReportFallsBackToGetModelInfoOnOlderEngines) {
   fake_.SetAnswer("/model_info", JsonResponse(404, R"({"detail":"Not Found"})"));
   auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kCpu));

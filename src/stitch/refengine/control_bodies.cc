@@ -240,6 +240,9 @@ std::string FormatServerInfo(const EngineStatus& s) {
   o["run_id"] = s.scheduler.weight_version.run_id;
   o["weights_fingerprint"] = s.scheduler.weights_fingerprint.ToHex();
   o["instance_id"] = s.instance_id;
+  // As SGLang reports it: this engine has no overlap scheduler, its labels
+  // and spans name each token's weights.
+  o["disable_overlap_schedule"] = true;
   o["boot_version"] = s.boot_version;
   o["healthy"] = s.healthy;
   o["seconds_since_heartbeat"] = s.seconds_since_heartbeat;

@@ -226,7 +226,10 @@ absl::StatusOr<std::optional<VersionSpans>> VersionedProxy::Spans(Call& call,
   } else {
     labelled = std::move(derived);
   }
-  if (!options_.engine_places_commits) labelled.reset();
+  // An engine that does not place commits exactly (Engine::
+  // PlacesCommitsExactly) gets "unknown" across a commit; its labels were
+  // still checked.
+  if (!engine_.PlacesCommitsExactly()) labelled.reset();
   // Then in served versions.
   std::optional<VersionSpans> served;
   if (labelled.has_value()) {

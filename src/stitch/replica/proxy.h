@@ -100,13 +100,6 @@ struct ProxyOptions {
   // and assembled (see above): for engines that label each streamed event
   // (SGLang) but report no spans.
   bool assemble_whole_generate = false;
-  // Whether what the engine says of a request's tokens (the spans it
-  // reports, the labels of its events) places a commit exactly. Stock
-  // SGLang's does not: its events carry its label when they were sent, and
-  // its `weight_versions` record a change before the token its overlap
-  // scheduler has in flight, one token late. When false, spans across a
-  // commit are "unknown"; the labels are still checked.
-  bool engine_places_commits = true;
   // The sidecar checks a token of its own, so the client's Authorization is
   // its credential for the sidecar and is not forwarded. Without either
   // this or an engine token, the client's Authorization passes through.

@@ -560,8 +560,8 @@ void ProxyTest::FinalSpansAcrossACommit(bool engine_places_commits) {
   fake_.SetWeightVersion("r1/weight_v000000");
   fake_.SetStreamEvents(3);
   fake_.SetFinalSpans(true);
-  Start(fake_.url(),
-        [&](Sidecar::Settings& s) { s.proxy.engine_places_commits = engine_places_commits; });
+  engine_->places_commits_exactly = engine_places_commits;
+  Start(fake_.url());
   ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   Streamed s;
   OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
@@ -638,6 +638,8 @@ TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) 
   HttpResponse refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_EQ(refused.body.find("weight_version_start"), std::string::npos) << refused.body;
+  // A mislabelled answer withdraws trust until the engine is verified again.
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   // SGLang's form: labels, in `metadata` of a one-choice answer.
   fake_.SetAnswer("/v1/completions",
                   JsonResponse(200, R"({"choices":[{"text":"ab"}],"usage":{"completion_tokens":2},)"
@@ -656,6 +658,7 @@ TEST_F(ProxyTest, ReportedSpansPassThroughOnlyWhenTheyNameWeightsTheEngineHeld) 
   refused = Send("POST", "/v1/completions", R"({"prompt":"hi"})");
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_NE(refused.body.find("weight_v000004"), std::string::npos) << refused.body;
+  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   // vLLM's form, on its token route: in the choice.
   fake_.SetAnswer("/inference/v1/generate",
                   JsonResponse(200, R"({"request_id":"generate-tokens-x","choices":[{"index":0,)"

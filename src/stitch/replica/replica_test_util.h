@@ -114,6 +114,7 @@ class ScriptedEngine final : public Engine {
   }
 
   std::string_view name() const override { return "scripted"; }
+  bool PlacesCommitsExactly() const override { return places_commits_exactly; }
 
   awaitable<absl::Status> InitializeDestination(const VersionRef& boot) override {
     calls.push_back(absl::StrCat("init:", boot.ToString()));
@@ -253,6 +254,8 @@ class ScriptedEngine final : public Engine {
   // A failed commit loads the target all the same (SGLang answers 400 when
   // the weights changed but its cache could not be flushed).
   bool loads_despite_error = false;
+  // What PlacesCommitsExactly answers.
+  bool places_commits_exactly = true;
   std::deque<absl::Status> init_results, stage_results, commit_results, pause_results,
       resume_results, reset_results, health_results;
   // Synchronous callbacks, run inside the call after its hold.
