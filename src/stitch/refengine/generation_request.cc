@@ -385,7 +385,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(ApiRoute route, std::string_view body
       status = ParseChat(*object, config, &request);
       break;
     case ApiRoute::kTokens:
-      return absl::UnimplementedError("the reference engine does not serve /inference/v1/generate");
+      // Neither dialect registers vLLM's token route (kApiRoutes).
+      return absl::InvalidArgumentError(
+          "/inference/v1/generate is vLLM's token route, which the reference engine does not "
+          "serve: use /v1/completions");
   }
   if (!status.ok()) return status;
   return request;

@@ -177,6 +177,20 @@ class ProxyTest : public ::testing::Test {
     return r.ok() ? *std::move(r) : HttpResponse{};
   }
 
+  // Opens a streamed /generate once the replica serves version 0, checks
+  // that its first event is version 0's alone, then commits version 1 in
+  // place and lets the rest of the stream come.
+  void StreamAcrossACommit(Streamed& s) {
+    ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
+    OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
+    std::optional<std::string> first = s.Next();
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(json::serialize(ParseObject(*first).at("meta_info").at("weight_version_spans")),
+              "[[0,0]]");
+    CommitInPlace(1);
+    fake_.ReleaseStream();
+  }
+
   void WholeGenerateAcrossTwoCommits(bool incremental);
   void FinalSpansAcrossACommit(bool engine_places_commits);
 
@@ -533,15 +547,8 @@ TEST_F(ProxyTest, StreamedSpansAreDerivedFromTheEnginesLabelsAcrossACommit) {
   fake_.SetWeightVersion("r1/weight_v000000");
   fake_.SetStreamEvents(3);
   Start(fake_.url());
-  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   Streamed s;
-  OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
-  std::optional<std::string> first = s.Next();
-  ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(json::serialize(ParseObject(*first).at("meta_info").at("weight_version_spans")),
-            "[[0,0]]");
-  CommitInPlace(1);
-  fake_.ReleaseStream();
+  ASSERT_NO_FATAL_FAILURE(StreamAcrossACommit(s));
   for (int i = 1; i < 3; ++i) {
     std::optional<std::string> e = s.Next();
     ASSERT_TRUE(e.has_value());
@@ -562,15 +569,8 @@ void ProxyTest::FinalSpansAcrossACommit(bool engine_places_commits) {
   fake_.SetFinalSpans(true);
   engine_->places_commits_exactly = engine_places_commits;
   Start(fake_.url());
-  ASSERT_TRUE(WaitUntil([&] { return ReadyAt(0); }));
   Streamed s;
-  OpenStream(s, "/generate", R"({"text":"hi","stream":true})");
-  std::optional<std::string> first = s.Next();
-  ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(json::serialize(ParseObject(*first).at("meta_info").at("weight_version_spans")),
-            "[[0,0]]");
-  CommitInPlace(1);
-  fake_.ReleaseStream();
+  ASSERT_NO_FATAL_FAILURE(StreamAcrossACommit(s));
   std::vector<std::string> spans;
   for (int i = 1; i < 3; ++i) {
     std::optional<std::string> e = s.Next();
