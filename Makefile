@@ -45,7 +45,7 @@ test-engines: build
 	@for engine in $(ENGINES); do \
 	  STITCH_BIN=$(CURDIR)/$(BUILD)/src/stitch/cli/stitch \
 	    $(ENGINES_DIR)/$$engine/bin/python -m pytest -q -p no:cacheprovider \
-	    tests/engines/test_$$engine.py || exit 1; \
+	    tests/engines/test_$$engine.py tests/engines/test_chaos_judge.py || exit 1; \
 	done
 
 # A fleet across hosts on this machine: network namespaces joined by a
@@ -106,11 +106,24 @@ CHAOS_SEED ?= random
 CHAOS_MINUTES ?= 5
 CHAOS_STORE ?= both
 CHAOS_FLAGS ?=
+# CHAOS_ENGINE=vllm or sglang puts replica r0 on that real engine (installed
+# once by scripts/install-engines; vLLM through VLLM_ENGINE_CMD below), its
+# answers judged by transformers in the engine's environment.
+CHAOS_ENGINE ?= reference
+CHAOS_SGLANG_CMD = bash $(CURDIR)/tests/engines/sglang_serve.sh {model} {port} \
+  --served-model-name {served_model_name} --weight-version chaos/weight_v000000 --enable-metrics
+CHAOS_ENGINE_FLAGS_reference =
+CHAOS_ENGINE_FLAGS_vllm = --engine vllm --engine-cmd '$(VLLM_ENGINE_CMD)' \
+  --judge-python $(ENGINES_DIR)/vllm/bin/python
+CHAOS_ENGINE_FLAGS_sglang = --engine sglang --engine-cmd '$(CHAOS_SGLANG_CMD)' \
+  --judge-python $(ENGINES_DIR)/sglang/bin/python
 STITCH_CHAOS = $(BUILD)/src/stitch/cli/stitch chaos --python $(PYTHON_VENV)/bin/python \
   --moto-script tests/s3_moto.py $(CHAOS_FLAGS)
 chaos: deps build
+	@if [ "$(CHAOS_ENGINE)" != reference ]; then scripts/install-engines $(CHAOS_ENGINE) || exit 1; fi
 	@for store in $(if $(filter both,$(CHAOS_STORE)),fs s3,$(CHAOS_STORE)); do \
-	  $(STITCH_CHAOS) --seed $(CHAOS_SEED) --minutes $(CHAOS_MINUTES) --store $$store || exit 1; \
+	  $(STITCH_CHAOS) $(CHAOS_ENGINE_FLAGS_$(CHAOS_ENGINE)) --seed $(CHAOS_SEED) \
+	    --minutes $(CHAOS_MINUTES) --store $$store || exit 1; \
 	done
 
 # The short run of `make test` (about 2 minutes): a fixed seed on the

@@ -35,6 +35,7 @@
 #include "stitch/chaos/faults.h"
 #include "stitch/chaos/fleet.h"
 #include "stitch/chaos/history.h"
+#include "stitch/chaos/judge.h"
 #include "stitch/chaos/leftovers.h"
 #include "stitch/chaos/oracle.h"
 #include "stitch/chaos/resources.h"
@@ -70,17 +71,32 @@ constexpr auto kProbeTimeout = std::chrono::seconds(5);
 constexpr const char* kPrompts[] = {"Once upon a time", "The trainer said:", "GET /generate",
                                     "Dear reviewer,",   "42 + 17 =",         "fn main() {"};
 
-ModelConfig ChaosModel() {
+// With a real engine in the fleet: a head dimension of 32 (vLLM's CPU
+// attention needs at least 32) and bfloat16 weights, as real engines serve
+// them and transformers judges them.
+ModelConfig ChaosModel(bool real_engine) {
   ModelConfig c;
   c.hidden_size = 64;
   c.intermediate_size = 128;
   c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
+  c.num_attention_heads = real_engine ? 2 : 4;
+  c.num_key_value_heads = real_engine ? 1 : 2;
   c.vocab_size = 258;
   c.max_position_embeddings = 256;
   c.tie_word_embeddings = false;
+  if (real_engine) c.weight_dtype = DType::kBF16;
   return c;
+}
+
+bool RealEngine(const ChaosOptions& options) { return options.engine != "reference"; }
+
+// The run's timeouts for starting and converging: a real engine loads for a
+// minute or more, on every restart.
+std::chrono::seconds ReadyTimeout(const ChaosOptions& options) {
+  return RealEngine(options) ? std::chrono::seconds(900) : kReadyTimeout;
+}
+std::chrono::seconds ConvergeTimeout(const ChaosOptions& options) {
+  return RealEngine(options) ? std::chrono::seconds(600) : kConvergeTimeout;
 }
 
 void Say(const std::string& line) { std::cout << "chaos: " << line << std::endl; }
@@ -170,6 +186,36 @@ int64_t EngineBusy(const std::string& url, const std::string& api_key) {
   return total;
 }
 
+// The sum of the samples of the gauges `names` in an engine's /metrics
+// (a real engine's running and queued requests); -1 when unreadable or one
+// is missing.
+int64_t EngineBusyFromMetrics(const std::string& url, const std::string& api_key,
+                              std::initializer_list<std::string_view> names) {
+  FetchOptions o = WithToken(api_key);
+  auto response = HttpFetch("GET", url + "/metrics", {}, o);
+  if (!response.ok() || response->status != 200) return -1;
+  int64_t total = 0;
+  for (std::string_view name : names) {
+    bool found = false;
+    std::istringstream lines(response->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.starts_with(name) || line.size() <= name.size() ||
+          (line[name.size()] != '{' && line[name.size()] != ' ')) {
+        continue;
+      }
+      double value = 0;
+      const size_t space = line.rfind(' ');
+      if (space == std::string::npos || !absl::SimpleAtod(line.substr(space + 1), &value)) {
+        return -1;
+      }
+      total += static_cast<int64_t>(value);
+      found = true;
+    }
+    if (!found) return -1;
+  }
+  return total;
+}
+
 class Run {
  public:
   Run(const ChaosOptions& options, const std::atomic<bool>& stop)
@@ -183,7 +229,7 @@ class Run {
  private:
   static OracleOptions MakeOracleOptions(const ChaosOptions& options) {
     OracleOptions o;
-    o.config = ChaosModel();
+    o.config = ChaosModel(RealEngine(options));
     o.seed = options.seed;
     for (const char* p : kPrompts) o.prompts.push_back(EncodeText(p, BosMode::kPrepend));
     return o;
@@ -225,6 +271,7 @@ class Run {
   std::unique_ptr<ChaosFleet> fleet_;
   std::unique_ptr<PointerWatcher> watcher_;
   std::unique_ptr<ChaosTrainer> trainer_;
+  std::unique_ptr<ExternalJudge> judge_;  // with a real engine
   std::unique_ptr<RolloutLoad> load_;
   std::unique_ptr<ResourceSampler> sampler_;
   std::unique_ptr<FaultInjector> injector_;
@@ -246,6 +293,10 @@ ChaosFleetOptions Run::FleetOptions() {
   fleet.replicas = options_.replicas;
   fleet.python = options_.python;
   fleet.moto_script = options_.moto_script;
+  if (RealEngine(options_)) {
+    fleet.real_engine = options_.engine;
+    fleet.real_engine_command = options_.engine_command;
+  }
   if (options_.store != "s3") {
     store_mount_ = dir_ / "storefs";
     store_root_ = store_mount_ / "store";
@@ -292,8 +343,11 @@ absl::Status Run::SetUp() {
   auto dir = PrepareDir(options_.dir);
   if (!dir.ok()) return dir.status();
   dir_ = *dir;
-  Say(absl::StrCat("seed ", options_.seed, ", ", options_.minutes, " min, ", options_.store,
-                   " store, ", options_.replicas, " replicas; run directory ", dir_.string()));
+  Say(absl::StrCat(
+      "seed ", options_.seed, ", ", options_.minutes, " min, ", options_.store, " store, ",
+      options_.replicas, " replicas",
+      RealEngine(options_) ? absl::StrCat(" (r0 on a real ", options_.engine, ")") : std::string(),
+      "; run directory ", dir_.string()));
   // Orphans of the run (a server's child whose parent was killed) come back
   // here, so that the end can tell whether any is left.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -333,6 +387,19 @@ absl::Status Run::SetUp() {
       !s.ok()) {
     return s;
   }
+  if (RealEngine(options_)) {
+    fs::create_directories(dir_ / "logs", ec);
+    JudgeProcessOptions judge;
+    judge.python = options_.judge_python;
+    judge.script = options_.judge_script;
+    judge.base_checkpoint = dir_ / "base";
+    judge.heads_dir = dir_ / "judge";
+    judge.log = dir_ / "logs" / "judge.log";
+    judge.tmp_dir = dir_ / "engine-tmp" / "judge";
+    auto started = ExternalJudge::Start(judge, oracle_);
+    if (!started.ok()) return started.status();
+    judge_ = *std::move(started);
+  }
   auto store = OpenStore(store_uri_, StoreOptions{kRunId, dir_ / "harness-cache"});
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
@@ -343,10 +410,10 @@ absl::Status Run::SetUp() {
 
 absl::Status Run::Load() {
   if (absl::Status s = fleet_->Start(); !s.ok()) return s;
-  if (absl::Status s = fleet_->WaitReady(kReadyTimeout); !s.ok()) return s;
+  if (absl::Status s = fleet_->WaitReady(ReadyTimeout(options_)); !s.ok()) return s;
   std::string modes;
   for (int r = 0; r < options_.replicas; ++r) {
-    absl::StrAppend(&modes, r == 0 ? "" : ", ", "r", r, " ", ReplicaMode(r));
+    absl::StrAppend(&modes, r == 0 ? "" : ", ", "r", r, " ", fleet_->Mode(r));
   }
   Say(absl::StrFormat("fleet ready after %.1f s: gateway %s, replicas staging %s", Now(),
                       fleet_->gateway_url(), modes));
@@ -369,6 +436,12 @@ absl::Status Run::Load() {
   load.seed = options_.seed;
   load.replicas = options_.replicas;
   load.auth_token = token_;
+  if (options_.engine == "vllm") {
+    load.route = "completions";
+    load.return_token_ids = true;
+  } else if (options_.engine == "sglang") {
+    load.route = "generate";
+  }
   RolloutLoad::Targets targets;
   ChaosFleet* fleet = fleet_.get();
   PointerWatcher* watcher = watcher_.get();
@@ -376,6 +449,8 @@ absl::Status Run::Load() {
   targets.sidecar = [fleet](int r) { return fleet->sidecar_url(r); };
   targets.pointer = [watcher] { return watcher->latest(); };
   targets.now = now;
+  targets.judge = judge_.get();
+  targets.judged_replica = 0;
   load_ = std::make_unique<RolloutLoad>(load, oracle_, *history_, targets);
 
   sampler_ = std::make_unique<ResourceSampler>(
@@ -415,7 +490,7 @@ absl::Status Run::Load() {
 void Run::AwaitConvergence(EndEntry& end) {
   // Converged: every sidecar ready at the final pointer and the gateway
   // answering min_version = that pointer.
-  const auto deadline = Clock::now() + kConvergeTimeout;
+  const auto deadline = Clock::now() + ConvergeTimeout(options_);
   std::string why = "not checked";
   while (fleet_ != nullptr && store_ != nullptr) {
     int64_t pointer = -1;
@@ -434,8 +509,16 @@ void Run::AwaitConvergence(EndEntry& end) {
     }
     if (why.empty()) {
       FetchOptions o = WithToken(token_);
+      // In the one API every replica serves.
       auto answer =
-          HttpFetch("POST", fleet_->gateway_url() + "/generate",
+          options_.engine == "vllm"
+              ? HttpFetch("POST", fleet_->gateway_url() + "/v1/completions",
+                          absl::StrCat(R"({"prompt":[256,72],"max_tokens":1,"temperature":0,)"
+                                       R"("weight_version":{"min_version":)",
+                                       pointer, "}}"),
+                          o)
+              : HttpFetch(
+                    "POST", fleet_->gateway_url() + "/generate",
                     absl::StrCat(R"({"input_ids":[256,72],"sampling_params":{"max_new_tokens":1,)"
                                  R"("temperature":0},"weight_version":{"min_version":)",
                                  pointer, "}}"),
@@ -461,7 +544,16 @@ void Run::AwaitDrain(EndEntry& end) {
   for (;;) {
     end.unfinished.clear();
     for (int r = 0; r < options_.replicas; ++r) {
-      const int64_t busy = EngineBusy(fleet_->engine_url(r), engine_key_);
+      int64_t busy = 0;
+      if (r == 0 && options_.engine == "vllm") {
+        busy = EngineBusyFromMetrics(fleet_->engine_url(r), engine_key_,
+                                     {"vllm:num_requests_running", "vllm:num_requests_waiting"});
+      } else if (r == 0 && options_.engine == "sglang") {
+        busy = EngineBusyFromMetrics(fleet_->engine_url(r), engine_key_,
+                                     {"sglang:num_running_reqs", "sglang:num_queue_reqs"});
+      } else {
+        busy = EngineBusy(fleet_->engine_url(r), engine_key_);
+      }
       if (busy != 0) {
         end.unfinished.push_back(absl::StrCat("engine r", r, ": ",
                                               busy < 0 ? "unreadable" : absl::StrCat(busy),
@@ -490,6 +582,19 @@ void Run::StopEverything(EndEntry& end) {
   for (const FleetProcess& p : started) groups.insert(p.pid);
   fleet_ = nullptr;  // its supervision first, so that nothing is restarted
   supervisor_.StopAll(kStopGrace);
+  judge_ = nullptr;  // nothing is judged once the load has stopped
+  // A real engine's processes (vLLM's engine core and workers) shut down
+  // after the one the supervisor started has ended: give them the same
+  // grace, reaping the orphans among them.
+  const auto deadline = Clock::now() + kStopGrace;
+  for (;;) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    bool any = false;
+    for (int group : groups) any |= ::kill(-group, 0) == 0;
+    if (!any || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   // An orderly stop on SIGTERM exits 0; anything else is worth a look.
   for (const FleetProcess& p : running) {
     std::optional<int> status = supervisor_.ExitStatus(p.pid);
@@ -509,7 +614,9 @@ void Run::StopEverything(EndEntry& end) {
 std::vector<std::string> Run::TempLeftBehind() {
   std::error_code ec;
   fs::remove_all(dir_ / "publish", ec);  // the trainer's own work, never published
-  std::vector<fs::path> skip = {dir_ / "logs", dir_ / "s3", dir_ / "harness-cache"};
+  // engine-tmp: a real engine's own (fleet.h), and the judge's.
+  std::vector<fs::path> skip = {dir_ / "logs", dir_ / "s3", dir_ / "harness-cache",
+                                dir_ / "engine-tmp"};
   if (!store_root_.empty()) {
     for (auto it = fs::directory_iterator(store_mount_, ec); !ec && it != fs::directory_iterator();
          it.increment(ec)) {
@@ -618,7 +725,9 @@ int Run::Go() {
 
 std::string ReplayCommand(const ChaosOptions& options) {
   return absl::StrCat("make chaos CHAOS_SEED=", options.seed, " CHAOS_MINUTES=", options.minutes,
-                      " CHAOS_STORE=", options.store);
+                      " CHAOS_STORE=", options.store,
+                      options.engine == "reference" ? "" : " CHAOS_ENGINE=",
+                      options.engine == "reference" ? "" : options.engine);
 }
 
 int RunChaos(const ChaosOptions& options, const std::atomic<bool>& stop) {

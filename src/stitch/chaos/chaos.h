@@ -33,6 +33,16 @@ struct ChaosOptions {
   // tests/s3_moto.py.
   std::filesystem::path python;
   std::filesystem::path moto_script;
+  // "reference": every engine is the reference engine. "vllm" or "sglang":
+  // replica r0's engine is that real engine, started by `engine_command` (a
+  // template: demo/engine_command.h), every request uses the one API it
+  // shares with the reference engine (vLLM: /v1/completions with token ids;
+  // SGLang: /generate), and its answers are judged by transformers
+  // (`judge_script` run by `judge_python`, the engine's Python: judge.h).
+  std::string engine = "reference";
+  std::string engine_command;
+  std::filesystem::path judge_python;
+  std::filesystem::path judge_script;
 };
 
 // The command that replays a run: "make chaos CHAOS_SEED=... ...".

@@ -82,6 +82,14 @@ absl::StatusOr<Piece> ReadPiece(const std::string& route, std::string_view data)
           t != nullptr && t->is_string()) {
         piece.text = std::string(t->get_string());
       }
+      // vLLM's return_token_ids: each event's own tokens.
+      if (const json::value* ids = first.get_object().if_contains("token_ids");
+          ids != nullptr && ids->is_array()) {
+        for (const json::value& id : ids->get_array()) {
+          if (!id.is_int64()) return absl::InvalidArgumentError("token_ids holds a non-integer");
+          piece.tokens.push_back(static_cast<int32_t>(id.get_int64()));
+        }
+      }
     }
   }
   if (const json::value* spans = stamps->if_contains("weight_version_spans"); spans != nullptr) {
@@ -200,7 +208,13 @@ void ReadReply(const Reply& reply, RequestRecord& record) {
     record.end = piece->end;
     // Each event's spans are those so far: the last one's are the answer's.
     if (!piece->spans.empty()) record.spans = std::move(piece->spans);
-    if (!piece->tokens.empty()) tokens = std::move(piece->tokens);
+    // /generate's output_ids are the answer's so far; /v1/completions'
+    // token_ids, like its text, the event's own.
+    if (record.route == "generate") {
+      if (!piece->tokens.empty()) tokens = std::move(piece->tokens);
+    } else {
+      tokens.insert(tokens.end(), piece->tokens.begin(), piece->tokens.end());
+    }
     text += piece->text;
   }
   if (reply.cut || !done) {
@@ -276,6 +290,7 @@ struct RolloutLoad::Impl {
     plan.replica = static_cast<int>(rng.Below(static_cast<uint64_t>(options.replicas)));
     r.via = gateway ? "gateway" : absl::StrCat("r", plan.replica);
     r.route = rng.Uniform() < 0.7 ? "generate" : "completions";
+    if (!options.route.empty()) r.route = options.route;
     r.stream = rng.Uniform() < 0.35;
     if (gateway && rng.Uniform() < 0.3) r.session = absl::StrCat("s", rng.Below(8));
     r.prompt = static_cast<int>(rng.Below(oracle.options().prompts.size()));
@@ -299,7 +314,7 @@ struct RolloutLoad::Impl {
     RequestRecord& r = plan.record;
     r.id = owner->next_id_.fetch_add(1) + 1;
     r.via = "gateway";
-    r.route = "generate";
+    r.route = options.route.empty() ? "generate" : options.route;
     r.probe = true;
     r.prompt = static_cast<int>(rng.Below(oracle.options().prompts.size()));
     r.max_tokens = kShortAnswer;
@@ -328,6 +343,7 @@ struct RolloutLoad::Impl {
       body["max_tokens"] = tokens;
       body["temperature"] = 0;
       body["ignore_eos"] = true;
+      if (options.return_token_ids) body["return_token_ids"] = true;
     }
     body["stream"] = r.stream;
     json::object constraint;
@@ -386,6 +402,7 @@ struct RolloutLoad::Impl {
         co_return reply;
       }
       reply.status = response->status;
+      reply.replica = std::string(response->headers.Get("x-stitch-replica").value_or(""));
       reply.body = std::move(response->body);
       co_return reply;
     }
@@ -397,6 +414,7 @@ struct RolloutLoad::Impl {
       co_return reply;
     }
     reply.status = stream->status();
+    reply.replica = std::string(stream->headers().Get("x-stitch-replica").value_or(""));
     const std::optional<std::string_view> type = stream->headers().Get("content-type");
     reply.event_stream =
         type.has_value() && type->find("text/event-stream") != std::string_view::npos;
@@ -432,8 +450,61 @@ struct RolloutLoad::Impl {
     co_return reply;
   }
 
+  // The replica that answered: the one sent to, or the one the gateway
+  // named.
+  std::string ServedBy(const RequestRecord& r, const Reply& reply) {
+    if (r.via != "gateway") return r.via;
+    if (reply.replica.empty()) return "";
+    for (int i = 0; i < options.replicas; ++i) {
+      if (targets.sidecar(i) == reply.replica) return absl::StrCat("r", i);
+    }
+    return "";
+  }
+
+  // Judges an answer of the real engine's replica with the external judge.
+  void JudgeExternally(RequestRecord& r) {
+    if (r.tokens.empty() && r.max_tokens > 0) {
+      r.verdict = Verdict::kUnjudged;
+      r.error = "the answer carries no token ids for the judge";
+      return;
+    }
+    std::optional<VersionSpans> spans;
+    if (!r.spans.empty() && r.spans != "unknown") {
+      absl::StatusOr<VersionSpans> parsed = ParseSpans(r.spans, *r.start, *r.end);
+      if (!parsed.ok()) {
+        r.spans_check = absl::StrCat("wrong: ", parsed.status().message());
+      } else {
+        spans = *std::move(parsed);
+      }
+    } else if (r.spans == "unknown") {
+      r.spans_check = "unknown";
+    }
+    absl::StatusOr<ExternalJudgement> j =
+        targets.judge->Judge(oracle.options().prompts[static_cast<size_t>(r.prompt)], r.tokens,
+                             r.max_tokens, *r.start, *r.end, spans.has_value() ? &*spans : nullptr);
+    if (!j.ok()) {
+      r.verdict = Verdict::kUnjudged;
+      r.error = absl::StrCat("the transformers judge: ", j.status().message());
+      return;
+    }
+    r.verdict = j->judgement.verdict;
+    r.versions = j->judgement.versions;
+    r.switch_at = j->judgement.switch_at;
+    r.matches = j->judgement.matches;
+    if (j->spans_explain.has_value()) {
+      r.spans_check = *j->spans_explain
+                          ? "exact"
+                          : "wrong: the versions they name, switching where they say, do not "
+                            "produce the answer";
+    }
+  }
+
   void Judge(RequestRecord& r) {
     if (r.outcome != Outcome::kAnswered || !r.start.has_value() || !r.end.has_value()) return;
+    if (targets.judge != nullptr && r.served_by == absl::StrCat("r", targets.judged_replica)) {
+      JudgeExternally(r);
+      return;
+    }
     const Judgement j = r.route == "generate"
                             ? oracle.JudgeTokens(r.prompt, r.max_tokens, r.tokens, *r.start, *r.end)
                             : oracle.JudgeText(r.prompt, r.max_tokens, r.text, *r.start, *r.end);
@@ -476,6 +547,7 @@ struct RolloutLoad::Impl {
     record.done_s = targets.now();
     co_await RunBlocking(judges, [this, &record, &reply] {
       ReadReply(reply, record);
+      record.served_by = ServedBy(record, reply);
       Judge(record);
       history.Write(record);
     });

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 
 #include "stitch/chaos/history.h"
+#include "stitch/chaos/judge.h"
 #include "stitch/chaos/oracle.h"
 
 namespace stitch {
@@ -47,6 +48,7 @@ struct Reply {
   bool left = false;  // the client left before the end, on purpose
   bool stream = false;
   bool event_stream = false;        // the answer was text/event-stream
+  std::string replica;              // X-Stitch-Replica: the sidecar the gateway relayed to
   std::string body;                 // a whole answer
   std::vector<std::string> events;  // a stream's data fields, in order
   bool cut = false;                 // the stream broke off (no proper end of body)
@@ -54,8 +56,8 @@ struct Reply {
 
 // Reads `reply` to a request of `record.route` into `record`: its status,
 // outcome, error, stamps and output (tokens for "generate", text for
-// "completions"). Outcomes: kClientLeft when the client left; kRetryable for
-// a 409, a 429, a 503, a failed call, a stream cut short or ended by an
+// "completions", and its token_ids when the engine gave them). Outcomes: kClientLeft when the
+// client left; kRetryable for a 409, a 429, a 503, a failed call, a stream cut short or ended by an
 // error event; kAnswered for a 200 whose answer (every event of a stream)
 // is stamped with weight_version_start and _end, the start constant and the
 // end never decreasing; kFailed for anything else, saying why.
@@ -79,6 +81,13 @@ struct RolloutLoadOptions {
   std::chrono::milliseconds timeout{60000};
   std::string session_header = "X-Session-Id";
   std::string auth_token;  // sent as "Authorization: Bearer ..." when set
+  // Empty: each request draws SGLang's /generate or OpenAI's
+  // /v1/completions. "generate" or "completions": every request and probe
+  // uses that one (a fleet with a real engine that serves only one of them).
+  std::string route;
+  // /v1/completions asks for the output's token ids too (vLLM's
+  // return_token_ids), for the transformers judge.
+  bool return_token_ids = false;
 };
 
 class RolloutLoad {
@@ -88,6 +97,11 @@ class RolloutLoad {
     std::function<std::string(int)> sidecar;
     std::function<int64_t()> pointer;  // the pointer as the harness knows it
     std::function<double()> now;       // the run's clock, seconds
+    // The answers replica `judged_replica` served (straight, or relayed by
+    // the gateway) are judged by `judge` instead of the oracle: a real
+    // engine's, which the reference engine's numbers do not explain.
+    ExternalJudge* judge = nullptr;
+    int judged_replica = -1;
   };
 
   // `oracle` and `history` must outlive the load.

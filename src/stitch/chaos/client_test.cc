@@ -153,5 +153,41 @@ TEST(ReadReplyTest, AStreamedCompletionIsItsDeltasJoined) {
   EXPECT_EQ(c.end, 3);
 }
 
+// vLLM's return_token_ids: each event carries its own tokens, which the
+// transformers judge reads; /generate's output_ids are cumulative instead.
+TEST(ReadReplyTest, ACompletionsTokenIdsAreKeptAndAStreamsAreJoined) {
+  const RequestRecord whole = Read(
+      "completions",
+      Whole(
+          200,
+          R"({"choices":[{"text":"Hi","token_ids":[72,105]}],"weight_version_start":2,"weight_version_end":2})"));
+  EXPECT_EQ(whole.outcome, Outcome::kAnswered);
+  EXPECT_THAT(whole.tokens, ElementsAre(72, 105));
+  const RequestRecord streamed = Read(
+      "completions",
+      Stream(
+          {R"({"choices":[{"text":"H","token_ids":[72]}],"weight_version_start":2,"weight_version_end":2})",
+           R"({"choices":[{"text":"i!","token_ids":[105,33]}],"weight_version_start":2,"weight_version_end":3})",
+           "[DONE]"}));
+  EXPECT_EQ(streamed.outcome, Outcome::kAnswered);
+  EXPECT_THAT(streamed.tokens, ElementsAre(72, 105, 33));
+  EXPECT_EQ(streamed.text, "Hi!");
+  const RequestRecord generate = Read(
+      "generate",
+      Stream(
+          {R"({"output_ids":[72],"meta_info":{"weight_version_start":2,"weight_version_end":2}})",
+           R"({"output_ids":[72,105],"meta_info":{"weight_version_start":2,"weight_version_end":2}})",
+           "[DONE]"}));
+  EXPECT_THAT(generate.tokens, ElementsAre(72, 105));
+  EXPECT_THAT(
+      Read(
+          "completions",
+          Whole(
+              200,
+              R"({"choices":[{"text":"H","token_ids":["x"]}],"weight_version_start":2,"weight_version_end":2})"))
+          .outcome,
+      Outcome::kFailed);
+}
+
 }  // namespace
 }  // namespace stitch

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "stitch/demo/engine_command.h"
 #include "stitch/demo/fleet.h"
 #include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
@@ -65,6 +66,11 @@ bool Healthy(const std::string& url) {
 std::string ReplicaMode(int replica) {
   static constexpr const char* kModes[] = {"cpu", "disk", "stock"};
   return kModes[replica % 3];
+}
+
+std::string ChaosFleet::Mode(int replica) const {
+  if (replica == 0 && !options_.real_engine.empty()) return options_.real_engine;
+  return ReplicaMode(replica);
 }
 
 ChaosFleet::ChaosFleet(ProcessSupervisor& supervisor, ChaosFleetOptions options,
@@ -134,8 +140,12 @@ std::vector<std::string> ChaosFleet::Args(const Proc& p) const {
       launch.local_checkpoint = options_.dir / "replicas" / absl::StrCat("r", p.replica) / "local";
       launch.reconcile_interval_s = options_.reconcile_interval_s;
       launch.port = p.port;
-      const std::string mode = ReplicaMode(p.replica);
-      launch.engine = mode == "stock" ? "sglang-stock" : "sglang";
+      const std::string mode = Mode(p.replica);
+      if (mode == "vllm") {
+        launch.engine = "vllm";
+      } else {
+        launch.engine = mode == "stock" || mode == "sglang" ? "sglang-stock" : "sglang";
+      }
       launch.update_mode = mode == "cpu" ? "cpu" : "disk";
       launch.extra = options_.sidecar_args;
       return SidecarArgs(launch);
@@ -161,10 +171,56 @@ std::vector<std::string> ChaosFleet::Args(const Proc& p) const {
   return {};
 }
 
+absl::Status ChaosFleet::LaunchRealEngine(Proc& p) {
+  EngineCommandValues values;
+  values.model = options_.base_checkpoint.string();
+  values.name = absl::StrCat("r", p.replica);
+  values.dir = (options_.dir / "replicas" / values.name).string();
+  std::error_code ec;
+  fs::create_directories(values.dir, ec);
+  {
+    absl::MutexLock lock(&mu_);
+    values.port = p.port;
+  }
+  if (values.port == 0) {  // the first start; restarts keep the port
+    absl::StatusOr<int> port = PickEnginePort({});
+    if (!port.ok()) return port.status();
+    values.port = *port;
+  }
+  absl::StatusOr<std::string> command = ExpandEngineCommand(options_.real_engine_command, values);
+  if (!command.ok()) return command.status();
+  for (const std::string& arg : options_.engine_args) {
+    absl::StrAppend(&*command, " ", ShellQuote(arg));
+  }
+  // The engine's own temporary files (a killed vLLM leaves its IPC sockets
+  // and compile caches) go to a directory of its own, apart from the run's
+  // tmp/, which must end empty.
+  const fs::path tmp = options_.dir / "engine-tmp" / values.name;
+  fs::create_directories(tmp, ec);
+  *command = absl::StrCat("export TMPDIR=", ShellQuote(tmp.string()), "; ", *command);
+  int instance = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    instance = ++p.instance;
+  }
+  const fs::path log =
+      options_.dir / "logs" /
+      absl::StrCat(absl::StrReplaceAll(p.name, {{" ", "-"}}), ".", instance, ".log");
+  absl::StatusOr<int> pid = supervisor_.StartProgram(p.name, "/bin/sh", {"-c", *command}, log);
+  if (!pid.ok()) return pid.status();
+  absl::MutexLock lock(&mu_);
+  p.pid = *pid;
+  p.port = values.port;
+  p.url = absl::StrCat("http://", values.host, ":", values.port);
+  started_.push_back({p.name, instance, *pid});
+  return absl::OkStatus();
+}
+
 absl::Status ChaosFleet::Launch(Proc& p) {
   const fs::path logs = options_.dir / "logs";
   std::error_code ec;
   fs::create_directories(logs, ec);
+  if (IsRealEngine(p)) return LaunchRealEngine(p);
   absl::Status last;
   for (int attempt = 0; attempt < kLaunchAttempts; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(kLaunchRetryEvery);

@@ -54,6 +54,14 @@ struct ChaosFleetOptions {
   std::filesystem::path python;
   std::filesystem::path moto_script;
   std::chrono::milliseconds start_timeout = std::chrono::seconds(60);
+  // Replica 0's engine is a real one when set: "vllm" or "sglang", started
+  // by `real_engine_command` (a template, demo/engine_command.h, given
+  // engine_args after it) instead of `stitch engine`, behind a sidecar that
+  // talks to it as that engine ("vllm", or "sglang-stock") and stages
+  // versions on disk for it. Its sidecar waits for it to load. Its TMPDIR
+  // is engine-tmp/r0 under the run directory.
+  std::string real_engine;
+  std::string real_engine_command;
 };
 
 // Which process of the fleet.
@@ -106,6 +114,9 @@ class ChaosFleet {
   std::string s3_endpoint() const;
   std::filesystem::path pool_file() const { return options_.dir / "replicas.txt"; }
   int replicas() const { return options_.replicas; }
+  // How replica `replica` stages versions (ReplicaMode), or which real
+  // engine it runs.
+  std::string Mode(int replica) const;
 
   // The processes running now.
   std::vector<FleetProcess> Processes() const;
@@ -135,6 +146,12 @@ class ChaosFleet {
   std::vector<std::string> Args(const Proc& p) const;
   // Starts `p` (its op held) on p.port (0: any) and waits for its URL.
   absl::Status Launch(Proc& p);
+  // Starts the real engine (its op held) on p.port (0: one picked once);
+  // its sidecar is the one that waits for it.
+  absl::Status LaunchRealEngine(Proc& p);
+  bool IsRealEngine(const Proc& p) const {
+    return p.role == Role::kEngine && p.replica == 0 && !options_.real_engine.empty();
+  }
   absl::Status WritePoolFile();
   void SuperviseLoop();
   // Restarts `p` when it exited and no fault holds it down. Its `op` is held.

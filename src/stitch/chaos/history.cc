@@ -70,6 +70,7 @@ json::object ToObject(const RequestRecord& r) {
   o["type"] = "request";
   o["id"] = r.id;
   o["via"] = r.via;
+  if (!r.served_by.empty()) o["served_by"] = r.served_by;
   o["route"] = r.route;
   o["stream"] = r.stream;
   if (!r.session.empty()) o["session"] = r.session;
@@ -340,6 +341,7 @@ absl::StatusOr<HistoryEntry> ReadRequest(Reader& r) {
   RequestRecord q;
   q.id = r.Int("id", true);
   q.via = r.String("via", true);
+  q.served_by = r.String("served_by");
   q.route = r.String("route", true);
   q.stream = r.Bool("stream");
   q.session = r.String("session");

@@ -49,7 +49,10 @@ std::string_view VerdictName(Verdict verdict);
 
 struct RequestRecord {
   int64_t id = 0;
-  std::string via;    // "gateway", or the replica ("r1") when sent to its sidecar
+  std::string via;  // "gateway", or the replica ("r1") when sent to its sidecar
+  // The replica that answered ("r1"): `via`, or the one the gateway named in
+  // X-Stitch-Replica; empty when unknown.
+  std::string served_by;
   std::string route;  // "generate" (SGLang) or "completions" (OpenAI)
   bool stream = false;
   std::string session;  // the session header's value; empty for none
@@ -65,7 +68,7 @@ struct RequestRecord {
   std::optional<int64_t> end;    // weight_version_end
   int prompt = -1;
   int64_t max_tokens = 0;       // tokens asked for (greedy, ignore_eos)
-  std::vector<int32_t> tokens;  // route generate: output_ids
+  std::vector<int32_t> tokens;  // route generate: output_ids; completions: token_ids, if any
   std::string text;             // route completions: the text
   int events = 0;               // streamed events received
   Verdict verdict = Verdict::kNone;

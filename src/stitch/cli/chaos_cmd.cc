@@ -19,6 +19,7 @@
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/stop_signals.h"
+#include "stitch/demo/engine_command.h"
 
 namespace stitch {
 namespace {
@@ -47,6 +48,22 @@ int RunChaosCommand(ChaosFlags& flags) {
     refused = absl::StrCat("--store must be fs or s3 (got \"", options.store, "\")");
   } else if (options.replicas < 2 || options.replicas > 16) {
     refused = absl::StrCat("--replicas must be between 2 and 16 (got ", options.replicas, ")");
+  } else if (options.engine != "reference" && options.engine != "vllm" &&
+             options.engine != "sglang") {
+    refused =
+        absl::StrCat("--engine must be reference, vllm or sglang (got \"", options.engine, "\")");
+  } else if (options.engine != "reference") {
+    if (absl::Status s = CheckEngineCommand(options.engine_command); !s.ok()) {
+      refused = absl::StrCat("--engine ", options.engine, " needs --engine-cmd: ", s.message());
+    } else if (::access(options.judge_python.c_str(), X_OK) != 0 ||
+               ::access(options.judge_script.c_str(), R_OK) != 0) {
+      refused = absl::StrCat(
+          "--engine ", options.engine, " needs the engine's Python, with transformers (",
+          "--judge-python ", options.judge_python.string(), "), and the judge (--judge-script ",
+          options.judge_script.string(), "); run scripts/install-engines ", options.engine);
+    }
+  } else if (!options.engine_command.empty()) {
+    refused = "--engine-cmd needs --engine vllm or --engine sglang";
   }
   if (!refused.empty()) {
     ReportFailure(absl::InvalidArgumentError(absl::StrCat("chaos: ", refused)));
@@ -96,6 +113,20 @@ void AddChaosCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--moto-script", flags.options.moto_script,
                   "tests/s3_moto.py, which runs the S3 server, for --store s3")
+      ->capture_default_str();
+  flags.options.judge_script = "tests/engines/chaos_judge.py";
+  cmd->add_option("--engine", flags.options.engine,
+                  "reference: every replica on the reference engine; vllm or sglang: replica r0 on "
+                  "that real engine, started by --engine-cmd, its answers judged by transformers")
+      ->capture_default_str();
+  cmd->add_option("--engine-cmd", flags.options.engine_command,
+                  "The real engine's command, a template run with /bin/sh -c: {model} and {port} "
+                  "(required), {host}, {served_model_name}, {name}, {dir}; the engine's API key "
+                  "follows as --api-key KEY");
+  cmd->add_option("--judge-python", flags.options.judge_python,
+                  "The real engine's Python (with torch and transformers), which runs the judge");
+  cmd->add_option("--judge-script", flags.options.judge_script,
+                  "tests/engines/chaos_judge.py, the transformers judge")
       ->capture_default_str();
   cmd->callback([exit_code] { *exit_code = RunChaosCommand(flags); });
 }
