@@ -307,6 +307,11 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--reconcile-interval", flags.reconcile_interval_s,
                   "Seconds between backstop reconciles (0 disables them)")
       ->capture_default_str();
+  cmd->add_option("--reconcile-max-interval", flags.reconcile_max_interval_s,
+                  "Seconds the backstop backs off to (doubling, with jitter) while the replica "
+                  "stays at the pointer; publishes wake it at once (at most --reconcile-interval "
+                  "disables the backoff)")
+      ->capture_default_str();
   cmd->add_option("--store-outage-limit", flags.store_outage_limit_s,
                   "Seconds the store's pointer may stay unreadable before the replica leaves "
                   "rotation until caught up again (0: never)")

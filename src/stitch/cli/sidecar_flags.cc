@@ -217,6 +217,8 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
 
   auto reconcile = Seconds(flags.reconcile_interval_s, "--reconcile-interval");
   if (!reconcile.ok()) return reconcile.status();
+  auto reconcile_max = Seconds(flags.reconcile_max_interval_s, "--reconcile-max-interval");
+  if (!reconcile_max.ok()) return reconcile_max.status();
   auto outage = Seconds(flags.store_outage_limit_s, "--store-outage-limit");
   if (!outage.ok()) return outage.status();
   auto watchdog = Seconds(flags.watchdog_interval_s, "--watchdog-interval");
@@ -247,6 +249,7 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   config.reconciler.commit_mode = *commit;
   config.reconciler.flush_cache_on_commit = flags.flush_cache_on_commit;
   config.reconciler.reconcile_interval = *reconcile;
+  config.reconciler.reconcile_max_interval = *reconcile_max;
   config.reconciler.store_outage_limit = *outage;
   config.watchdog.interval = *watchdog;
   config.watchdog.threshold = static_cast<int>(flags.watchdog_threshold);

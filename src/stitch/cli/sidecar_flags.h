@@ -53,6 +53,7 @@ struct SidecarFlags {
   // stream, for exact version spans) or "relay".
   std::string whole_generate = "stream";
   double reconcile_interval_s = 5;
+  double reconcile_max_interval_s = 30;
   double store_outage_limit_s = 30;
   double watchdog_interval_s = 1;
   int64_t watchdog_threshold = 15;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -243,11 +244,41 @@ awaitable<absl::Status> Reconciler::CheckEngine(std::chrono::milliseconds timeou
 
 // The loops ------------------------------------------------------------------
 
+void Reconciler::ScheduleBackstop() {
+  const Clock::Duration base = options_.reconcile_interval;
+  Clock::Duration period = base;
+  if (idle_passes_ >= 2 && options_.reconcile_max_interval > base) {
+    // SplitMix64: a fleet started at once spreads out, deterministically
+    // per replica seed.
+    jitter_state_ += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = jitter_state_;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    const double jitter = 0.8 + 0.4 * static_cast<double>(z >> 11) / 9007199254740992.0;
+    const int doublings = std::min(idle_passes_ - 1, 16);
+    const double seconds =
+        std::chrono::duration<double>(base).count() * static_cast<double>(1 << doublings) * jitter;
+    period = std::min<Clock::Duration>(
+        options_.reconcile_max_interval,
+        std::chrono::duration_cast<Clock::Duration>(std::chrono::duration<double>(seconds)));
+  }
+  next_backstop_ = clock_.Now() + period;
+}
+
 awaitable<void> Reconciler::Backstop() {
+  // Sleeps at most one base period at a time, so that a pass that ends the
+  // backoff (next_backstop_ moved closer) takes effect within one.
+  next_backstop_ = clock_.Now() + options_.reconcile_interval;
   while (!stopping_ && terminal_.ok()) {
-    co_await clock_.SleepFor(options_.reconcile_interval);
-    if (stopping_) break;
-    Wake();
+    const Clock::Duration left = next_backstop_ - clock_.Now();
+    if (left <= Clock::Duration::zero()) {
+      next_backstop_ = clock_.Now() + options_.reconcile_interval;  // until the pass says more
+      Wake();
+      co_await clock_.SleepFor(options_.reconcile_interval);
+    } else {
+      co_await clock_.SleepFor(std::min(left, options_.reconcile_interval));
+    }
   }
 }
 
@@ -298,6 +329,8 @@ awaitable<void> Reconciler::Loop() {
     }
     if (result == PassResult::kTerminal) break;
     if (result == PassResult::kMore) wake_pending_ = true;
+    idle_passes_ = result == PassResult::kCaughtUp ? std::min(idle_passes_ + 1, 1000) : 0;
+    ScheduleBackstop();
   }
 }
 

@@ -76,6 +76,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -107,6 +108,15 @@ struct ReconcilerOptions {
   bool flush_cache_on_commit = false;
   // The backstop period; zero disables it.
   Clock::Duration reconcile_interval = std::chrono::seconds(5);
+  // Idle backoff: after each pass in a row that found the replica already at
+  // the pointer, the backstop's period doubles, up to this, with jitter
+  // (x0.8 to x1.2 once it has doubled) so that a fleet's reads of the
+  // pointer spread out; any other pass (one that moved the replica, failed,
+  // or verified the engine) brings it back to reconcile_interval at once. A
+  // publish's wake, or a request refused for being ahead, runs a pass
+  // whatever the period: the backoff only delays noticing a publish whose
+  // wake was lost. At most reconcile_interval disables it.
+  Clock::Duration reconcile_max_interval = std::chrono::seconds(30);
   // How long the store's pointer may stay unreadable (reads failing, or one
   // read hanging) before the replica leaves rotation: it can no longer tell
   // how far behind the pointer it is (a host cut off from the store). It
@@ -276,6 +286,14 @@ class Reconciler {
   std::unique_ptr<LoopSignal> wake_;
   std::unique_ptr<LoopSignal> ended_;
   bool wake_pending_ = false;
+  // Idle backoff (ReconcilerOptions::reconcile_max_interval): passes in a
+  // row that found the replica at the pointer, and when the backstop wakes
+  // the loop next.
+  int idle_passes_ = 0;
+  Clock::TimePoint next_backstop_{};
+  uint64_t jitter_state_ = std::random_device{}();
+  // Sets next_backstop_ from idle_passes_, counting from now.
+  void ScheduleBackstop();
   bool started_ = false;
   bool stopping_ = false;
 

@@ -613,6 +613,63 @@ TEST_F(ReconcilerTest, PeriodicReconcileRecoversAMissedWake) {
   });
 }
 
+// Idle replicas read the pointer less and less often (doubling, with
+// jitter, up to reconcile_max_interval); a publish whose wake is lost is still
+// caught within that bound, and a failed read brings the period back.
+TEST_F(ReconcilerTest, AnIdleReplicaBacksOffItsPointerReadsAndAFailureEndsTheBackoff) {
+  Full(3);
+  Full(5);
+  SetPointer(Ref("r1", 3));
+  ReconcilerOptions options;
+  options.reconcile_interval = std::chrono::seconds(5);
+  options.reconcile_max_interval = std::chrono::seconds(40);
+  Build(options);
+  // Each second, whatever pass it started ends before the next.
+  auto run_for = [&](int seconds) -> awaitable<bool> {
+    for (int s = 0; s < seconds; ++s) {
+      clock_->Advance(std::chrono::seconds(1));
+      co_await Settle();
+      const bool ended = co_await Until([&] {
+        return reconciler_->sync_state() == SyncState::kIdle ||
+               reconciler_->sync_state() == SyncState::kError;
+      });
+      if (!ended) co_return false;
+    }
+    co_return true;
+  };
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(3); }));
+    int reads = store_->refreshes();
+    CO_ASSERT(co_await run_for(600));
+    const int idle_reads = store_->refreshes() - reads;
+    // Without the backoff, one read every 5 s: 120. With it: 5, 10 and 20 s
+    // (x0.8 to x1.2), then never more than 40 s apart and never less than 32.
+    EXPECT_GE(idle_reads, 600 / 40);
+    EXPECT_LE(idle_reads, 600 / 32 + 4);
+    // A publish whose wake is lost is caught within the longest period.
+    SetPointer(Ref("r1", 5));
+    int waited = 0;
+    reads = store_->refreshes();
+    while (store_->refreshes() == reads && waited < 41) {
+      CO_ASSERT(co_await run_for(1));
+      ++waited;
+    }
+    EXPECT_LE(waited, 40);
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+    // Failed reads end the backoff: the next read comes one base period
+    // later, and so does the one after.
+    CO_ASSERT(co_await run_for(200));
+    store_->FailRefreshes(1000);
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == 1; }));
+    reads = store_->refreshes();
+    CO_ASSERT(co_await run_for(20));
+    EXPECT_GE(store_->refreshes() - reads, 3);
+    store_->FailRefreshes(0);
+  });
+}
+
 TEST_F(ReconcilerTest, IntervalZeroDisablesTheBackstop) {
   Full(3);
   Full(5);
