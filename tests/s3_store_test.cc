@@ -2,6 +2,9 @@
 // request's SigV4 signature and honours conditional writes).
 #include <gtest/gtest.h>
 
+#include <thread>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
@@ -390,6 +393,44 @@ TEST_F(S3Test, MaterializeDownloadsTheChainOnce) {
   auto holed = MaterializeChain(*store, 6, std::nullopt);
   EXPECT_TRUE(absl::IsNotFound(holed.status())) << holed.status().message();
   EXPECT_TRUE(absl::StrContains(holed.status().message(), "weight_v000005"));
+}
+
+// Replicas on one host given one --cache-dir download each version once
+// between them: concurrent materializations of one chain (each store object
+// as a replica process: the cache's lock is an flock, which separate opens
+// contend for as separate processes do) fetch every payload file once, and
+// each sees the complete version.
+TEST_F(S3Test, ReplicasSharingACacheDownloadEachVersionOnceBetweenThem) {
+  auto publisher = Open("run-a");
+  ASSERT_NE(publisher, nullptr);
+  auto v1 = WriteTestVersion(tmp() / "src", 1);  // FULL, 2 shards
+  ASSERT_TRUE(v1.ok());
+  ASSERT_TRUE(publisher->PublishFiles(1, *v1).ok());
+  ASSERT_TRUE(publisher->PublishFiles(2, WriteDeltaVersion(tmp() / "src", 2, 2)).ok());
+  constexpr int kReplicas = 8;
+  std::vector<std::unique_ptr<S3Store>> replicas;
+  for (int i = 0; i < kReplicas; ++i) {
+    replicas.push_back(Open("run-a"));
+    ASSERT_NE(replicas.back(), nullptr);
+  }
+  std::vector<absl::StatusOr<std::vector<ChainLink>>> chains(kReplicas,
+                                                             absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kReplicas; ++i) {
+    threads.emplace_back([&, i] { chains[i] = MaterializeChain(*replicas[i], 2, std::nullopt); });
+  }
+  for (std::thread& t : threads) t.join();
+  int64_t downloaded = 0;
+  for (int i = 0; i < kReplicas; ++i) {
+    ASSERT_TRUE(chains[i].ok()) << i << ": " << chains[i].status().message();
+    ASSERT_EQ(chains[i]->size(), 2u);
+    EXPECT_EQ(ReadFile((*chains[i])[0].dir / TestShardName({}, 1)),
+              ReadFile(*v1 / TestShardName({}, 1)));
+    EXPECT_EQ(ReadFile((*chains[i])[1].dir / "delta-1.safetensors"), "delta bytes 2/1");
+    downloaded += replicas[i]->payload_files_downloaded();
+  }
+  // Two shards of v1 and two delta files of v2: once each, not 8 times.
+  EXPECT_EQ(downloaded, 4);
 }
 
 TEST_F(S3Test, UnsafeKeyIsRefused) {
