@@ -12,7 +12,7 @@ SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*
 
 .PHONY: all deps build test test-asan test-multihost test-engines fuzz format format-check lint
 .PHONY: thread-safety
-.PHONY: bench clean demo demo-vllm chaos chaos-short
+.PHONY: bench bench-fleet clean demo demo-vllm chaos chaos-short
 .PHONY: python-install python-test
 
 all: build
@@ -133,9 +133,17 @@ chaos-short: build
 	$(STITCH_CHAOS) --seed random --minutes 0.75 --store s3
 
 bench: deps build python-install
-	@for b in $(BUILD)/bench/*_bench; do echo "== $$b"; "$$b" || exit 1; done
+	@for b in $(BUILD)/bench/*_bench; do \
+	  case $$b in */fleet_bench) continue;; esac; echo "== $$b"; "$$b" || exit 1; done
 	@echo "== bench/python_encode_bench.py"; $(PYTHON_VENV)/bin/python bench/python_encode_bench.py \
 	  --floor-lib $(BUILD)/bench/libencode_floor.so
+
+# Fleet scale on this machine (bench/fleet_bench.cc): N reference engines with
+# their sidecars, idle and following publishes, with the reconciler's idle
+# backoff off and on. FLEET_BENCH_FLAGS passes options (--replicas 1,16,64,256).
+FLEET_BENCH_FLAGS ?=
+bench-fleet: build
+	$(BUILD)/bench/fleet_bench --stitch $(BUILD)/src/stitch/cli/stitch $(FLEET_BENCH_FLAGS)
 
 format:
 	$(CLANG_FORMAT) -i $(SOURCES)

@@ -226,6 +226,8 @@ absl::StatusOr<std::string> LocalFleet::StartSidecar(Member& member, const std::
     launch.extra = {"--engine-start-timeout",
                     absl::StrCat(std::chrono::duration<double>(options_.ready_timeout).count())};
   }
+  launch.extra.insert(launch.extra.end(), options_.sidecar_extra.begin(),
+                      options_.sidecar_extra.end());
   auto sidecar =
       supervisor_.Start(absl::StrCat("sidecar ", name), SidecarArgs(launch), member.sidecar_log);
   if (!sidecar.ok()) return sidecar.status();

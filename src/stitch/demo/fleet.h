@@ -79,6 +79,8 @@ struct FleetOptions {
   std::chrono::milliseconds ready_timeout = std::chrono::seconds(600);
   // Sidecar backstop reconcile period; publishes also wake the fleet.
   double reconcile_interval_s = 0.5;
+  // More arguments for every sidecar (bench/fleet_bench's backoff flags).
+  std::vector<std::string> sidecar_extra;
   double gateway_poll_interval_s = 0.2;
   // Short: a request no replica can serve (an old exact version) gets its
   // 409 soon.

@@ -1,0 +1,308 @@
+// A fleet on this machine: N reference engines with their sidecars over a
+// filesystem store, first idle, then following a series of DELTA publishes
+// (`make bench-fleet`). For each N, with the reconciler's idle backoff off
+// (--reconcile-max-interval = --reconcile-interval) and on, it prints:
+//
+//   - idle pointer reads per replica per second (the sidecars' reconcile
+//     passes, one pointer read each, over a window after a warm-up), and the
+//     ratio of "on" to "off" measured in the same run;
+//   - publish -> whole fleet: from the start of each `stitch publish` (which
+//     writes the version, moves the pointer and wakes the pool) until a
+//     replica reports the version, p50, p95 and max over every replica and
+//     publish, and the max's ratio to the first fleet's (N = 1, backoff off).
+//
+// The processes are real (`stitch engine`, `stitch sidecar`, `stitch
+// publish`), as the demo starts them; on a 2-core machine 64 replicas are
+// 128 processes, so the publish times measure contention as much as the
+// design: run it where there are cores for the fleet.
+#include <stdlib.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "stitch/api/replica_client.h"
+#include "stitch/chaos/oracle.h"
+#include "stitch/core/version.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/demo/fleet.h"
+#include "stitch/demo/supervisor.h"
+#include "stitch/net/client.h"
+#include "stitch/publish/claim.h"
+#include "stitch/refengine/init_model.h"
+#include "stitch/store/store.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace stitch {
+namespace {
+
+struct Settings {
+  std::string stitch = "build/src/stitch/cli/stitch";
+  std::string replicas = "1,16,64";
+  double interval_s = 1;
+  double max_interval_s = 8;
+  double warmup_s = 20;
+  double idle_s = 30;
+  int publishes = 3;
+};
+
+struct Result {
+  int replicas = 0;
+  bool backoff = false;
+  double idle_reads = 0;        // per replica per second
+  std::vector<double> reach_s;  // per replica and publish
+};
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+ModelConfig SmallModel() {
+  ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.vocab_size = 258;
+  c.max_position_embeddings = 256;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+std::vector<TensorView> Views(const std::vector<HostTensor>& tensors) {
+  std::vector<TensorView> views;
+  for (const HostTensor& t : tensors) views.push_back(t.view());
+  return views;
+}
+
+std::vector<std::string> PoolUrls(const fs::path& pool) {
+  std::vector<std::string> urls;
+  std::ifstream in(pool);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] != '#') urls.push_back(line);
+  }
+  return urls;
+}
+
+// The sum of every sidecar's reconcile passes (one pointer read each).
+absl::StatusOr<int64_t> Passes(const std::vector<std::string>& urls) {
+  int64_t total = 0;
+  for (const std::string& url : urls) {
+    auto response = HttpFetch("GET", url + "/metrics", {}, FetchOptions{});
+    if (!response.ok()) return response.status();
+    // The sample's line, not the HELP and TYPE lines naming it.
+    const std::string name = "\nstitch_sidecar_reconcile_passes_total ";
+    const size_t at = response->body.find(name);
+    double value = 0;
+    if (at == std::string::npos) {
+      return absl::InternalError(absl::StrCat(url, "/metrics has no reconcile passes"));
+    }
+    const size_t from = at + name.size();
+    if (!absl::SimpleAtod(response->body.substr(from, response->body.find('\n', from) - from),
+                          &value)) {
+      return absl::InternalError(absl::StrCat(url, "/metrics: reconcile passes unreadable"));
+    }
+    total += static_cast<int64_t>(value);
+  }
+  return total;
+}
+
+void SleepSeconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backoff) {
+  Result result;
+  result.replicas = replicas;
+  result.backoff = backoff;
+  std::string pattern = (fs::temp_directory_path() / "stitch-fleet-bench-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) return absl::InternalError("cannot make a directory");
+  const fs::path dir = pattern;
+  const std::string run = "bench";
+  OracleOptions versions;  // version v: the base with its LM head drawn from v
+  versions.config = SmallModel();
+  versions.seed = 7;
+  Oracle oracle(versions);
+  if (absl::Status s = WriteCheckpoint(dir / "base", versions.config, Views(oracle.Tensors(0)),
+                                       ExistingDir::kRefuse);
+      !s.ok()) {
+    return s;
+  }
+  const std::string store_uri = (dir / "store").string();
+  auto store = OpenStore(store_uri, StoreOptions{run, dir / "cache"});
+  if (!store.ok()) return store.status();
+  if (auto claimed = ClaimRun(**store, 0, nullptr); !claimed.ok()) return claimed.status();
+
+  ProcessSupervisor supervisor(fs::absolute(settings.stitch).string(), "fleet_bench");
+  FleetOptions options;
+  options.dir = dir;
+  options.store = store_uri;
+  options.run_id = run;
+  options.base_checkpoint = dir / "base";
+  options.reconcile_interval_s = settings.interval_s;
+  options.poll_every = std::chrono::milliseconds(1000);
+  options.sidecar_extra = {"--reconcile-max-interval",
+                           absl::StrCat(backoff ? settings.max_interval_s : settings.interval_s)};
+  absl::Status status;
+  {
+    LocalFleet fleet(supervisor, options, Clock::now(), nullptr);
+    for (int r = 0; r < replicas && status.ok(); ++r) status = fleet.StartReplica(false).status();
+    if (status.ok()) status = fleet.WaitReady(replicas);
+    const std::vector<std::string> urls = PoolUrls(fleet.pool_file());
+    if (status.ok() && static_cast<int>(urls.size()) != replicas) {
+      status = absl::InternalError("the pool file does not list every replica");
+    }
+    if (status.ok()) {
+      SleepSeconds(settings.warmup_s);
+      auto before = Passes(urls);
+      const auto t0 = Clock::now();
+      SleepSeconds(settings.idle_s);
+      auto after = Passes(urls);
+      if (!before.ok() || !after.ok()) {
+        status = before.ok() ? after.status() : before.status();
+      } else {
+        result.idle_reads = static_cast<double>(*after - *before) / Seconds(Clock::now() - t0) /
+                            static_cast<double>(replicas);
+      }
+    }
+    for (int v = 1; v <= settings.publishes && status.ok(); ++v) {
+      const fs::path version_dir = dir / "publish" / VersionDirName(v);
+      std::error_code made;
+      fs::create_directories(dir / "publish", made);
+      EncodeOptions encode;
+      encode.version = v;
+      encode.base_version = v - 1;
+      encode.run_id = run;
+      encode.threads = 1;
+      const std::vector<HostTensor> base = oracle.Tensors(v - 1);
+      const std::vector<HostTensor> target = oracle.Tensors(v);
+      if (auto encoded = EncodeDelta(Views(base), Views(target), version_dir, encode);
+          !encoded.ok()) {
+        status = encoded.status();
+        break;
+      }
+      const auto published = Clock::now();
+      auto pid = supervisor.Start(
+          absl::StrCat("publish v", v),
+          {"publish", "--store", store_uri, "--run-id", run, "--pool",
+           absl::StrCat("file:", fleet.pool_file().string()), version_dir.string()},
+          dir / absl::StrCat("publish-", v, ".log"));
+      if (!pid.ok()) {
+        status = pid.status();
+        break;
+      }
+      auto exited = supervisor.WaitForExit(*pid, std::chrono::seconds(120));
+      if (!exited.ok() || *exited != 0) {
+        status =
+            absl::InternalError(absl::StrCat("stitch publish of v", v, " failed; see ",
+                                             (dir / absl::StrCat("publish-", v, ".log")).string()));
+        break;
+      }
+      std::vector<std::optional<double>> reached(urls.size());
+      size_t left = urls.size();
+      ReplicaCallOptions call;
+      call.timeout = std::chrono::seconds(5);
+      while (left > 0 && Clock::now() - published < std::chrono::seconds(120)) {
+        std::vector<absl::StatusOr<ReplicaState>> states = ReadServerInfos(urls, call);
+        const double at = Seconds(Clock::now() - published);
+        for (size_t i = 0; i < urls.size(); ++i) {
+          if (reached[i].has_value() || !states[i].ok() || !states[i]->applied.has_value() ||
+              states[i]->applied->version < v) {
+            continue;
+          }
+          reached[i] = at;
+          --left;
+        }
+        if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (left > 0) {
+        status = absl::DeadlineExceededError(
+            absl::StrCat(left, " replicas did not reach v", v, " within 120 s"));
+        break;
+      }
+      for (const auto& r : reached) result.reach_s.push_back(*r);
+    }
+    (void)fleet.Finish();
+  }
+  supervisor.StopAll(std::chrono::seconds(10));
+  std::error_code ec;
+  if (status.ok()) fs::remove_all(dir, ec);
+  if (!status.ok()) {
+    return absl::Status(
+        status.code(), absl::StrCat(status.message(), " (run directory kept: ", dir.string(), ")"));
+  }
+  return result;
+}
+
+}  // namespace
+}  // namespace stitch
+
+int main(int argc, char** argv) {
+  using namespace stitch;
+  Settings settings;
+  CLI::App app{"Fleet scale: idle pointer reads and publish -> whole fleet, backoff off and on"};
+  app.add_option("--stitch", settings.stitch, "The stitch binary")->capture_default_str();
+  app.add_option("--replicas", settings.replicas, "Fleet sizes, comma-separated")
+      ->capture_default_str();
+  app.add_option("--interval", settings.interval_s, "--reconcile-interval of every sidecar")
+      ->capture_default_str();
+  app.add_option("--max-interval", settings.max_interval_s,
+                 "--reconcile-max-interval with the backoff on")
+      ->capture_default_str();
+  app.add_option("--warmup", settings.warmup_s, "Seconds idle before the idle window")
+      ->capture_default_str();
+  app.add_option("--idle", settings.idle_s, "Seconds of the idle window")->capture_default_str();
+  app.add_option("--publishes", settings.publishes, "DELTA publishes per fleet")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<int> sizes;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(settings.replicas, ','))) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1) {
+      std::cerr << "fleet_bench: --replicas must list positive numbers (got \"" << settings.replicas
+                << "\")\n";
+      return 2;
+    }
+    sizes.push_back(n);
+  }
+  std::printf(
+      "fleet_bench: reference engines behind sidecars over a filesystem store; "
+      "--reconcile-interval %.1f s, backoff to %.1f s when on; idle window %.0f s after %.0f s\n",
+      settings.interval_s, settings.max_interval_s, settings.idle_s, settings.warmup_s);
+  std::printf("%9s  %7s  %22s  %10s  %28s  %12s\n", "replicas", "backoff", "idle reads/replica/s",
+              "on / off", "publish -> fleet p50/p95/max", "max / N=1's");
+  std::optional<double> first_max;
+  for (int n : sizes) {
+    std::optional<double> off_reads;
+    for (bool backoff : {false, true}) {
+      absl::StatusOr<Result> r = RunOne(settings, n, backoff);
+      if (!r.ok()) {
+        std::cerr << "fleet_bench: " << n << " replicas: " << r.status().message() << "\n";
+        return 1;
+      }
+      const double max = Percentile(r->reach_s, 100);
+      if (!first_max.has_value()) first_max = max;
+      if (!backoff) off_reads = r->idle_reads;
+      std::printf("%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f\n", n,
+                  backoff ? "on" : "off", r->idle_reads,
+                  backoff && off_reads.value_or(0) > 0
+                      ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
+                      : "-",
+                  Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
+                  *first_max > 0 ? max / *first_max : 0.0);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
