@@ -199,7 +199,15 @@ class HistoryCheck {
         ++f_.judged_crossed;
         break;
       case Verdict::kUnjudged:
-        ++f_.unjudged;
+        // The oracle's search running out of budget leaves an answer
+        // unjudged; a judge that failed (the reason is in the record's
+        // error) fails the run.
+        if (r.error.empty()) {
+          ++f_.unjudged;
+        } else {
+          ++f_.judge_failed;
+          Example(judge_failed_, absl::StrCat(Describe(r), ": ", r.error));
+        }
         break;
       case Verdict::kMismatch:
       case Verdict::kNone:
@@ -318,6 +326,9 @@ class HistoryCheck {
           absl::StrCat(f_.mislabelled,
                        " answers' labels disagree with the weights that produced them"),
           mislabelled_);
+    Check(f_.judge_failed == 0,
+          absl::StrCat(f_.judge_failed, " answers could not be judged (the judge failed)"),
+          judge_failed_);
     Check(f_.spans_wrong == 0,
           absl::StrCat(f_.spans_wrong,
                        " answers' version spans disagree with the weights that "
@@ -392,7 +403,7 @@ class HistoryCheck {
   std::vector<std::string> incomplete_pointers_;
   // Examples behind each check, at most options_.max_examples of each.
   std::vector<std::string> violations_, unpublished_, mislabelled_, failed_, wrong_spans_,
-      unrecovered_;
+      unrecovered_, judge_failed_;
 };
 
 // The figures' table of fault kinds: how many were injected, the requests

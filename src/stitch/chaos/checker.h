@@ -81,6 +81,9 @@ struct ChaosFigures {
   int64_t judged_same = 0;
   int64_t judged_crossed = 0;
   int64_t unjudged = 0;
+  // Answered, but the judge could not judge them (the transformers judge
+  // failed, or the answer carried no token ids for it): never a pass.
+  int64_t judge_failed = 0;
   // Answers' version spans: explained by the weights (of which across a
   // commit: more than one span), "unknown", and wrong (must be 0).
   int64_t spans_exact = 0;

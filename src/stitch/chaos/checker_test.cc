@@ -155,6 +155,23 @@ TEST(CheckerTest, AnswersFromUnpublishedVersionsAndWrongLabelsAreCounted) {
   EXPECT_THAT(FormatFigures(f), HasSubstr("it is v1's greedy output"));
 }
 
+// An answer the judge could not judge (the transformers judge failed) is
+// never a pass: unlike one the oracle's search gave up on, it fails the run.
+TEST(CheckerTest, AnswersTheJudgeFailedOnFailTheRun) {
+  std::vector<HistoryEntry> h = CleanHistory();
+  RequestRecord failed = Answered(40, 5, 2, 2);
+  failed.verdict = Verdict::kUnjudged;
+  failed.served_by = "r0";
+  failed.error = "the transformers judge: the judge exited";
+  h.insert(h.begin() + 1, failed);
+  const ChaosFigures f = CheckHistory(h);
+  EXPECT_EQ(f.judge_failed, 1);
+  EXPECT_EQ(f.unjudged, 0);
+  ASSERT_EQ(f.failures.size(), 1u);
+  EXPECT_THAT(f.failures[0], HasSubstr("could not be judged"));
+  EXPECT_THAT(FormatFigures(f), HasSubstr("the judge exited"));
+}
+
 // Spans the weights explain are counted; spans they do not fail the run.
 TEST(CheckerTest, VersionSpansAreCountedAndWrongOnesFail) {
   std::vector<HistoryEntry> h = CleanHistory();
