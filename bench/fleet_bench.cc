@@ -11,6 +11,12 @@
 //     replica reports the version, p50, p95 and max over every replica and
 //     publish, and the max's ratio to the first fleet's (N = 1, backoff off).
 //
+//   - with --store s3 (a local S3 server, moto): the bytes the whole fleet
+//     downloaded from the store per version (the sidecars'
+//     store_bytes_downloaded_total), and their ratio to the version's size;
+//     with --hosts H the replicas share a version cache per simulated host
+//     (one --cache-dir per H-th of the fleet), so the ratio is H, not N.
+//
 // The processes are real (`stitch engine`, `stitch sidecar`, `stitch
 // publish`), as the demo starts them; on a 2-core machine 64 replicas are
 // 128 processes, so the publish times measure contention as much as the
@@ -36,6 +42,7 @@
 #include "stitch/chaos/oracle.h"
 #include "stitch/core/version.h"
 #include "stitch/delta/delta_encode.h"
+#include "stitch/demo/engine_command.h"
 #include "stitch/demo/fleet.h"
 #include "stitch/demo/supervisor.h"
 #include "stitch/net/client.h"
@@ -51,6 +58,10 @@ namespace {
 
 struct Settings {
   std::string stitch = "build/src/stitch/cli/stitch";
+  std::string store = "fs";  // or "s3": a local S3 server (moto)
+  std::string python = ".venv/bin/python";
+  std::string moto_script = "tests/s3_moto.py";
+  int hosts = 0;  // > 0: replicas share a version cache per simulated host
   std::string replicas = "1,16,64";
   double interval_s = 1;
   double max_interval_s = 8;
@@ -62,8 +73,10 @@ struct Settings {
 struct Result {
   int replicas = 0;
   bool backoff = false;
-  double idle_reads = 0;        // per replica per second
-  std::vector<double> reach_s;  // per replica and publish
+  double idle_reads = 0;               // per replica per second
+  double store_bytes_per_version = 0;  // downloaded by the whole fleet
+  double version_bytes = 0;            // the versions' payload, on average
+  std::vector<double> reach_s;         // per replica and publish
 };
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -96,27 +109,52 @@ std::vector<std::string> PoolUrls(const fs::path& pool) {
   return urls;
 }
 
-// The sum of every sidecar's reconcile passes (one pointer read each).
-absl::StatusOr<int64_t> Passes(const std::vector<std::string>& urls) {
-  int64_t total = 0;
+// The sum over every sidecar of one of its counters, e.g.
+// "stitch_sidecar_reconcile_passes_total" (one pointer read per pass).
+absl::StatusOr<double> SumOf(const std::vector<std::string>& urls, const std::string& metric) {
+  double total = 0;
   for (const std::string& url : urls) {
     auto response = HttpFetch("GET", url + "/metrics", {}, FetchOptions{});
     if (!response.ok()) return response.status();
     // The sample's line, not the HELP and TYPE lines naming it.
-    const std::string name = "\nstitch_sidecar_reconcile_passes_total ";
+    const std::string name = absl::StrCat("\n", metric, " ");
     const size_t at = response->body.find(name);
     double value = 0;
     if (at == std::string::npos) {
-      return absl::InternalError(absl::StrCat(url, "/metrics has no reconcile passes"));
+      return absl::InternalError(absl::StrCat(url, "/metrics has no ", metric));
     }
     const size_t from = at + name.size();
     if (!absl::SimpleAtod(response->body.substr(from, response->body.find('\n', from) - from),
                           &value)) {
-      return absl::InternalError(absl::StrCat(url, "/metrics: reconcile passes unreadable"));
+      return absl::InternalError(absl::StrCat(url, "/metrics: ", metric, " unreadable"));
     }
-    total += static_cast<int64_t>(value);
+    total += value;
   }
   return total;
+}
+
+constexpr char kPasses[] = "stitch_sidecar_reconcile_passes_total";
+constexpr char kStoreBytes[] = "stitch_sidecar_store_bytes_downloaded_total";
+
+// Starts the S3 server (moto, through tests/s3_moto.py) and returns the
+// store's URI.
+absl::StatusOr<std::string> StartS3(const Settings& settings, ProcessSupervisor& supervisor,
+                                    const fs::path& dir) {
+  ::setenv("AWS_ACCESS_KEY_ID", "bench", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "bench", 1);
+  ::setenv("AWS_REGION", "us-east-1", 1);
+  ::unsetenv("AWS_SESSION_TOKEN");
+  absl::StatusOr<int> port = PickEnginePort({});
+  if (!port.ok()) return port.status();
+  auto pid = supervisor.StartProgram(
+      "s3", fs::absolute(settings.python).string(),
+      {fs::absolute(settings.moto_script).string(), "--port", absl::StrCat(*port), "--state",
+       (dir / "s3-state.jsonl").string(), "--no-auth", "--until-signal"},
+      dir / "s3.log");
+  if (!pid.ok()) return pid.status();
+  auto url = supervisor.WaitForUrl(*pid, std::chrono::seconds(60), nullptr);
+  if (!url.ok()) return url.status();
+  return absl::StrCat("s3://stitch-test/bench?endpoint=", *url, "&region=us-east-1");
 }
 
 void SleepSeconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
@@ -138,12 +176,17 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
       !s.ok()) {
     return s;
   }
-  const std::string store_uri = (dir / "store").string();
+  ProcessSupervisor supervisor(fs::absolute(settings.stitch).string(), "fleet_bench");
+  std::string store_uri = (dir / "store").string();
+  if (settings.store == "s3") {
+    auto uri = StartS3(settings, supervisor, dir);
+    if (!uri.ok()) return uri.status();
+    store_uri = *uri;
+  }
   auto store = OpenStore(store_uri, StoreOptions{run, dir / "cache"});
   if (!store.ok()) return store.status();
   if (auto claimed = ClaimRun(**store, 0, nullptr); !claimed.ok()) return claimed.status();
 
-  ProcessSupervisor supervisor(fs::absolute(settings.stitch).string(), "fleet_bench");
   FleetOptions options;
   options.dir = dir;
   options.store = store_uri;
@@ -151,6 +194,7 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   options.base_checkpoint = dir / "base";
   options.reconcile_interval_s = settings.interval_s;
   options.poll_every = std::chrono::milliseconds(1000);
+  options.cache_hosts = settings.hosts;
   options.sidecar_extra = {"--reconcile-max-interval",
                            absl::StrCat(backoff ? settings.max_interval_s : settings.interval_s)};
   absl::Status status;
@@ -164,10 +208,10 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
     }
     if (status.ok()) {
       SleepSeconds(settings.warmup_s);
-      auto before = Passes(urls);
+      auto before = SumOf(urls, kPasses);
       const auto t0 = Clock::now();
       SleepSeconds(settings.idle_s);
-      auto after = Passes(urls);
+      auto after = SumOf(urls, kPasses);
       if (!before.ok() || !after.ok()) {
         status = before.ok() ? after.status() : before.status();
       } else {
@@ -175,6 +219,8 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
                             static_cast<double>(replicas);
       }
     }
+    absl::StatusOr<double> bytes_before = SumOf(urls, kStoreBytes);
+    if (status.ok() && !bytes_before.ok()) status = bytes_before.status();
     for (int v = 1; v <= settings.publishes && status.ok(); ++v) {
       const fs::path version_dir = dir / "publish" / VersionDirName(v);
       std::error_code made;
@@ -186,11 +232,12 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
       encode.threads = 1;
       const std::vector<HostTensor> base = oracle.Tensors(v - 1);
       const std::vector<HostTensor> target = oracle.Tensors(v);
-      if (auto encoded = EncodeDelta(Views(base), Views(target), version_dir, encode);
-          !encoded.ok()) {
+      auto encoded = EncodeDelta(Views(base), Views(target), version_dir, encode);
+      if (!encoded.ok()) {
         status = encoded.status();
         break;
       }
+      result.version_bytes += static_cast<double>(encoded->payload_bytes) / settings.publishes;
       const auto published = Clock::now();
       auto pid = supervisor.Start(
           absl::StrCat("publish v", v),
@@ -232,6 +279,14 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
       }
       for (const auto& r : reached) result.reach_s.push_back(*r);
     }
+    if (status.ok()) {
+      absl::StatusOr<double> bytes_after = SumOf(urls, kStoreBytes);
+      if (!bytes_after.ok()) {
+        status = bytes_after.status();
+      } else {
+        result.store_bytes_per_version = (*bytes_after - *bytes_before) / settings.publishes;
+      }
+    }
     (void)fleet.Finish();
   }
   supervisor.StopAll(std::chrono::seconds(10));
@@ -253,6 +308,17 @@ int main(int argc, char** argv) {
   CLI::App app{"Fleet scale: idle pointer reads and publish -> whole fleet, backoff off and on"};
   app.add_option("--stitch", settings.stitch, "The stitch binary")->capture_default_str();
   app.add_option("--replicas", settings.replicas, "Fleet sizes, comma-separated")
+      ->capture_default_str();
+  app.add_option("--store", settings.store,
+                 "fs (a directory) or s3 (a local S3 server: moto, from the project's .venv)")
+      ->capture_default_str();
+  app.add_option("--hosts", settings.hosts,
+                 "Replicas share a version cache per simulated host, this many hosts (0: one "
+                 "cache per replica)")
+      ->capture_default_str();
+  app.add_option("--python", settings.python, "The Python with moto, for --store s3")
+      ->capture_default_str();
+  app.add_option("--moto-script", settings.moto_script, "tests/s3_moto.py, for --store s3")
       ->capture_default_str();
   app.add_option("--interval", settings.interval_s, "--reconcile-interval of every sidecar")
       ->capture_default_str();
@@ -276,12 +342,21 @@ int main(int argc, char** argv) {
     }
     sizes.push_back(n);
   }
+  if (settings.store != "fs" && settings.store != "s3") {
+    std::cerr << "fleet_bench: --store must be fs or s3\n";
+    return 2;
+  }
   std::printf(
-      "fleet_bench: reference engines behind sidecars over a filesystem store; "
+      "fleet_bench: reference engines behind sidecars over a%s store, %s; "
       "--reconcile-interval %.1f s, backoff to %.1f s when on; idle window %.0f s after %.0f s\n",
+      settings.store == "s3" ? "n S3 (moto)" : " filesystem",
+      settings.hosts > 0
+          ? absl::StrCat("a version cache per host, ", settings.hosts, " hosts").c_str()
+          : "a version cache per replica",
       settings.interval_s, settings.max_interval_s, settings.idle_s, settings.warmup_s);
-  std::printf("%9s  %7s  %22s  %10s  %28s  %12s\n", "replicas", "backoff", "idle reads/replica/s",
-              "on / off", "publish -> fleet p50/p95/max", "max / N=1's");
+  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s\n", "replicas", "backoff",
+              "idle reads/replica/s", "on / off", "publish -> fleet p50/p95/max", "max / N=1's",
+              "store bytes / version");
   std::optional<double> first_max;
   for (int n : sizes) {
     std::optional<double> off_reads;
@@ -294,13 +369,17 @@ int main(int argc, char** argv) {
       const double max = Percentile(r->reach_s, 100);
       if (!first_max.has_value()) first_max = max;
       if (!backoff) off_reads = r->idle_reads;
-      std::printf("%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f\n", n,
+      const std::string bytes = settings.store == "s3" && r->version_bytes > 0
+                                    ? absl::StrFormat("%.0f (%.2fx)", r->store_bytes_per_version,
+                                                      r->store_bytes_per_version / r->version_bytes)
+                                    : std::string("- (read in place)");
+      std::printf("%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s\n", n,
                   backoff ? "on" : "off", r->idle_reads,
                   backoff && off_reads.value_or(0) > 0
                       ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
                       : "-",
                   Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
-                  *first_max > 0 ? max / *first_max : 0.0);
+                  *first_max > 0 ? max / *first_max : 0.0, bytes.c_str());
       std::fflush(stdout);
     }
   }

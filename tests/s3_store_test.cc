@@ -421,6 +421,7 @@ TEST_F(S3Test, ReplicasSharingACacheDownloadEachVersionOnceBetweenThem) {
   }
   for (std::thread& t : threads) t.join();
   int64_t downloaded = 0;
+  uint64_t bytes = 0;
   for (int i = 0; i < kReplicas; ++i) {
     ASSERT_TRUE(chains[i].ok()) << i << ": " << chains[i].status().message();
     ASSERT_EQ(chains[i]->size(), 2u);
@@ -428,9 +429,19 @@ TEST_F(S3Test, ReplicasSharingACacheDownloadEachVersionOnceBetweenThem) {
               ReadFile(*v1 / TestShardName({}, 1)));
     EXPECT_EQ(ReadFile((*chains[i])[1].dir / "delta-1.safetensors"), "delta bytes 2/1");
     downloaded += replicas[i]->payload_files_downloaded();
+    EXPECT_EQ(replicas[i]->traffic().files_downloaded,
+              static_cast<uint64_t>(replicas[i]->payload_files_downloaded()));
+    bytes += replicas[i]->traffic().bytes_downloaded;
   }
   // Two shards of v1 and two delta files of v2: once each, not 8 times.
   EXPECT_EQ(downloaded, 4);
+  uint64_t published = 0;
+  for (const fs::path& f : {*v1 / TestShardName({}, 0), *v1 / TestShardName({}, 1),
+                            tmp() / "src" / VersionDirName(2) / "delta-0.safetensors",
+                            tmp() / "src" / VersionDirName(2) / "delta-1.safetensors"}) {
+    published += fs::file_size(f);
+  }
+  EXPECT_EQ(bytes, published);
 }
 
 TEST_F(S3Test, UnsafeKeyIsRefused) {

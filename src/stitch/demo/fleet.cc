@@ -228,6 +228,12 @@ absl::StatusOr<std::string> LocalFleet::StartSidecar(Member& member, const std::
   }
   launch.extra.insert(launch.extra.end(), options_.sidecar_extra.begin(),
                       options_.sidecar_extra.end());
+  int index = 0;
+  if (options_.cache_hosts > 0 && absl::SimpleAtoi(name.substr(1), &index)) {
+    launch.extra.push_back("--cache-dir");
+    launch.extra.push_back(
+        (options_.dir / "hosts" / absl::StrCat("h", index % options_.cache_hosts)).string());
+  }
   auto sidecar =
       supervisor_.Start(absl::StrCat("sidecar ", name), SidecarArgs(launch), member.sidecar_log);
   if (!sidecar.ok()) return sidecar.status();

@@ -81,6 +81,9 @@ struct FleetOptions {
   double reconcile_interval_s = 0.5;
   // More arguments for every sidecar (bench/fleet_bench's backoff flags).
   std::vector<std::string> sidecar_extra;
+  // > 0: replica rK's sidecar caches versions in hosts/h<K mod hosts>/
+  // under `dir`, shared as on a host of that many replicas (--cache-dir).
+  int cache_hosts = 0;
   double gateway_poll_interval_s = 0.2;
   // Short: a request no replica can serve (an old exact version) gets its
   // 409 soon.

@@ -76,6 +76,12 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.One("reconcile_passes_total", "counter", "Reconcile passes.", r.passes);
   w.One("reconcile_errors_total", "counter", "Reconcile passes that hit a transient error.",
         r.errors);
+  w.One("store_files_downloaded_total", "counter",
+        "Files downloaded from a remote store to materialize versions (not those found in the "
+        "cache).",
+        m.store.files_downloaded);
+  w.One("store_bytes_downloaded_total", "counter",
+        "Bytes downloaded from a remote store to materialize versions.", m.store.bytes_downloaded);
   w.One("watchdog_probes_total", "counter", "Engine health probes.", m.watchdog_probes);
   w.One("watchdog_failures_total", "counter", "Failed engine health probes.", m.watchdog_failures);
   w.One("engine_metrics_up", "gauge",

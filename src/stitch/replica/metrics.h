@@ -27,6 +27,7 @@ struct SidecarMetrics {
   ReconcilerCounters reconciler;
   uint64_t watchdog_probes = 0;
   uint64_t watchdog_failures = 0;
+  StoreTraffic store;
   // Whether the engine's own metrics were read for this scrape.
   bool engine_metrics_up = false;
 };
@@ -41,6 +42,7 @@ struct SidecarMetrics {
 //   skipped_updates_total, run_switches_total, reconcile_passes_total,
 //   reconcile_errors_total, client_disconnects_total, streamed_requests_total,
 //   forwarded_requests_total, watchdog_probes_total, watchdog_failures_total,
+//   store_files_downloaded_total, store_bytes_downloaded_total,
 //   engine_metrics_up.
 std::string RenderPrometheus(const SidecarMetrics& m);
 

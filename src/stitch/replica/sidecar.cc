@@ -23,6 +23,7 @@ Sidecar::~Sidecar() = default;
 awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings settings, Ports ports) {
   std::unique_ptr<Sidecar> sidecar(new Sidecar());
   sidecar->on_terminal_ = std::move(settings.on_terminal);
+  sidecar->store_ = ports.store;
   Sidecar* self = sidecar.get();
   // Nothing versioned is served until the reconciler verified (or loaded)
   // what the engine holds.
@@ -102,6 +103,7 @@ SidecarMetrics Sidecar::Metrics() const {
   m.reconciler = reconciler_->counters();
   m.watchdog_probes = watchdog_->probes();
   m.watchdog_failures = watchdog_->failures();
+  m.store = store_->traffic();
   return m;
 }
 

@@ -100,6 +100,7 @@ class Sidecar {
   boost::asio::awaitable<void> MetricsRoute(HttpExchange& exchange);
 
   std::function<void(const absl::Status&)> on_terminal_;
+  Store* store_ = nullptr;
   std::unique_ptr<AdmissionGate> gate_;
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<Watchdog> watchdog_;

@@ -373,6 +373,7 @@ absl::Status S3Store::DownloadMissing(int64_t version, const fs::path& target,
                                   target / want.name);
     if (!cached.ok()) return cached.status();
     downloaded_.fetch_add(1);
+    bytes_downloaded_.fetch_add(want.size);
     absl::MutexLock guard(&record_mu);
     record.files[want.name] = *std::move(cached);
     return absl::OkStatus();

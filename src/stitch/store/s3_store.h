@@ -149,6 +149,9 @@ class S3Store final : public Store {
   // Counters, for tests and logs.
   int64_t payload_files_uploaded() const { return uploaded_.load(); }
   int64_t payload_files_downloaded() const { return downloaded_.load(); }
+  StoreTraffic traffic() const override {
+    return StoreTraffic{static_cast<uint64_t>(downloaded_.load()), bytes_downloaded_.load()};
+  }
   S3Client& client() { return *client_; }
 
   // Test hook: runs `hook` inside AdvancePointer after the pointer was read
@@ -220,6 +223,7 @@ class S3Store final : public Store {
   const std::string where_;  // "store s3://bucket/prefix"
   std::atomic<int64_t> uploaded_{0};
   std::atomic<int64_t> downloaded_{0};
+  std::atomic<uint64_t> bytes_downloaded_{0};
   std::function<void()> before_pointer_write_;
 };
 

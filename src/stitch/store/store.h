@@ -49,6 +49,12 @@
 
 namespace stitch {
 
+// Files and bytes a store downloaded to materialize versions.
+struct StoreTraffic {
+  uint64_t files_downloaded = 0;
+  uint64_t bytes_downloaded = 0;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -95,6 +101,11 @@ class Store {
   // A local directory holding the published files of `version` (the store's
   // own directory for a filesystem store; a verified cache for remote ones).
   [[nodiscard]] virtual absl::StatusOr<std::filesystem::path> Materialize(int64_t version) = 0;
+
+  // What Materialize fetched from a remote store so far (files found
+  // complete in the cache are not counted); zero for a store read in place.
+  // Thread-safe.
+  virtual StoreTraffic traffic() const { return {}; }
 };
 
 // Opens a store for `run_id` from a URI: a plain path or file:///abs/path
