@@ -46,6 +46,7 @@
 #include "stitch/demo/fleet.h"
 #include "stitch/demo/supervisor.h"
 #include "stitch/net/client.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/publish/claim.h"
 #include "stitch/refengine/init_model.h"
 #include "stitch/store/store.h"
@@ -81,19 +82,6 @@ struct Result {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-ModelConfig SmallModel() {
-  ModelConfig c;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = 258;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = false;
-  return c;
-}
-
 std::vector<TensorView> Views(const std::vector<HostTensor>& tensors) {
   std::vector<TensorView> views;
   for (const HostTensor& t : tensors) views.push_back(t.view());
@@ -116,19 +104,11 @@ absl::StatusOr<double> SumOf(const std::vector<std::string>& urls, const std::st
   for (const std::string& url : urls) {
     auto response = HttpFetch("GET", url + "/metrics", {}, FetchOptions{});
     if (!response.ok()) return response.status();
-    // The sample's line, not the HELP and TYPE lines naming it.
-    const std::string name = absl::StrCat("\n", metric, " ");
-    const size_t at = response->body.find(name);
-    double value = 0;
-    if (at == std::string::npos) {
-      return absl::InternalError(absl::StrCat(url, "/metrics has no ", metric));
+    const std::optional<double> value = PrometheusSum(response->body, metric);
+    if (!value.has_value()) {
+      return absl::InternalError(absl::StrCat(url, "/metrics has no readable ", metric));
     }
-    const size_t from = at + name.size();
-    if (!absl::SimpleAtod(response->body.substr(from, response->body.find('\n', from) - from),
-                          &value)) {
-      return absl::InternalError(absl::StrCat(url, "/metrics: ", metric, " unreadable"));
-    }
-    total += value;
+    total += *value;
   }
   return total;
 }
@@ -168,7 +148,7 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   const fs::path dir = pattern;
   const std::string run = "bench";
   OracleOptions versions;  // version v: the base with its LM head drawn from v
-  versions.config = SmallModel();
+  versions.config = ChaosModel(/*real_engine=*/false);
   versions.seed = 7;
   Oracle oracle(versions);
   if (absl::Status s = WriteCheckpoint(dir / "base", versions.config, Views(oracle.Tensors(0)),

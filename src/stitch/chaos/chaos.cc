@@ -45,6 +45,7 @@
 #include "stitch/demo/supervisor.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/client.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/publish/claim.h"
 #include "stitch/refengine/init_model.h"
 #include "stitch/refengine/tokenizer.h"
@@ -70,23 +71,6 @@ constexpr auto kProbeTimeout = std::chrono::seconds(5);
 // any two versions (oracle.h).
 constexpr const char* kPrompts[] = {"Once upon a time", "The trainer said:", "GET /generate",
                                     "Dear reviewer,",   "42 + 17 =",         "fn main() {"};
-
-// With a real engine in the fleet: a head dimension of 32 (vLLM's CPU
-// attention needs at least 32) and bfloat16 weights, as real engines serve
-// them and transformers judges them.
-ModelConfig ChaosModel(bool real_engine) {
-  ModelConfig c;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = real_engine ? 2 : 4;
-  c.num_key_value_heads = real_engine ? 1 : 2;
-  c.vocab_size = 258;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = false;
-  if (real_engine) c.weight_dtype = DType::kBF16;
-  return c;
-}
 
 bool RealEngine(const ChaosOptions& options) { return options.engine != "reference"; }
 
@@ -194,26 +178,13 @@ int64_t EngineBusyFromMetrics(const std::string& url, const std::string& api_key
   FetchOptions o = WithToken(api_key);
   auto response = HttpFetch("GET", url + "/metrics", {}, o);
   if (!response.ok() || response->status != 200) return -1;
-  int64_t total = 0;
+  double total = 0;
   for (std::string_view name : names) {
-    bool found = false;
-    std::istringstream lines(response->body);
-    for (std::string line; std::getline(lines, line);) {
-      if (!line.starts_with(name) || line.size() <= name.size() ||
-          (line[name.size()] != '{' && line[name.size()] != ' ')) {
-        continue;
-      }
-      double value = 0;
-      const size_t space = line.rfind(' ');
-      if (space == std::string::npos || !absl::SimpleAtod(line.substr(space + 1), &value)) {
-        return -1;
-      }
-      total += static_cast<int64_t>(value);
-      found = true;
-    }
-    if (!found) return -1;
+    std::optional<double> samples = PrometheusSum(response->body, name);
+    if (!samples.has_value()) return -1;
+    total += *samples;
   }
-  return total;
+  return static_cast<int64_t>(total);
 }
 
 class Run {

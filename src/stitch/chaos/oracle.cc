@@ -183,6 +183,20 @@ bool Oracle::Equal(const Observed& observed, const std::vector<int32_t>& candida
                     candidate.end());
 }
 
+ModelConfig ChaosModel(bool real_engine) {
+  ModelConfig c;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = real_engine ? 2 : 4;
+  c.num_key_value_heads = real_engine ? 1 : 2;
+  c.vocab_size = 258;
+  c.max_position_embeddings = 256;
+  c.tie_word_embeddings = false;
+  if (real_engine) c.weight_dtype = DType::kBF16;
+  return c;
+}
+
 Judgement Oracle::Judge(int prompt, int64_t length, const Observed& observed, int64_t start,
                         int64_t end) {
   Judgement j;

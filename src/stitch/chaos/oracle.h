@@ -41,6 +41,12 @@
 
 namespace stitch {
 
+// The chaos run's model: a small Llama (2 layers, hidden 64, vocabulary
+// 258) with an untied LM head. With `real_engine` its head dimension is 32
+// (vLLM's CPU attention needs at least 32) and its weights bfloat16, as real
+// engines serve them and transformers judges them.
+ModelConfig ChaosModel(bool real_engine);
+
 struct OracleOptions {
   ModelConfig config;  // REQUIRES: config.Validate() is OK, LM head untied
   uint64_t seed = 0;

@@ -17,6 +17,7 @@
 #include "stitch/demo/engine_command.h"
 #include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
+#include "stitch/net/prometheus.h"
 
 namespace stitch {
 namespace {
@@ -425,13 +426,9 @@ int64_t LocalFleet::GatewayRetries() {
   options.timeout = kProbeTimeout;
   auto metrics = HttpFetch("GET", gateway + "/metrics", {}, options);
   if (!metrics.ok() || metrics->status != 200) return 0;
-  for (absl::string_view line : absl::StrSplit(metrics->body, '\n')) {
-    constexpr absl::string_view kName = "stitch_gateway_retried_total ";
-    if (!absl::StartsWith(line, kName)) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(kName.size()), &value)) return static_cast<int64_t>(value);
-  }
-  return 0;
+  const std::optional<double> retried =
+      PrometheusSum(metrics->body, "stitch_gateway_retried_total");
+  return static_cast<int64_t>(retried.value_or(0));
 }
 
 void LocalFleet::MonitorLoop() {

@@ -2,6 +2,7 @@
 // endpoints: each metric gets its HELP and TYPE lines, then its samples.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -46,5 +47,10 @@ std::string PromLabels(std::string_view key, std::string_view value);
 
 // A GET /metrics answer carrying `text`, with the format's content type.
 HttpResponse PrometheusResponse(std::string text);
+
+// Reading an exposition: the sum of the samples of metric `name` (the lines
+// "name value" and "name{labels} value"; not HELP or TYPE lines, not
+// "name_other"), or nullopt when it has none or one does not parse.
+std::optional<double> PrometheusSum(std::string_view text, std::string_view name);
 
 }  // namespace stitch

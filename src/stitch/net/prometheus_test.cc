@@ -25,6 +25,20 @@ TEST(PrometheusTextTest, EveryMetricHasItsHelpAndTypeBeforeItsSamples) {
             "stitch_test_last_commit_seconds 0.25\n");
 }
 
+TEST(PrometheusTextTest, ASumReadsEverySampleOfOneMetricAndNothingElse) {
+  PrometheusText text("stitch_test_");
+  text.One("passes_total", "counter", "Passes.", 7);
+  text.One("passes_total_other", "counter", "Not the same metric.", 100);
+  text.Header("running", "gauge", "Running requests.");
+  text.Sample("running", PromLabels("engine", "0"), 2);
+  text.Sample("running", PromLabels("engine", "1"), 3.5);
+  const std::string body = text.Take();
+  EXPECT_EQ(PrometheusSum(body, "stitch_test_passes_total"), std::optional<double>(7));
+  EXPECT_EQ(PrometheusSum(body, "stitch_test_running"), std::optional<double>(5.5));
+  EXPECT_EQ(PrometheusSum(body, "stitch_test_missing"), std::nullopt);
+  EXPECT_EQ(PrometheusSum("stitch_test_bad 1x\n", "stitch_test_bad"), std::nullopt);
+}
+
 TEST(PrometheusTextTest, LabelValuesAreEscaped) {
   EXPECT_EQ(PromLabels("replica", "http://a:1/x"), "{replica=\"http://a:1/x\"}");
   EXPECT_EQ(PromLabels("run_id", "a\"b\\c\nd"), "{run_id=\"a\\\"b\\\\c\\nd\"}");
