@@ -12,7 +12,7 @@ SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*
 
 .PHONY: all deps build test test-asan test-multihost test-engines fuzz format format-check lint
 .PHONY: thread-safety
-.PHONY: bench bench-fleet clean demo demo-vllm chaos chaos-short
+.PHONY: bench bench-activation bench-fleet clean demo demo-vllm chaos chaos-short
 .PHONY: python-install python-test
 
 all: build
@@ -90,9 +90,13 @@ demo: deps build
 # a head dimension of 32, as vLLM's CPU attention needs, and 256 positions.
 # DEMO_FLAGS passes options through.
 DEMO_VLLM_FLAGS ?= --replicas 2 --steps 24
-VLLM_ENGINE_CMD = $(ENGINES_DIR)/vllm/bin/python $(CURDIR)/scripts/vllm_serve.py serve {model} \
+# Stitch's worker extension (python/src/stitch_vllm) lets the sidecars commit
+# sparse versions as in-place patches (--patch-commits).
+VLLM_ENGINE_CMD = PYTHONPATH=$(CURDIR)/python/src $(ENGINES_DIR)/vllm/bin/python \
+  $(CURDIR)/scripts/vllm_serve.py serve {model} \
   --host {host} --port {port} --served-model-name {served_model_name} --dtype bfloat16 \
-  --max-model-len 256 --enforce-eager --max-num-seqs 8 --enable-prefix-caching
+  --max-model-len 256 --enforce-eager --max-num-seqs 8 --enable-prefix-caching \
+  --worker-extension-cls stitch_vllm.WeightPatchExtension
 demo-vllm: deps build
 	scripts/install-engines vllm
 	$(BUILD)/src/stitch/cli/stitch demo --engine-api vllm --engine-cmd '$(VLLM_ENGINE_CMD)' \
@@ -131,6 +135,16 @@ chaos: deps build
 chaos-short: build
 	$(STITCH_CHAOS) --seed 1 --minutes 0.75 --store fs
 	$(STITCH_CHAOS) --seed random --minutes 0.75 --store s3
+
+# The activation pause inside a real vLLM (bench/activation_bench.py): a full
+# reload against an in-place patch of the values that changed, and the floor,
+# for two model sizes (ACTIVATION_BENCH_FLAGS passes options through; about
+# 15 minutes on two cores). Not part of `make bench`: it needs vLLM.
+ACTIVATION_BENCH_FLAGS ?=
+bench-activation: build
+	scripts/install-engines vllm
+	$(ENGINES_DIR)/vllm/bin/python bench/activation_bench.py \
+	  --stitch $(BUILD)/src/stitch/cli/stitch $(ACTIVATION_BENCH_FLAGS)
 
 bench: deps build python-install
 	@for b in $(BUILD)/bench/*_bench; do \

@@ -31,6 +31,9 @@ ENGINE_START_TIMEOUT = float(os.environ.get("STITCH_ENGINE_START_TIMEOUT", "600"
 # weights' greedy choice when its logit is within LOGIT_TIE of the best one
 # that transformers computes for the same prefix.
 LOGIT_TIE = 0.05
+# Stitch's vLLM worker extension, and where it is importable from.
+PATCH_EXTENSION = "stitch_vllm.WeightPatchExtension"
+PATCH_EXTENSION_PATH = os.path.join(REPO, "python", "src")
 
 
 def free_port():
@@ -107,12 +110,12 @@ class Stream:
         self.response.close()
 
 
-def wait_until(condition, timeout, what):
+def wait_until(condition, timeout, what, every=0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
@@ -174,6 +177,34 @@ class Process:
 ENGINE_KEY = "stitch-engine-test-key"
 
 
+def make_sparse_variant(source, path, fraction, seed):
+    """A copy of checkpoint `source` in which `fraction` of every tensor's
+    values are replaced by random ones of the tensor's scale: the kind of
+    version a trainer's step makes, that a weight patch carries."""
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(source, path)
+    gen = torch.Generator().manual_seed(seed)
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(".safetensors"):
+            continue
+        file = os.path.join(path, name)
+        with safe_open(file, framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        for key in sorted(tensors):
+            flat = tensors[key].view(-1)
+            picked = torch.randperm(flat.numel(), generator=gen)[:max(1, int(flat.numel() * fraction))]
+            scale = flat.float().std().item() or 1.0
+            flat[picked] = (torch.randn(picked.numel(), generator=gen) * scale * 3).to(flat.dtype)
+        save_file(tensors, file, metadata=metadata)
+    return path
+
+
 class EngineServer:
     """A real engine serving `model` as "policy" on 127.0.0.1 behind
     ENGINE_KEY, in its own process group; start() again after a kill
@@ -192,9 +223,13 @@ class EngineServer:
     def command(self):
         raise NotImplementedError
 
+    def environment(self):
+        return None
+
     def start(self):
         self.process = Process(self.command(),
-                               os.path.join(self.workdir, f"{self.name}-{self.port}.log"))
+                               os.path.join(self.workdir, f"{self.name}-{self.port}.log"),
+                               env=self.environment())
 
     def wait_healthy(self, timeout=ENGINE_START_TIMEOUT):
         def healthy():
@@ -218,15 +253,21 @@ class EngineServer:
 
 class Vllm(EngineServer):
     """vLLM's CPU build, through scripts/vllm_serve.py (run by this
-    environment's python: the suite runs in the engine's environment)."""
+    environment's python: the suite runs in the engine's environment), with
+    Stitch's worker extension (python/src/stitch_vllm) for in-place
+    patches."""
 
     name = "vllm"
 
     def command(self):
         return [sys.executable, os.path.join(REPO, "scripts", "vllm_serve.py"), "serve", self.model,
                 "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
-                "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager",
-                "--max-num-seqs", "8", "--enable-prefix-caching", *self.extra]
+                "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+                "--max-num-seqs", "8", "--enable-prefix-caching",
+                "--worker-extension-cls", PATCH_EXTENSION, *self.extra]
+
+    def environment(self):
+        return {"PYTHONPATH": PATCH_EXTENSION_PATH}
 
 
 class Sglang(EngineServer):
@@ -362,6 +403,34 @@ class Oracle:
                                       use_cache=True).logits[0].float()
         kept = max(float(logits[j].max() - logits[j][t]) for j, t in enumerate(output_ids[k:]))
         return max(before, min(kept, recomputed))
+
+    def spans_gap(self, spans, prompt_ids, output_ids):
+        """worst_gap for an answer switched in place at every span's start:
+        `spans` is [(first token, checkpoint), ...] from token 0 on. As in
+        switched_gap, each span's weights either take over the keys and
+        values computed before it or recompute them: the smaller gap of the
+        two, span by span."""
+        import torch
+
+        ids = prompt_ids + output_ids
+        past, fed, worst = None, 0, 0.0
+        for i, (start, checkpoint) in enumerate(spans):
+            end = spans[i + 1][0] if i + 1 < len(spans) else len(output_ids)
+            if end <= start:
+                continue
+            # The inputs whose logits choose tokens [start, end).
+            lo, hi = len(prompt_ids) + start - 1, len(prompt_ids) + end - 1
+            with torch.no_grad():
+                out = self._model(checkpoint)(torch.tensor([ids[fed:hi]]), past_key_values=past,
+                                              use_cache=True)
+            past, fed = out.past_key_values, hi
+            logits = out.logits[0].float()[-(hi - lo):]
+            kept = max(float(logits[j].max() - logits[j][t])
+                       for j, t in enumerate(output_ids[start:end]))
+            recomputed = self.worst_gap(checkpoint, prompt_ids + output_ids[:start],
+                                        output_ids[start:end])
+            worst = max(worst, min(kept, recomputed))
+        return worst
 
     def switch_points(self, old, new, prompt_ids, output_ids, lowest=0):
         """The token offsets (>= lowest) at which an in-place switch from

@@ -6,7 +6,9 @@ each states what the fleet holds when it ends.
 
 import contextlib
 import os
+import re
 import socket
+import threading
 
 import pytest
 
@@ -23,7 +25,8 @@ def f(tmp_path_factory):
     try:
         env.engine = Vllm(env.ckpt[0], env.work, extra=["--enable-scale-out"])
         env.engine.wait_healthy()
-        env.fleet = Fleet(env.work, env.ckpt[0], "vllm", env.engine.url)
+        env.fleet = Fleet(env.work, env.ckpt[0], "vllm", env.engine.url,
+                          sidecar_flags=["--patch-commits"])
         env.fleet.wait_serving(0)
         yield env
     finally:
@@ -259,6 +262,140 @@ def test_vllms_token_route_carries_its_own_exact_spans_across_an_in_place_commit
             "sampling_params": {"max_tokens": 400, "temperature": 0, "ignore_eos": True}})
     stamped = f.commit_inside(frozen, open_stream, read_stream, prompt)
     assert stamped["weight_version_spans"] != "unknown", stamped
+
+
+def commit_paths(f):
+    """The sidecar's engine_commits_total, as {(path, reason): count}."""
+    _, text, _ = http("GET", f.fleet.url + "/metrics")
+    paths = {}
+    for line in text.splitlines():
+        if line.startswith("stitch_sidecar_engine_commits_total{"):
+            labels, value = line.rsplit(" ", 1)
+            key = (re.search(r'path="([^"]*)"', labels).group(1),
+                   re.search(r'reason="([^"]*)"', labels).group(1))
+            paths[key] = float(value)
+    return paths
+
+
+def sparse_versions(f, count, fraction=0.02):
+    """`count` checkpoints, each changing `fraction` of the values of the one
+    before, from the weights of the latest version published."""
+    latest = max(f.fleet.published)
+    checkpoints, last = [], f.fleet.published[latest]
+    for i in range(count):
+        last = harness.make_sparse_variant(
+            last, os.path.join(f.work, f"sparse-v{latest + i + 1}"), fraction, seed=latest + i)
+        checkpoints.append(last)
+    return checkpoints
+
+
+def engine_holds(f, version):
+    """vLLM labels `version` and runs (the sidecar's commit resumed it)."""
+    _, info, _ = f.engine.http("GET", "/weight_info")
+    _, paused, _ = f.engine.http("GET", "/is_paused")
+    return (info.get("weight_version") == f"{harness.RUN}/weight_v{version:06d}"
+            and paused.get("is_paused") is False)
+
+
+def test_three_patched_versions_commit_inside_one_streamed_generation(f):
+    """Three sparse DELTAs in a row, each committed as an in-place patch
+    (--patch-commits, Stitch's worker extension) while one long generation
+    streams on /inference/v1/generate: vLLM's per-token versions become the
+    answer's spans, and transformers agrees with every token of every span.
+    The DELTAs between unrelated models earlier in this module were too dense
+    to patch and were reloaded instead.
+
+    Each commit resumes the engine; the test holds it again as soon as vLLM
+    runs on the new version, so that the next commit lands inside the same
+    generation (1800 tokens, a few seconds here). On a loaded machine the
+    generation can still end first: that answer's spans are checked all the
+    same, and the test tries again (at most three times)."""
+    assert commit_paths(f).get(("reload", "dense"), 0) >= 1, commit_paths(f)
+    prompt = prompt_ids("Once upon a time")
+    for _ in range(3):
+        old = max(f.fleet.published)
+        targets = sparse_versions(f, 3)
+        patched = commit_paths(f).get(("patch", ""), 0)
+        stream = harness.Stream(f.fleet.url + "/inference/v1/generate", {
+            "token_ids": prompt, "stream": True, "weight_version": {"min_version": old},
+            "sampling_params": {"max_tokens": 1800, "temperature": 0, "ignore_eos": True}})
+        events = [stream.next()]
+        try:
+            for i, target in enumerate(targets):
+                # Held, so the commit lands inside the generation.
+                assert f.engine.http("POST", "/pause?mode=keep")[0] == 200
+                f.fleet.publish_delta(old + 1 + i, target)
+                harness.wait_until(lambda: engine_holds(f, old + 1 + i), 120,
+                                   f"v{old + 1 + i} to be committed", every=0.005)
+        finally:
+            f.engine.http("POST", "/resume")
+        tokens, last = read_stream(events + stream.rest())
+        assert commit_paths(f).get(("patch", ""), 0) == patched + 3, commit_paths(f)
+        spans = last["weight_version_spans"]
+        assert spans != "unknown" and spans[0] == [0, old], spans
+        assert [v for _, v in spans] == sorted({v for _, v in spans}), spans
+        gap = f.oracle.spans_gap([(start, f.fleet.published[v]) for start, v in spans], prompt,
+                                 tokens)
+        assert gap <= harness.LOGIT_TIE, (spans, gap)
+        if spans[-1][1] == old + 3:
+            # The spans matter: read as the old version's alone, the answer is not.
+            assert not f.oracle.made_by(f.fleet.published[old], prompt, tokens)
+            break
+    else:
+        raise AssertionError("three commits did not land inside one generation in 3 attempts")
+    status, body, _ = completion(f, {"exact_version": old + 3})
+    assert status == 200, body
+    assert f.oracle.made_by(f.fleet.published[old + 3], prompt_ids(PROMPT),
+                            body["choices"][0]["token_ids"])
+
+
+def test_a_patch_that_fails_part_way_is_undone_and_the_old_version_serves_on(f):
+    """A fault armed in the worker extension fails the next patch after five
+    tensors: the extension restores them, the sidecar resumes the engine on
+    the old version with its label, and the version is then committed by a
+    full reload. Every answer served meanwhile is made by the weights its
+    label names."""
+    old, prompt = max(f.fleet.published), prompt_ids(PROMPT)
+    [target] = sparse_versions(f, 1)
+    before, undone = commit_paths(f), harness.sidecar_counter(f, "commits_undone_total")
+    status, body, _ = f.engine.http("POST", "/collective_rpc", {
+        "method": "stitch_patch_arm_fault", "kwargs": {"after_tensors": 5}})
+    assert status == 200, body
+    answers, stop = [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            answers.append(completion(f, max_tokens=8))
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    f.fleet.publish_delta(old + 1, target)
+    f.fleet.wait_serving(old + 1)
+    harness.wait_until(lambda: any(b.get("weight_version_start") == old + 1
+                                   for s, b, _ in answers if s == 200), 60, "an answer of the new version")
+    stop.set()
+    thread.join(60)
+
+    after = commit_paths(f)
+    assert after.get(("patch-undone", ""), 0) == before.get(("patch-undone", ""), 0) + 1, after
+    assert after.get(("reload", "patch-failed"), 0) == before.get(("reload", "patch-failed"), 0) + 1
+    assert harness.sidecar_counter(f, "commits_undone_total") == undone + 1
+    assert "undone" in f.fleet.sidecar.tail(400)
+    served = [b for s, b, _ in answers if s == 200]
+    assert all(s in (200, 503) for s, _, _ in answers), [a for a in answers if a[0] not in (200, 503)]
+    wrong = []
+    for body in served:
+        start, end = body["weight_version_start"], body["weight_version_end"]
+        tokens = body["choices"][0]["token_ids"]
+        if start == end:
+            ok = f.oracle.made_by(f.fleet.published[start], prompt, tokens)
+        else:
+            ok = bool(f.oracle.switch_points(f.fleet.published[start], f.fleet.published[end],
+                                             prompt, tokens))
+        if not ok:
+            wrong.append(body)
+    assert any(b["weight_version_start"] == old for b in served)
+    assert not wrong, wrong
 
 
 def test_a_client_that_leaves_is_aborted_in_vllm_and_no_other(f):

@@ -141,13 +141,16 @@ std::vector<std::string> ChaosFleet::Args(const Proc& p) const {
       launch.reconcile_interval_s = options_.reconcile_interval_s;
       launch.port = p.port;
       const std::string mode = Mode(p.replica);
+      launch.extra = options_.sidecar_args;
       if (mode == "vllm") {
         launch.engine = "vllm";
+        // Sparse versions (chaos versions differ in the LM head) become
+        // in-place patches, through Stitch's worker extension.
+        launch.extra.push_back("--patch-commits");
       } else {
         launch.engine = mode == "stock" || mode == "sglang" ? "sglang-stock" : "sglang";
       }
       launch.update_mode = mode == "cpu" ? "cpu" : "disk";
-      launch.extra = options_.sidecar_args;
       return SidecarArgs(launch);
     }
     case Role::kGateway: {

@@ -20,6 +20,7 @@
 #include "stitch/delta/delta_apply.h"
 #include "stitch/delta/delta_encode.h"
 #include "stitch/delta/delta_verify.h"
+#include "stitch/delta/weight_patch.h"
 #include "stitch/format/checkpoint_reader.h"
 
 namespace stitch {
@@ -208,6 +209,35 @@ int RunFull(const FullArgs& a) {
   return 0;
 }
 
+struct PatchArgs {
+  std::string target, out, run_id;
+  int64_t from = -1;
+  double max_density = 0.3;
+  std::vector<std::string> deltas;
+};
+
+int RunPatch(const PatchArgs& a) {
+  std::vector<fs::path> deltas(a.deltas.begin(), a.deltas.end());
+  auto held = ReadHeldVersion(a.target);
+  if (!held.ok()) return ReportFailure(held.status());
+  if (!held->has_value()) {
+    return ReportFailure(absl::InvalidArgumentError(
+        absl::StrCat(a.target, " is not a checkpoint `stitch delta apply` materialized")));
+  }
+  WeightPatchOptions o;
+  o.to = **held;
+  if (!a.run_id.empty()) o.to.run_id = a.run_id;
+  o.from = VersionRef{o.to.run_id, a.from};
+  o.max_density = a.max_density;
+  absl::StatusOr<WeightPatchStats> r = WriteWeightPatch(deltas, a.target, a.out, o);
+  if (!r.ok()) return ReportFailure(r.status());
+  std::cout << "wrote the patch " << o.from.ToString() << " -> " << o.to.ToString() << " to "
+            << a.out << ": " << r->values_changed << " of " << r->values_total << " values ("
+            << absl::StrFormat("%.4f%%", r->density() * 100) << ") in "
+            << Count(r->tensors, "tensor") << ", " << HumanBytes(r->file_bytes) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 void AddDeltaCommand(CLI::App& app, int* exit_code) {
@@ -280,6 +310,26 @@ void AddDeltaCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   f->add_option("--run-id", full.run_id, "Record the run in the index");
   f->callback([exit_code] { *exit_code = RunFull(full); });
+
+  static PatchArgs patch;
+  CLI::App* pt = delta->add_subcommand(
+      "patch",
+      "Write the in-place weight patch (changed elements, their XOR and new values) that brings "
+      "an engine from --from to the version --target holds");
+  pt->add_option("--target", patch.target,
+                 "Checkpoint directory `stitch delta apply` materialized at the last delta")
+      ->required();
+  pt->add_option("--out", patch.out, "Patch file to write (safetensors)")->required();
+  pt->add_option("--from", patch.from, "The version the engine holds (the first delta's base)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  pt->add_option("--run-id", patch.run_id, "The run (default: the one --target holds)");
+  pt->add_option("--max-density", patch.max_density,
+                 "Refuse a patch changing more than this share of the values (default 0.3)")
+      ->check(CLI::Range(0.0, 1.0));
+  pt->add_option("deltas", patch.deltas, "DELTA version directories after --from, to --target")
+      ->required();
+  pt->callback([exit_code] { *exit_code = RunPatch(patch); });
 }
 
 }  // namespace stitch

@@ -96,6 +96,9 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const SidecarConfig& config,
                                   ? VllmPauseMode::kWait
                                   : VllmPauseMode::kKeep;
     vllm_options.api_key = engine_token;
+    vllm_options.patch = config.patch_commits;
+    vllm_options.patch_max_density = config.patch_max_density;
+    vllm_options.patch_verify = config.patch_verify;
     auto made = VllmEngine::Make(executor, vllm_options, pool);
     if (!made.ok()) return made.status();
     return std::unique_ptr<Engine>(*std::move(made));
@@ -289,6 +292,18 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--disk-load-format", flags.disk_load_format,
                   "The engine's load_format for loads from disk (update_weights_from_disk)")
+      ->capture_default_str();
+  cmd->add_flag("--patch-commits", flags.patch_commits,
+                "vLLM started with --worker-extension-cls stitch_vllm.WeightPatchExtension: commit "
+                "DELTAs by patching the values that changed in place (staged while serving, "
+                "undone if they fail), reloading the whole checkpoint when a patch does not fit");
+  cmd->add_option("--patch-max-density", flags.patch_max_density,
+                  "With --patch-commits: reload instead when more than this share of the values "
+                  "change")
+      ->capture_default_str();
+  cmd->add_option("--patch-verify", flags.patch_verify,
+                  "With --patch-commits: checksums (hash every patched tensor in the engine) or "
+                  "values (read the patched values back)")
       ->capture_default_str();
   cmd->add_option("--commit-mode", flags.commit_mode,
                   "in_place (exact pins drain) or quiesce (everything drains)")

@@ -205,6 +205,22 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
                                "was started with (give it to vllm serve as --load-format)"));
   }
   config.disk_load_format = flags.disk_load_format;
+  if (flags.patch_commits && config.engine != EngineKind::kVllm) {
+    return Refuse(
+        "--patch-commits needs --engine vllm (started with --worker-extension-cls "
+        "stitch_vllm.WeightPatchExtension); other engines commit by loading the whole checkpoint");
+  }
+  if (!(flags.patch_max_density > 0 && flags.patch_max_density <= 1)) {
+    return Refuse(
+        absl::StrCat("--patch-max-density must be in (0, 1] (got ", flags.patch_max_density, ")"));
+  }
+  if (flags.patch_verify != "checksums" && flags.patch_verify != "values") {
+    return Refuse(absl::StrCat("--patch-verify must be checksums or values (got \"",
+                               flags.patch_verify, "\")"));
+  }
+  config.patch_commits = flags.patch_commits;
+  config.patch_max_density = flags.patch_max_density;
+  config.patch_verify = flags.patch_verify;
   auto commit = ParseCommitMode(flags.commit_mode);
   if (!commit.ok()) return Refuse(absl::StrCat("--commit-mode: ", commit.status().message()));
 

@@ -46,6 +46,11 @@ struct SidecarFlags {
   std::string update_mode = "disk";
   // Sent as `load_format` with every update_weights_from_disk.
   std::string disk_load_format = "auto";
+  // Commit DELTAs as in-place patches of the values that changed (vLLM with
+  // Stitch's worker extension), falling back to a reload when dense.
+  bool patch_commits = false;
+  double patch_max_density = 0.3;
+  std::string patch_verify = "checksums";
   std::string commit_mode = "in_place";
   int64_t boot_version = 0;
   bool flush_cache_on_commit = false;
@@ -90,6 +95,9 @@ struct SidecarConfig {
   HttpUrl engine_http;
   std::filesystem::path local_checkpoint;
   std::string disk_load_format;
+  bool patch_commits = false;
+  double patch_max_density = 0.3;
+  std::string patch_verify;
   UpdateDestination update_mode = UpdateDestination::kDisk;
   // ProxyOptions::assemble_whole_generate: --whole-generate stream, for an
   // SGLang engine (vLLM labels no streamed event, so streaming cannot help).
@@ -110,8 +118,9 @@ inline constexpr std::string_view kOriginalStoreFactory = "cookbook.common.stora
 // (they load versions only from disk), an unknown engine, mode, commit mode or
 // --whole-generate, a
 // bad engine URL, negative intervals, a threshold below 1, a port out of
-// range, a missing --store or --base-checkpoint; of the original's store
-// wiring: a Python --store-factory other than kOriginalStoreFactory,
+// range, a missing --store or --base-checkpoint, --patch-commits without
+// --engine vllm or with a density outside (0, 1] or an unknown --patch-verify; of the original's
+// store wiring: a Python --store-factory other than kOriginalStoreFactory,
 // --store together with --store-opt, a malformed, repeated or unknown
 // --store-opt key, backend=modal-volume, an S3 backend without s3_root, a
 // local backend without --bulletin-root, and --cache-dir and --bulletin-root

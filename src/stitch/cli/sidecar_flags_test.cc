@@ -63,6 +63,35 @@ TEST(SidecarFlagsTest, VllmIsAnEngineTheSidecarStagesFor) {
   EXPECT_EQ(config->local_checkpoint, f.local_checkpoint);
 }
 
+TEST(SidecarFlagsTest, PatchCommitsAreForVllmWithADensityAndAVerification) {
+  SidecarFlags f = Good();
+  f.engine = "vllm";
+  auto config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->patch_commits);
+  EXPECT_EQ(config->patch_verify, "checksums");
+  f.patch_commits = true;
+  f.patch_max_density = 0.1;
+  f.patch_verify = "values";
+  config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->patch_commits);
+  EXPECT_DOUBLE_EQ(config->patch_max_density, 0.1);
+  EXPECT_EQ(config->patch_verify, "values");
+
+  SidecarFlags sglang = Good();
+  sglang.patch_commits = true;
+  ExpectRefused(sglang, "--patch-commits");
+  for (double density : {0.0, -0.5, 1.5}) {
+    SidecarFlags d = f;
+    d.patch_max_density = density;
+    ExpectRefused(d, "--patch-max-density");
+  }
+  SidecarFlags verify = f;
+  verify.patch_verify = "nothing";
+  ExpectRefused(verify, "--patch-verify");
+}
+
 // As the original Stitch: port 8000, disks loaded with load_format auto.
 TEST(SidecarFlagsTest, DefaultsAreTheOriginalsPortAndLoadFormat) {
   auto config = CheckSidecarFlags(Good());

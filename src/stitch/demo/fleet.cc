@@ -226,6 +226,9 @@ absl::StatusOr<std::string> LocalFleet::StartSidecar(Member& member, const std::
   if (!options_.engine_command.empty()) {
     launch.extra = {"--engine-start-timeout",
                     absl::StrCat(std::chrono::duration<double>(options_.ready_timeout).count())};
+    // A real vLLM started with Stitch's worker extension commits sparse
+    // versions in place; without it, the sidecar falls back to reloads.
+    if (options_.api == EngineApi::kVllm) launch.extra.push_back("--patch-commits");
   }
   launch.extra.insert(launch.extra.end(), options_.sidecar_extra.begin(),
                       options_.sidecar_extra.end());

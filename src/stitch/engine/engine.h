@@ -17,7 +17,10 @@
 // Errors: every method returns a Status the caller must look at.
 //   InitializeDestination  any error is terminal for the replica
 //   Stage                  errors are transient (the live weights are untouched)
-//   Commit                 any error is terminal: the live weights are unknown
+//   Commit                 any error is terminal: the live weights are unknown,
+//                          except Aborted: the engine undid a commit that
+//                          failed part-way and serves the previous weights,
+//                          with their label, as before
 //   Pause, Resume, ResetToBoot, FlushCache   Unavailable when the engine did
 //                          not answer, Internal when it refused
 //
@@ -163,6 +166,15 @@ class Engine {
   // Report found. Stock SGLang's overlap scheduler does not: its spans count
   // a change before the token it has in flight. Default: true.
   virtual bool PlacesCommitsExactly() const { return true; }
+
+  // How commits went, for /metrics: a count per (path, reason), e.g.
+  // ("patch", "") or ("reload", "a FULL version since"). Default: none.
+  struct CommitPath {
+    std::string path;
+    std::string reason;
+    uint64_t count = 0;
+  };
+  virtual std::vector<CommitPath> CommitPaths() const { return {}; }
 
   // Gives the body of a 200 answer to a request forwarded as is (to
   // `path`) back what the engine was started with, where the sidecar's own

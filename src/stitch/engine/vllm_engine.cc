@@ -2,12 +2,15 @@
 
 #include <utility>
 
+#include <spdlog/spdlog.h>
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/delta/weight_patch.h"
 #include "stitch/engine/local_checkpoint.h"
 
 namespace stitch {
@@ -41,19 +44,95 @@ VllmEngine::VllmEngine(boost::asio::any_io_executor executor, VllmEngineOptions 
                        HttpUrl url, WorkerPool& pool)
     : options_(std::move(options)),
       http_(std::move(executor), std::move(url), options_.api_key),
-      pool_(pool) {}
+      pool_(pool),
+      patch_file_(options_.local_checkpoint_dir.parent_path() /
+                  absl::StrCat(".", options_.local_checkpoint_dir.filename().string(),
+                               ".patch.safetensors")) {}
 
 awaitable<absl::Status> VllmEngine::InitializeDestination(const VersionRef& boot) {
-  co_return co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
-                                         options_.local_checkpoint_dir, boot);
+  absl::Status s = co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
+                                                options_.local_checkpoint_dir, boot);
+  if (s.ok()) live_ = boot;
+  co_return s;
 }
 
 awaitable<absl::Status> VllmEngine::Stage(const StagePlan& plan) {
-  co_return co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
+  patch_staged_.reset();
+  absl::Status s = co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
+  if (!s.ok() || !options_.patch) co_return s;
+  reload_reason_ = co_await StagePatch(plan);
+  if (reload_reason_.code.empty()) {
+    patch_staged_ = plan.target;
+  } else {
+    spdlog::info("{} will be committed by a full reload ({}): {}", plan.target.ToString(),
+                 reload_reason_.code, reload_reason_.detail);
+  }
+  co_return absl::OkStatus();
+}
+
+VllmEngine::ReloadReason VllmEngine::PatchBlocker(
+    const StagePlan& plan, std::vector<std::filesystem::path>& deltas) const {
+  if (!live_.has_value()) return {"unknown-base", "what the engine holds is not known"};
+  if (live_->run_id != plan.target.run_id) return {"other-run", "the engine holds another run"};
+  if (live_->version >= plan.target.version) {
+    return {"not-after", "the target is not after what the engine holds"};
+  }
+  if (patch_failed_.has_value() && *patch_failed_ == plan.target) {
+    return {"patch-failed", "its patch failed and was undone"};
+  }
+  for (const StagedVersion& v : plan.chain) {
+    if (v.version <= live_->version) continue;
+    if (v.manifest.kind == VersionKind::kFull) {
+      return {"full-version",
+              absl::StrCat("a FULL version (", v.version, ") since what the engine holds")};
+    }
+    deltas.push_back(v.dir);
+  }
+  if (static_cast<int64_t>(deltas.size()) != plan.target.version - live_->version) {
+    return {"chain-gap",
+            absl::StrCat("the chain does not hold every DELTA since ", live_->ToString())};
+  }
+  return {};
+}
+
+awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
+  std::vector<std::filesystem::path> deltas;
+  if (ReloadReason blocker = PatchBlocker(plan, deltas); !blocker.code.empty()) co_return blocker;
+  WeightPatchOptions patch;
+  patch.from = *live_;
+  patch.to = plan.target;
+  patch.max_density = options_.patch_max_density;
+  auto written = co_await RunBlocking(pool_, [&] {
+    return WriteWeightPatch(deltas, options_.local_checkpoint_dir, patch_file_, patch);
+  });
+  if (!written.ok()) {
+    const bool dense = written.status().code() == absl::StatusCode::kFailedPrecondition;
+    co_return ReloadReason{dense ? "dense" : "patch-error",
+                           std::string(written.status().message())};
+  }
+  json::object rpc;
+  rpc["method"] = "stitch_patch_stage";
+  rpc["args"] = json::array{json::value(patch_file_.string())};
+  std::string body = json::serialize(rpc);
+  if (absl::Status s =
+          co_await http_.Post("/collective_rpc", std::move(body), options_.commit_timeout);
+      !s.ok()) {
+    co_return ReloadReason{"engine-refused",
+                           absl::StrCat("the engine did not stage the patch: ", s.message())};
+  }
+  spdlog::info("staged the in-place patch {} -> {}: {} of {} values ({:.4f}%) in {} tensors",
+               live_->ToString(), plan.target.ToString(), written->values_changed,
+               written->values_total, written->density() * 100, written->tensors);
+  co_return ReloadReason{};
 }
 
 awaitable<absl::Status> VllmEngine::Reload(const std::filesystem::path& dir,
                                            const VersionRef& version, bool flush_cache) {
+  if (options_.patch) {
+    // Whatever the engine staged belongs to the weights being replaced.
+    (void)co_await http_.Post("/collective_rpc", R"({"method": "stitch_patch_discard"})",
+                              options_.control_timeout);
+  }
   json::object kwargs;
   kwargs["weights_path"] = dir.string();
   json::object rpc;
@@ -65,6 +144,10 @@ awaitable<absl::Status> VllmEngine::Reload(const std::filesystem::path& dir,
       !s.ok()) {
     co_return Annotate(s, absl::StrCat("reloading ", dir.string(), " as ", version.ToString()));
   }
+  co_return co_await Label(version, flush_cache);
+}
+
+awaitable<absl::Status> VllmEngine::Label(const VersionRef& version, bool flush_cache) {
   if (flush_cache) {
     if (absl::Status s = co_await FlushCache(); !s.ok()) co_return s;
   }
@@ -76,11 +159,74 @@ awaitable<absl::Status> VllmEngine::Reload(const std::filesystem::path& dir,
 }
 
 awaitable<absl::Status> VllmEngine::Commit(const VersionRef& target, CommitOptions options) {
-  const std::filesystem::path local = options_.local_checkpoint_dir;
-  if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
-    co_return held;
+  absl::Status committed;
+  if (patch_staged_.has_value() && *patch_staged_ == target) {
+    patch_staged_.reset();
+    committed = co_await ApplyPatch(target, options.flush_cache);
+    if (committed.ok()) CountCommit("patch", "");
+  } else {
+    const std::filesystem::path local = options_.local_checkpoint_dir;
+    if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
+      co_return held;
+    }
+    committed = co_await Reload(local, target, options.flush_cache);
+    if (committed.ok()) CountCommit("reload", options_.patch ? reload_reason_.code : "off");
   }
-  co_return co_await Reload(local, target, options.flush_cache);
+  if (committed.ok()) live_ = target;
+  co_return committed;
+}
+
+awaitable<absl::Status> VllmEngine::ApplyPatch(const VersionRef& target, bool flush_cache) {
+  json::object kwargs;
+  kwargs["verify"] = options_.patch_verify;
+  json::object rpc;
+  rpc["method"] = "stitch_patch_apply";
+  rpc["kwargs"] = std::move(kwargs);
+  std::string body = json::serialize(rpc);
+  const std::string what = absl::StrCat("patching ", live_->ToString(), " to ", target.ToString());
+  auto answer =
+      co_await http_.PostForAnswer("/collective_rpc", std::move(body), options_.commit_timeout);
+  if (!answer.ok()) co_return Annotate(answer.status(), what);
+  // {"results": [one answer per worker]}: each says applied, or undone.
+  boost::system::error_code ec;
+  const json::value v = json::parse(answer->body, ec);
+  const json::object* top = ec ? nullptr : v.if_object();
+  const json::array* results = top == nullptr             ? nullptr
+                               : top->contains("results") ? top->at("results").if_array()
+                                                          : nullptr;
+  if (results == nullptr || results->empty()) {
+    co_return absl::InternalError(
+        absl::StrCat(what, ": the engine's answer is not the extension's: ", answer->body));
+  }
+  for (const json::value& r : *results) {
+    const json::object* o = r.if_object();
+    const json::value* applied = o == nullptr ? nullptr : o->if_contains("applied");
+    if (applied != nullptr && applied->is_bool() && applied->get_bool()) continue;
+    const json::value* undone = o == nullptr ? nullptr : o->if_contains("undone");
+    const json::value* error = o == nullptr ? nullptr : o->if_contains("error");
+    const std::string why = error != nullptr && error->is_string()
+                                ? std::string(error->get_string())
+                                : json::serialize(r);
+    if (undone != nullptr && undone->is_bool() && undone->get_bool()) {
+      patch_failed_ = target;
+      CountCommit("patch-undone", "");
+      co_return absl::AbortedError(absl::StrCat(what, " failed and was undone (", why,
+                                                "): the engine serves ", live_->ToString(),
+                                                " as before"));
+    }
+    co_return absl::InternalError(absl::StrCat(what, ": ", why));
+  }
+  co_return co_await Label(target, flush_cache);
+}
+
+void VllmEngine::CountCommit(std::string path, std::string reason) {
+  ++commit_paths_[{std::move(path), std::move(reason)}];
+}
+
+std::vector<Engine::CommitPath> VllmEngine::CommitPaths() const {
+  std::vector<CommitPath> out;
+  for (const auto& [key, count] : commit_paths_) out.push_back({key.first, key.second, count});
+  return out;
 }
 
 awaitable<absl::Status> VllmEngine::Pause() {
@@ -98,6 +244,8 @@ awaitable<absl::Status> VllmEngine::FlushCache() {
 }
 
 awaitable<absl::Status> VllmEngine::ResetToBoot(const VersionRef& boot) {
+  live_.reset();
+  patch_staged_.reset();
   absl::Status s = co_await Reload(options_.base_checkpoint_dir, boot, false);
   if (!s.ok()) co_return s;
   co_return co_await InitializeDestination(boot);

@@ -21,6 +21,20 @@
 // /v1/completions ("cmpl-<id>-0") and /v1/chat/completions
 // ("chatcmpl-<id>"); aborting an id vLLM does not know does nothing.
 //
+// With `patch` on (a vLLM started with --worker-extension-cls
+// stitch_vllm.WeightPatchExtension, python/src/stitch_vllm), a version that
+// follows the one the engine holds by DELTAs only is committed in place
+// instead: Stage also writes the weight patch (delta/weight_patch.h) and has
+// the engine read it (`stitch_patch_stage`, while it serves); the paused
+// moment is then `stitch_patch_apply` (new values written where they
+// changed, read back, every patched tensor hashed in the engine against the
+// version's recorded xxh3-128). A patch that fails is undone by the engine
+// and Commit answers Aborted: the old version serves on, labelled as before,
+// and the next Stage of that target takes the full reload. Versions a patch
+// does not fit (a FULL version since, another run, a patch denser than
+// `patch_max_density`, an engine that refuses it) take the full reload, and
+// the reason is logged and counted (CommitPaths).
+//
 // Errors are EngineHttp's (engine_http.h). A failed reload leaves the
 // engine paused with weights nobody can name: the reconciler treats it as
 // terminal, as for SGLang.
@@ -31,9 +45,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -81,6 +98,13 @@ struct VllmEngineOptions {
   // Sent as "Authorization: Bearer <api_key>" on every call, for a vLLM
   // started with --api-key; empty: none.
   std::string api_key;
+  // Commit DELTAs as in-place patches (see above).
+  bool patch = false;
+  // A patch changing more of the model's values than this takes the reload.
+  double patch_max_density = 0.3;
+  // After a patch: "checksums" (every patched tensor hashed in the engine)
+  // or "values" (the patched values read back only).
+  std::string patch_verify = "checksums";
 };
 
 class VllmEngine final : public Engine {
@@ -112,6 +136,7 @@ class VllmEngine final : public Engine {
   boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
       std::chrono::milliseconds timeout) override;
   boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
+  std::vector<CommitPath> CommitPaths() const override;
 
   const VllmEngineOptions& options() const { return options_; }
 
@@ -122,9 +147,38 @@ class VllmEngine final : public Engine {
   boost::asio::awaitable<absl::Status> Reload(const std::filesystem::path& dir,
                                               const VersionRef& version, bool flush_cache);
 
+  // Why a commit reloads the whole checkpoint instead of patching: a short
+  // code (a /metrics label) and the details (for the log); empty code: it
+  // patches.
+  struct ReloadReason {
+    std::string code;
+    std::string detail;
+  };
+  // Why `plan` cannot be committed as a patch from what the engine holds,
+  // or nothing with the DELTA directories after it in `deltas`.
+  ReloadReason PatchBlocker(const StagePlan& plan,
+                            std::vector<std::filesystem::path>& deltas) const;
+  // Writes and stages the patch to `plan.target`: nothing once the engine
+  // holds it, else why the commit will reload instead.
+  boost::asio::awaitable<ReloadReason> StagePatch(const StagePlan& plan);
+  // Applies the staged patch and labels the weights `target`.
+  boost::asio::awaitable<absl::Status> ApplyPatch(const VersionRef& target, bool flush_cache);
+  boost::asio::awaitable<absl::Status> Label(const VersionRef& version, bool flush_cache);
+  void CountCommit(std::string path, std::string reason);
+
   const VllmEngineOptions options_;
   EngineHttp http_;
   WorkerPool& pool_;
+  const std::filesystem::path patch_file_;
+  // What the engine holds by this adapter's last commit or reset.
+  std::optional<VersionRef> live_;
+  // The target whose patch the engine has staged, and why the last staged
+  // target will reload instead when it has none.
+  std::optional<VersionRef> patch_staged_;
+  ReloadReason reload_reason_;
+  // A target whose patch failed: it reloads.
+  std::optional<VersionRef> patch_failed_;
+  std::map<std::pair<std::string, std::string>, uint64_t> commit_paths_;
 };
 
 }  // namespace stitch

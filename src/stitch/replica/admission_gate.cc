@@ -246,6 +246,10 @@ void AdmissionGate::CommitWindow::Expect(const VersionRef& label) {
   if (gate_ != nullptr) gate_->pending_label_ = label;
 }
 
+void AdmissionGate::CommitWindow::Abandon() {
+  if (gate_ != nullptr) gate_->pending_label_.reset();
+}
+
 void AdmissionGate::CommitWindow::Flip(const VersionRef& serving, const VersionRef& engine_label) {
   if (gate_ == nullptr) return;
   gate_->serving_ = serving;

@@ -171,6 +171,9 @@ class AdmissionGate {
     // `serving`. Trusts the gate (what was just loaded is known).
     void Flip(const VersionRef& serving, const VersionRef& engine_label);
     void Flip(const VersionRef& now) { Flip(now, now); }
+    // The commit did not happen (the engine undid it): responses carry the
+    // label they carried before, and nothing flips.
+    void Abandon();
 
    private:
     friend class AdmissionGate;

@@ -1,5 +1,6 @@
 #include "stitch/replica/metrics.h"
 
+#include "absl/strings/str_cat.h"
 #include "stitch/net/prometheus.h"
 
 namespace stitch {
@@ -70,6 +71,19 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.One("last_stage_seconds", "gauge", "Duration of the last staging.", r.last_stage_seconds);
   w.One("last_commit_seconds", "gauge", "Duration of the last commit.", r.last_commit_seconds);
   w.One("commits_total", "counter", "Engine commits.", r.commits);
+  w.One("commits_undone_total", "counter",
+        "Commits the engine undid after a part-way failure; the previous version kept serving.",
+        r.commits_undone);
+  w.Header("engine_commits_total", "counter",
+           "Engine commits by how the weights were updated: an in-place patch of the values that "
+           "changed, or a reload of the whole checkpoint (with the reason).");
+  for (const Engine::CommitPath& c : m.commit_paths) {
+    const std::string path = PromLabels("path", c.path);
+    w.Sample("engine_commits_total",
+             absl::StrCat(path.substr(0, path.size() - 1), ",",
+                          PromLabels("reason", c.reason).substr(1)),
+             c.count);
+  }
   w.One("skipped_updates_total", "counter",
         "Served-version moves without an engine update (empty deltas).", r.skipped);
   w.One("run_switches_total", "counter", "Run changes followed.", r.run_switches);

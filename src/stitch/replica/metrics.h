@@ -2,6 +2,10 @@
 // values are a plain snapshot, so rendering needs nothing but this struct.
 #pragma once
 
+#include <vector>
+
+#include "stitch/engine/engine.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +32,7 @@ struct SidecarMetrics {
   uint64_t watchdog_probes = 0;
   uint64_t watchdog_failures = 0;
   StoreTraffic store;
+  std::vector<Engine::CommitPath> commit_paths;  // the engine's (Engine::CommitPaths)
   // Whether the engine's own metrics were read for this scrape.
   bool engine_metrics_up = false;
 };
@@ -43,7 +48,9 @@ struct SidecarMetrics {
 //   reconcile_errors_total, client_disconnects_total, streamed_requests_total,
 //   forwarded_requests_total, watchdog_probes_total, watchdog_failures_total,
 //   store_files_downloaded_total, store_bytes_downloaded_total,
-//   engine_metrics_up.
+//   engine_commits_total{path,reason} (engines that say how they commit:
+//   path "patch", "patch-undone" or "reload", with why it reloaded),
+//   commits_undone_total, engine_metrics_up.
 std::string RenderPrometheus(const SidecarMetrics& m);
 
 }  // namespace stitch

@@ -137,8 +137,9 @@ struct ReconcilerOptions {
 // Cumulative numbers, for /metrics.
 struct ReconcilerCounters {
   uint64_t passes = 0;
-  uint64_t commits = 0;  // engine commits
-  uint64_t skipped = 0;  // served-version moves without the engine (empty deltas)
+  uint64_t commits = 0;         // engine commits
+  uint64_t commits_undone = 0;  // commits the engine undid (Engine::Commit's Aborted)
+  uint64_t skipped = 0;         // served-version moves without the engine (empty deltas)
   uint64_t run_switches = 0;
   uint64_t errors = 0;  // transient pass errors
   double stage_seconds_sum = 0;

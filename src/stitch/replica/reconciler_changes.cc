@@ -193,6 +193,24 @@ awaitable<absl::Status> Reconciler::Commit(const VersionRef& target) {
   }
   ++loads_;
   loading_ = false;
+  if (absl::IsAborted(committed)) {
+    // The engine undid the commit and says it serves what it served before:
+    // its label must say so too, or the process ends as for any failure.
+    const absl::Status before = co_await verifier_.CheckLoaded(gate_.engine_label(), run_id_);
+    if (before.ok()) {
+      spdlog::warn("commit of {} undone: {}", target.ToString(), std::string(committed.message()));
+      ++counters_.commits_undone;
+      window->Abandon();
+      if (absl::Status resumed = co_await engine_.Resume(); !resumed.ok()) {
+        Fail(Annotate(resumed, absl::StrCat("the engine did not resume after undoing the commit "
+                                            "of ",
+                                            target.ToString())));
+        co_return terminal_;
+      }
+      co_return committed;
+    }
+    committed = Annotate(before, std::string(committed.message()));
+  }
   if (!committed.ok()) {
     // The engine stays paused: the requests it holds must not continue on
     // weights nobody can name. The process ends; clients retry elsewhere.

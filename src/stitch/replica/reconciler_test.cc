@@ -922,6 +922,64 @@ TEST_F(ReconcilerTest, CommitFailureIsTerminal) {
   });
 }
 
+// Aborted from Commit: the engine undid the commit (an in-place patch that
+// failed part-way) and serves the old version. The replica resumes it under
+// the old label, counts the undone commit, and commits the target on the
+// next pass.
+TEST_F(ReconcilerTest, ACommitTheEngineUndidResumesTheOldVersionAndIsRetried) {
+  Delta(1, 1);
+  SetPointer(Ref("r1", 1));
+  engine_->commit_results.push_back(absl::AbortedError("patch failed and was undone"));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return reconciler_->counters().errors == 1u; }));
+    EXPECT_TRUE(reconciler_->terminal().ok());
+    EXPECT_EQ(reconciler_->counters().commits_undone, 1u);
+    EXPECT_EQ(reconciler_->applied(), Ref("r1", 0));
+    EXPECT_EQ(engine_->calls, (std::vector<std::string>{"init:r1/weight_v000000", "stage:1",
+                                                        "pause", "commit:1", "resume"}));
+    EXPECT_THAT(reconciler_->State().sync_error, HasSubstr("patch failed and was undone"));
+    {
+      // Requests go on at the old version, stamped with its label.
+      auto admitted = gate_->TryAdmit(VersionConstraint{});
+      CO_ASSERT(admitted.has_value() && admitted->ok());
+      EXPECT_EQ((*admitted)->start(), Ref("r1", 0));
+      EXPECT_TRUE(gate_->CheckEngineLabel(**admitted, "r1/weight_v000000").ok());
+      EXPECT_FALSE(gate_->CheckEngineLabel(**admitted, "r1/weight_v000001").ok());
+    }
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    EXPECT_EQ(engine_->Count("commit:1"), 2u);
+  });
+}
+
+// An engine that says it undid a commit but then reports neither the old
+// version nor the target is not believed: terminal, as for any failed
+// commit. (One that reports the target after all keeps the commit, as for
+// any error answer.)
+TEST_F(ReconcilerTest, AnUndoneCommitWhoseOldLabelIsGoneIsTerminal) {
+  Delta(1, 1);
+  SetPointer(Ref("r1", 1));
+  engine_->commit_results.push_back(absl::AbortedError("patch failed and was undone"));
+  engine_->on_stage = [this](const StagePlan&) {
+    EngineReport other;
+    other.label = "r1/weight_v000009";
+    other.held = Ref("r1", 9);
+    engine_->report_results.push_back(other);  // asked whether it holds the target
+    engine_->report_results.push_back(other);  // asked whether it holds the old version
+  };
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return !reconciler_->terminal().ok(); }));
+    EXPECT_EQ(reconciler_->counters().commits_undone, 0u);
+    EXPECT_EQ(engine_->Count("resume"), 0u);
+    CO_ASSERT(terminal_reports_.size() == 1u);
+    EXPECT_THAT(terminal_reports_[0].message(), HasSubstr("live engine state is uncertain"));
+  });
+}
+
 TEST_F(ReconcilerTest, ResumedReplicaServesItsBootCheckpointAtTheSavedVersion) {
   ReconcilerOptions options = NoBackstop();
   options.run_id = "resumed";

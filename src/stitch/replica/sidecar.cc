@@ -24,6 +24,7 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   std::unique_ptr<Sidecar> sidecar(new Sidecar());
   sidecar->on_terminal_ = std::move(settings.on_terminal);
   sidecar->store_ = ports.store;
+  sidecar->engine_ = ports.engine;
   Sidecar* self = sidecar.get();
   // Nothing versioned is served until the reconciler verified (or loaded)
   // what the engine holds.
@@ -104,6 +105,7 @@ SidecarMetrics Sidecar::Metrics() const {
   m.watchdog_probes = watchdog_->probes();
   m.watchdog_failures = watchdog_->failures();
   m.store = store_->traffic();
+  m.commit_paths = engine_->CommitPaths();
   return m;
 }
 

@@ -101,6 +101,7 @@ class Sidecar {
 
   std::function<void(const absl::Status&)> on_terminal_;
   Store* store_ = nullptr;
+  Engine* engine_ = nullptr;
   std::unique_ptr<AdmissionGate> gate_;
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<Watchdog> watchdog_;

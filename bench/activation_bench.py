@@ -1,0 +1,269 @@
+"""The activation pause of a real vLLM: a full reload against an in-place
+patch of the values that changed, with the floor measured in the same run.
+
+Run with the Python of the vLLM environment scripts/install-engines makes
+(`make bench-activation` does):
+
+    <engines dir>/vllm/bin/python bench/activation_bench.py --stitch build/src/stitch/cli/stitch
+
+For each model size (random-weight Llamas written by `stitch engine
+init-model`, bf16) one vLLM starts with Stitch's worker extension
+(python/src/stitch_vllm). For each share of values changed, a version is made
+from the boot weights (that share of every tensor's values nudged in the low
+mantissa bits), encoded as a DELTA, materialized, and turned into a weight
+patch (`stitch delta patch`). Then, each repeated and the median taken:
+
+  reload   POST /pause?mode=keep, /collective_rpc reload_weights (the
+           materialized checkpoint), /update_weight_version, /resume: what a
+           commit costs without the extension;
+  patch    the same pause around /collective_rpc stitch_patch_apply, after
+           stitch_patch_stage outside it; with verify=checksums (every
+           patched tensor hashed in the engine, the default) and
+           verify=values (the patched values read back);
+  floor    in this process, the same changed values XORed into tensors of the
+           model's shapes in memory (torch index ops, no engine, no HTTP).
+
+The pause is timed from sending /pause to /resume's answer. Between
+measurements the engine reloads the boot weights (not timed).
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "engines"))
+import harness  # noqa: E402
+from harness import http  # noqa: E402
+
+
+def run(*cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    return r.stdout
+
+
+def nudged_copy(base, path, fraction, seed):
+    """`base` with `fraction` of each tensor's values changed (all of them at
+    1.0) in their low mantissa bits, as a training step nudges weights."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(base, path)
+    gen = torch.Generator().manual_seed(seed)
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(".safetensors"):
+            continue
+        file = os.path.join(path, name)
+        with safe_open(file, framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        for key in sorted(tensors):
+            bits = tensors[key].view(torch.int16).view(-1)
+            if fraction >= 1:
+                bits ^= 1
+                continue
+            picked = torch.randint(0, bits.numel(), (max(1, int(bits.numel() * fraction)),),
+                                   generator=gen)
+            bits[picked] ^= torch.randint(1, 128, (picked.numel(),), generator=gen,
+                                          dtype=torch.int16)
+        save_file(tensors, file, metadata=metadata)
+    return path
+
+
+class Engine:
+    def __init__(self, model, work):
+        self.port = harness.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = harness.Process(
+            [sys.executable, os.path.join(REPO, "scripts", "vllm_serve.py"), "serve", model,
+             "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
+             "--dtype", "bfloat16", "--max-model-len", "256", "--enforce-eager",
+             "--max-num-seqs", "4", "--worker-extension-cls", harness.PATCH_EXTENSION],
+            os.path.join(work, f"vllm-{self.port}.log"),
+            env={"PYTHONPATH": harness.PATCH_EXTENSION_PATH})
+
+        def healthy():
+            if not self.process.alive():
+                raise SystemExit(f"vLLM exited:\n{self.process.tail()}")
+            try:
+                return http("GET", self.url + "/health", timeout=10)[0] == 200
+            except OSError:
+                return False
+        harness.wait_until(healthy, 1800, "vLLM's /health", every=1)
+
+    def post(self, path, body=None, timeout=1800):
+        status, answer, _ = http("POST", self.url + path, body, timeout=timeout)
+        if status != 200:
+            raise SystemExit(f"POST {path}: {status} {answer}")
+        return answer
+
+    def rpc(self, method, **kwargs):
+        return self.post("/collective_rpc", {"method": method, "kwargs": kwargs})
+
+    def paused(self, action, label):
+        """Seconds from /pause to /resume's answer around `action()`."""
+        start = time.perf_counter()
+        self.post("/pause?mode=keep")
+        answer = action()
+        self.post("/update_weight_version", {"new_version": label})
+        self.post("/resume")
+        return time.perf_counter() - start, answer
+
+    def close(self):
+        self.process.close()
+
+
+def floor_seconds(patch_path, reps):
+    """The same changed values XORed into in-memory tensors of the model's
+    shapes: the least any in-place apply can take."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(patch_path, framework="pt") as f:
+        meta = json.loads(f.metadata()["stitch_patch"])
+        parts = []
+        for name, info in sorted(meta["tensors"].items()):
+            numel = 1
+            for d in info["shape"]:
+                numel *= d
+            parts.append((torch.zeros(numel, dtype=torch.int16),
+                          f.get_tensor(name + "::idx"), f.get_tensor(name + "::xor")))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for flat, idx, xor in parts:
+            flat[idx] = flat[idx] ^ xor
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_size(args, hidden, layers, work):
+    base = os.path.join(work, "base")
+    run(args.stitch, "engine", "init-model", base, "--hidden", str(hidden), "--layers",
+        str(layers), "--heads", str(hidden // 32), "--dtype", "bfloat16", "--seed", "1")
+    model_bytes = sum(os.path.getsize(os.path.join(base, n)) for n in os.listdir(base)
+                      if n.endswith(".safetensors"))
+    print(f"\nmodel hidden {hidden}, {layers} layers: {model_bytes / 2**30:.2f} GiB of bf16 "
+          f"weights; starting vLLM", flush=True)
+    engine = Engine(base, work)
+    rows = []
+    try:
+        for fraction in args.fractions:
+            tag = f"{fraction:g}"
+            target = nudged_copy(base, os.path.join(work, f"target-{tag}"), fraction, 7)
+            delta = os.path.join(work, f"delta-{tag}")
+            local = os.path.join(work, f"local-{tag}")
+            patch = os.path.join(work, f"patch-{tag}.safetensors")
+            run(args.stitch, "delta", "encode", "--base", base, "--target", target, "--out", delta,
+                "--version", "1", "--base-version", "0", "--run-id", "bench")
+            run(args.stitch, "delta", "apply", "--anchor", base, "--anchor-version", "0",
+                "--run-id", "bench", "--out", local, delta)
+            shutil.rmtree(target)
+            dense = fraction > args.max_patch_fraction
+            if not dense:
+                out = run(args.stitch, "delta", "patch", "--target", local, "--out", patch,
+                          "--from", "0", "--max-density", "1", delta)
+                changed = int(out.split(": ", 1)[1].split(" of ")[0])
+            reload_s, patch_s, values_s, stage_s = [], [], [], []
+            for _ in range(args.reps):
+                s, _ = engine.paused(lambda: engine.rpc("reload_weights", weights_path=local),
+                                     "bench/weight_v000001")
+                reload_s.append(s)
+                engine.rpc("reload_weights", weights_path=base)
+                if dense:
+                    continue
+                for verify, into in (("checksums", patch_s), ("values", values_s)):
+                    staged = engine.post("/collective_rpc",
+                                         {"method": "stitch_patch_stage", "args": [patch]})
+                    stage_s.append(staged["results"][0]["seconds"])
+                    s, answer = engine.paused(lambda: engine.rpc("stitch_patch_apply",
+                                                                 verify=verify),
+                                              "bench/weight_v000001")
+                    if not answer["results"][0]["applied"]:
+                        raise SystemExit(f"the patch failed: {answer}")
+                    into.append(s)
+                    engine.rpc("reload_weights", weights_path=base)
+            row = {"size": f"{hidden}x{layers}", "gib": model_bytes / 2**30, "fraction": fraction,
+                   "reload": statistics.median(reload_s)}
+            if not dense:
+                row.update(changed=changed, patch=statistics.median(patch_s),
+                           values=statistics.median(values_s),
+                           stage=statistics.median(stage_s),
+                           floor=floor_seconds(patch, max(args.reps, 3)))
+                os.remove(patch)
+            rows.append(row)
+            print_row(row, flush=True)
+            shutil.rmtree(delta)
+            shutil.rmtree(local)
+    finally:
+        engine.close()
+    return rows
+
+
+HEADER = ("| model | changed | values changed | reload pause | patch pause (checksums) | "
+          "patch pause (values) | floor | checksums / reload | checksums / floor | "
+          "values / reload | values / floor |")
+
+
+def print_row(row, flush=False):
+    model = f"{row['size']} ({row['gib']:.2f} GiB)"
+    if "patch" not in row:
+        print(f"| {model} | {row['fraction'] * 100:g}% | all | {row['reload'] * 1e3:.0f} ms | "
+              "dense: reloads | | | | | | |", flush=flush)
+        return
+    print(f"| {model} | {row['fraction'] * 100:g}% | {row['changed']} | "
+          f"{row['reload'] * 1e3:.0f} ms | {row['patch'] * 1e3:.1f} ms | "
+          f"{row['values'] * 1e3:.1f} ms | {row['floor'] * 1e3:.1f} ms | "
+          f"{row['patch'] / row['reload']:.3f} | {row['patch'] / row['floor']:.2f} | "
+          f"{row['values'] / row['reload']:.3f} | {row['values'] / row['floor']:.2f} |",
+          flush=flush)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--stitch", required=True, help="the stitch binary")
+    p.add_argument("--sizes", default="1024x16,2048x16",
+                   help="models as HIDDENxLAYERS, comma-separated")
+    p.add_argument("--fractions", default="0.001,0.01,0.05,1",
+                   type=lambda s: [float(x) for x in s.split(",")])
+    p.add_argument("--max-patch-fraction", type=float, default=0.3,
+                   help="shares above this take the reload only (as the sidecar does)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--work", help="scratch directory (default: a temporary one)")
+    args = p.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="stitch-activation-")
+    rows = []
+    try:
+        print(HEADER)
+        print("|" + " --- |" * HEADER.count(" |"))
+        for size in args.sizes.split(","):
+            hidden, layers = (int(x) for x in size.split("x"))
+            d = os.path.join(work, size)
+            os.makedirs(d)
+            rows += measure_size(args, hidden, layers, d)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    print("\n" + HEADER)
+    print("|" + " --- |" * HEADER.count(" |"))
+    for row in rows:
+        print_row(row)
+    per_value = [(r["size"], r["fraction"], r["values"] / r["changed"] * 1e9)
+                 for r in rows if "patch" in r]
+    print("\npatch pause (values) per changed value: " + ", ".join(
+        f"{s} at {f * 100:g}%: {ns:.0f} ns" for s, f, ns in per_value))
+
+
+if __name__ == "__main__":
+    main()
