@@ -143,7 +143,7 @@ def floor_seconds(patch_path, reps):
     for _ in range(reps):
         start = time.perf_counter()
         for flat, idx, xor in parts:
-            flat[idx] = flat[idx] ^ xor
+            flat.put_(idx, torch.take(flat, idx) ^ xor)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -175,7 +175,7 @@ def measure_size(args, hidden, layers, work):
                 out = run(args.stitch, "delta", "patch", "--target", local, "--out", patch,
                           "--from", "0", "--max-density", "1", delta)
                 changed = int(out.split(": ", 1)[1].split(" of ")[0])
-            reload_s, patch_s, values_s, stage_s = [], [], [], []
+            reload_s, patch_s, values_s, stage_s, apply_s = [], [], [], [], []
             for _ in range(args.reps):
                 s, _ = engine.paused(lambda: engine.rpc("reload_weights", weights_path=local),
                                      "bench/weight_v000001")
@@ -193,13 +193,17 @@ def measure_size(args, hidden, layers, work):
                     if not answer["results"][0]["applied"]:
                         raise SystemExit(f"the patch failed: {answer}")
                     into.append(s)
+                    if verify == "values":
+                        apply_s.append(answer["results"][0]["seconds"])
+                    threads = staged["results"][0]["threads"]
                     engine.rpc("reload_weights", weights_path=base)
             row = {"size": f"{hidden}x{layers}", "gib": model_bytes / 2**30, "fraction": fraction,
                    "reload": statistics.median(reload_s)}
             if not dense:
                 row.update(changed=changed, patch=statistics.median(patch_s),
                            values=statistics.median(values_s),
-                           stage=statistics.median(stage_s),
+                           stage=statistics.median(stage_s), apply=statistics.median(apply_s),
+                           threads=threads,
                            floor=floor_seconds(patch, max(args.reps, 3)))
                 os.remove(patch)
             rows.append(row)
@@ -212,19 +216,20 @@ def measure_size(args, hidden, layers, work):
 
 
 HEADER = ("| model | changed | values changed | reload pause | patch pause (checksums) | "
-          "patch pause (values) | floor | checksums / reload | checksums / floor | "
-          "values / reload | values / floor |")
+          "patch pause (values) | of which the engine's apply | floor | checksums / reload | "
+          "checksums / floor | values / reload | values / floor |")
 
 
 def print_row(row, flush=False):
     model = f"{row['size']} ({row['gib']:.2f} GiB)"
     if "patch" not in row:
         print(f"| {model} | {row['fraction'] * 100:g}% | all | {row['reload'] * 1e3:.0f} ms | "
-              "dense: reloads | | | | | | |", flush=flush)
+              "dense: reloads | | | | | | | |", flush=flush)
         return
     print(f"| {model} | {row['fraction'] * 100:g}% | {row['changed']} | "
           f"{row['reload'] * 1e3:.0f} ms | {row['patch'] * 1e3:.1f} ms | "
-          f"{row['values'] * 1e3:.1f} ms | {row['floor'] * 1e3:.1f} ms | "
+          f"{row['values'] * 1e3:.1f} ms | {row['apply'] * 1e3:.1f} ms ({row['threads']} threads) | "
+          f"{row['floor'] * 1e3:.1f} ms | "
           f"{row['patch'] / row['reload']:.3f} | {row['patch'] / row['floor']:.2f} | "
           f"{row['values'] / row['reload']:.3f} | {row['values'] / row['floor']:.2f} |",
           flush=flush)

@@ -13,7 +13,9 @@
 #include <boost/json/value.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/delta/delta_encode.h"
 #include "stitch/engine/vllm_engine.h"
+#include "stitch/format/index.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
@@ -161,6 +163,77 @@ TEST_F(VllmEngineTest, AWorkerMethodOtherThanReloadWeightsIsRefusedByName) {
   EXPECT_THAT(r->body, HasSubstr("have no method"));
   EXPECT_THAT(r->body, HasSubstr("init_weight_transfer"));
   EXPECT_THAT(r->body, HasSubstr("reload_weights"));
+}
+
+// The plan to stage DELTA `version`, encoded from `base` to the model in
+// `target` under updates/.
+StagePlan DeltaPlan(const std::filesystem::path& root, const std::filesystem::path& base,
+                    const std::filesystem::path& target, int64_t version) {
+  const std::filesystem::path dir = root / "updates" / VersionDirName(version);
+  EncodeOptions encode;
+  encode.version = version;
+  encode.base_version = version - 1;
+  encode.run_id = "r1";
+  std::filesystem::create_directories(dir.parent_path());
+  absl::StatusOr<EncodeResult> encoded = EncodeDelta(base, target, dir, encode);
+  EXPECT_TRUE(encoded.ok()) << encoded.status();
+  StagePlan plan;
+  plan.target = VersionRef{"r1", version};
+  plan.base_checkpoint_dir = root / "base";
+  plan.base_version = 0;
+  plan.source_dir = root / "updates";
+  for (int64_t v = 1; v <= version; ++v) {
+    StagedVersion staged;
+    staged.version = v;
+    staged.manifest.version = v;
+    staged.manifest.kind = VersionKind::kDelta;
+    staged.manifest.base_version = v - 1;
+    staged.dir = root / "updates" / VersionDirName(v);
+    plan.chain.push_back(staged);
+  }
+  return plan;
+}
+
+// With patches on, an engine without Stitch's worker extension (the
+// reference engine's workers have no stitch_patch_stage) refuses the patch
+// while it serves, and the commit reloads the whole checkpoint instead; a
+// DELTA that changes most values is not even offered as a patch. Each
+// reload is counted with its reason.
+TEST_F(VllmEngineTest, WithPatchesOnAnEngineThatCannotPatchReloadsAndSaysWhy) {
+  VllmEngineOptions options;
+  options.url = server_->url();
+  options.base_checkpoint_dir = tmp_ / "base";
+  options.local_checkpoint_dir = tmp_ / "local";
+  options.patch = true;
+  auto made = VllmEngine::Make(loop_.executor(), options, pool_);
+  ASSERT_TRUE(made.ok()) << made.status();
+  VllmEngine& engine = **made;
+  ASSERT_TRUE(loop_.BlockOn(engine.InitializeDestination(VersionRef{"r1", 0})).ok());
+
+  const ModelConfig config = testing::EngineTestConfig();
+  std::vector<HostTensor> sparse = testing::EngineTestTensors(config, 1);
+  sparse[0].data[0] ^= std::byte{1};  // one value of one tensor
+  ASSERT_TRUE(testing::WriteModel(tmp_ / "v1", config, sparse).ok());
+  ASSERT_TRUE(testing::WriteModel(tmp_ / "v2", config, testing::EngineTestTensors(config, 2)).ok());
+
+  const auto commit = [&](const StagePlan& plan) {
+    ASSERT_TRUE(loop_.BlockOn(engine.Stage(plan)).ok());
+    ASSERT_TRUE(loop_.BlockOn(engine.Pause()).ok());
+    absl::Status committed = loop_.BlockOn(engine.Commit(plan.target, Engine::CommitOptions{}));
+    ASSERT_TRUE(committed.ok()) << committed;
+    ASSERT_TRUE(loop_.BlockOn(engine.Resume()).ok());
+    auto report = loop_.BlockOn(engine.Report(std::chrono::seconds(5)));
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->held, plan.target);
+  };
+  ASSERT_NO_FATAL_FAILURE(commit(DeltaPlan(tmp_.path(), tmp_ / "base", tmp_ / "v1", 1)));
+  ASSERT_NO_FATAL_FAILURE(commit(DeltaPlan(tmp_.path(), tmp_ / "v1", tmp_ / "v2", 2)));
+  EXPECT_EQ(server_->scheduler().stats().weight_swaps, 2u);
+  std::vector<std::string> paths;
+  for (const Engine::CommitPath& c : engine.CommitPaths()) {
+    paths.push_back(absl::StrCat(c.path, "/", c.reason, "=", c.count));
+  }
+  EXPECT_THAT(paths, ::testing::UnorderedElementsAre("reload/engine-refused=1", "reload/dense=1"));
 }
 
 TEST_F(VllmEngineTest, AnEngineThatRefusesOrIsGoneGivesErrorsNamingTheRoute) {

@@ -13,12 +13,14 @@ next by patching only the values that changed, through vLLM's
     rows inside ``qkv_proj``, gate/up rows inside ``gate_up_proj``) and
     checks that the values there are the old version's.
 ``stitch_patch_apply(verify="checksums")``
-    While the engine is paused: writes the new values in place, reads them
-    back, and (``verify="checksums"``) hashes every patched tensor in the
-    engine and compares it with the version's recorded xxh3-128. Nothing is
-    read from disk. On any failure every value already written is restored
-    (XOR is its own inverse) and the answer says so: the old version keeps
-    serving. Only a failure to restore raises.
+    While the engine is paused: checks again that the values to change are
+    the old version's, writes the new values in place, and
+    (``verify="checksums"``) hashes every patched tensor in the engine and
+    compares it with the version's recorded xxh3-128 (``verify="values"``
+    stops after the writes). Nothing is read from disk. On any failure every
+    value already written is restored (XOR is its own inverse) and read back,
+    and the answer says so: the old version keeps serving. Only a failure to
+    restore raises.
 ``stitch_patch_discard()``
     Drops what was staged.
 
@@ -167,14 +169,14 @@ class WeightPatchExtension:
                 slot = _Slot(name, flat, f.get_tensor(name + "::idx"),
                              f.get_tensor(name + "::xor"), f.get_tensor(name + "::new"),
                              info["checksum"])
-                if not torch.equal(flat[slot.idx], slot.old):
+                if not torch.equal(torch.take(flat, slot.idx), slot.old):
                     raise PatchError(
                         f"{name}: the engine does not hold {meta['from']}'s values there")
                 slots.append(slot)
         state["staged"] = {"from": meta["from"], "to": meta["to"], "slots": slots}
         return {"staged": meta["to"], "tensors": len(slots),
                 "values": int(sum(s.idx.numel() for s in slots)),
-                "seconds": time.monotonic() - start}
+                "threads": torch.get_num_threads(), "seconds": time.monotonic() - start}
 
     def stitch_patch_apply(self, verify: str = "checksums") -> Dict[str, Any]:
         start = time.monotonic()
@@ -189,12 +191,10 @@ class WeightPatchExtension:
             for slot in staged["slots"]:
                 if fail_after is not None and len(done) >= fail_after:
                     raise PatchError(f"a fault armed to fail after {fail_after} tensors")
-                if not torch.equal(slot.flat[slot.idx], slot.old):
+                if not torch.equal(torch.take(slot.flat, slot.idx), slot.old):
                     raise PatchError(f"{slot.name}: the values to patch changed since staging")
                 done.append(slot)
-                slot.flat[slot.idx] = slot.new
-                if not torch.equal(slot.flat[slot.idx], slot.new):
-                    raise PatchError(f"{slot.name}: the patched values did not read back")
+                slot.flat.put_(slot.idx, slot.new)
             if verify == "checksums":
                 for slot in staged["slots"]:
                     got = _xxh3_128_hex(slot.flat)
@@ -203,9 +203,9 @@ class WeightPatchExtension:
                                          f"the version records {slot.checksum}")
         except Exception as e:  # noqa: BLE001: whatever failed, the old version is restored
             for slot in reversed(done):
-                slot.flat[slot.idx] = slot.old
+                slot.flat.put_(slot.idx, slot.old)
             for slot in done:
-                if not torch.equal(slot.flat[slot.idx], slot.old):
+                if not torch.equal(torch.take(slot.flat, slot.idx), slot.old):
                     raise RuntimeError(f"undoing the patch to {staged['to']} failed at "
                                        f"{slot.name}: the weights are neither version") from e
             return {"applied": False, "undone": True, "error": str(e), "from": staged["from"],

@@ -27,13 +27,12 @@
 // instead: Stage also writes the weight patch (delta/weight_patch.h) and has
 // the engine read it (`stitch_patch_stage`, while it serves); the paused
 // moment is then `stitch_patch_apply` (new values written where they
-// changed, read back, every patched tensor hashed in the engine against the
-// version's recorded xxh3-128). A patch that fails is undone by the engine
-// and Commit answers Aborted: the old version serves on, labelled as before,
-// and the next Stage of that target takes the full reload. Versions a patch
-// does not fit (a FULL version since, another run, a patch denser than
-// `patch_max_density`, an engine that refuses it) take the full reload, and
-// the reason is logged and counted (CommitPaths).
+// changed, after checking the old ones there again; every patched tensor
+// hashed in the engine against the version's recorded xxh3-128). A patch that fails is undone by
+// the engine and Commit answers Aborted: the old version serves on, labelled as before, and the
+// next Stage of that target takes the full reload. Versions a patch does not fit (a FULL version
+// since, another run, a patch denser than `patch_max_density`, an engine that refuses it) take the
+// full reload, and the reason is logged and counted (CommitPaths).
 //
 // Errors are EngineHttp's (engine_http.h). A failed reload leaves the
 // engine paused with weights nobody can name: the reconciler treats it as
@@ -103,7 +102,7 @@ struct VllmEngineOptions {
   // A patch changing more of the model's values than this takes the reload.
   double patch_max_density = 0.3;
   // After a patch: "checksums" (every patched tensor hashed in the engine)
-  // or "values" (the patched values read back only).
+  // or "values" (the old values checked and the new ones written, no hash).
   std::string patch_verify = "checksums";
 };
 
