@@ -54,29 +54,18 @@ def nudged_copy(base, path, fraction, seed):
     """`base` with `fraction` of each tensor's values changed (all of them at
     1.0) in their low mantissa bits, as a training step nudges weights."""
     import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
 
-    shutil.copytree(base, path)
     gen = torch.Generator().manual_seed(seed)
-    for name in sorted(os.listdir(path)):
-        if not name.endswith(".safetensors"):
-            continue
-        file = os.path.join(path, name)
-        with safe_open(file, framework="pt") as f:
-            metadata = f.metadata()
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        for key in sorted(tensors):
-            bits = tensors[key].view(torch.int16).view(-1)
-            if fraction >= 1:
-                bits ^= 1
-                continue
-            picked = torch.randint(0, bits.numel(), (max(1, int(bits.numel() * fraction)),),
-                                   generator=gen)
-            bits[picked] ^= torch.randint(1, 128, (picked.numel(),), generator=gen,
-                                          dtype=torch.int16)
-        save_file(tensors, file, metadata=metadata)
-    return path
+
+    def nudge(_, tensor):
+        bits = tensor.view(torch.int16).view(-1)
+        if fraction >= 1:
+            bits ^= 1
+            return
+        picked = torch.randint(0, bits.numel(), (max(1, int(bits.numel() * fraction)),),
+                               generator=gen)
+        bits[picked] ^= torch.randint(1, 128, (picked.numel(),), generator=gen, dtype=torch.int16)
+    return harness.rewrite_tensors(base, path, nudge)
 
 
 class Engine:

@@ -47,12 +47,13 @@ class VllmEngineTest : public ::testing::Test {
     server_ = *std::move(server);
   }
 
-  std::unique_ptr<VllmEngine> Make(VllmPauseMode mode) {
+  std::unique_ptr<VllmEngine> Make(VllmPauseMode mode, bool patch = false) {
     VllmEngineOptions options;
     options.url = server_->url();
     options.base_checkpoint_dir = tmp_ / "base";
     options.local_checkpoint_dir = tmp_ / "local";
     options.pause_mode = mode;
+    options.patch = patch;
     auto engine = VllmEngine::Make(loop_.executor(), options, pool_);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? *std::move(engine) : nullptr;
@@ -200,14 +201,9 @@ StagePlan DeltaPlan(const std::filesystem::path& root, const std::filesystem::pa
 // DELTA that changes most values is not even offered as a patch. Each
 // reload is counted with its reason.
 TEST_F(VllmEngineTest, WithPatchesOnAnEngineThatCannotPatchReloadsAndSaysWhy) {
-  VllmEngineOptions options;
-  options.url = server_->url();
-  options.base_checkpoint_dir = tmp_ / "base";
-  options.local_checkpoint_dir = tmp_ / "local";
-  options.patch = true;
-  auto made = VllmEngine::Make(loop_.executor(), options, pool_);
-  ASSERT_TRUE(made.ok()) << made.status();
-  VllmEngine& engine = **made;
+  auto made = Make(VllmPauseMode::kKeep, /*patch=*/true);
+  ASSERT_NE(made, nullptr);
+  VllmEngine& engine = *made;
   ASSERT_TRUE(loop_.BlockOn(engine.InitializeDestination(VersionRef{"r1", 0})).ok());
 
   const ModelConfig config = testing::EngineTestConfig();

@@ -177,18 +177,15 @@ class Process:
 ENGINE_KEY = "stitch-engine-test-key"
 
 
-def make_sparse_variant(source, path, fraction, seed):
-    """A copy of checkpoint `source` in which `fraction` of every tensor's
-    values are replaced by random ones of the tensor's scale: the kind of
-    version a trainer's step makes, that a weight patch carries."""
+def rewrite_tensors(source, path, edit):
+    """A copy of checkpoint `source` at `path` whose tensors `edit(name,
+    tensor)` changed in place, file by file, in name order."""
     import shutil
 
-    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     shutil.copytree(source, path)
-    gen = torch.Generator().manual_seed(seed)
     for name in sorted(os.listdir(path)):
         if not name.endswith(".safetensors"):
             continue
@@ -197,12 +194,25 @@ def make_sparse_variant(source, path, fraction, seed):
             metadata = f.metadata()
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         for key in sorted(tensors):
-            flat = tensors[key].view(-1)
-            picked = torch.randperm(flat.numel(), generator=gen)[:max(1, int(flat.numel() * fraction))]
-            scale = flat.float().std().item() or 1.0
-            flat[picked] = (torch.randn(picked.numel(), generator=gen) * scale * 3).to(flat.dtype)
+            edit(key, tensors[key])
         save_file(tensors, file, metadata=metadata)
     return path
+
+
+def make_sparse_variant(source, path, fraction, seed):
+    """A copy of checkpoint `source` in which `fraction` of every tensor's
+    values are replaced by random ones of the tensor's scale: the kind of
+    version a trainer's step makes, that a weight patch carries."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def replace(_, tensor):
+        flat = tensor.view(-1)
+        picked = torch.randperm(flat.numel(), generator=gen)[:max(1, int(flat.numel() * fraction))]
+        scale = flat.float().std().item() or 1.0
+        flat[picked] = (torch.randn(picked.numel(), generator=gen) * scale * 3).to(flat.dtype)
+    return rewrite_tensors(source, path, replace)
 
 
 class EngineServer:

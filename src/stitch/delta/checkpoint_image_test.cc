@@ -23,6 +23,7 @@ using testing::RewritePayloads;
 using testing::ScratchDir;
 using testing::TestCheckpoint;
 using testing::WriteCheckpoint;
+using testing::WriteVersionChain;
 
 std::map<std::string, std::vector<std::byte>> BytesOf(const CheckpointImage& image) {
   std::map<std::string, std::vector<std::byte>> out;
@@ -45,16 +46,9 @@ class CheckpointImageTest : public ::testing::Test {
       versions_.push_back(
           Nudge(versions_.back(), 0.01, 10 + v, [](const std::string& n) { return n != "still"; }));
     }
-    for (size_t v = 0; v < versions_.size(); ++v) {
-      WriteCheckpoint(Ckpt(v), versions_[v],
-                      {{"version", VersionMetadataString(static_cast<int64_t>(v))}});
-    }
-    for (size_t v = 1; v < versions_.size(); ++v) {
-      EncodeOptions o;
-      o.version = static_cast<int64_t>(v);
-      o.run_id = "r";
-      ASSERT_TRUE(EncodeDelta(Ckpt(v - 1), Ckpt(v), Delta(v), o).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(WriteVersionChain(
+        versions_, "r", [this](size_t v) { return Ckpt(v); },
+        [this](size_t v) { return Delta(v); }));
   }
 
   fs::path Ckpt(size_t v) const { return dir_ / absl::StrCat("ckpt", v); }

@@ -75,19 +75,6 @@ class TreeGuard {
   fs::path dir_;
 };
 
-// Generations left behind by a crashed apply of the same destination. Only
-// called with the destination's lock held, so none of them is in use.
-void RemoveStaleGenerations(const fs::path& out_dir) {
-  const std::string prefix = absl::StrCat(".", out_dir.filename().string(), ".tmp-");
-  std::error_code ec;
-  for (fs::directory_iterator it(ParentOf(out_dir), ec), end; !ec && it != end; it.increment(ec)) {
-    if (absl::StartsWith(it->path().filename().string(), prefix)) {
-      std::error_code rm;
-      fs::remove_all(it->path(), rm);
-    }
-  }
-}
-
 // Copies `len` bytes at `offset` of one file to the same offset of another,
 // in the kernel when it can (copy_file_range; a reflink on filesystems that
 // share extents).
@@ -488,7 +475,9 @@ absl::StatusOr<MaterializeResult> MaterializeCheckpoint(const fs::path& anchor_d
   if (!out_dir.parent_path().empty()) fs::create_directories(out_dir.parent_path(), ec);
   absl::StatusOr<DestinationLock> lock = DestinationLock::Acquire(out_dir);
   if (!lock.ok()) return lock.status();
-  RemoveStaleGenerations(out_dir);
+  // Generations left behind by a crashed apply (the lock is held: none is
+  // in use).
+  RemoveStaleTempSiblings(out_dir);
   absl::StatusOr<std::optional<VersionRef>> held = ReadHeldVersion(out_dir);
   if (!held.ok()) return held.status();
   const bool out_exists = fs::exists(fs::symlink_status(out_dir, ec));

@@ -33,6 +33,7 @@ using testing::ScratchDir;
 using testing::SnapshotTree;
 using testing::TestCheckpoint;
 using testing::WriteCheckpoint;
+using testing::WriteVersionChain;
 
 // A small model over three files: bf16 matrices, f32 norms, an i64 table,
 // an empty tensor, odd sizes, and one tensor larger than a codec chunk.
@@ -68,17 +69,9 @@ class DeltaCodecTest : public ::testing::Test {
     versions_.push_back(Nudge(versions_[1], 0.02, 12));
     versions_.push_back(versions_[2]);
     versions_.push_back(Nudge(versions_[3], 0.01, 14, IsLayer0));
-    for (size_t v = 0; v < versions_.size(); ++v) {
-      WriteCheckpoint(Ckpt(v), versions_[v],
-                      {{"version", VersionMetadataString(static_cast<int64_t>(v))}});
-    }
-    for (size_t v = 1; v < versions_.size(); ++v) {
-      EncodeOptions o;
-      o.version = static_cast<int64_t>(v);
-      o.run_id = "run-a";
-      absl::StatusOr<EncodeResult> r = EncodeDelta(Ckpt(v - 1), Ckpt(v), Delta(v), o);
-      ASSERT_TRUE(r.ok()) << r.status();
-    }
+    ASSERT_NO_FATAL_FAILURE(WriteVersionChain(
+        versions_, "run-a", [this](size_t v) { return Ckpt(v); },
+        [this](size_t v) { return Delta(v); }));
   }
 
   fs::path Ckpt(size_t v) const { return dir_ / absl::StrCat("ckpt", v); }

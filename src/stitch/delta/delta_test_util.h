@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "stitch/delta/delta_encode.h"
 #include "stitch/format/checkpoint_reader.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
@@ -201,6 +202,25 @@ inline void EditIndex(const fs::path& dir, const std::function<void(CheckpointIn
   ASSERT_TRUE(index.ok()) << index.status();
   edit(*index);
   ASSERT_TRUE(WriteFileAtomically(dir / "model.safetensors.index.json", index->ToJson()).ok());
+}
+
+// Writes every one of `versions` as a checkpoint at ckpt(v) recording its
+// version, and the DELTA from each to the next at delta(v), of run `run_id`.
+inline void WriteVersionChain(const std::vector<TestCheckpoint>& versions,
+                              const std::string& run_id,
+                              const std::function<fs::path(size_t)>& ckpt,
+                              const std::function<fs::path(size_t)>& delta) {
+  for (size_t v = 0; v < versions.size(); ++v) {
+    WriteCheckpoint(ckpt(v), versions[v],
+                    {{"version", VersionMetadataString(static_cast<int64_t>(v))}});
+  }
+  for (size_t v = 1; v < versions.size(); ++v) {
+    EncodeOptions o;
+    o.version = static_cast<int64_t>(v);
+    o.run_id = run_id;
+    absl::StatusOr<EncodeResult> encoded = EncodeDelta(ckpt(v - 1), ckpt(v), delta(v), o);
+    ASSERT_TRUE(encoded.ok()) << encoded.status();
+  }
 }
 
 }  // namespace stitch::testing

@@ -203,6 +203,8 @@ absl::StatusOr<WeightPatchStats> WriteWeightPatch(std::span<const std::filesyste
   meta["tensors"] = std::move(tensors_meta);
   meta["shapes"] = std::move(shapes);
 
+  // A patch being written when its writer crashed is never used; remove it.
+  RemoveStaleTempSiblings(out);
   const std::filesystem::path tmp = TempSiblingPath(out);
   absl::Status written =
       WriteSafetensors(tmp, views, {{std::string(kWeightPatchMetadataKey), json::serialize(meta)}});

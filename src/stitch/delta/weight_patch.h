@@ -56,7 +56,8 @@ struct WeightPatchStats {
 };
 
 // Writes the patch from `options.from` to `options.to` into `out` (a
-// temporary sibling renamed into place), from the DELTA versions in
+// temporary sibling renamed into place; temporary siblings a crashed writer
+// left are removed first: one writer per `out` at a time), from the DELTA versions in
 // `delta_dirs` (any order; consecutive, the first applying to from, the
 // last producing to) and the checkpoint `target_dir` materialized at `to`
 // (its tensors' new bytes, dtypes and shapes). Every changed tensor's

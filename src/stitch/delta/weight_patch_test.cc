@@ -32,6 +32,7 @@ using testing::RandomTensor;
 using testing::ScratchDir;
 using testing::TestCheckpoint;
 using testing::WriteCheckpoint;
+using testing::WriteVersionChain;
 
 TestCheckpoint Model() {
   TestCheckpoint c;
@@ -54,16 +55,9 @@ class WeightPatchTest : public ::testing::Test {
     versions_.push_back(Nudge(versions_[0], 0.01, 11, IsAttention));
     versions_.push_back(Nudge(versions_[1], 0.01, 12));
     versions_.push_back(Nudge(versions_[2], 0.02, 13, IsAttention));
-    for (size_t v = 0; v < versions_.size(); ++v) {
-      WriteCheckpoint(Ckpt(v), versions_[v],
-                      {{"version", VersionMetadataString(static_cast<int64_t>(v))}});
-    }
-    for (size_t v = 1; v < versions_.size(); ++v) {
-      EncodeOptions o;
-      o.version = static_cast<int64_t>(v);
-      o.run_id = "run";
-      ASSERT_TRUE(EncodeDelta(Ckpt(v - 1), Ckpt(v), Delta(v), o).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(WriteVersionChain(
+        versions_, "run", [this](size_t v) { return Ckpt(v); },
+        [this](size_t v) { return Delta(v); }));
   }
 
   fs::path Ckpt(size_t v) const { return dir_ / absl::StrCat("ckpt", v); }
@@ -177,6 +171,20 @@ TEST_F(WeightPatchTest, OneDeltaPatchesOnlyTheTensorsItChanges) {
   std::map<std::string, std::vector<std::byte>> weights = BytesOf(versions_[0]);
   ASSERT_NO_FATAL_FAILURE(ApplyPatch(*patch, meta, weights));
   EXPECT_EQ(weights, BytesOf(versions_[1]));
+}
+
+TEST_F(WeightPatchTest, WhatAWriterThatCrashedLeftIsRemoved) {
+  const fs::path out = dir_ / "patch.safetensors";
+  const fs::path torn = TempSiblingPath(out);
+  ASSERT_TRUE(WriteFileAtomically(torn, "half a patch").ok());
+  ASSERT_TRUE(WriteWeightPatch(Deltas(0, 1), Materialized(1), out, Options(0, 1)).ok());
+  EXPECT_FALSE(fs::exists(torn));
+  EXPECT_TRUE(fs::exists(out));
+  std::vector<std::string> left;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_.path())) {
+    if (e.path().filename().string().starts_with(".patch")) left.push_back(e.path().string());
+  }
+  EXPECT_TRUE(left.empty()) << left.front();
 }
 
 TEST_F(WeightPatchTest, ADensePatchIsRefusedAndNothingIsWritten) {

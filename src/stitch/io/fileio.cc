@@ -91,6 +91,18 @@ fs::path TempSiblingPath(const fs::path& path) {
   return path.parent_path() / name;
 }
 
+void RemoveStaleTempSiblings(const fs::path& path) {
+  const std::string prefix = absl::StrCat(".", path.filename().string(), ".tmp-");
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().starts_with(prefix)) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+}
+
 absl::Status WriteFileAtomically(const fs::path& path, std::string_view contents) {
   fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   fs::path tmp = TempSiblingPath(path);

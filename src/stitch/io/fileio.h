@@ -40,6 +40,11 @@ namespace stitch {
 // A fresh, unique sibling path for `path`: "<dir>/.<name>.tmp-<pid>-<random>".
 std::filesystem::path TempSiblingPath(const std::filesystem::path& path);
 
+// Removes every TempSiblingPath(path) left behind (files or directories) by
+// a writer of `path` that crashed. Only for a caller that is the one writer
+// of `path` at a time. Best effort: errors are ignored.
+void RemoveStaleTempSiblings(const std::filesystem::path& path);
+
 // The OS error `errno_value` as an absl::Status for an operation on `path`:
 // "open /x/y: No such file or directory". ENOENT maps to NotFound, EACCES and
 // EPERM to PermissionDenied, ENOSPC to ResourceExhausted, others to Internal.
