@@ -45,7 +45,7 @@ test-engines: build
 	@for engine in $(ENGINES); do \
 	  STITCH_BIN=$(CURDIR)/$(BUILD)/src/stitch/cli/stitch \
 	    $(ENGINES_DIR)/$$engine/bin/python -m pytest -q -p no:cacheprovider \
-	    tests/engines/test_$$engine.py tests/engines/test_chaos_judge.py || exit 1; \
+	    tests/engines/test_$$engine*.py tests/engines/test_chaos_judge.py || exit 1; \
 	done
 
 # A fleet across hosts on this machine: network namespaces joined by a

@@ -140,13 +140,8 @@ class WeightPatchExtension:
         start = time.monotonic()
         state = self._stitch_state()
         state["staged"] = None
-        try:
-            from vllm.distributed import get_tensor_model_parallel_world_size
-
-            if get_tensor_model_parallel_world_size() != 1:
-                raise PatchError("patches place unsharded tensors: tensor parallelism must be 1")
-        except ImportError:
-            pass
+        if _tensor_parallel_size() != 1:
+            raise PatchError("patches place unsharded tensors: tensor parallelism must be 1")
         model = self.model_runner.model
         params = dict(model.named_parameters())
         device = next(iter(params.values())).device
@@ -219,6 +214,17 @@ class WeightPatchExtension:
     def stitch_patch_arm_fault(self, after_tensors: int) -> None:
         """For tests: the next apply fails after patching this many tensors."""
         self._stitch_state()["fail_after"] = int(after_tensors)
+
+
+def _tensor_parallel_size() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_world_size()
+    except ImportError:  # not in vLLM
+        return 1
+    except AssertionError:  # vLLM without a parallel group: one process
+        return 1
 
 
 def _torch_dtype_name(safetensors_dtype: str) -> str:
