@@ -198,13 +198,20 @@ StagePlan DeltaPlan(const std::filesystem::path& root, const std::filesystem::pa
 // With patches on, an engine without Stitch's worker extension (the
 // reference engine's workers have no stitch_patch_stage) refuses the patch
 // while it serves, and the commit reloads the whole checkpoint instead; a
-// DELTA that changes most values is not even offered as a patch. Each
+// DELTA that changes most values is not even offered as a patch, nor is an
+// engine patched whose label is not the version the patch starts from. Each
 // reload is counted with its reason.
 TEST_F(VllmEngineTest, WithPatchesOnAnEngineThatCannotPatchReloadsAndSaysWhy) {
   auto made = Make(VllmPauseMode::kKeep, /*patch=*/true);
   ASSERT_NE(made, nullptr);
   VllmEngine& engine = *made;
-  ASSERT_TRUE(loop_.BlockOn(engine.InitializeDestination(VersionRef{"r1", 0})).ok());
+  const VersionRef boot{"r1", 0};
+  ASSERT_TRUE(loop_.BlockOn(engine.InitializeDestination(boot)).ok());
+  // vLLM starts unlabelled: a patch needs the engine to report the version
+  // it starts from, so label the boot weights first.
+  ASSERT_TRUE(loop_.BlockOn(engine.Pause()).ok());
+  ASSERT_TRUE(loop_.BlockOn(engine.Commit(boot, Engine::CommitOptions{})).ok());
+  ASSERT_TRUE(loop_.BlockOn(engine.Resume()).ok());
 
   const ModelConfig config = testing::EngineTestConfig();
   std::vector<HostTensor> sparse = testing::EngineTestTensors(config, 1);
@@ -224,12 +231,29 @@ TEST_F(VllmEngineTest, WithPatchesOnAnEngineThatCannotPatchReloadsAndSaysWhy) {
   };
   ASSERT_NO_FATAL_FAILURE(commit(DeltaPlan(tmp_.path(), tmp_ / "base", tmp_ / "v1", 1)));
   ASSERT_NO_FATAL_FAILURE(commit(DeltaPlan(tmp_.path(), tmp_ / "v1", tmp_ / "v2", 2)));
-  EXPECT_EQ(server_->scheduler().stats().weight_swaps, 2u);
+  EXPECT_EQ(server_->scheduler().stats().weight_swaps, 3u);
   std::vector<std::string> paths;
   for (const Engine::CommitPath& c : engine.CommitPaths()) {
     paths.push_back(absl::StrCat(c.path, "/", c.reason, "=", c.count));
   }
-  EXPECT_THAT(paths, ::testing::UnorderedElementsAre("reload/engine-refused=1", "reload/dense=1"));
+  EXPECT_THAT(paths, ::testing::UnorderedElementsAre("reload/no-patch-staged=1",
+                                                     "reload/engine-refused=1", "reload/dense=1"));
+
+  // An engine that no longer reports the weights a patch would start from
+  // (relabelled behind the adapter's back, as a restarted vLLM would be) is
+  // not patched: it reloads.
+  auto relabel = HttpFetch("POST", server_->url() + "/update_weight_version",
+                           R"({"new_version":"r1/weight_v000009"})");
+  ASSERT_TRUE(relabel.ok() && relabel->status == 200);
+  std::vector<HostTensor> third = testing::EngineTestTensors(config, 2);
+  third[0].data[0] ^= std::byte{1};
+  ASSERT_TRUE(testing::WriteModel(tmp_ / "v3", config, third).ok());
+  ASSERT_NO_FATAL_FAILURE(commit(DeltaPlan(tmp_.path(), tmp_ / "v2", tmp_ / "v3", 3)));
+  bool label_reload = false;
+  for (const Engine::CommitPath& c : engine.CommitPaths()) {
+    label_reload |= c.path == "reload" && c.reason == "engine-label" && c.count == 1;
+  }
+  EXPECT_TRUE(label_reload);
 }
 
 TEST_F(VllmEngineTest, AnEngineThatRefusesOrIsGoneGivesErrorsNamingTheRoute) {

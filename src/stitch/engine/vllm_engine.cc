@@ -98,6 +98,19 @@ VllmEngine::ReloadReason VllmEngine::PatchBlocker(
 awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
   std::vector<std::filesystem::path> deltas;
   if (ReloadReason blocker = PatchBlocker(plan, deltas); !blocker.code.empty()) co_return blocker;
+  // A patch is exact only on the weights it was made from: the engine must
+  // still say it holds them (a restarted vLLM holds its boot weights, a
+  // sidecar that restarted beside a running vLLM starts from the boot
+  // version).
+  auto report = co_await Report(options_.control_timeout);
+  if (!report.ok() || report->held != live_) {
+    co_return ReloadReason{
+        "engine-label",
+        absl::StrCat("the engine reports ",
+                     report.ok() ? absl::StrCat("\"", report->label, "\"")
+                                 : std::string(report.status().message()),
+                     ", not ", live_->ToString(), ", the weights the patch starts from")};
+  }
   WeightPatchOptions patch;
   patch.from = *live_;
   patch.to = plan.target;

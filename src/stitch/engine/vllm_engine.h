@@ -28,11 +28,13 @@
 // the engine read it (`stitch_patch_stage`, while it serves); the paused
 // moment is then `stitch_patch_apply` (new values written where they
 // changed, after checking the old ones there again; every patched tensor
-// hashed in the engine against the version's recorded xxh3-128). A patch that fails is undone by
-// the engine and Commit answers Aborted: the old version serves on, labelled as before, and the
-// next Stage of that target takes the full reload. Versions a patch does not fit (a FULL version
-// since, another run, a patch denser than `patch_max_density`, an engine that refuses it) take the
-// full reload, and the reason is logged and counted (CommitPaths).
+// hashed in the engine against the version's recorded xxh3-128). A patch
+// that fails is undone by the engine and Commit answers Aborted: the old
+// version serves on, labelled as before, and the next Stage of that target
+// takes the full reload. Versions a patch does not fit (a FULL version since,
+// another run, an engine that does not report the version the patch starts
+// from, a patch denser than `patch_max_density`, an engine that refuses it)
+// take the full reload, and the reason is logged and counted (CommitPaths).
 //
 // Errors are EngineHttp's (engine_http.h). A failed reload leaves the
 // engine paused with weights nobody can name: the reconciler treats it as
@@ -174,7 +176,7 @@ class VllmEngine final : public Engine {
   // The target whose patch the engine has staged, and why the last staged
   // target will reload instead when it has none.
   std::optional<VersionRef> patch_staged_;
-  ReloadReason reload_reason_;
+  ReloadReason reload_reason_{"no-patch-staged", "no patch was staged"};
   // A target whose patch failed: it reloads.
   std::optional<VersionRef> patch_failed_;
   std::map<std::pair<std::string, std::string>, uint64_t> commit_paths_;
