@@ -53,14 +53,8 @@ absl::StatusOr<CheckpointImage> CheckpointImage::Load(const fs::path& dir,
   absl::Status st = ParallelFor(order.size(), options.threads, [&](size_t i, int) -> absl::Status {
     const CheckpointTensor& t = reader->tensors()[order[i]];
     const CheckpointFile& f = reader->files()[t.file];
-    FileSource src(f.fd.get(), t.offset, &f.path);
     std::span<std::byte> dst = slots[order[i]]->data.span();
-    constexpr uint64_t kPiece = 8 << 20;
-    for (uint64_t off = 0; off < t.nbytes; off += kPiece) {
-      std::span<std::byte> piece = dst.subspan(off, std::min(kPiece, t.nbytes - off));
-      absl::StatusOr<std::span<const std::byte>> r = src.Read(off, piece);
-      if (!r.ok()) return r.status();
-    }
+    if (absl::Status read = ReadFully(f.fd.get(), t.offset, dst, f.path); !read.ok()) return read;
     // A FULL version that records checksums is checked as it is loaded: a
     // flipped byte must never reach the served weights.
     if (t.checksum) return CompareRecordedChecksum(t, f, Xxh3Checksum(dst));

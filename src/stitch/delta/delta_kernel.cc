@@ -160,6 +160,24 @@ size_t ZeroRunSequences(void* /*state*/, ZSTD_Sequence* out, size_t capacity, co
 }
 #endif  // ZSTD_VERSION_NUMBER >= 10504
 
+absl::Status FrameError(std::string_view tensor, std::string_view label, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("tensor \"", AbslView(tensor), "\": zstd frame in ",
+                                          AbslView(label), " ", what));
+}
+
+// One frame being decoded in lockstep with others.
+struct DecoderSlot {
+  ZSTD_DCtx* dctx = nullptr;
+  AlignedBuffer input;
+  ZSTD_inBuffer in{nullptr, 0, 0};
+  const FrameRef* frame = nullptr;
+  uint64_t next_read = 0;  // offset within the frame of the next unread byte
+  uint64_t produced = 0;
+  bool done = false;
+};
+
+}  // namespace
+
 absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
                        const std::filesystem::path& path) {
   size_t done = 0;
@@ -179,24 +197,6 @@ absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
   }
   return absl::OkStatus();
 }
-
-absl::Status FrameError(std::string_view tensor, std::string_view label, absl::string_view what) {
-  return absl::DataLossError(absl::StrCat("tensor \"", AbslView(tensor), "\": zstd frame in ",
-                                          AbslView(label), " ", what));
-}
-
-// One frame being decoded in lockstep with others.
-struct DecoderSlot {
-  ZSTD_DCtx* dctx = nullptr;
-  AlignedBuffer input;
-  ZSTD_inBuffer in{nullptr, 0, 0};
-  const FrameRef* frame = nullptr;
-  uint64_t next_read = 0;  // offset within the frame of the next unread byte
-  uint64_t produced = 0;
-  bool done = false;
-};
-
-}  // namespace
 
 struct CodecWorkspace::Impl {
   AlignedBuffer work;  // base chunk / folded result (when the sink has no memory)

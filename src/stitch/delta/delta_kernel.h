@@ -115,6 +115,11 @@ class MemorySource final : public ChunkSource {
   std::span<const std::byte> bytes_;
 };
 
+// Reads out.size() bytes at `offset` of the open file `fd` (pread, retried
+// until complete). DataLoss naming `path` when the file ends first.
+[[nodiscard]] absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
+                                     const std::filesystem::path& path);
+
 // Tensor bytes at `offset` in an open file, read with pread.
 class FileSource final : public ChunkSource {
  public:

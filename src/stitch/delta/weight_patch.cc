@@ -58,21 +58,6 @@ struct TensorPatch {
   std::vector<std::byte> new_bits;
 };
 
-// Reads `t`'s bytes from the checkpoint into `out`.
-absl::Status ReadTensor(const CheckpointReader& reader, const CheckpointTensor& t,
-                        std::span<std::byte> out) {
-  const CheckpointFile& f = reader.files()[t.file];
-  FileSource source(f.fd.get(), t.offset, &f.path);
-  for (uint64_t done = 0; done < t.nbytes;) {
-    const uint64_t n = std::min<uint64_t>(kChunkBytes, t.nbytes - done);
-    auto got = source.Read(done, out.subspan(done, n));
-    if (!got.ok()) return got.status();
-    if (got->data() != out.data() + done) std::memcpy(out.data() + done, got->data(), n);
-    done += n;
-  }
-  return absl::OkStatus();
-}
-
 // Folds the tensor's frames into its XOR stream, checks the target bytes
 // against the recorded checksum and collects the elements that differ.
 absl::Status BuildTensorPatch(CodecWorkspace& ws, const CheckpointReader& target,
@@ -95,7 +80,8 @@ absl::Status BuildTensorPatch(CodecWorkspace& ws, const CheckpointReader& target
   if (!now_buffer.ok()) return now_buffer.status();
   const std::byte* now = now_buffer->data();
   std::span<std::byte> now_bytes(now_buffer->data(), t.nbytes);
-  if (absl::Status s = ReadTensor(target, t, now_bytes); !s.ok()) return s;
+  const CheckpointFile& f = target.files()[t.file];
+  if (absl::Status s = ReadFully(f.fd.get(), t.offset, now_bytes, f.path); !s.ok()) return s;
   if (Xxh3Checksum(now_bytes) != change.expected) {
     return WithKind(
         absl::DataLossError(absl::StrCat(

@@ -66,8 +66,17 @@ awaitable<absl::Status> VllmEngine::Stage(const StagePlan& plan) {
   } else {
     spdlog::info("{} will be committed by a full reload ({}): {}", plan.target.ToString(),
                  reload_reason_.code, reload_reason_.detail);
+    // An earlier target's patch will not be applied: free it while serving.
+    co_await DiscardPatch();
   }
   co_return absl::OkStatus();
+}
+
+awaitable<void> VllmEngine::DiscardPatch() {
+  if (!engine_holds_patch_) co_return;
+  engine_holds_patch_ = false;
+  (void)co_await http_.Post("/collective_rpc", R"({"method": "stitch_patch_discard"})",
+                            options_.control_timeout);
 }
 
 VllmEngine::ReloadReason VllmEngine::PatchBlocker(
@@ -127,12 +136,15 @@ awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan
   rpc["method"] = "stitch_patch_stage";
   rpc["args"] = json::array{json::value(patch_file_.string())};
   std::string body = json::serialize(rpc);
+  // The engine replaces whatever it staged before, or drops it on failure.
+  engine_holds_patch_ = false;
   if (absl::Status s =
           co_await http_.Post("/collective_rpc", std::move(body), options_.commit_timeout);
       !s.ok()) {
     co_return ReloadReason{"engine-refused",
                            absl::StrCat("the engine did not stage the patch: ", s.message())};
   }
+  engine_holds_patch_ = true;
   spdlog::info("staged the in-place patch {} -> {}: {} of {} values ({:.4f}%) in {} tensors",
                live_->ToString(), plan.target.ToString(), written->values_changed,
                written->values_total, written->density() * 100, written->tensors);
@@ -141,11 +153,8 @@ awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan
 
 awaitable<absl::Status> VllmEngine::Reload(const std::filesystem::path& dir,
                                            const VersionRef& version, bool flush_cache) {
-  if (options_.patch) {
-    // Whatever the engine staged belongs to the weights being replaced.
-    (void)co_await http_.Post("/collective_rpc", R"({"method": "stitch_patch_discard"})",
-                              options_.control_timeout);
-  }
+  // Whatever the engine staged belongs to the weights being replaced.
+  co_await DiscardPatch();
   json::object kwargs;
   kwargs["weights_path"] = dir.string();
   json::object rpc;
@@ -175,6 +184,7 @@ awaitable<absl::Status> VllmEngine::Commit(const VersionRef& target, CommitOptio
   absl::Status committed;
   if (patch_staged_.has_value() && *patch_staged_ == target) {
     patch_staged_.reset();
+    engine_holds_patch_ = false;  // applied or undone, the engine drops it
     committed = co_await ApplyPatch(target, options.flush_cache);
     if (committed.ok()) CountCommit("patch", "");
   } else {

@@ -165,6 +165,8 @@ class VllmEngine final : public Engine {
   // Applies the staged patch and labels the weights `target`.
   boost::asio::awaitable<absl::Status> ApplyPatch(const VersionRef& target, bool flush_cache);
   boost::asio::awaitable<absl::Status> Label(const VersionRef& version, bool flush_cache);
+  // Drops a patch the engine staged and will not apply (best effort).
+  boost::asio::awaitable<void> DiscardPatch();
   void CountCommit(std::string path, std::string reason);
 
   const VllmEngineOptions options_;
@@ -176,6 +178,9 @@ class VllmEngine final : public Engine {
   // The target whose patch the engine has staged, and why the last staged
   // target will reload instead when it has none.
   std::optional<VersionRef> patch_staged_;
+  // Whether the engine holds a staged patch not yet applied or discarded
+  // (its memory is freed by stitch_patch_discard).
+  bool engine_holds_patch_ = false;
   ReloadReason reload_reason_{"no-patch-staged", "no patch was staged"};
   // A target whose patch failed: it reloads.
   std::optional<VersionRef> patch_failed_;
