@@ -28,10 +28,14 @@
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
+#include "stitch/delta/checkpoint_image.h"
+#include "stitch/format/index.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
 #include "stitch/net/sse.h"
+#include "stitch/refengine/config.h"
+#include "stitch/refengine/init_model.h"
 #include "tests/replica_steps.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/cli_expect.h"
@@ -306,6 +310,67 @@ TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheSideca
   options.engine = "sglang-stock";
   options.sidecar_flags = {"--commit-mode", "quiesce"};
   FollowsFullAndDeltaVersions(options);
+}
+
+// The base checkpoint with the LM head of the init-model of `seed`: a
+// version that changes about a quarter of the tiny model's values.
+void WriteLmHeadVariant(const std::filesystem::path& base, const std::filesystem::path& dir,
+                        const std::filesystem::path& other, int seed) {
+  testing::InitTinyModel(other.string(), seed);
+  CheckpointImage::LoadOptions load;
+  load.version = 0;
+  absl::StatusOr<CheckpointImage> a = CheckpointImage::Load(base, load);
+  absl::StatusOr<CheckpointImage> b = CheckpointImage::Load(other, load);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  std::vector<TensorView> views = a->Views();
+  for (const TensorView& v : b->Views()) {
+    if (v.name != "lm_head.weight") continue;
+    for (TensorView& w : views) {
+      if (w.name == v.name) w = v;
+    }
+  }
+  absl::StatusOr<ModelConfig> config = ReadModelConfig(base);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(WriteCheckpoint(dir, *config, views, ExistingDir::kRefuse).ok());
+}
+
+TEST_F(SidecarIntegrationTest, SparseVersionsArePatchedInPlaceAndAnUndonePatchIsThenSwappedIn) {
+  // v1 and v2 each change the LM head only; the engine's first patch fails
+  // half-way and is undone.
+  WriteLmHeadVariant(base_, tmp_ / "ckpt1", tmp_ / "head1", 2);
+  WriteLmHeadVariant(base_, tmp_ / "ckpt2", tmp_ / "head2", 3);
+  FleetOptions options;
+  options.update_mode = "cpu";
+  options.engine_flags = {"--fault-fail-patches", "1", "--patch-max-density", "0.5"};
+  StartFleet(options);
+  ASSERT_TRUE(ServesVersion(0)) << sidecar_->err();
+  const Generation boot = Generate(url_, R"({"exact_version":0})");
+  ASSERT_EQ(boot.status, 200) << boot.body;
+
+  PublishDelta(1, base_, (tmp_ / "ckpt1").string());
+  ASSERT_TRUE(ServesVersion(1)) << sidecar_->err();
+  const Generation v1 = Generate(url_, R"({"exact_version":1})");
+  ASSERT_EQ(v1.status, 200) << v1.body;
+  EXPECT_EQ(v1.output, ReferenceOutput((tmp_ / "ckpt1").string()));
+  EXPECT_NE(v1.output, boot.output);
+
+  PublishDelta(2, (tmp_ / "ckpt1").string(), (tmp_ / "ckpt2").string());
+  ASSERT_TRUE(ServesVersion(2)) << sidecar_->err();
+  const Generation v2 = Generate(url_, R"({"exact_version":2})");
+  ASSERT_EQ(v2.status, 200) << v2.body;
+  EXPECT_EQ(v2.output, ReferenceOutput((tmp_ / "ckpt2").string()));
+
+  auto metrics = Call("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  // v1: the patch undone (the old version served on), then whole weights
+  // swapped in; v2: a patch.
+  EXPECT_THAT(metrics->body, HasSubstr("stitch_sidecar_commits_undone_total 1"));
+  EXPECT_THAT(metrics->body, HasSubstr(R"(path="patch-undone",reason=""} 1)"));
+  EXPECT_THAT(metrics->body, HasSubstr(R"(path="swap",reason="patch-failed"} 1)"));
+  EXPECT_THAT(metrics->body, HasSubstr(R"(path="patch",reason=""} 1)"));
+  auto info = EngineCall("GET", "/server_info");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(ParseObject(info->body).at("weight_version_id").as_string(), "r1/weight_v000002");
 }
 
 TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {

@@ -126,6 +126,7 @@ struct ServeArgs {
   uint64_t prefix_cache_bytes = 0;
   double stall_timeout_seconds = 10;
   int worker_threads = 2;
+  double patch_max_density = 0.3;
   std::string api_key;
   bool report_spans = true;
   FaultOptions faults;
@@ -150,6 +151,7 @@ int RunServe(const ServeArgs& args) {
   options.scheduler.stall_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(args.stall_timeout_seconds * 1000.0));
   options.worker_threads = args.worker_threads;
+  options.patch_max_density = args.patch_max_density;
   options.faults = args.faults;
   options.api_key = args.api_key;
   options.report_spans = args.report_spans;
@@ -223,6 +225,12 @@ void AddServeOptions(CLI::App& engine, ServeArgs& args) {
       .add_option("--worker-threads", args.worker_threads,
                   "Threads that load and stage checkpoints")
       ->capture_default_str();
+  engine
+      .add_option("--patch-max-density", args.patch_max_density,
+                  "cpu commits apply the values that changed in place when a version follows the "
+                  "serving one by DELTAs changing at most this share of the values, else swap "
+                  "whole weights in (0: always whole weights)")
+      ->capture_default_str();
   engine.add_option("--api-key", args.api_key,
                     "As SGLang's: every route but /health needs \"Authorization: Bearer KEY\"");
   engine
@@ -241,6 +249,9 @@ void AddServeOptions(CLI::App& engine, ServeArgs& args) {
   engine.add_option("--fault-exit-on-commit,--exit-on-commit", args.faults.exit_on_commit,
                     "Fault injection: the N-th commit exits the process (_exit(86)) while "
                     "generation is paused for it (0: never)");
+  engine.add_option("--fault-fail-patches,--fail-patches", args.faults.fail_patches,
+                    "Fault injection: the next N in-place patches fail half-way and are undone "
+                    "(the commit answers \"undone\": true)");
 }
 
 }  // namespace

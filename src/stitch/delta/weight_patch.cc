@@ -48,28 +48,17 @@ json::array ShapeJson(const std::vector<int64_t>& shape) {
   return a;
 }
 
-// One changed tensor's patch, in memory until the file is written.
-struct TensorPatch {
-  const CheckpointTensor* tensor = nullptr;
-  DType bits = DType::kU8;
-  Checksum128 checksum;
-  std::vector<int64_t> idx;
-  std::vector<std::byte> xor_bits;
-  std::vector<std::byte> new_bits;
-};
-
 // Folds the tensor's frames into its XOR stream, checks the target bytes
 // against the recorded checksum and collects the elements that differ.
-absl::Status BuildTensorPatch(CodecWorkspace& ws, const CheckpointReader& target,
-                              std::string_view name, const TensorChange& change,
+absl::Status BuildTensorPatch(CodecWorkspace& ws, const PatchTargetTensor& t,
+                              std::string_view where, const TensorChange& change,
                               TensorPatch& patch) {
-  const CheckpointTensor& t = *patch.tensor;
   auto diff_buffer = AlignedBuffer::Allocate(t.nbytes);
   if (!diff_buffer.ok()) return diff_buffer.status();
   std::byte* diff = diff_buffer->data();
   std::span<std::byte> diff_bytes(diff, t.nbytes);
   FoldSpec spec;
-  spec.tensor = name;
+  spec.tensor = t.name;
   spec.nbytes = t.nbytes;
   spec.frames = change.frames;
   MemorySource zeros(diff_bytes);
@@ -80,14 +69,13 @@ absl::Status BuildTensorPatch(CodecWorkspace& ws, const CheckpointReader& target
   if (!now_buffer.ok()) return now_buffer.status();
   const std::byte* now = now_buffer->data();
   std::span<std::byte> now_bytes(now_buffer->data(), t.nbytes);
-  const CheckpointFile& f = target.files()[t.file];
-  if (absl::Status s = ReadFully(f.fd.get(), t.offset, now_bytes, f.path); !s.ok()) return s;
+  if (absl::Status s = t.read(now_bytes); !s.ok()) return s;
   if (Xxh3Checksum(now_bytes) != change.expected) {
     return WithKind(
-        absl::DataLossError(absl::StrCat(
-            "tensor \"", AbslView(name), "\" in ", target.dir().string(),
-            " is not the deltas' target (its xxh3-128 is ", Xxh3Checksum(now_bytes).ToHex(),
-            ", the delta records ", change.expected.ToHex(), ")")),
+        absl::DataLossError(absl::StrCat("tensor \"", t.name, "\" in ", AbslView(where),
+                                         " is not the deltas' target (its xxh3-128 is ",
+                                         Xxh3Checksum(now_bytes).ToHex(), ", the delta records ",
+                                         change.expected.ToHex(), ")")),
         ErrorKind::kChecksumMismatch);
   }
   const size_t width = DTypeSize(t.dtype);
@@ -102,14 +90,17 @@ absl::Status BuildTensorPatch(CodecWorkspace& ws, const CheckpointReader& target
   return absl::OkStatus();
 }
 
+std::string Describe(const WeightPatchOptions& options) {
+  return absl::StrCat("patching ", options.from.ToString(), " to ", options.to.ToString());
+}
+
 }  // namespace
 
-absl::StatusOr<WeightPatchStats> WriteWeightPatch(std::span<const std::filesystem::path> delta_dirs,
-                                                  const std::filesystem::path& target_dir,
-                                                  const std::filesystem::path& out,
-                                                  const WeightPatchOptions& options) {
-  const std::string what =
-      absl::StrCat("patching ", options.from.ToString(), " to ", options.to.ToString());
+absl::StatusOr<WeightPatch> BuildWeightPatch(std::span<const std::filesystem::path> delta_dirs,
+                                             std::span<const PatchTargetTensor> target,
+                                             std::string_view where,
+                                             const WeightPatchOptions& options) {
+  const std::string what = Describe(options);
   auto chain = OpenDeltaChain(delta_dirs, options.to.run_id);
   if (!chain.ok()) return Annotate(chain.status(), what);
   if (chain->empty() || chain->base_version() != options.from.version ||
@@ -119,11 +110,15 @@ absl::StatusOr<WeightPatchStats> WriteWeightPatch(std::span<const std::filesyste
         chain->empty() ? std::string("nowhere") : absl::StrCat(chain->base_version()), " to ",
         chain->empty() ? std::string("nowhere") : absl::StrCat(chain->target_version())));
   }
-  auto target = CheckpointReader::Open(target_dir);
-  if (!target.ok()) return Annotate(target.status(), what);
+  std::map<std::string_view, const PatchTargetTensor*, std::less<>> by_name;
+  for (const PatchTargetTensor& t : target) by_name.emplace(t.name, &t);
+  auto find = [&by_name](std::string_view name) -> const PatchTargetTensor* {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
   if (absl::Status s = CheckChainAgainst(*chain,
                                          [&](std::string_view name) -> std::optional<uint64_t> {
-                                           const CheckpointTensor* t = target->Find(name);
+                                           const PatchTargetTensor* t = find(name);
                                            if (t == nullptr) return std::nullopt;
                                            return t->nbytes;
                                          });
@@ -131,55 +126,81 @@ absl::StatusOr<WeightPatchStats> WriteWeightPatch(std::span<const std::filesyste
     return Annotate(s, what);
   }
 
-  WeightPatchStats stats;
-  for (const CheckpointTensor& t : target->tensors()) {
-    stats.values_total += t.nbytes / DTypeSize(t.dtype);
-  }
+  WeightPatch patch;
+  patch.from = options.from;
+  patch.to = options.to;
+  WeightPatchStats& stats = patch.stats;
+  for (const PatchTargetTensor& t : target) stats.values_total += t.nbytes / DTypeSize(t.dtype);
   const auto changes = PlanChanges(*chain, 0);
-  std::vector<TensorPatch> patches;
-  std::vector<std::string> names;
+  std::vector<const PatchTargetTensor*> tensors;
   for (const auto& [name, change] : changes) {
+    const PatchTargetTensor* t = find(name);
+    if (absl::StatusOr<DType> bits = BitsDType(t->dtype, name); !bits.ok()) {
+      return Annotate(bits.status(), what);
+    }
     TensorPatch p;
-    p.tensor = target->Find(name);
-    auto bits = BitsDType(p.tensor->dtype, name);
-    if (!bits.ok()) return Annotate(bits.status(), what);
-    p.bits = *bits;
-    patches.push_back(std::move(p));
-    names.push_back(name);
+    p.name = name;
+    p.dtype = t->dtype;
+    p.shape = t->shape;
+    patch.tensors.push_back(std::move(p));
+    tensors.push_back(t);
   }
   std::vector<CodecWorkspace> workspaces(static_cast<size_t>(DefaultThreads()));
-  absl::Status built = ParallelFor(patches.size(), DefaultThreads(), [&](size_t i, int worker) {
-    return BuildTensorPatch(workspaces[static_cast<size_t>(worker)], *target, names[i],
-                            changes.find(names[i])->second, patches[i]);
-  });
+  absl::Status built =
+      ParallelFor(patch.tensors.size(), DefaultThreads(), [&](size_t i, int worker) {
+        return BuildTensorPatch(workspaces[static_cast<size_t>(worker)], *tensors[i], where,
+                                changes.find(patch.tensors[i].name)->second, patch.tensors[i]);
+      });
   if (!built.ok()) return Annotate(built, what);
-  for (const TensorPatch& p : patches) stats.values_changed += p.idx.size();
-  stats.tensors = patches.size();
+  for (const TensorPatch& p : patch.tensors) stats.values_changed += p.idx.size();
+  stats.tensors = patch.tensors.size();
   if (stats.density() > options.max_density) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": ", stats.values_changed, " of ", stats.values_total, " values change, over the ",
         options.max_density * 100, "% a patch is worth; reload the whole checkpoint instead"));
   }
+  return patch;
+}
+
+absl::StatusOr<WeightPatchStats> WriteWeightPatch(std::span<const std::filesystem::path> delta_dirs,
+                                                  const std::filesystem::path& target_dir,
+                                                  const std::filesystem::path& out,
+                                                  const WeightPatchOptions& options) {
+  const std::string what = Describe(options);
+  auto reader = CheckpointReader::Open(target_dir);
+  if (!reader.ok()) return Annotate(reader.status(), what);
+  std::vector<PatchTargetTensor> target;
+  for (const CheckpointTensor& t : reader->tensors()) {
+    const CheckpointFile* f = &reader->files()[t.file];
+    const uint64_t offset = t.offset;
+    target.push_back({t.name, t.dtype, t.shape, t.nbytes, [f, offset](std::span<std::byte> out) {
+                        return ReadFully(f->fd.get(), offset, out, f->path);
+                      }});
+  }
+  absl::StatusOr<WeightPatch> patch =
+      BuildWeightPatch(delta_dirs, target, target_dir.string(), options);
+  if (!patch.ok()) return patch.status();
+  WeightPatchStats stats = patch->stats;
 
   json::object tensors_meta;
   std::vector<TensorView> views;
-  for (size_t i = 0; i < patches.size(); ++i) {
-    const TensorPatch& p = patches[i];
+  for (const TensorPatch& p : patch->tensors) {
     const int64_t k = static_cast<int64_t>(p.idx.size());
-    views.push_back({absl::StrCat(names[i], "::idx"),
+    const DType bits = *BitsDType(p.dtype, p.name);
+    views.push_back({absl::StrCat(p.name, "::idx"),
                      DType::kI64,
                      {k},
                      std::as_bytes(std::span<const int64_t>(p.idx))});
-    views.push_back({absl::StrCat(names[i], "::xor"), p.bits, {k}, p.xor_bits});
-    views.push_back({absl::StrCat(names[i], "::new"), p.bits, {k}, p.new_bits});
+    views.push_back({absl::StrCat(p.name, "::xor"), bits, {k}, p.xor_bits});
+    views.push_back({absl::StrCat(p.name, "::new"), bits, {k}, p.new_bits});
     json::object m;
-    m["dtype"] = DTypeName(p.tensor->dtype);
-    m["shape"] = ShapeJson(p.tensor->shape);
+    m["dtype"] = DTypeName(p.dtype);
+    m["shape"] = ShapeJson(p.shape);
     m["checksum"] = p.checksum.ToHex();
-    tensors_meta[names[i]] = std::move(m);
+    tensors_meta[p.name] = std::move(m);
   }
   json::object shapes;
-  for (const CheckpointTensor& t : target->tensors()) shapes[t.name] = ShapeJson(t.shape);
+  for (const PatchTargetTensor& t : target) shapes[t.name] = ShapeJson(t.shape);
   json::object meta;
   meta["format"] = kWeightPatchFormat;
   meta["from"] = options.from.ToString();

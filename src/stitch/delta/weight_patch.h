@@ -23,12 +23,18 @@
 // ::xor, which is how a part-way failure is undone.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
+#include "stitch/format/checksum.h"
+#include "stitch/format/safetensors.h"
 
 namespace stitch {
 
@@ -55,18 +61,58 @@ struct WeightPatchStats {
   }
 };
 
+// One changed tensor of a patch, in memory.
+struct TensorPatch {
+  std::string name;
+  DType dtype = DType::kU8;  // the tensor's own
+  std::vector<int64_t> shape;
+  Checksum128 checksum;             // xxh3-128 of the whole new tensor
+  std::vector<int64_t> idx;         // flat element positions, ascending
+  std::vector<std::byte> xor_bits;  // DTypeSize(dtype) bytes per position
+  std::vector<std::byte> new_bits;  // likewise
+};
+
+// A patch in memory: what the file holds, minus the shapes of the tensors
+// it leaves alone.
+struct WeightPatch {
+  VersionRef from;
+  VersionRef to;
+  WeightPatchStats stats;            // file_bytes is 0
+  std::vector<TensorPatch> tensors;  // by name
+};
+
+// One tensor of the version a patch leads to, where its bytes come from.
+struct PatchTargetTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  // Copies the tensor's `nbytes` bytes into `out` (out.size() == nbytes).
+  // Called from several threads at once.
+  std::function<absl::Status(std::span<std::byte> out)> read;
+};
+
+// Builds the patch from `options.from` to `options.to` out of the DELTA
+// versions in `delta_dirs` (any order; consecutive, the first applying to
+// `from`, the last producing `to`) and the tensors of `to` (`target`, all
+// of them; `where` names them in errors). Every changed tensor's folded
+// result is checked against the checksum the last delta records. Errors:
+// InvalidArgument for a chain that does not run from `from` to `to` or a
+// delta changing a tensor `target` lacks or sizes otherwise; DataLoss (kind
+// kChecksumMismatch) when the target's bytes are not the deltas' target;
+// FailedPrecondition, saying how dense, when the patch would exceed
+// options.max_density; codec errors pass through.
+[[nodiscard]] absl::StatusOr<WeightPatch> BuildWeightPatch(
+    std::span<const std::filesystem::path> delta_dirs, std::span<const PatchTargetTensor> target,
+    std::string_view where, const WeightPatchOptions& options);
+
 // Writes the patch from `options.from` to `options.to` into `out` (a
 // temporary sibling renamed into place; temporary siblings a crashed writer
 // left are removed first: one writer per `out` at a time), from the DELTA versions in
 // `delta_dirs` (any order; consecutive, the first applying to from, the
 // last producing to) and the checkpoint `target_dir` materialized at `to`
-// (its tensors' new bytes, dtypes and shapes). Every changed tensor's
-// folded result is checked against the checksum the last delta records.
-// Errors: InvalidArgument for a chain that does not run from `from` to
-// `to` or a delta changing a tensor `target_dir` lacks or sizes otherwise;
-// DataLoss (kind kChecksumMismatch) when `target_dir`'s bytes are not the
-// deltas' target; FailedPrecondition, saying how dense, when the patch
-// would exceed options.max_density; codec and I/O errors pass through.
+// (its tensors' new bytes, dtypes and shapes): BuildWeightPatch over that
+// checkpoint, whose errors it returns; I/O errors pass through.
 [[nodiscard]] absl::StatusOr<WeightPatchStats> WriteWeightPatch(
     std::span<const std::filesystem::path> delta_dirs, const std::filesystem::path& target_dir,
     const std::filesystem::path& out, const WeightPatchOptions& options);

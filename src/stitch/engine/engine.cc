@@ -68,4 +68,14 @@ absl::StatusOr<EngineReport> ParseEngineReport(std::string_view body) {
   return report;
 }
 
+void Engine::CountCommit(std::string path, std::string reason) {
+  ++commit_paths_[{std::move(path), std::move(reason)}];
+}
+
+std::vector<Engine::CommitPath> Engine::CommitPaths() const {
+  std::vector<CommitPath> out;
+  for (const auto& [key, count] : commit_paths_) out.push_back({key.first, key.second, count});
+  return out;
+}
+
 }  // namespace stitch

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -168,13 +169,14 @@ class Engine {
   virtual bool PlacesCommitsExactly() const { return true; }
 
   // How commits went, for /metrics: a count per (path, reason), e.g.
-  // ("patch", "") or ("reload", "a FULL version since"). Default: none.
+  // ("patch", "") or ("reload", "dense"), as the adapter counted them
+  // (CountCommit). None for adapters that do not count.
   struct CommitPath {
     std::string path;
     std::string reason;
     uint64_t count = 0;
   };
-  virtual std::vector<CommitPath> CommitPaths() const { return {}; }
+  std::vector<CommitPath> CommitPaths() const;
 
   // Gives the body of a 200 answer to a request forwarded as is (to
   // `path`) back what the engine was started with, where the sidecar's own
@@ -184,6 +186,13 @@ class Engine {
     (void)path;
     (void)body;
   }
+
+ protected:
+  // Counts a commit that took `path` for `reason` (CommitPaths).
+  void CountCommit(std::string path, std::string reason);
+
+ private:
+  std::map<std::pair<std::string, std::string>, uint64_t> commit_paths_;
 };
 
 }  // namespace stitch

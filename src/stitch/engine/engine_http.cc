@@ -26,6 +26,16 @@ bool AnswerSucceeded(const HttpResponse& r) {
   return success == nullptr || !success->is_bool() || success->get_bool();
 }
 
+// Whether a refusal says the engine undid what it was asked to do (and so
+// still holds what it held): `"undone": true`.
+bool AnswerSaysUndone(const HttpResponse& r) {
+  boost::system::error_code ec;
+  json::value v = json::parse(r.body, ec);
+  if (ec || !v.is_object()) return false;
+  const json::value* undone = v.get_object().if_contains("undone");
+  return undone != nullptr && undone->is_bool() && undone->get_bool();
+}
+
 }  // namespace
 
 std::string EngineMessage(const HttpResponse& r) {
@@ -92,6 +102,10 @@ awaitable<absl::StatusOr<HttpResponse>> EngineHttp::PostForAnswer(
     co_return Annotate(s, where);
   }
   if (response->status < 200 || response->status >= 300 || !AnswerSucceeded(*response)) {
+    if (AnswerSaysUndone(*response)) {
+      co_return absl::AbortedError(absl::StrCat(where, " failed and was undone (HTTP ",
+                                                response->status, "): ", EngineMessage(*response)));
+    }
     co_return absl::InternalError(
         absl::StrCat(where, " refused (HTTP ", response->status, "): ", EngineMessage(*response)));
   }

@@ -4,7 +4,9 @@
 // A POST succeeds when the engine answers 2xx and, for a JSON answer that
 // carries `success`, `success` is true. Errors name the engine URL and the
 // route: Unavailable when the engine did not answer (refused, reset, timed
-// out), Internal with the engine's own message when it refused.
+// out), Aborted when it refused with `"undone": true` (it undid the change
+// and holds what it held before), Internal with the engine's own message
+// when it refused otherwise.
 //
 // Threading: bound to one event loop (the executor it was built with) and
 // used only from coroutines running there.

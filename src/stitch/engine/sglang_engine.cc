@@ -215,7 +215,22 @@ awaitable<absl::Status> SglangEngine::Commit(const VersionRef& target, CommitOpt
   body["target_version"] = target.version;
   body["flush_cache"] = options.flush_cache;
   std::string text = json::serialize(body);
-  co_return co_await Call("/update_weights_from_cpu", std::move(text), options_.commit_timeout);
+  absl::StatusOr<HttpResponse> answer = co_await http_.PostForAnswer(
+      "/update_weights_from_cpu", std::move(text), options_.commit_timeout);
+  if (absl::IsAborted(answer.status())) CountCommit("patch-undone", "");
+  if (!answer.ok()) co_return answer.status();
+  // How the engine changed its weights: "patch" or "swap", and why not a
+  // patch (engines before in-place patches say neither).
+  boost::system::error_code ec;
+  const json::value doc = json::parse(answer->body, ec);
+  const json::object* o = !ec && doc.is_object() ? &doc.get_object() : nullptr;
+  auto field = [o](std::string_view key) {
+    const json::value* v = o != nullptr ? o->if_contains(key) : nullptr;
+    return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string();
+  };
+  const std::string path = field("commit_path");
+  if (!path.empty()) CountCommit(path, field("commit_reason"));
+  co_return absl::OkStatus();
 }
 
 awaitable<absl::Status> SglangEngine::ResetToBoot(const VersionRef& boot) {

@@ -153,7 +153,9 @@ class SglangEngine final : public SglangHttpEngine {
   // POST /stage_weight_update with the plan's source directory.
   boost::asio::awaitable<absl::Status> Stage(const StagePlan& plan) override;
   // /update_weights_from_disk of the local checkpoint, or
-  // /update_weights_from_cpu.
+  // /update_weights_from_cpu, whose answer says how the engine changed its
+  // weights ("patch" in place or "swap" of whole weights, and why), counted
+  // in CommitPaths; an engine that undid a patch answers Aborted.
   boost::asio::awaitable<absl::Status> Commit(const VersionRef& target,
                                               CommitOptions options) override;
   // Loads the base checkpoint, then re-initializes the destination.

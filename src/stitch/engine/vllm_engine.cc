@@ -242,16 +242,6 @@ awaitable<absl::Status> VllmEngine::ApplyPatch(const VersionRef& target, bool fl
   co_return co_await Label(target, flush_cache);
 }
 
-void VllmEngine::CountCommit(std::string path, std::string reason) {
-  ++commit_paths_[{std::move(path), std::move(reason)}];
-}
-
-std::vector<Engine::CommitPath> VllmEngine::CommitPaths() const {
-  std::vector<CommitPath> out;
-  for (const auto& [key, count] : commit_paths_) out.push_back({key.first, key.second, count});
-  return out;
-}
-
 awaitable<absl::Status> VllmEngine::Pause() {
   const std::string target =
       absl::StrCat("/pause?mode=", AbslView(VllmPauseModeName(options_.pause_mode)));

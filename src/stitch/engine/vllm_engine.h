@@ -137,7 +137,6 @@ class VllmEngine final : public Engine {
   boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
       std::chrono::milliseconds timeout) override;
   boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
-  std::vector<CommitPath> CommitPaths() const override;
 
   const VllmEngineOptions& options() const { return options_; }
 
@@ -167,7 +166,6 @@ class VllmEngine final : public Engine {
   boost::asio::awaitable<absl::Status> Label(const VersionRef& version, bool flush_cache);
   // Drops a patch the engine staged and will not apply (best effort).
   boost::asio::awaitable<void> DiscardPatch();
-  void CountCommit(std::string path, std::string reason);
 
   const VllmEngineOptions options_;
   EngineHttp http_;
@@ -184,7 +182,6 @@ class VllmEngine final : public Engine {
   ReloadReason reload_reason_{"no-patch-staged", "no patch was staged"};
   // A target whose patch failed: it reloads.
   std::optional<VersionRef> patch_failed_;
-  std::map<std::pair<std::string, std::string>, uint64_t> commit_paths_;
 };
 
 }  // namespace stitch

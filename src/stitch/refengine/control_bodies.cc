@@ -162,6 +162,12 @@ std::string FormatStageResult(const StageResult& result) {
   o["deltas_applied"] = result.deltas_applied;
   o["reseeded"] = result.reseeded;
   o["seconds"] = result.seconds;
+  if (result.destination == StageDestination::kCpu) {
+    o["commit_path"] = result.commit_path;
+    o["commit_reason"] = result.commit_reason;
+    o["values_changed"] = result.values_changed;
+    o["values_total"] = result.values_total;
+  }
   return json::serialize(o);
 }
 
@@ -213,6 +219,11 @@ json::object CommitObject(const CommitOutcome& c) {
   o["pause_seconds"] = c.pause_seconds;
   o["seconds"] = c.seconds;
   o["resident_requests"] = c.resident_requests;
+  if (!c.path.empty()) {
+    o["commit_path"] = c.path;
+    o["commit_reason"] = c.reason;
+    o["values_changed"] = c.values_changed;
+  }
   return o;
 }
 
@@ -227,6 +238,17 @@ std::string FormatCommitResult(const CommitOutcome& outcome) {
   json::object o = CommitObject(outcome);
   o["success"] = true;
   o["num_paused_requests"] = 0;
+  return json::serialize(o);
+}
+
+std::string UndoneJson(const absl::Status& error, const VersionRef& serving) {
+  json::object o;
+  o["success"] = false;
+  o["undone"] = true;
+  o["type"] = "Conflict";
+  o["message"] = std::string(error.message());
+  o["weight_version"] = WeightVersionString(serving);
+  o["weight_version_id"] = VersionText(serving);
   return json::serialize(o);
 }
 
@@ -276,6 +298,7 @@ std::string FormatServerInfo(const EngineStatus& s) {
   faults["fail_commits"] = s.faults.fail_commits;
   faults["hang_health_after"] = s.faults.hang_health_after;
   faults["exit_on_commit"] = s.faults.exit_on_commit;
+  faults["fail_patches"] = s.faults.fail_patches;
   o["faults"] = std::move(faults);
   return json::serialize(o);
 }

@@ -5,8 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <boost/asio/awaitable.hpp>
@@ -66,6 +69,63 @@ std::vector<HostTensor> PerturbTensors(const std::vector<HostTensor>& base, doub
     out.push_back(HostTensor::FromFloats(h.name, h.shape, values, h.dtype));
   }
   return out;
+}
+
+std::vector<HostTensor> SparselyPerturbTensors(const std::vector<HostTensor>& base, size_t every,
+                                               double delta, size_t offset) {
+  std::vector<HostTensor> out;
+  for (const HostTensor& h : base) {
+    const bool bf16 = h.dtype == DType::kBF16;
+    std::vector<float> values(h.data.size() / (bf16 ? 2 : 4));
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (bf16) {
+        uint16_t b;
+        std::memcpy(&b, h.data.data() + 2 * i, 2);
+        values[i] = FloatFromBf16(b);
+      } else {
+        std::memcpy(&values[i], h.data.data() + 4 * i, 4);
+      }
+    }
+    for (size_t i = offset; i < values.size(); i += every) {
+      values[i] += static_cast<float>(delta) * (std::abs(values[i]) + 0.25f);
+    }
+    out.push_back(HostTensor::FromFloats(h.name, h.shape, values, h.dtype));
+  }
+  return out;
+}
+
+WeightPatch DiffWeightPatch(const std::vector<HostTensor>& from, const std::vector<HostTensor>& to,
+                            VersionRef from_version, VersionRef to_version) {
+  WeightPatch patch;
+  patch.from = std::move(from_version);
+  patch.to = std::move(to_version);
+  std::map<std::string, const HostTensor*> old;
+  for (const HostTensor& t : from) old.emplace(t.name, &t);
+  for (const HostTensor& t : to) {
+    const size_t width = DTypeSize(t.dtype);
+    patch.stats.values_total += t.data.size() / width;
+    const HostTensor& o = *old.at(t.name);
+    TensorPatch p;
+    p.name = t.name;
+    p.dtype = t.dtype;
+    p.shape = t.shape;
+    p.checksum = Xxh3Checksum(t.data);
+    for (size_t off = 0; off < t.data.size(); off += width) {
+      if (std::memcmp(t.data.data() + off, o.data.data() + off, width) == 0) continue;
+      p.idx.push_back(static_cast<int64_t>(off / width));
+      for (size_t b = 0; b < width; ++b) {
+        p.xor_bits.push_back(t.data[off + b] ^ o.data[off + b]);
+        p.new_bits.push_back(t.data[off + b]);
+      }
+    }
+    if (p.idx.empty()) continue;
+    patch.stats.values_changed += p.idx.size();
+    patch.tensors.push_back(std::move(p));
+  }
+  std::sort(patch.tensors.begin(), patch.tensors.end(),
+            [](const TensorPatch& a, const TensorPatch& b) { return a.name < b.name; });
+  patch.stats.tensors = patch.tensors.size();
+  return patch;
 }
 
 absl::Status WriteModel(const fs::path& dir, const ModelConfig& config,

@@ -36,6 +36,19 @@ std::vector<HostTensor> EngineTestTensors(const ModelConfig& config, uint64_t se
 std::vector<HostTensor> PerturbTensors(const std::vector<HostTensor>& base, double delta,
                                        size_t every = 2);
 
+// `base` with one element in `every` of each tensor (those at positions
+// `offset` modulo `every`) moved by `delta` (relative to the element): a
+// sparse step, as most of a trained step's bfloat16 values stay the same.
+// Float32 or bfloat16 tensors.
+std::vector<HostTensor> SparselyPerturbTensors(const std::vector<HostTensor>& base, size_t every,
+                                               double delta, size_t offset = 0);
+
+// The weight patch from `from` to `to` (tensors of the same names, shapes
+// and dtypes), computed element by element: what BuildWeightPatch makes of
+// the deltas between them.
+WeightPatch DiffWeightPatch(const std::vector<HostTensor>& from, const std::vector<HostTensor>& to,
+                            VersionRef from_version, VersionRef to_version);
+
 // Writes a checkpoint directory (config.json, model.safetensors, index).
 [[nodiscard]] absl::Status WriteModel(const std::filesystem::path& dir, const ModelConfig& config,
                                       const std::vector<HostTensor>& tensors);

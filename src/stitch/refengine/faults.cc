@@ -19,6 +19,7 @@ absl::Status FaultOptions::Validate() const {
   if (exit_on_commit < 0) {
     return absl::InvalidArgumentError("--fault-exit-on-commit must be >= 0 (0: never)");
   }
+  if (fail_patches < 0) return absl::InvalidArgumentError("--fault-fail-patches must be >= 0");
   return absl::OkStatus();
 }
 
@@ -38,6 +39,13 @@ absl::Status FaultInjector::OnCommit() {
   return absl::InternalError(absl::StrCat("injected fault (--fault-fail-commits ",
                                           options_.fail_commits, "): commit ", commits_failed_,
                                           " fails; the serving weights were not changed"));
+}
+
+int64_t FaultInjector::OnPatch(size_t tensors) {
+  absl::MutexLock lock(&mu_);
+  if (patches_failed_ >= options_.fail_patches) return -1;
+  ++patches_failed_;
+  return static_cast<int64_t>(tensors / 2);
 }
 
 bool FaultInjector::OnHealthCheck() {

@@ -16,6 +16,9 @@ namespace stitch {
 
 // The exit status of a process ended by FaultOptions::exit_on_commit.
 inline constexpr int kFaultExitCode = 86;
+// The exit status of an engine whose in-place patch failed and could not be
+// undone: its weights are neither version's, so it serves nothing.
+inline constexpr int kUnknownWeightsExitCode = 87;
 
 struct FaultOptions {
   // The next N stagings (POST /stage_weight_update) fail before touching
@@ -31,12 +34,16 @@ struct FaultOptions {
   // process with _exit(kFaultExitCode) while generation is paused for it,
   // before the weights change.
   int64_t exit_on_commit = 0;
+  // The next N in-place patches (cpu commits of a staged patch) fail after
+  // writing half their tensors, and are undone.
+  int64_t fail_patches = 0;
 
   // InvalidArgument naming the field: counts must be >= 0,
   // hang_health_after >= -1.
   [[nodiscard]] absl::Status Validate() const;
   bool any() const {
-    return fail_stagings > 0 || fail_commits > 0 || hang_health_after >= 0 || exit_on_commit > 0;
+    return fail_stagings > 0 || fail_commits > 0 || hang_health_after >= 0 || exit_on_commit > 0 ||
+           fail_patches > 0;
   }
 };
 
@@ -54,6 +61,10 @@ class FaultInjector {
   // Called by the scheduler thread while paused for a commit; ends the
   // process when this is the commit chosen by exit_on_commit.
   void OnCommitPaused();
+  // For a patch of `tensors` tensors: after how many it must fail (half of
+  // them) while patches are left to fail, else -1. Each call that fails
+  // consumes one.
+  int64_t OnPatch(size_t tensors);
 
   const FaultOptions& options() const { return options_; }
 
@@ -64,6 +75,7 @@ class FaultInjector {
   int64_t commits_failed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t health_checks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t commits_paused_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t patches_failed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace stitch

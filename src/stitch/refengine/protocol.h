@@ -177,8 +177,18 @@ struct CommitOutcome {
   double pause_seconds = 0;  // the scheduler's hold
   double seconds = 0;        // the whole commit (loading included for disk)
   int64_t resident_requests = 0;
+  // /update_weights_from_cpu: "patch" (applied in place) or "swap" (whole
+  // weights swapped in, for `reason`: PreparedWeights::reason), and a
+  // patch's changed values; "" for disk.
+  std::string path;
+  std::string reason;
+  uint64_t values_changed = 0;
 };
 std::string FormatCommitResult(const CommitOutcome& outcome);
+// A commit the engine undid (409): {"success": false, "undone": true,
+// "type": "Conflict", "message", "weight_version", "weight_version_id"} with
+// the version it serves as before.
+std::string UndoneJson(const absl::Status& error, const VersionRef& serving);
 
 // GET /server_info, /model_info. Besides SGLang's fields, both carry
 // `weight_version_id` (the identity, with its run), `instance_id` and

@@ -291,23 +291,60 @@ void Scheduler::SwapWeights(std::shared_ptr<const ModelWeights> weights, Version
     const auto start = std::chrono::steady_clock::now();
     if (at_pause) std::move(at_pause)();
     SwapResult result;
-    const Checksum128 fingerprint = weights->fingerprint();
     result.previous = std::exchange(weights_, std::move(weights));
-    result.previous_version = std::exchange(serving_version_, version);
-    for (const std::unique_ptr<Entry>& e : running_)
-      result.resident_requests += e->finished ? 0 : 1;
-    result.pause_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    {
-      absl::MutexLock lock(&mu_);
-      version_ = std::move(version);
-      fingerprint_ = fingerprint;
-      last_swap_pause_seconds_ = result.pause_seconds;
-    }
-    weight_swaps_.fetch_add(1, std::memory_order_relaxed);
-    prefix_cache_.Clear();
+    Relabel(std::move(version), start, result);
     std::move(done)(std::move(result));
   });
+}
+
+void Scheduler::PatchWeights(std::shared_ptr<const WeightPatch> patch, int64_t fail_after_tensors,
+                             absl::AnyInvocable<void() &&> at_pause,
+                             absl::AnyInvocable<void(absl::StatusOr<SwapResult>) &&> done) {
+  Post([this, patch = std::move(patch), fail_after_tensors, at_pause = std::move(at_pause),
+        done = std::move(done)]() mutable {
+    if (patch == nullptr || !(patch->from == serving_version_)) {
+      std::move(done)(absl::AbortedError(absl::StrCat(
+          "the patch starts from ", patch ? patch->from.ToString() : std::string("nothing"),
+          " but the engine serves ", serving_version_.ToString(), "; nothing was changed")));
+      return;
+    }
+    // Only weights the scheduler alone holds change in place: no step or
+    // other holder can see them half-patched.
+    if (weights_.use_count() != 1) {
+      std::move(done)(absl::AbortedError(
+          "the serving weights are shared beyond the scheduler; nothing was changed"));
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    if (at_pause) std::move(at_pause)();
+    // The weights were built mutable (ModelWeights::FromTensors) and nothing
+    // else holds them.
+    auto& weights = const_cast<ModelWeights&>(*weights_);
+    if (absl::Status applied = weights.ApplyPatch(*patch, fail_after_tensors); !applied.ok()) {
+      std::move(done)(applied);
+      return;
+    }
+    SwapResult result;
+    Relabel(patch->to, start, result);
+    std::move(done)(std::move(result));
+  });
+}
+
+void Scheduler::Relabel(VersionRef version, std::chrono::steady_clock::time_point start,
+                        SwapResult& result) {
+  const Checksum128 fingerprint = weights_->fingerprint();
+  result.previous_version = std::exchange(serving_version_, version);
+  for (const std::unique_ptr<Entry>& e : running_) result.resident_requests += e->finished ? 0 : 1;
+  result.pause_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    absl::MutexLock lock(&mu_);
+    version_ = std::move(version);
+    fingerprint_ = fingerprint;
+    last_swap_pause_seconds_ = result.pause_seconds;
+  }
+  weight_swaps_.fetch_add(1, std::memory_order_relaxed);
+  prefix_cache_.Clear();
 }
 
 SchedulerStats Scheduler::stats() const {

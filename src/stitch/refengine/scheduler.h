@@ -238,6 +238,19 @@ class Scheduler {
                    absl::AnyInvocable<void() &&> at_pause,
                    absl::AnyInvocable<void(absl::StatusOr<SwapResult>) &&> done);
 
+  // Between two steps: calls `at_pause`, then applies `patch` to the
+  // serving weights in place and labels them `patch->to`
+  // (ModelWeights::ApplyPatch, with `fail_after_tensors`). Resident
+  // requests continue on the patched weights; the prefix cache is emptied.
+  // The result's `previous` is null. Errors: Aborted when nothing changed
+  // (the serving weights are not patch->from's, or are held beyond the
+  // scheduler) or the patch failed and was undone; DataLoss when undoing
+  // failed too (the weights are then unknown; their label is kept, the
+  // caller must not serve them).
+  void PatchWeights(std::shared_ptr<const WeightPatch> patch, int64_t fail_after_tensors,
+                    absl::AnyInvocable<void() &&> at_pause,
+                    absl::AnyInvocable<void(absl::StatusOr<SwapResult>) &&> done);
+
   SchedulerStats stats() const;
   VersionRef weight_version() const;
   // Whether the scheduler thread updated its heartbeat within stall_timeout.
@@ -265,6 +278,9 @@ class Scheduler {
   int64_t AbortWhere(const std::function<bool(const Entry&)>& match, std::string_view message);
   // Completes a kWait pause once nothing it waits for is left.
   void MaybeFinishDrain();
+  // After the serving weights changed (started at `start`): labels them
+  // `version`, fills in the rest of `result` and empties the prefix cache.
+  void Relabel(VersionRef version, std::chrono::steady_clock::time_point start, SwapResult& result);
 
   const ModelConfig config_;
   const SchedulerOptions options_;

@@ -44,6 +44,9 @@ absl::Status EngineOptions::Validate() const {
   }
   if (worker_threads < 1) return absl::InvalidArgumentError("worker_threads must be >= 1");
   if (codec_threads < 0) return absl::InvalidArgumentError("codec_threads must be >= 0");
+  if (!(patch_max_density >= 0 && patch_max_density <= 1)) {
+    return absl::InvalidArgumentError("--patch-max-density must be between 0 and 1");
+  }
   if (absl::Status s = scheduler.Validate(); !s.ok()) return s;
   return faults.Validate();
 }
@@ -338,6 +341,31 @@ awaitable<absl::StatusOr<CommitOutcome>> EngineServer::Impl::SwapIn(
   co_return outcome;
 }
 
+awaitable<absl::StatusOr<CommitOutcome>> EngineServer::Impl::PatchIn(
+    std::shared_ptr<const WeightPatch> patch, std::chrono::steady_clock::time_point start) {
+  Scheduler* s = scheduler.get();
+  FaultInjector* f = &faults;
+  const int64_t fail_after = faults.OnPatch(patch->tensors.size());
+  const WeightPatchStats stats = patch->stats;
+  CommandStart<absl::StatusOr<SwapResult>> apply =
+      [s, f, fail_after, patch = std::move(patch)](CommandDone<absl::StatusOr<SwapResult>> done) {
+        s->PatchWeights(
+            patch, fail_after, [f] { f->OnCommitPaused(); }, std::move(done));
+      };
+  absl::StatusOr<SwapResult> patched =
+      co_await SchedulerCall<absl::StatusOr<SwapResult>>(std::move(apply));
+  if (!patched.ok()) co_return patched.status();
+  CommitOutcome outcome;
+  outcome.weight_version = scheduler->weight_version();
+  outcome.previous_version = patched->previous_version;
+  outcome.pause_seconds = patched->pause_seconds;
+  outcome.resident_requests = patched->resident_requests;
+  outcome.seconds = SecondsSince(start);
+  outcome.path = "patch";
+  outcome.values_changed = stats.values_changed;
+  co_return outcome;
+}
+
 void EngineServer::Impl::RecordCommit(const CommitOutcome& outcome) {
   absl::MutexLock lock(&mu);
   last_commit = outcome;
@@ -362,7 +390,8 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::Start(EngineOptions 
     impl->parameters += n;
   }
   impl->workers = std::make_unique<WorkerPool>(impl->options.worker_threads);
-  impl->stager = std::make_unique<WeightStager>(impl->config, impl->options.codec_threads);
+  impl->stager = std::make_unique<WeightStager>(impl->config, impl->options.codec_threads,
+                                                impl->options.patch_max_density);
   impl->scheduler = std::make_unique<Scheduler>(
       *std::move(weights), VersionRef{impl->options.run_id, impl->options.boot_version},
       impl->options.scheduler);

@@ -56,6 +56,9 @@ struct EngineOptions {
   int worker_threads = 2;
   // Threads for the delta codec inside one staging (0: its default).
   int codec_threads = 0;
+  // cpu stagings prepare an in-place patch when it changes at most this
+  // share of the model's values (0: always whole weights).
+  double patch_max_density = 0.3;
   // As SGLang's --api-key: when not empty, every route but /health needs
   // "Authorization: Bearer <api_key>" (401 otherwise).
   std::string api_key;

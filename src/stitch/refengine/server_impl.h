@@ -144,6 +144,11 @@ struct EngineServer::Impl {
   awaitable<absl::StatusOr<CommitOutcome>> SwapIn(std::shared_ptr<const ModelWeights> weights,
                                                   VersionRef version,
                                                   std::chrono::steady_clock::time_point start);
+  // Applies `patch` in place (the scheduler holds between two steps), with
+  // the fault injected into patches: what the commit did, or the
+  // scheduler's error (Scheduler::PatchWeights). Records nothing.
+  awaitable<absl::StatusOr<CommitOutcome>> PatchIn(std::shared_ptr<const WeightPatch> patch,
+                                                   std::chrono::steady_clock::time_point start);
   // The last commit, as /server_info reports it.
   void RecordCommit(const CommitOutcome& outcome);
 
@@ -164,10 +169,14 @@ struct EngineServer::Impl {
   // Ends a begun commit that failed before the swap: clears `committing`,
   // answers `error`.
   awaitable<void> AbandonCommit(HttpExchange& ex, const absl::Status& error);
-  // SwapIn, then records and answers the commit, and clears `committing`.
+  // SwapIn, then AnswerCommit.
   awaitable<void> FinishCommit(HttpExchange& ex, std::shared_ptr<const ModelWeights> weights,
                                VersionRef version, std::string what,
                                std::chrono::steady_clock::time_point start);
+  // Records and answers the commit of `what` (SwapIn's or PatchIn's
+  // outcome), or its error, and clears `committing`.
+  awaitable<void> AnswerCommit(HttpExchange& ex, absl::StatusOr<CommitOutcome> outcome,
+                               std::string_view what);
 
   // --- vLLM's routes (vllm_routes.cc; docs/engine.md, "The vLLM dialect") ---
   HttpRouter VllmRoutes();

@@ -50,6 +50,79 @@ TEST_F(EngineServerTest, InPlacePauseAndCpuCommitWithARequestInFlight) {
   EXPECT_EQ(JsonGet(Get("/server_info").body, "weight_version"), "1");
 }
 
+TEST_F(EngineServerTest, CpuCommitsOfSparseDeltasArePatchesAppliedInPlaceMidGeneration) {
+  MakeVersionsSparse();
+  Publish();
+  Start();
+  HttpResponse staged = Post("/stage_weight_update", StageBody(1, "cpu"));
+  ASSERT_EQ(staged.status, 200) << staged.body;
+  EXPECT_EQ(JsonGet(staged.body, "commit_path"), "patch");
+  EXPECT_EQ(JsonGet(staged.body, "commit_reason"), "");
+
+  SseClient sse;
+  HttpResponse paused =
+      PauseWhen([this] { return TokensGenerated() >= 6; }, "in_place",
+                [&] {
+                  EXPECT_EQ(*sse.Open(server_->url(), "/generate",
+                                      GenerateBody("Patch", 30, 0, 0, R"( "stream": true,)")),
+                            200);
+                });
+  ASSERT_EQ(paused.status, 200) << paused.body;
+  HttpResponse commit = Post("/update_weights_from_cpu", R"({"target_version": 1})");
+  ASSERT_EQ(commit.status, 200) << commit.body;
+  EXPECT_EQ(JsonGet(commit.body, "commit_path"), "patch");
+  EXPECT_EQ(JsonGet(commit.body, "weight_version"), "1");
+  EXPECT_EQ(JsonGet(commit.body, "resident_requests"), "1");
+  ASSERT_EQ(Post("/continue_generation", "{}").status, 200);
+
+  absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_GE(events->size(), 3u);
+  const std::string& last = (*events)[events->size() - 2];
+  const auto prompt = EncodeText("Patch", BosMode::kPrepend);
+  const auto expected =
+      testing::SplitGenerate(*Weights(0), *Weights(1), prompt, Greedy(30), 6, false);
+  EXPECT_EQ(JsonInts(last, "output_ids"), Wide(Ids(expected)));
+  EXPECT_THAT(JsonNumbers(last, "meta_info.output_token_logprobs", 0),
+              ElementsAreArray(SameDoubles(Logprobs(expected))));
+
+  // The next version patches the patched weights; what the engine reports
+  // is the target's fingerprint.
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(2, "cpu")).status, 200);
+  commit = Post("/update_weights_from_cpu", R"({"target_version": 2})");
+  ASSERT_EQ(commit.status, 200) << commit.body;
+  EXPECT_EQ(JsonGet(commit.body, "commit_path"), "patch");
+  ExpectGeneratesLike(*Weights(2), "2");
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "weights_fingerprint"),
+            Weights(2)->fingerprint().ToHex());
+}
+
+TEST_F(EngineServerTest, APatchThatFailsIsUndoneAndTheTargetIsThenSwappedIn) {
+  MakeVersionsSparse();
+  Publish();
+  EngineOptions options;
+  options.faults.fail_patches = 1;
+  Start(std::move(options));
+  ASSERT_EQ(Post("/stage_weight_update", StageBody(1, "cpu")).status, 200);
+  HttpResponse failed = Post("/update_weights_from_cpu", R"({"target_version": 1})");
+  EXPECT_EQ(failed.status, 409) << failed.body;
+  EXPECT_EQ(JsonGet(failed.body, "undone"), "true");
+  EXPECT_EQ(JsonGet(failed.body, "weight_version"), "0");
+  EXPECT_THAT(JsonGet(failed.body, "message").value_or(""), HasSubstr("injected fault"));
+  ExpectGeneratesLike(*Weights(0), "0");
+  EXPECT_EQ(JsonGet(Get("/server_info").body, "weights_fingerprint"),
+            Weights(0)->fingerprint().ToHex());
+
+  HttpResponse staged = Post("/stage_weight_update", StageBody(1, "cpu"));
+  ASSERT_EQ(staged.status, 200) << staged.body;
+  EXPECT_EQ(JsonGet(staged.body, "commit_path"), "swap");
+  EXPECT_EQ(JsonGet(staged.body, "commit_reason"), "patch-failed");
+  HttpResponse commit = Post("/update_weights_from_cpu", R"({"target_version": 1})");
+  ASSERT_EQ(commit.status, 200) << commit.body;
+  EXPECT_EQ(JsonGet(commit.body, "commit_path"), "swap");
+  ExpectGeneratesLike(*Weights(1), "1");
+}
+
 TEST_F(EngineServerTest, CpuStagingOfADeltaChainAndOfAFullThenCommit) {
   Publish();
   Start();

@@ -3,11 +3,13 @@
 // (docs/engine.md). Generation and the state both dialects share are in
 // server.cc.
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/prometheus.h"
 #include "stitch/refengine/server_impl.h"
@@ -110,6 +112,8 @@ awaitable<void> EngineServer::Impl::Stage(HttpExchange& ex) {
     co_return;
   }
   StageRequest request = *std::move(parsed);
+  // What a cpu stage's patch would start from (checked again when applied).
+  if (request.destination == StageDestination::kCpu) request.serving = scheduler->weight_version();
   WeightStager* st = stager.get();
   auto stage = [st, &request] { return st->Stage(request); };
   absl::StatusOr<StageResult> result = co_await RunBlocking(*workers, std::move(stage));
@@ -148,13 +152,19 @@ awaitable<void> EngineServer::Impl::FinishCommit(HttpExchange& ex,
                                                  VersionRef version, std::string what,
                                                  std::chrono::steady_clock::time_point start) {
   absl::StatusOr<CommitOutcome> outcome = co_await SwapIn(std::move(weights), version, start);
+  co_await AnswerCommit(ex, std::move(outcome), what);
+}
+
+awaitable<void> EngineServer::Impl::AnswerCommit(HttpExchange& ex,
+                                                 absl::StatusOr<CommitOutcome> outcome,
+                                                 std::string_view what) {
   if (!outcome.ok()) {
     co_await RespondError(ex, outcome.status());
     committing = false;
     co_return;
   }
   outcome->message =
-      absl::StrCat("committed ", version.ToString(), " from ", what, "; ",
+      absl::StrCat("committed ", outcome->weight_version.ToString(), " from ", AbslView(what), "; ",
                    outcome->resident_requests, " resident requests continue on the new weights");
   RecordCommit(*outcome);
   const std::string body = FormatCommitResult(*outcome);
@@ -248,9 +258,35 @@ awaitable<void> EngineServer::Impl::UpdateFromCpu(HttpExchange& ex) {
     co_await AbandonCommit(ex, error);
     co_return;
   }
-  std::string what = "the cpu stage";
-  co_await FinishCommit(ex, std::move(prepared->weights), prepared->version, std::move(what),
-                        start);
+  if (prepared->patch == nullptr) {
+    absl::StatusOr<CommitOutcome> outcome =
+        co_await SwapIn(std::move(prepared->weights), prepared->version, start);
+    if (outcome.ok()) {
+      outcome->path = "swap";
+      outcome->reason = prepared->reason;
+    }
+    co_await AnswerCommit(ex, std::move(outcome), "the cpu stage's whole weights");
+    co_return;
+  }
+  const VersionRef patched = prepared->version;
+  absl::StatusOr<CommitOutcome> outcome = co_await PatchIn(std::move(prepared->patch), start);
+  if (absl::IsDataLoss(outcome.status())) {
+    // Neither the new weights nor the old: nothing may be served under any
+    // label. The process ends; a sidecar sees the engine gone.
+    spdlog::critical("{}; the engine exits rather than serve weights nobody can name",
+                     std::string(outcome.status().message()));
+    std::_Exit(kUnknownWeightsExitCode);
+  }
+  if (absl::IsAborted(outcome.status())) {
+    // Undone: the old weights serve on, under their label. The next cpu
+    // staging of this target prepares whole weights.
+    stager->PatchFailed(patched);
+    const std::string body = UndoneJson(outcome.status(), scheduler->weight_version());
+    co_await RespondJson(ex, 409, body);
+    committing = false;
+    co_return;
+  }
+  co_await AnswerCommit(ex, std::move(outcome), "the cpu stage's patch");
 }
 
 HttpRouter EngineServer::Impl::SglangRoutes() {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/manifest.h"
 #include "stitch/delta/delta_apply.h"
@@ -116,8 +118,10 @@ absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
   return plan;
 }
 
-WeightStager::WeightStager(ModelConfig serving_config, int threads)
-    : config_(std::move(serving_config)), threads_(threads) {}
+WeightStager::WeightStager(ModelConfig serving_config, int threads, double patch_max_density)
+    : config_(std::move(serving_config)),
+      threads_(threads),
+      patch_max_density_(patch_max_density) {}
 
 absl::Status WeightStager::CheckConfig(const fs::path& dir) const {
   if (!IsDirectory(dir)) {
@@ -217,7 +221,6 @@ absl::StatusOr<StageResult> WeightStager::StageCpu(const StageRequest& request) 
   result.destination = StageDestination::kCpu;
   result.anchor = plan->anchor_dir;
   result.anchor_version = plan->anchor_version;
-  std::shared_ptr<const ModelWeights> weights;
   if (plan->anchor_is_held) {
     // ApplyDeltas is all or nothing: on error the image still holds `held`.
     if (!plan->deltas.empty()) {
@@ -225,10 +228,6 @@ absl::StatusOr<StageResult> WeightStager::StageCpu(const StageRequest& request) 
       if (!applied.ok()) return applied.status();
       result.deltas_applied = applied->deltas_applied;
     }
-    absl::StatusOr<std::shared_ptr<const ModelWeights>> built =
-        ModelWeights::FromTensors(config_, image_.Views());
-    if (!built.ok()) return built.status();
-    weights = *std::move(built);
   } else {
     CheckpointImage::LoadOptions load;
     load.run_id = request.run_id;
@@ -241,10 +240,9 @@ absl::StatusOr<StageResult> WeightStager::StageCpu(const StageRequest& request) 
       if (!applied.ok()) return applied.status();
       result.deltas_applied = applied->deltas_applied;
     }
-    absl::StatusOr<std::shared_ptr<const ModelWeights>> built =
-        ModelWeights::FromTensors(config_, fresh->Views());
-    if (!built.ok()) return Annotate(built.status(), plan->anchor_dir.string());
-    weights = *std::move(built);
+    if (absl::Status valid = ValidateTensors(config_, fresh->Views()); !valid.ok()) {
+      return Annotate(valid, plan->anchor_dir.string());
+    }
     image_ = *std::move(fresh);
     image_base_dir_ = request.base_checkpoint_dir;
     image_base_version_ = request.base_version;
@@ -257,10 +255,92 @@ absl::StatusOr<StageResult> WeightStager::StageCpu(const StageRequest& request) 
                      " instead of ", VersionDirName(request.target_version)));
   }
   result.version = *image_.version();
+  PreparedWeights prepared;
+  prepared.version = result.version;
+  prepared.patch = PatchFromServing(request, prepared.reason);
+  if (prepared.patch != nullptr) {
+    result.commit_path = "patch";
+    result.values_changed = prepared.patch->stats.values_changed;
+    result.values_total = prepared.patch->stats.values_total;
+  } else {
+    absl::StatusOr<std::shared_ptr<const ModelWeights>> built =
+        ModelWeights::FromTensors(config_, image_.Views());
+    if (!built.ok()) {
+      // The image holds the target all the same.
+      absl::MutexLock lock(&mu_);
+      image_version_ = result.version;
+      return built.status();
+    }
+    prepared.weights = *std::move(built);
+    result.commit_path = "swap";
+    result.commit_reason = prepared.reason;
+  }
   absl::MutexLock lock(&mu_);
-  prepared_ = PreparedWeights{std::move(weights), result.version};
+  prepared_ = std::move(prepared);
   image_version_ = result.version;
   return result;
+}
+
+std::shared_ptr<const WeightPatch> WeightStager::PatchFromServing(const StageRequest& request,
+                                                                  std::string& reason) {
+  const VersionRef& target = *image_.version();
+  bool failed_before = false;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_before = patch_failed_.has_value() && *patch_failed_ == target;
+  }
+  if (patch_max_density_ <= 0) {
+    reason = "off";
+  } else if (!request.serving.has_value()) {
+    reason = "unknown-base";
+  } else if (request.serving->run_id != target.run_id) {
+    reason = "other-run";
+  } else if (request.serving->version >= target.version) {
+    reason = "not-after";
+  } else if (failed_before) {
+    reason = "patch-failed";
+  }
+  if (!reason.empty()) return nullptr;
+  absl::StatusOr<WeightStagePlan> chain = PlanStage(request, request.serving->version);
+  if (!chain.ok()) {
+    reason = "chain";
+    spdlog::warn("no patch from {} to {}: {}", request.serving->ToString(), target.ToString(),
+                 std::string(chain.status().message()));
+    return nullptr;
+  }
+  if (!chain->anchor_is_held) {
+    reason = "full-version";
+    return nullptr;
+  }
+  std::vector<PatchTargetTensor> tensors;
+  for (const auto& [name, t] : image_.tensors()) {
+    const ImageTensor* held = &t;
+    tensors.push_back({name, t.dtype, t.shape, t.data.size(), [held](std::span<std::byte> out) {
+                         std::memcpy(out.data(), held->data.data(), out.size());
+                         return absl::OkStatus();
+                       }});
+  }
+  WeightPatchOptions options;
+  options.from = *request.serving;
+  options.to = target;
+  options.max_density = patch_max_density_;
+  absl::StatusOr<WeightPatch> patch =
+      BuildWeightPatch(chain->deltas, tensors, "the staged image", options);
+  if (!patch.ok()) {
+    reason = absl::IsFailedPrecondition(patch.status()) ? "dense" : "patch-error";
+    spdlog::info("no patch from {} to {}: {}", request.serving->ToString(), target.ToString(),
+                 std::string(patch.status().message()));
+    return nullptr;
+  }
+  return std::make_shared<const WeightPatch>(*std::move(patch));
+}
+
+void WeightStager::PatchFailed(const VersionRef& target) {
+  absl::MutexLock lock(&mu_);
+  patch_failed_ = target;
+  if (prepared_.has_value() && prepared_->version == target && prepared_->patch != nullptr) {
+    prepared_.reset();
+  }
 }
 
 absl::StatusOr<PreparedWeights> WeightStager::TakePrepared(int64_t version,

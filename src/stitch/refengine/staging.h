@@ -6,8 +6,13 @@
 //         delta codec (delta_apply.h); the commit then loads that directory
 //         (POST /update_weights_from_disk).
 //   cpu:  bring an in-memory image of the checkpoint (checkpoint_image.h) to
-//         the target and build the float32 weights from it; the commit swaps
-//         those prepared weights in (a pointer swap, whatever the size).
+//         the target, then prepare what the commit needs: when the target
+//         follows the serving version by DELTAs only, the weight patch
+//         between them (delta/weight_patch.h), which the commit applies in
+//         place (ModelWeights::ApplyPatch: a pause bounded by the values
+//         that changed); otherwise, or when the patch would be dense, the
+//         target's float32 weights, which the commit swaps in (a pointer
+//         swap). Either way the reason is recorded.
 //
 // Where the bytes come from: `checkpoint_source_dir` is a store's `updates/`
 // directory (one `weight_vNNNNNN` per version). From the target, the stager
@@ -61,6 +66,9 @@ struct StageRequest {
   std::optional<std::filesystem::path> checkpoint_source_dir;
   // disk only: the directory to materialize into.
   std::filesystem::path local_checkpoint_dir;
+  // cpu only: the version the engine serves (a patch starts from it);
+  // nullopt: unknown, the commit swaps whole weights in.
+  std::optional<VersionRef> serving;
 };
 
 struct StageResult {
@@ -71,6 +79,12 @@ struct StageResult {
   size_t deltas_applied = 0;
   bool reseeded = false;  // started from the anchor rather than from what was held
   double seconds = 0;
+  // cpu only: how the commit will change the weights, "patch" or "swap",
+  // and for a swap why not a patch (PreparedWeights::reason).
+  std::string commit_path;
+  std::string commit_reason;
+  uint64_t values_changed = 0;  // a patch's
+  uint64_t values_total = 0;
 };
 
 // Where a target's bytes come from: an anchor and the DELTAs after it.
@@ -89,17 +103,29 @@ struct WeightStagePlan {
 [[nodiscard]] absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
                                                         std::optional<int64_t> held);
 
-// The cpu destination's result, ready to swap in.
+// The cpu destination's result: whole weights to swap in, or a patch to
+// apply in place to the weights of patch->from.
 struct PreparedWeights {
-  std::shared_ptr<const ModelWeights> weights;
+  std::shared_ptr<const ModelWeights> weights;  // null for a patch
+  std::shared_ptr<const WeightPatch> patch;     // null for whole weights
   VersionRef version;
+  // Why whole weights: "off" (patches disabled), "unknown-base" (the
+  // serving version was not given), "other-run", "not-after" (the target
+  // is not after the serving version), "patch-failed" (a patch to this
+  // target was undone), "full-version" (a FULL version or the boot
+  // checkpoint lies between), "chain" (the deltas could not be planned),
+  // "dense" (over the maximum density), "patch-error" (building it
+  // failed); "" for a patch.
+  std::string reason;
 };
 
 class WeightStager {
  public:
   // `serving_config` is the model the engine serves: staged checkpoints must
   // have the same configuration. `threads` for the codec (0: its default).
-  WeightStager(ModelConfig serving_config, int threads);
+  // cpu stagings prepare a patch when it changes at most
+  // `patch_max_density` of the model's values (0: never).
+  WeightStager(ModelConfig serving_config, int threads, double patch_max_density = 0.3);
 
   // Stages `request`. Errors (one line, naming the directory, file or
   // tensor): InvalidArgument / NotFound for bad or missing inputs,
@@ -113,6 +139,10 @@ class WeightStager {
   // version is not staged for cpu, naming what is.
   [[nodiscard]] absl::StatusOr<PreparedWeights> TakePrepared(int64_t version,
                                                              std::string_view run_id);
+
+  // A patch to `target` failed and was undone: the next cpu staging of
+  // `target` prepares whole weights.
+  void PatchFailed(const VersionRef& target);
 
   struct Info {
     bool staging = false;                    // a Stage() is running
@@ -128,9 +158,14 @@ class WeightStager {
   absl::StatusOr<StageResult> StageDisk(const StageRequest& request);
   absl::StatusOr<StageResult> StageCpu(const StageRequest& request);
   absl::Status CheckConfig(const std::filesystem::path& dir) const;
+  // The patch from request.serving to the image's version, or null with
+  // `reason` saying why not (PreparedWeights::reason).
+  std::shared_ptr<const WeightPatch> PatchFromServing(const StageRequest& request,
+                                                      std::string& reason);
 
   const ModelConfig config_;
   const int threads_;
+  const double patch_max_density_;
 
   mutable absl::Mutex mu_;
   bool staging_ ABSL_GUARDED_BY(mu_) = false;
@@ -139,6 +174,7 @@ class WeightStager {
   std::filesystem::path disk_dir_ ABSL_GUARDED_BY(mu_);
   std::optional<VersionRef> image_version_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::optional<VersionRef> patch_failed_ ABSL_GUARDED_BY(mu_);
 
   // Only touched by the one running Stage() (staging_ serializes them).
   CheckpointImage image_;

@@ -2,21 +2,25 @@
 // checkpoint, built from Hugging Face-named tensors (a checkpoint directory,
 // or any in-memory list of tensors such as a staged CPU image).
 //
-// A ModelWeights never changes after it is built, so it is shared as
-// std::shared_ptr<const ModelWeights> between the thread that prepares a new
-// version and the thread that generates: committing a version is swapping
-// that pointer between two steps, and a step keeps the snapshot it started
-// with alive for as long as it runs. Thread-safe: every method is const.
+// A ModelWeights is shared as std::shared_ptr<const ModelWeights> between
+// the thread that prepares a new version and the thread that generates:
+// committing a version is swapping that pointer between two steps, and a
+// step keeps the snapshot it started with alive for as long as it runs.
+// The one exception is ApplyPatch, which changes weights in place: the
+// scheduler calls it between two steps on serving weights nobody else
+// holds. Thread-safe otherwise: every other method is const.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/delta/weight_patch.h"
 #include "stitch/format/checksum.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/refengine/config.h"
@@ -81,6 +85,25 @@ class ModelWeights {
   // same value a store's recorded per-tensor checksums give for them.
   const Checksum128& fingerprint() const { return fingerprint_; }
 
+  // The xxh3-128 of each checkpoint tensor the weights hold, as the
+  // fingerprint combines them.
+  const std::map<std::string, Checksum128, std::less<>>& tensor_checksums() const {
+    return checksums_;
+  }
+
+  // Brings these weights from `patch.from` to `patch.to` in place
+  // (delta/weight_patch.h): checks that every patched element holds the old
+  // version's value, writes the new one, then hashes every patched tensor
+  // (narrowed back to the checkpoint's dtype) against the checksum the patch
+  // records, and updates the fingerprint. `fail_after_tensors` >= 0 fails on
+  // purpose after that many tensors (fault injection). Any failure writes
+  // the old values back and checks them the same way: Aborted ("undone",
+  // the weights are the old version's, bit for bit), or DataLoss when even
+  // the old values could not be restored (the weights are then unknown).
+  // REQUIRES: nothing reads these weights meanwhile; patch tensors of the
+  // checkpoint's dtype.
+  [[nodiscard]] absl::Status ApplyPatch(const WeightPatch& patch, int64_t fail_after_tensors = -1);
+
   // Builds weights from `tensors` for `config` (a valid configuration) after
   // ValidateTensors, whose error it returns. bfloat16 values are widened to
   // float32 exactly. Hashes every tensor once for the fingerprint.
@@ -96,7 +119,18 @@ class ModelWeights {
   std::vector<float> final_norm_;
   std::vector<float> lm_head_;  // empty when tied
   std::vector<double> rope_inv_freq_;
+  std::map<std::string, Checksum128, std::less<>> checksums_;
   Checksum128 fingerprint_;
+
+  // The float32 values of checkpoint tensor `name` (a slice of a fused
+  // matrix for q/k/v and gate/up); empty when the model has no such tensor.
+  std::span<float> Storage(std::string_view name);
+  // Writes the patch's new elements of `t` into `storage` (or, undoing, its
+  // old ones) after checking that every position holds the other version's
+  // element; writes nothing when one does not.
+  absl::Status Rewrite(const TensorPatch& t, std::span<float> storage, bool undo) const;
+  // xxh3-128 of the tensor's values in the checkpoint's dtype.
+  Checksum128 HashStorage(std::span<const float> storage) const;
 };
 
 // Loads a checkpoint directory: `config.json`, the Hugging Face index (or a
