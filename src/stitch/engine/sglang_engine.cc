@@ -7,6 +7,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/local_checkpoint.h"
 
@@ -229,7 +230,16 @@ awaitable<absl::Status> SglangEngine::Commit(const VersionRef& target, CommitOpt
     return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string();
   };
   const std::string path = field("commit_path");
-  if (!path.empty()) CountCommit(path, field("commit_reason"));
+  if (path.empty()) co_return absl::OkStatus();
+  const std::string reason = field("commit_reason");
+  CountCommit(path, reason);
+  if (path == "patch") {
+    const json::value* n = o->if_contains("values_changed");
+    spdlog::info("{} was committed in place: {} values patched", target.ToString(),
+                 n != nullptr && n->is_number() ? json::serialize(*n) : std::string("?"));
+  } else {
+    spdlog::info("{} was committed by swapping whole weights in ({})", target.ToString(), reason);
+  }
   co_return absl::OkStatus();
 }
 
