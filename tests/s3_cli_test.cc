@@ -4,17 +4,28 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
+#include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
+#include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
+#include "stitch/net/server.h"
+#include "stitch/store/store.h"
 #include "tests/s3_test_base.h"
 #include "tests/sidecar_process.h"
 #include "tests/support/subprocess.h"
@@ -124,40 +135,72 @@ TEST_F(S3CliTest, BadCredentialsAreOneClearLine) {
   EXPECT_EQ(std::count(pointer.err.begin(), pointer.err.end(), '\n'), 1) << pointer.err;
 }
 
-// The whole replica path through S3: the binary claims the run, an engine
-// and its sidecar follow the s3:// pointer, and a FULL then a DELTA version
-// published by the binary are served, each stamped with its version.
-TEST_F(S3CliTest, SidecarFollowsThePointerThroughS3) {
-  constexpr auto kTimeout = std::chrono::seconds(60);
-  const std::string store = Uri();
-  const fs::path base = tmp() / "base";
-  const fs::path out = tmp() / "out";
-  fs::create_directories(out);
-  for (const auto& [dir, seed] :
-       {std::pair{base, 1}, std::pair{tmp() / "ckpt1", 2}, std::pair{tmp() / "ckpt2", 3}}) {
-    ProcessResult init =
-        RunStitch({"engine", "init-model", dir.string(), "--layers", "1", "--hidden", "32",
-                   "--heads", "2", "--seed", std::to_string(seed), "--max-positions", "256"});
-    ASSERT_EQ(init.exit_code, 0) << init.err;
+// The pieces of a replica fleet over the S3 store: tiny models, a claimed
+// run, replicas (an engine and its sidecar) and versions published by the
+// binary.
+class S3FleetTest : public S3CliTest {
+ protected:
+  static constexpr auto kTimeout = std::chrono::seconds(60);
+
+  struct Replica {
+    std::unique_ptr<ServerProcess> engine;
+    std::unique_ptr<ServerProcess> sidecar;
+    std::string url;
+  };
+
+  void SetUp() override {
+    S3CliTest::SetUp();
+    if (HasFatalFailure()) return;
+    fs::create_directories(out_);
+    for (const auto& [dir, seed] :
+         {std::pair{base_, 1}, std::pair{tmp() / "ckpt1", 2}, std::pair{tmp() / "ckpt2", 3}}) {
+      ProcessResult init =
+          RunStitch({"engine", "init-model", dir.string(), "--layers", "1", "--hidden", "32",
+                     "--heads", "2", "--seed", std::to_string(seed), "--max-positions", "256"});
+      ASSERT_EQ(init.exit_code, 0) << init.err;
+    }
+    ProcessResult claim = RunStitch({"claim", "--store", Uri(), "--run-id", "r1"});
+    ASSERT_EQ(claim.exit_code, 0) << claim.err;
   }
-  ProcessResult claim = RunStitch({"claim", "--store", store, "--run-id", "r1"});
-  ASSERT_EQ(claim.exit_code, 0) << claim.err;
 
-  ServerProcess engine(
-      {StitchBinary(), "engine", "--model", base.string(), "--port", "0", "--run-id", "r1"});
-  std::optional<std::string> engine_url = engine.WaitForUrl(kTimeout);
-  ASSERT_TRUE(engine_url.has_value()) << engine.err();
-  ServerProcess sidecar({StitchBinary(), "sidecar", "--store", store, "--run-id", "r1", "--engine",
-                         "sglang", "--engine-url", *engine_url, "--base-checkpoint", base.string(),
-                         "--local-checkpoint", (tmp() / "local").string(), "--reconcile-interval",
-                         "0.2", "--port", "0"});
-  std::optional<std::string> url = sidecar.WaitForUrl(kTimeout);
-  ASSERT_TRUE(url.has_value()) << sidecar.err();
+  // An engine on the base checkpoint and a sidecar following the store,
+  // with `flags` added to the sidecar's.
+  void StartReplica(const std::string& name, const std::vector<std::string>& flags,
+                    Replica& replica) {
+    replica.engine = std::make_unique<ServerProcess>(std::vector<std::string>{
+        StitchBinary(), "engine", "--model", base_.string(), "--port", "0", "--run-id", "r1"});
+    std::optional<std::string> engine_url = replica.engine->WaitForUrl(kTimeout);
+    ASSERT_TRUE(engine_url.has_value()) << replica.engine->err();
+    std::vector<std::string> args = {StitchBinary(),
+                                     "sidecar",
+                                     "--store",
+                                     Uri(),
+                                     "--run-id",
+                                     "r1",
+                                     "--engine",
+                                     "sglang",
+                                     "--engine-url",
+                                     *engine_url,
+                                     "--base-checkpoint",
+                                     base_.string(),
+                                     "--local-checkpoint",
+                                     (tmp() / name / "local").string(),
+                                     "--reconcile-interval",
+                                     "0.2",
+                                     "--port",
+                                     "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    replica.sidecar = std::make_unique<ServerProcess>(args);
+    std::optional<std::string> url = replica.sidecar->WaitForUrl(kTimeout);
+    ASSERT_TRUE(url.has_value()) << replica.sidecar->err();
+    replica.url = *url;
+  }
 
-  auto serves = [&](int64_t version) {
+  // Whether the sidecar at `url` comes to serve `version` of r1, ready.
+  static bool Serves(const std::string& url, int64_t version) {
     return Eventually(
         [&] {
-          auto r = HttpFetch("GET", *url + "/server_info");
+          auto r = HttpFetch("GET", url + "/server_info");
           if (!r.ok() || r->status != 200) return false;
           auto state = ParseServerInfo(r->body);
           return state.ok() && state->ready && state->applied.has_value() &&
@@ -165,40 +208,155 @@ TEST_F(S3CliTest, SidecarFollowsThePointerThroughS3) {
                  state->sync_state == SyncState::kIdle;
         },
         kTimeout);
+  }
+
+  // The weight_version_start of a greedy generation through `url` that
+  // demands `constraint` (-1 when it was refused), its HTTP status, and
+  // its output ids.
+  struct Generated {
+    int status = 0;
+    int64_t start = -1;
+    std::string output;
+    friend bool operator==(const Generated&, const Generated&) = default;
   };
-  // The weight_version_start of a greedy generation that demands `constraint`
-  // (-1 when it was refused), and its HTTP status.
-  auto generate = [&](const std::string& constraint) -> std::pair<int, int64_t> {
-    auto r = HttpFetch("POST", *url + "/generate",
+  static Generated Generate(const std::string& url, const std::string& constraint) {
+    auto r = HttpFetch("POST", url + "/generate",
                        absl::StrCat(R"({"text":"hi","sampling_params":{"max_new_tokens":4,)",
                                     R"("temperature":0},"weight_version":)", constraint, "}"));
-    if (!r.ok()) return {0, -1};
-    if (r->status != 200) return {r->status, -1};
+    if (!r.ok()) return {};
+    if (r->status != 200) return {r->status, -1, ""};
     boost::json::value v = boost::json::parse(r->body);
-    return {r->status, v.at("meta_info").at("weight_version_start").as_int64()};
-  };
-  ASSERT_TRUE(serves(0)) << sidecar.err();
+    return {r->status, v.at("meta_info").at("weight_version_start").as_int64(),
+            boost::json::serialize(v.at("output_ids"))};
+  }
 
-  const std::string v1 = (out / "weight_v000001").string();
-  ProcessResult full = RunStitch({"delta", "full", "--checkpoint", (tmp() / "ckpt1").string(),
-                                  "--out", v1, "--version", "1", "--run-id", "r1"});
-  ASSERT_EQ(full.exit_code, 0) << full.err;
-  ProcessResult publish1 = RunStitch(
-      {"publish", "--store", store, "--run-id", "r1", "--pool", absl::StrCat("static:", *url), v1});
-  ASSERT_EQ(publish1.exit_code, 0) << publish1.err;
-  ASSERT_TRUE(serves(1)) << sidecar.err();
-  EXPECT_EQ(generate(R"({"exact_version":1})"), (std::pair<int, int64_t>{200, 1}));
+  // Publishes ckpt1 as FULL v1 (waking `wake_url` when given), or ckpt2 as
+  // a DELTA v2 over it.
+  void PublishFullV1(const std::string& wake_url) {
+    const std::string v1 = (out_ / "weight_v000001").string();
+    ProcessResult full = RunStitch({"delta", "full", "--checkpoint", (tmp() / "ckpt1").string(),
+                                    "--out", v1, "--version", "1", "--run-id", "r1"});
+    ASSERT_EQ(full.exit_code, 0) << full.err;
+    std::vector<std::string> publish = {"publish", "--store", Uri(), "--run-id", "r1", v1};
+    if (!wake_url.empty()) {
+      publish.insert(publish.end() - 1, {"--pool", absl::StrCat("static:", wake_url)});
+    }
+    ProcessResult published = RunStitch(publish);
+    ASSERT_EQ(published.exit_code, 0) << published.err;
+  }
+  void PublishDeltaV2() {
+    const std::string v2 = (out_ / "weight_v000002").string();
+    ProcessResult encode = RunStitch({"delta", "encode", "--base", (tmp() / "ckpt1").string(),
+                                      "--target", (tmp() / "ckpt2").string(), "--out", v2,
+                                      "--version", "2", "--base-version", "1", "--run-id", "r1"});
+    ASSERT_EQ(encode.exit_code, 0) << encode.err;
+    ProcessResult published = RunStitch({"publish", "--store", Uri(), "--run-id", "r1", v2});
+    ASSERT_EQ(published.exit_code, 0) << published.err;
+  }
 
-  const std::string v2 = (out / "weight_v000002").string();
-  ProcessResult encode = RunStitch({"delta", "encode", "--base", (tmp() / "ckpt1").string(),
-                                    "--target", (tmp() / "ckpt2").string(), "--out", v2,
-                                    "--version", "2", "--base-version", "1", "--run-id", "r1"});
-  ASSERT_EQ(encode.exit_code, 0) << encode.err;
-  ProcessResult publish2 = RunStitch({"publish", "--store", store, "--run-id", "r1", v2});
-  ASSERT_EQ(publish2.exit_code, 0) << publish2.err;
-  ASSERT_TRUE(serves(2)) << sidecar.err();
-  EXPECT_EQ(generate(R"({"min_version":2})"), (std::pair<int, int64_t>{200, 2}));
-  EXPECT_EQ(generate(R"({"exact_version":1})").first, 409);
+  const fs::path base_ = tmp() / "base";
+  const fs::path out_ = tmp() / "out";
+};
+
+// The whole replica path through S3: the binary claims the run, an engine
+// and its sidecar follow the s3:// pointer, and a FULL then a DELTA version
+// published by the binary are served, each stamped with its version.
+TEST_F(S3FleetTest, SidecarFollowsThePointerThroughS3) {
+  Replica r;
+  StartReplica("r", {}, r);
+  ASSERT_TRUE(Serves(r.url, 0)) << r.sidecar->err();
+  PublishFullV1(r.url);
+  ASSERT_TRUE(Serves(r.url, 1)) << r.sidecar->err();
+  EXPECT_EQ(Generate(r.url, R"({"exact_version":1})").start, 1);
+  PublishDeltaV2();
+  ASSERT_TRUE(Serves(r.url, 2)) << r.sidecar->err();
+  EXPECT_EQ(Generate(r.url, R"({"min_version":2})").start, 2);
+  EXPECT_EQ(Generate(r.url, R"({"exact_version":1})").status, 409);
+}
+
+// A sidecar's value of one metric, or -1.
+double Metric(const std::string& url, std::string_view name) {
+  auto r = HttpFetch("GET", url + "/metrics");
+  if (!r.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (!absl::ConsumePrefix(&line, std::string(name)) || !absl::ConsumePrefix(&line, " "))
+      continue;
+    double value = 0;
+    return absl::SimpleAtod(line, &value) ? value : -1;
+  }
+  return -1;
+}
+
+// Replicas fetch version files from peers before the store, and verify
+// every byte against the store's record: a replica whose peers are a
+// corrupt one and a good one takes every file from the good one and none
+// from the store; one whose only peer is corrupt takes them from the store.
+// Either way it serves the published weights.
+TEST_F(S3FleetTest, PeersServeVerifiedFilesAndACorruptPeerIsPassedOver) {
+  const fs::path token = tmp() / "fleet.token";
+  ASSERT_TRUE(WriteFileAtomically(token, "fleet-secret\n").ok());
+  const std::vector<std::string> auth = {"--auth-token-file", token.string()};
+  PublishFullV1("");
+  PublishDeltaV2();
+
+  Replica first;
+  StartReplica("first", auth, first);
+  ASSERT_TRUE(Serves(first.url, 2)) << first.sidecar->err();
+  const double store_files = Metric(first.url, "stitch_sidecar_store_files_downloaded_total");
+  ASSERT_GT(store_files, 0);
+
+  // The route is the fleet's: no token, no file; a file it never verified
+  // is not found.
+  const std::string route =
+      absl::StrCat(first.url, std::string(kPeerFileRoute), "?version=2&name=");
+  auto anonymous = HttpFetch("GET", route + "delta-0.safetensors");
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ(anonymous->status, 401);
+  FetchOptions with_token;
+  with_token.headers.Set("Authorization", "Bearer fleet-secret");
+  auto absent =
+      HttpFetch("GET", absl::StrCat(first.url, std::string(kPeerFileRoute), "?version=7&name=x"),
+                "", with_token);
+  ASSERT_TRUE(absent.ok());
+  EXPECT_EQ(absent->status, 404) << absent->body;
+
+  // A peer that answers every file with other bytes.
+  EventLoop loop;
+  HttpRouter liar;
+  liar.Add("GET", std::string(kPeerFileRoute),
+           [](HttpExchange& ex) -> boost::asio::awaitable<void> {
+             HttpResponse r;
+             r.status = 200;
+             r.body = std::string(4096, 'x');
+             (void)co_await ex.Respond(std::move(r));
+           });
+  auto corrupt = HttpServer::Start(loop.executor(), ServerOptions{}, liar.AsHandler());
+  ASSERT_TRUE(corrupt.ok()) << corrupt.status();
+
+  Replica second;
+  std::vector<std::string> flags = auth;
+  flags.insert(flags.end(),
+               {"--peers", absl::StrCat("static:", (*corrupt)->url(), ",", first.url)});
+  StartReplica("second", flags, second);
+  ASSERT_TRUE(Serves(second.url, 2)) << second.sidecar->err();
+  EXPECT_EQ(Metric(second.url, "stitch_sidecar_store_files_downloaded_total"), 0);
+  EXPECT_EQ(Metric(second.url, "stitch_sidecar_peer_files_downloaded_total"), store_files);
+  EXPECT_GE(Metric(second.url, "stitch_sidecar_peer_files_rejected_total"), 1);
+
+  Replica third;
+  flags = auth;
+  flags.insert(flags.end(), {"--peers", (*corrupt)->url()});
+  StartReplica("third", flags, third);
+  ASSERT_TRUE(Serves(third.url, 2)) << third.sidecar->err();
+  EXPECT_EQ(Metric(third.url, "stitch_sidecar_store_files_downloaded_total"), store_files);
+  EXPECT_EQ(Metric(third.url, "stitch_sidecar_peer_files_downloaded_total"), 0);
+  EXPECT_EQ(Metric(third.url, "stitch_sidecar_peer_files_rejected_total"), store_files);
+
+  const Generated want = Generate(first.url, R"({"exact_version":2})");
+  ASSERT_EQ(want.status, 200);
+  EXPECT_EQ(Generate(second.url, R"({"exact_version":2})"), want);
+  EXPECT_EQ(Generate(third.url, R"({"exact_version":2})"), want);
+  loop.BlockOn((*corrupt)->Shutdown());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/signal_set.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@
 #include "stitch/net/event_loop.h"
 #include "stitch/net/server.h"
 #include "stitch/net/worker_pool.h"
+#include "stitch/pool/pool.h"
 #include "stitch/replica/sidecar.h"
 #include "stitch/store/store.h"
 
@@ -172,7 +174,23 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   }
   auto cache = CacheDir(*config);
   if (!cache.ok()) return ReportFailure(cache.status());
-  auto store = OpenStore(config->store_uri, StoreOptions{config->reconciler.run_id, *cache});
+  StoreOptions store_options{config->reconciler.run_id, *cache, {}};
+  std::shared_ptr<Pool> peers;
+  if (!flags.peers.empty()) {
+    auto pool = MakePool(flags.peers);
+    if (!pool.ok()) return ReportFailure(Annotate(pool.status(), "sidecar: --peers"));
+    peers = *std::move(pool);
+    store_options.peers.discover = [peers]() -> std::vector<std::string> {
+      auto urls = peers->Discover();
+      if (urls.ok()) return *std::move(urls);
+      spdlog::warn("--peers {}: {}; fetching from the store", peers->spec(),
+                   std::string(urls.status().message()));
+      return {};
+    };
+  }
+  // Peers are sidecars of the same fleet: the same token opens their routes.
+  store_options.peers.token = *auth_token;
+  auto store = OpenStore(config->store_uri, store_options);
   if (!store.ok()) return ReportFailure(Annotate(store.status(), "sidecar: --store"));
   // A store that was never claimed is a mistyped --store far more often than
   // a trainer that has not started: following it would label whatever the
@@ -271,6 +289,11 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--cache-dir", flags.cache_dir,
                   "Where a remote (s3://) store caches versions (default: beside "
                   "--local-checkpoint, else a temporary directory)");
+  cmd->add_option("--peers", flags.peers,
+                  "Other replicas' sidecars that a remote store asks for a version's files before "
+                  "the store itself, as a pool (static:URL,URL, file:PATH, dns:NAME:PORT); every "
+                  "file is checked against the SHA-256 the store records, so a peer can delay but "
+                  "never poison a replica (docs/deploy.md, \"Peers before the store\")");
   cmd->add_option("--bulletin-root", flags.bulletin_root,
                   "The original Stitch's store root: the cache directory of an S3 store, or the "
                   "store itself with --store-opt backend=local");

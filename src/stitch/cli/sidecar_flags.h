@@ -36,6 +36,9 @@ struct SidecarFlags {
   // Where a remote store caches versions (default: beside --local-checkpoint,
   // else a fresh temporary directory).
   std::string cache_dir;
+  // The pool of other replicas' sidecars a remote store fetches version
+  // files from before the store itself (a pool spec: static:, file:, dns:).
+  std::string peers;
   // Log every request the sidecar receives (method and target) at info.
   bool debug_requests = false;
   std::string run_id;

@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/format/checksum.h"
 #include "stitch/io/aligned_buffer.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 
@@ -114,11 +115,6 @@ class MemorySource final : public ChunkSource {
  private:
   std::span<const std::byte> bytes_;
 };
-
-// Reads out.size() bytes at `offset` of the open file `fd` (pread, retried
-// until complete). DataLoss naming `path` when the file ends first.
-[[nodiscard]] absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
-                                     const std::filesystem::path& path);
 
 // Tensor bytes at `offset` in an open file, read with pread.
 class FileSource final : public ChunkSource {

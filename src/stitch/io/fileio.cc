@@ -187,4 +187,24 @@ absl::Status RenameDurably(const fs::path& from, const fs::path& to) {
   return absl::OkStatus();
 }
 
+absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
+                       const std::filesystem::path& path) {
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "read", path);
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("read ", path.string(), ": file ends at byte ",
+                                              offset + done, ", before the ", out.size(),
+                                              " bytes its header promises at byte ", offset));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace stitch

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -12,6 +13,11 @@
 #include "absl/status/statusor.h"
 
 namespace stitch {
+
+// Reads out.size() bytes at `offset` of the open file `fd` (pread, retried
+// until complete). DataLoss naming `path` when the file ends first.
+[[nodiscard]] absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
+                                     const std::filesystem::path& path);
 
 // Reads a whole (small) file.
 [[nodiscard]] absl::StatusOr<std::string> ReadFileToString(const std::filesystem::path& path);

@@ -96,6 +96,13 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
         m.store.files_downloaded);
   w.One("store_bytes_downloaded_total", "counter",
         "Bytes downloaded from a remote store to materialize versions.", m.store.bytes_downloaded);
+  w.One("peer_files_downloaded_total", "counter",
+        "Version files taken from peers (--peers) instead of the store, verified.",
+        m.store.peer_files);
+  w.One("peer_bytes_downloaded_total", "counter", "Bytes of those files.", m.store.peer_bytes);
+  w.One("peer_files_rejected_total", "counter",
+        "Files a peer sent that were not the store's bytes (then taken from elsewhere).",
+        m.store.peer_rejected);
   w.One("watchdog_probes_total", "counter", "Engine health probes.", m.watchdog_probes);
   w.One("watchdog_failures_total", "counter", "Failed engine health probes.", m.watchdog_failures);
   w.One("engine_metrics_up", "gauge",

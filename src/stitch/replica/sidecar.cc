@@ -1,12 +1,15 @@
 #include "stitch/replica/sidecar.h"
 
+#include <algorithm>
 #include <optional>
+#include <span>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/errors.h"
@@ -24,6 +27,7 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   std::unique_ptr<Sidecar> sidecar(new Sidecar());
   sidecar->on_terminal_ = std::move(settings.on_terminal);
   sidecar->store_ = ports.store;
+  sidecar->pool_ = ports.pool;
   sidecar->engine_ = ports.engine;
   Sidecar* self = sidecar.get();
   // Nothing versioned is served until the reconciler verified (or loaded)
@@ -62,6 +66,9 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); });
   router.Add(
       "POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); }, settings.auth_token);
+  router.Add(
+      "GET", std::string(kPeerFileRoute), [self](HttpExchange& ex) { return self->PeerFile(ex); },
+      settings.auth_token);
   router.SetFallback([self](HttpExchange& ex) { return self->proxy_->Handle(ex); }, data_token);
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = settings.server;
@@ -130,6 +137,57 @@ awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   reconciler_->Wake();
   HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
   (void)co_await exchange.Respond(std::move(response));
+}
+
+awaitable<void> Sidecar::PeerFile(HttpExchange& exchange) {
+  const std::string& target = exchange.request().target;
+  const std::optional<std::string> version_text = TargetQueryParam(target, "version");
+  const std::optional<std::string> name = TargetQueryParam(target, "name");
+  int64_t version = -1;
+  if (!version_text.has_value() || !name.has_value() ||
+      !absl::SimpleAtoi(*version_text, &version)) {
+    HttpResponse response = JsonResponse(
+        400,
+        JsonErrorBody("BadRequest", "give ?version=N&name=FILE, a file of a published version"));
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
+  Store* store = store_;
+  auto open = [store, version, name] { return store->OpenVerifiedFile(version, *name); };
+  absl::StatusOr<Store::VerifiedFile> file = co_await RunBlocking(*pool_, std::move(open));
+  if (!file.ok()) {
+    const bool absent = absl::IsNotFound(file.status());
+    HttpResponse response = JsonResponse(
+        absent ? 404 : 400,
+        JsonErrorBody(absent ? "NotFound" : "BadRequest", std::string(file.status().message())));
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
+  HttpHeaders headers;
+  headers.Set("Content-Type", "application/octet-stream");
+  if (!(co_await exchange.BeginStream(200, std::move(headers))).ok()) co_return;
+  // Read on the worker pool, a chunk at a time, so that a large file holds
+  // neither the event loop nor much memory.
+  constexpr size_t kChunk = size_t{1} << 20;
+  const int fd = file->fd.get();
+  for (uint64_t offset = 0; offset < file->size;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, file->size - offset));
+    auto read = [fd, offset, want]() -> absl::StatusOr<std::string> {
+      std::string chunk(want, '\0');
+      if (absl::Status s =
+              ReadFully(fd, offset, std::as_writable_bytes(std::span(chunk)), "peer file");
+          !s.ok()) {
+        return s;
+      }
+      return chunk;
+    };
+    absl::StatusOr<std::string> chunk = co_await RunBlocking(*pool_, std::move(read));
+    // A short or failed read ends the body early: the peer's SHA-256 check
+    // rejects what it got.
+    if (!chunk.ok() || !(co_await exchange.WriteChunk(*std::move(chunk))).ok()) co_return;
+    offset += want;
+  }
+  (void)co_await exchange.EndStream();
 }
 
 awaitable<void> Sidecar::MetricsRoute(HttpExchange& exchange) {

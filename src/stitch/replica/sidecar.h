@@ -98,9 +98,13 @@ class Sidecar {
   boost::asio::awaitable<void> ServerInfo(HttpExchange& exchange);
   boost::asio::awaitable<void> Wake(HttpExchange& exchange);
   boost::asio::awaitable<void> MetricsRoute(HttpExchange& exchange);
+  // GET kPeerFileRoute?version=N&name=FILE: a version file the store
+  // verified (Store::OpenVerifiedFile), streamed; 404 when it holds none.
+  boost::asio::awaitable<void> PeerFile(HttpExchange& exchange);
 
   std::function<void(const absl::Status&)> on_terminal_;
   Store* store_ = nullptr;
+  WorkerPool* pool_ = nullptr;
   Engine* engine_ = nullptr;
   std::unique_ptr<AdmissionGate> gate_;
   std::unique_ptr<Reconciler> reconciler_;

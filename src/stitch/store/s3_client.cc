@@ -21,18 +21,19 @@
 #include "stitch/store/s3_xml.h"
 
 namespace stitch {
-namespace {
 
-// Answers buffered in memory (errors, listings, indexes, pointers) are small;
-// anything larger than this is refused rather than held.
-constexpr size_t kMaxBufferedBody = size_t{256} << 20;
-
-void GlobalInitOnce() {
+void CurlGlobalInitOnce() {
   // curl_global_init is not thread-safe; a function-local static runs it
   // exactly once, before any handle exists.
   static const CURLcode init = curl_global_init(CURL_GLOBAL_DEFAULT);
   (void)init;
 }
+
+namespace {
+
+// Answers buffered in memory (errors, listings, indexes, pointers) are small;
+// anything larger than this is refused rather than held.
+constexpr size_t kMaxBufferedBody = size_t{256} << 20;
 
 bool IsRetryableCurlCode(CURLcode code) {
   switch (code) {
@@ -269,7 +270,7 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3Location location,
     if (!chain.ok()) return Annotate(chain.status(), absl::StrCat("store ", location.Display()));
     options.credentials = *std::move(chain);
   }
-  GlobalInitOnce();
+  CurlGlobalInitOnce();
   return std::unique_ptr<S3Client>(new S3Client(std::move(location), std::move(options)));
 }
 

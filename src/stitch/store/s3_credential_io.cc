@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
+#include "stitch/store/s3_client.h"
 
 namespace stitch {
 namespace {
@@ -21,11 +22,6 @@ namespace json = boost::json;
 
 constexpr size_t kMaxSmallFile = size_t{1} << 20;
 constexpr size_t kMaxAnswer = size_t{1} << 20;
-
-void GlobalInitOnce() {
-  static const CURLcode init = curl_global_init(CURL_GLOBAL_DEFAULT);
-  (void)init;
-}
 
 size_t Collect(char* data, size_t size, size_t count, void* user) {
   auto* body = static_cast<std::string*>(user);
@@ -59,7 +55,7 @@ absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, std::str
 }
 
 absl::StatusOr<CredentialHttpAnswer> CredentialHttpExchange(const CredentialHttpCall& call) {
-  GlobalInitOnce();
+  CurlGlobalInitOnce();
   struct EasyDeleter {
     void operator()(CURL* c) const { curl_easy_cleanup(c); }
   };

@@ -1,5 +1,8 @@
 #include "stitch/store/s3_store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <set>
 #include <system_error>
@@ -12,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
 #include "stitch/format/index.h"
@@ -43,13 +47,14 @@ bool ValidHostName(std::string_view host) {
 }  // namespace
 
 S3Store::S3Store(S3Location location, std::string run_id, fs::path cache_dir,
-                 std::unique_ptr<S3Client> client, S3StoreOptions options)
+                 std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers)
     : location_(std::move(location)),
       run_id_(std::move(run_id)),
       cache_dir_(std::move(cache_dir)),
       client_(std::move(client)),
       options_(std::move(options)),
-      where_(absl::StrCat("store ", location_.Display())) {}
+      where_(absl::StrCat("store ", location_.Display())),
+      peers_(std::move(peers)) {}
 
 absl::StatusOr<std::unique_ptr<S3Store>> S3Store::Open(std::string_view uri,
                                                        const StoreOptions& options,
@@ -80,7 +85,7 @@ absl::StatusOr<std::unique_ptr<S3Store>> S3Store::Open(std::string_view uri,
   if (!client.ok()) return client.status();
   return std::unique_ptr<S3Store>(new S3Store(*std::move(location), options.run_id,
                                               std::move(cache_dir), *std::move(client),
-                                              std::move(s3)));
+                                              std::move(s3), options.peers));
 }
 
 std::string S3Store::VersionKey(int64_t version, std::string_view name) const {
@@ -367,17 +372,92 @@ absl::Status S3Store::DownloadMissing(int64_t version, const fs::path& target,
                                       const std::vector<StoredFile>& stored,
                                       const std::vector<size_t>& missing, S3CacheRecord& record) {
   absl::Mutex record_mu;
+  const std::vector<std::string> peers =
+      peers_.discover && !missing.empty() ? peers_.discover() : std::vector<std::string>();
   return ParallelFor(missing.size(), [&](size_t m) -> absl::Status {
     const StoredFile& want = stored[missing[m]];
-    auto cached = DownloadToCache(*client_, location_, VersionKey(version, want.name), want,
-                                  target / want.name);
+    auto cached = FetchOne(version, target, want, peers);
     if (!cached.ok()) return cached.status();
-    downloaded_.fetch_add(1);
-    bytes_downloaded_.fetch_add(want.size);
     absl::MutexLock guard(&record_mu);
     record.files[want.name] = *std::move(cached);
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<S3CachedFile> S3Store::FetchOne(int64_t version, const fs::path& target,
+                                               const StoredFile& want,
+                                               const std::vector<std::string>& peers) {
+  const size_t n = peers.size();
+  const size_t first = n == 0 ? 0 : peer_turn_.fetch_add(1) % n;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& peer = peers[(first + i) % n];
+    auto fetched = FetchFromPeerToCache(peers_, peer, version, want, target / want.name);
+    if (fetched.ok()) {
+      peer_files_.fetch_add(1);
+      peer_bytes_.fetch_add(want.size);
+      return fetched;
+    }
+    if (absl::IsDataLoss(fetched.status())) {
+      // A peer can delay a replica, never poison it: its bytes are dropped.
+      peer_rejected_.fetch_add(1);
+      spdlog::warn("{}: {}; taking the file from elsewhere", where_,
+                   std::string(fetched.status().message()));
+    } else if (!absl::IsNotFound(fetched.status())) {
+      spdlog::info("{}: {}", where_, std::string(fetched.status().message()));
+    }
+  }
+  auto cached = DownloadToCache(*client_, location_, VersionKey(version, want.name), want,
+                                target / want.name);
+  if (!cached.ok()) return cached.status();
+  downloaded_.fetch_add(1);
+  bytes_downloaded_.fetch_add(want.size);
+  return cached;
+}
+
+StoreTraffic S3Store::traffic() const {
+  StoreTraffic t;
+  t.files_downloaded = static_cast<uint64_t>(downloaded_.load());
+  t.bytes_downloaded = bytes_downloaded_.load();
+  t.peer_files = peer_files_.load();
+  t.peer_bytes = peer_bytes_.load();
+  t.peer_rejected = peer_rejected_.load();
+  return t;
+}
+
+absl::StatusOr<Store::VerifiedFile> S3Store::OpenVerifiedFile(int64_t version,
+                                                              std::string_view name) {
+  if (absl::Status s = ValidateVersionNumber(version); !s.ok()) {
+    return absl::InvalidArgumentError(std::string(s.message()));
+  }
+  const std::string file(name);
+  if (absl::Status s = ValidatePayloadFileName(file); !s.ok() || file == kIndexFileName) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", absl::CEscape(file), "\" is not a file a version's index names"));
+  }
+  const auto not_held = [&] {
+    return absl::NotFoundError(absl::StrCat(VersionDirName(version), "/", file,
+                                            " is not in this replica's verified cache"));
+  };
+  if (cache_dir_.empty()) return not_held();
+  const S3VersionCachePaths paths = S3VersionCachePaths::For(cache_dir_, location_, version);
+  if (!CheckCacheFileNames(paths.target, {file}, where_).ok()) return not_held();
+  const S3CacheRecord record = ReadS3CacheRecord(paths.record);
+  const auto entry = record.files.find(file);
+  if (entry == record.files.end()) return not_held();
+  VerifiedFile out;
+  out.fd = UniqueFd(::open((paths.target / file).c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st;
+  // What was opened must be the file the record vouches for: a later
+  // download replaces it by a rename, so the open descriptor keeps one
+  // whole file either way.
+  if (!out.fd || ::fstat(out.fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) != entry->second.size ||
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec !=
+          entry->second.mtime_ns) {
+    return not_held();
+  }
+  out.size = entry->second.size;
+  return out;
 }
 
 absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {

@@ -76,6 +76,8 @@ struct StoredFile {
   friend bool operator==(const StoredFile&, const StoredFile&) = default;
 };
 
+struct S3CachedFile;  // s3_version_cache.h
+
 class S3Store final : public Store {
  public:
   // Opens the store at `uri` (see s3_uri.h) for `options.run_id` (validated;
@@ -149,9 +151,12 @@ class S3Store final : public Store {
   // Counters, for tests and logs.
   int64_t payload_files_uploaded() const { return uploaded_.load(); }
   int64_t payload_files_downloaded() const { return downloaded_.load(); }
-  StoreTraffic traffic() const override {
-    return StoreTraffic{static_cast<uint64_t>(downloaded_.load()), bytes_downloaded_.load()};
-  }
+  StoreTraffic traffic() const override;
+  // A file of the version cache whose record vouches for it (the store's
+  // size and SHA-256, checked when it was downloaded) and that nobody
+  // touched since.
+  [[nodiscard]] absl::StatusOr<VerifiedFile> OpenVerifiedFile(int64_t version,
+                                                              std::string_view name) override;
   S3Client& client() { return *client_; }
 
   // Test hook: runs `hook` inside AdvancePointer after the pointer was read
@@ -166,7 +171,14 @@ class S3Store final : public Store {
   // Where multi-host receipts live inside a version directory.
   static constexpr std::string_view kReceiptsDir = ".receipts";
   S3Store(S3Location location, std::string run_id, std::filesystem::path cache_dir,
-          std::unique_ptr<S3Client> client, S3StoreOptions options);
+          std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers);
+  // One missing file into `target`: from the first of `peers` (tried in
+  // an order of their own for each file) that holds it verified, else from
+  // the store.
+  [[nodiscard]] absl::StatusOr<S3CachedFile> FetchOne(int64_t version,
+                                                      const std::filesystem::path& target,
+                                                      const StoredFile& want,
+                                                      const std::vector<std::string>& peers);
 
   // The pointer's text, parsed, and the ETag it was read with ("" when unset).
   struct PointerRead {
@@ -224,6 +236,11 @@ class S3Store final : public Store {
   std::atomic<int64_t> uploaded_{0};
   std::atomic<int64_t> downloaded_{0};
   std::atomic<uint64_t> bytes_downloaded_{0};
+  const StorePeers peers_;
+  std::atomic<uint64_t> peer_files_{0};
+  std::atomic<uint64_t> peer_bytes_{0};
+  std::atomic<uint64_t> peer_rejected_{0};
+  std::atomic<uint64_t> peer_turn_{0};  // spreads files over the peers
   std::function<void()> before_pointer_write_;
 };
 

@@ -1,20 +1,27 @@
 #include "stitch/store/s3_version_cache.h"
 
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <cerrno>
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <span>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/errors.h"
 #include "stitch/store/s3_sha256.h"
+#include "stitch/store/store.h"
 #include "stitch/store/version_dir.h"
 
 namespace stitch {
@@ -62,6 +69,18 @@ class FileSink final : public S3BodySink {
   uint64_t size_ = 0;
 };
 
+// OK when the bytes received are `want`'s, else DataLoss naming `source`
+// and saying `why`.
+absl::Status CheckReceived(const FileDigest& got, const StoredFile& want, std::string_view source,
+                           std::string_view why) {
+  if (got.sha256 == want.sha256 && got.size == want.size) return absl::OkStatus();
+  return WithKind(absl::DataLossError(
+                      absl::StrCat(AbslView(source), ": received ", got.size, " bytes hashing to ",
+                                   got.sha256, " but the store records ", want.size,
+                                   " bytes with sha256 ", want.sha256, "; ", AbslView(why))),
+                  ErrorKind::kChecksumMismatch);
+}
+
 // Receives `key` into `temp` and checks what arrived; the caller removes
 // `temp` on failure.
 absl::Status ReceiveVerified(S3Client& client, const S3Location& location, const std::string& key,
@@ -77,16 +96,52 @@ absl::Status ReceiveVerified(S3Client& client, const S3Location& location, const
   if (!written.ok()) return written.status();
   auto recorded = RecordedSha256(*response);
   if (!recorded.ok()) return Annotate(recorded.status(), location.DisplayKey(key));
-  if (written->sha256 != *recorded || written->sha256 != want.sha256 ||
-      written->size != want.size) {
-    return WithKind(
-        absl::DataLossError(absl::StrCat(
-            location.DisplayKey(key), ": downloaded ", written->size, " bytes hashing to ",
-            written->sha256, " but the object records ", want.size, " bytes with sha256 ",
-            want.sha256, "; the object changed after it was published")),
-        ErrorKind::kChecksumMismatch);
+  StoredFile object = want;
+  object.sha256 = *recorded;
+  if (absl::Status s = CheckReceived(*written, object, location.DisplayKey(key),
+                                     "the object changed after it was published");
+      !s.ok()) {
+    return s;
   }
-  return absl::OkStatus();
+  return CheckReceived(*written, want, location.DisplayKey(key),
+                       "the object changed after it was published");
+}
+
+// Renames the verified `temp` to `final_path` and makes it durable: the
+// file's record entry.
+absl::StatusOr<S3CachedFile> Install(const fs::path& temp, const fs::path& final_path,
+                                     const StoredFile& want) {
+  if (::rename(temp.c_str(), final_path.c_str()) != 0)
+    return ErrnoStatus(errno, "rename", final_path);
+  if (absl::Status s = FsyncPath(final_path.parent_path()); !s.ok()) return s;
+  struct stat st;
+  if (::stat(final_path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", final_path);
+  return S3CachedFile{want.size, want.sha256, MtimeNs(st)};
+}
+
+// Runs `receive` into a temporary sibling of `final_path`, then Install;
+// the temporary file never outlives a failure.
+absl::StatusOr<S3CachedFile> ReceiveIntoCache(
+    const fs::path& final_path, const StoredFile& want,
+    const std::function<absl::Status(const fs::path& temp)>& receive) {
+  std::error_code dir_ec;
+  fs::create_directories(final_path.parent_path(), dir_ec);
+  if (dir_ec) return ErrnoStatus(dir_ec.value(), "create", final_path.parent_path());
+  const fs::path temp = TempSiblingPath(final_path);
+  const absl::Status received = receive(temp);
+  absl::StatusOr<S3CachedFile> installed =
+      received.ok() ? Install(temp, final_path, want) : absl::StatusOr<S3CachedFile>(received);
+  if (!installed.ok()) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+  }
+  return installed;
+}
+
+size_t OnPeerBody(char* data, size_t size, size_t count, void* user) {
+  auto* sink = static_cast<std::pair<FileSink*, absl::Status>*>(user);
+  sink->second = sink->first->Write(std::string_view(data, size * count));
+  return sink->second.ok() ? size * count : 0;
 }
 
 }  // namespace
@@ -188,27 +243,71 @@ std::vector<size_t> StaleCacheFiles(const fs::path& target, const std::vector<St
 absl::StatusOr<S3CachedFile> DownloadToCache(S3Client& client, const S3Location& location,
                                              const std::string& key, const StoredFile& want,
                                              const fs::path& final_path) {
-  std::error_code dir_ec;
-  fs::create_directories(final_path.parent_path(), dir_ec);
-  if (dir_ec) return ErrnoStatus(dir_ec.value(), "create", final_path.parent_path());
-  const fs::path temp = TempSiblingPath(final_path);
-  auto cleanup = [&] {
-    std::error_code ignored;
-    fs::remove(temp, ignored);
+  return ReceiveIntoCache(final_path, want, [&](const fs::path& temp) {
+    return ReceiveVerified(client, location, key, want, temp);
+  });
+}
+
+absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
+                                                  const std::string& peer_url, int64_t version,
+                                                  const StoredFile& want,
+                                                  const fs::path& final_path) {
+  CurlGlobalInitOnce();
+  struct EasyDeleter {
+    void operator()(CURL* c) const { curl_easy_cleanup(c); }
   };
-  if (absl::Status s = ReceiveVerified(client, location, key, want, temp); !s.ok()) {
-    cleanup();
-    return s;
-  }
-  if (::rename(temp.c_str(), final_path.c_str()) != 0) {
-    int e = errno;
-    cleanup();
-    return ErrnoStatus(e, "rename", final_path);
-  }
-  if (absl::Status s = FsyncPath(final_path.parent_path()); !s.ok()) return s;
-  struct stat st;
-  if (::stat(final_path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", final_path);
-  return S3CachedFile{want.size, want.sha256, MtimeNs(st)};
+  struct SlistDeleter {
+    void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+  };
+  std::unique_ptr<CURL, EasyDeleter> curl(curl_easy_init());
+  if (!curl) return absl::ResourceExhaustedError("cannot create a curl handle");
+  CURL* c = curl.get();
+  char* escaped = curl_easy_escape(c, want.name.c_str(), static_cast<int>(want.name.size()));
+  const std::string url = absl::StrCat(peer_url, AbslView(kPeerFileRoute), "?version=", version,
+                                       "&name=", escaped != nullptr ? escaped : "");
+  curl_free(escaped);
+  const std::string source = absl::StrCat("peer ", url);
+  return ReceiveIntoCache(final_path, want, [&](const fs::path& temp) -> absl::Status {
+    FileSink sink(temp);
+    if (absl::Status s = sink.Restart(); !s.ok()) return s;
+    std::pair<FileSink*, absl::Status> out{&sink, absl::OkStatus()};
+    std::unique_ptr<curl_slist, SlistDeleter> headers;
+    if (!peers.token.empty()) {
+      const std::string auth = absl::StrCat("Authorization: Bearer ", peers.token);
+      headers.reset(curl_slist_append(headers.release(), auth.c_str()));
+    }
+    char error[CURL_ERROR_SIZE] = {};
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROXY, "");
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(std::max<int64_t>(1, peers.connect_timeout.count())));
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(
+        c, CURLOPT_LOW_SPEED_TIME,
+        static_cast<long>(std::max<int64_t>(
+            1, std::chrono::duration_cast<std::chrono::seconds>(peers.stall_timeout).count())));
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnPeerBody);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &out);
+    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
+    const CURLcode code = curl_easy_perform(c);
+    if (!out.second.ok()) return out.second;
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (code == CURLE_HTTP_RETURNED_ERROR && status == 404) {
+      return absl::NotFoundError(absl::StrCat(source, ": the peer does not hold it"));
+    }
+    if (code != CURLE_OK) {
+      return absl::UnavailableError(
+          absl::StrCat(source, ": ", error[0] != '\0' ? error : curl_easy_strerror(code)));
+    }
+    auto written = sink.Finish();
+    if (!written.ok()) return written.status();
+    return CheckReceived(*written, want, source, "the peer's copy is not the published file");
+  });
 }
 
 }  // namespace stitch

@@ -1,8 +1,16 @@
 #include "stitch/store/store.h"
 
 #include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
 
 namespace stitch {
+
+absl::StatusOr<Store::VerifiedFile> Store::OpenVerifiedFile(int64_t version,
+                                                            std::string_view name) {
+  return absl::NotFoundError(absl::StrCat("store ", uri(), " keeps no verified copy of ",
+                                          VersionDirName(version), "/", AbslView(name),
+                                          " to give peers"));
+}
 
 absl::StatusOr<VersionRef> ReadClaimedPointer(Store& store) {
   auto pointer = store.ReadPointer();

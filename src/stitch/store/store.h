@@ -36,23 +36,52 @@
 // calls block (disk or network): never call them on an event-loop thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 
-// Files and bytes a store downloaded to materialize versions.
+// Files and bytes a store downloaded to materialize versions: from the
+// store itself, and from peers (StorePeers).
 struct StoreTraffic {
   uint64_t files_downloaded = 0;
   uint64_t bytes_downloaded = 0;
+  uint64_t peer_files = 0;
+  uint64_t peer_bytes = 0;
+  // Files a peer sent that were not the store's bytes (then taken from
+  // the store).
+  uint64_t peer_rejected = 0;
+};
+
+// The route on which a sidecar serves the version files its store
+// verified: GET kPeerFileRoute?version=N&name=FILE (docs/deploy.md, "Peers").
+inline constexpr std::string_view kPeerFileRoute = "/peer/v1/file";
+
+// Other replicas a remote store may fetch version files from before asking
+// the store itself. A peer only carries bytes: every file is checked
+// against the size and SHA-256 the store records for it, and a peer that
+// is wrong, lacks the file or does not answer is passed over.
+struct StorePeers {
+  // The peers' base URLs ("http://host:port"), asked once per
+  // materialization (a pool: docs/sidecar.md, "--peers"); unset: none.
+  // Called from the store's threads.
+  std::function<std::vector<std::string>()> discover;
+  std::string token;  // sent as "Authorization: Bearer <token>"; "": none
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(2);
+  // A peer must keep sending at least 1 KiB/s over this long, or is left.
+  std::chrono::milliseconds stall_timeout = std::chrono::seconds(10);
 };
 
 class Store {
@@ -106,6 +135,19 @@ class Store {
   // complete in the cache are not counted); zero for a store read in place.
   // Thread-safe.
   virtual StoreTraffic traffic() const { return {}; }
+
+  // A file of `version` this store has verified against the size and
+  // SHA-256 the store records, opened for reading, with its size; what a
+  // sidecar serves its peers. NotFound when it holds none (the default: a
+  // store read in place has nothing to offer peers that they could not
+  // read themselves); InvalidArgument for a name that is not a version's
+  // file.
+  struct VerifiedFile {
+    UniqueFd fd;
+    uint64_t size = 0;
+  };
+  [[nodiscard]] virtual absl::StatusOr<VerifiedFile> OpenVerifiedFile(int64_t version,
+                                                                      std::string_view name);
 };
 
 // Opens a store for `run_id` from a URI: a plain path or file:///abs/path
@@ -117,6 +159,8 @@ class Store {
 struct StoreOptions {
   std::string run_id;
   std::filesystem::path cache_dir;
+  // Where a remote store looks for version files first.
+  StorePeers peers;
 };
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
                                                                const StoreOptions& options);
