@@ -28,6 +28,8 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   sidecar->on_terminal_ = std::move(settings.on_terminal);
   sidecar->store_ = ports.store;
   sidecar->pool_ = ports.pool;
+  sidecar->clock_ = ports.clock;
+  sidecar->peer_id_ = settings.peer_id;
   sidecar->engine_ = ports.engine;
   Sidecar* self = sidecar.get();
   // Nothing versioned is served until the reconciler verified (or loaded)
@@ -143,18 +145,38 @@ awaitable<void> Sidecar::PeerFile(HttpExchange& exchange) {
   const std::string& target = exchange.request().target;
   const std::optional<std::string> version_text = TargetQueryParam(target, "version");
   const std::optional<std::string> name = TargetQueryParam(target, "name");
+  const std::optional<std::string> wait_text = TargetQueryParam(target, "wait_ms");
   int64_t version = -1;
+  int64_t wait_ms = 0;
   if (!version_text.has_value() || !name.has_value() ||
-      !absl::SimpleAtoi(*version_text, &version)) {
+      !absl::SimpleAtoi(*version_text, &version) ||
+      (wait_text.has_value() &&
+       (!absl::SimpleAtoi(*wait_text, &wait_ms) || wait_ms < 0 || wait_ms > kPeerMaxWaitMs))) {
     HttpResponse response = JsonResponse(
-        400,
-        JsonErrorBody("BadRequest", "give ?version=N&name=FILE, a file of a published version"));
+        400, JsonErrorBody("BadRequest",
+                           absl::StrCat("give ?version=N&name=FILE, a file of a published version, "
+                                        "and optionally &wait_ms=0..",
+                                        kPeerMaxWaitMs)));
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
+  if (const std::optional<std::string_view> asker = exchange.request().headers.Get(kPeerIdHeader);
+      !peer_id_.empty() && asker.has_value() && *asker == peer_id_) {
+    HttpResponse response =
+        JsonResponse(409, JsonErrorBody("Self", "this is the asking replica's own sidecar"));
     (void)co_await exchange.Respond(std::move(response));
     co_return;
   }
   Store* store = store_;
   auto open = [store, version, name] { return store->OpenVerifiedFile(version, *name); };
-  absl::StatusOr<Store::VerifiedFile> file = co_await RunBlocking(*pool_, std::move(open));
+  absl::StatusOr<Store::VerifiedFile> file = co_await RunBlocking(*pool_, open);
+  // The owner of a file other replicas want is usually fetching it right
+  // now: wait for it rather than send them to the store.
+  const auto deadline = clock_->Now() + std::chrono::milliseconds(wait_ms);
+  while (absl::IsNotFound(file.status()) && clock_->Now() < deadline) {
+    co_await clock_->SleepFor(std::chrono::milliseconds(50));
+    file = co_await RunBlocking(*pool_, open);
+  }
   if (!file.ok()) {
     const bool absent = absl::IsNotFound(file.status());
     HttpResponse response = JsonResponse(

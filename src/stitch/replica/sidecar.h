@@ -67,6 +67,8 @@ class Sidecar {
     // Logs every request's method and target at info level as its header
     // arrives (the original's --debug-requests).
     bool log_requests = false;
+    // This sidecar's id among its peers (StorePeers::self_id).
+    std::string peer_id;
   };
 
   // Starts listening, reconciling and watching. Must run on `ports.loop`.
@@ -98,13 +100,17 @@ class Sidecar {
   boost::asio::awaitable<void> ServerInfo(HttpExchange& exchange);
   boost::asio::awaitable<void> Wake(HttpExchange& exchange);
   boost::asio::awaitable<void> MetricsRoute(HttpExchange& exchange);
-  // GET kPeerFileRoute?version=N&name=FILE: a version file the store
-  // verified (Store::OpenVerifiedFile), streamed; 404 when it holds none.
+  // GET kPeerFileRoute?version=N&name=FILE[&wait_ms=T]: a version file the
+  // store verified (Store::OpenVerifiedFile), streamed; 404 when it holds
+  // none (after waiting up to wait_ms for it); 409 when the request is this
+  // sidecar's own (kPeerIdHeader).
   boost::asio::awaitable<void> PeerFile(HttpExchange& exchange);
 
   std::function<void(const absl::Status&)> on_terminal_;
   Store* store_ = nullptr;
   WorkerPool* pool_ = nullptr;
+  Clock* clock_ = nullptr;
+  std::string peer_id_;
   Engine* engine_ = nullptr;
   std::unique_ptr<AdmissionGate> gate_;
   std::unique_ptr<Reconciler> reconciler_;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <functional>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -368,41 +369,117 @@ absl::StatusOr<std::vector<std::string>> S3Store::FilesToMaterialize(
   return files;
 }
 
+namespace {
+
+// `peers` in the order every replica gives them for `file` of `version`
+// (rendezvous hashing): the first is the file's owner.
+std::vector<size_t> PeerOrder(const std::vector<std::string>& peers, int64_t version,
+                              std::string_view file) {
+  std::vector<std::pair<size_t, size_t>> ranked;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    ranked.emplace_back(
+        std::hash<std::string>{}(absl::StrCat(peers[i], "\n", version, "/", AbslView(file))), i);
+  }
+  std::sort(ranked.begin(), ranked.end(), std::greater<>());
+  std::vector<size_t> order;
+  for (const auto& [rank, i] : ranked) order.push_back(i);
+  return order;
+}
+
+}  // namespace
+
 absl::Status S3Store::DownloadMissing(int64_t version, const fs::path& target,
                                       const std::vector<StoredFile>& stored,
                                       const std::vector<size_t>& missing, S3CacheRecord& record) {
   absl::Mutex record_mu;
+  auto keep = [&](const StoredFile& want, S3CachedFile cached) {
+    absl::MutexLock guard(&record_mu);
+    record.files[want.name] = std::move(cached);
+  };
   const std::vector<std::string> peers =
       peers_.discover && !missing.empty() ? peers_.discover() : std::vector<std::string>();
-  return ParallelFor(missing.size(), [&](size_t m) -> absl::Status {
+  if (peers.empty()) {
+    return ParallelFor(missing.size(), [&](size_t m) -> absl::Status {
+      const StoredFile& want = stored[missing[m]];
+      auto cached = FetchOne(version, target, want, peers, 0, 0);
+      if (!cached.ok()) return cached.status();
+      keep(want, *std::move(cached));
+      return absl::OkStatus();
+    });
+  }
+  // First every file's owner is asked without waiting: a file it holds
+  // arrives; a file this replica owns is then fetched from the store before
+  // any wait on another owner begins, so that replicas waiting on each
+  // other always have their own files under way.
+  enum class Asked { kWait, kOwned, kArrived, kOwnerFailed };
+  std::vector<Asked> asked_owner(missing.size(), Asked::kWait);
+  absl::Status asked = ParallelFor(missing.size(), [&](size_t m) -> absl::Status {
     const StoredFile& want = stored[missing[m]];
-    auto cached = FetchOne(version, target, want, peers);
+    const size_t owner = PeerOrder(peers, version, want.name).front();
+    auto fetched = FetchFromPeerToCache(peers_, peers[owner], version, want, target / want.name, 0);
+    if (fetched.ok()) {
+      peer_files_.fetch_add(1);
+      peer_bytes_.fetch_add(want.size);
+      keep(want, *std::move(fetched));
+      asked_owner[m] = Asked::kArrived;
+    } else if (absl::IsFailedPrecondition(fetched.status())) {
+      asked_owner[m] = Asked::kOwned;
+    } else if (absl::IsDataLoss(fetched.status())) {
+      peer_rejected_.fetch_add(1);
+      spdlog::warn("{}: {}; taking the file from elsewhere", where_,
+                   std::string(fetched.status().message()));
+      asked_owner[m] = Asked::kOwnerFailed;
+    } else if (!absl::IsNotFound(fetched.status())) {
+      asked_owner[m] = Asked::kOwnerFailed;  // it did not answer
+    }
+    return absl::OkStatus();
+  });
+  if (!asked.ok()) return asked;
+  std::vector<size_t> rest;
+  for (Asked first : {Asked::kOwned, Asked::kOwnerFailed, Asked::kWait}) {
+    for (size_t m = 0; m < missing.size(); ++m) {
+      if (asked_owner[m] == first) rest.push_back(m);
+    }
+  }
+  const int64_t wait_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(peers_.owner_wait).count();
+  return ParallelFor(rest.size(), [&](size_t r) -> absl::Status {
+    const size_t m = rest[r];
+    const StoredFile& want = stored[missing[m]];
+    const size_t from = asked_owner[m] == Asked::kOwned         ? peers.size()
+                        : asked_owner[m] == Asked::kOwnerFailed ? 1
+                                                                : 0;
+    auto cached = FetchOne(version, target, want, peers, from, wait_ms);
     if (!cached.ok()) return cached.status();
-    absl::MutexLock guard(&record_mu);
-    record.files[want.name] = *std::move(cached);
+    keep(want, *std::move(cached));
     return absl::OkStatus();
   });
 }
 
 absl::StatusOr<S3CachedFile> S3Store::FetchOne(int64_t version, const fs::path& target,
                                                const StoredFile& want,
-                                               const std::vector<std::string>& peers) {
-  const size_t n = peers.size();
-  const size_t first = n == 0 ? 0 : peer_turn_.fetch_add(1) % n;
-  for (size_t i = 0; i < n; ++i) {
-    const std::string& peer = peers[(first + i) % n];
-    auto fetched = FetchFromPeerToCache(peers_, peer, version, want, target / want.name);
+                                               const std::vector<std::string>& peers, size_t from,
+                                               int64_t owner_wait_ms) {
+  const std::vector<size_t> order =
+      from >= peers.size() ? std::vector<size_t>() : PeerOrder(peers, version, want.name);
+  const size_t tries =
+      std::min(order.size(), 1 + static_cast<size_t>(std::max(0, peers_.extra_tries)));
+  for (size_t k = from; k < tries; ++k) {
+    auto fetched = FetchFromPeerToCache(peers_, peers[order[k]], version, want, target / want.name,
+                                        k == 0 ? owner_wait_ms : 0);
     if (fetched.ok()) {
       peer_files_.fetch_add(1);
       peer_bytes_.fetch_add(want.size);
       return fetched;
     }
+    if (k == 0 && absl::IsFailedPrecondition(fetched.status())) break;  // the owner is this replica
     if (absl::IsDataLoss(fetched.status())) {
       // A peer can delay a replica, never poison it: its bytes are dropped.
       peer_rejected_.fetch_add(1);
       spdlog::warn("{}: {}; taking the file from elsewhere", where_,
                    std::string(fetched.status().message()));
-    } else if (!absl::IsNotFound(fetched.status())) {
+    } else if (!absl::IsNotFound(fetched.status()) &&
+               !absl::IsFailedPrecondition(fetched.status())) {
       spdlog::info("{}: {}", where_, std::string(fetched.status().message()));
     }
   }

@@ -172,13 +172,14 @@ class S3Store final : public Store {
   static constexpr std::string_view kReceiptsDir = ".receipts";
   S3Store(S3Location location, std::string run_id, std::filesystem::path cache_dir,
           std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers);
-  // One missing file into `target`: from the first of `peers` (tried in
-  // an order of their own for each file) that holds it verified, else from
-  // the store.
+  // One missing file into `target` from `peers`, in the file's rendezvous
+  // order (StorePeers) from its `from`-th (its owner: 0; waited for
+  // `owner_wait_ms`), within StorePeers::extra_tries; else from the store.
   [[nodiscard]] absl::StatusOr<S3CachedFile> FetchOne(int64_t version,
                                                       const std::filesystem::path& target,
                                                       const StoredFile& want,
-                                                      const std::vector<std::string>& peers);
+                                                      const std::vector<std::string>& peers,
+                                                      size_t from, int64_t owner_wait_ms);
 
   // The pointer's text, parsed, and the ETag it was read with ("" when unset).
   struct PointerRead {
@@ -240,7 +241,7 @@ class S3Store final : public Store {
   std::atomic<uint64_t> peer_files_{0};
   std::atomic<uint64_t> peer_bytes_{0};
   std::atomic<uint64_t> peer_rejected_{0};
-  std::atomic<uint64_t> peer_turn_{0};  // spreads files over the peers
+
   std::function<void()> before_pointer_write_;
 };
 

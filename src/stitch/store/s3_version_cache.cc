@@ -251,7 +251,7 @@ absl::StatusOr<S3CachedFile> DownloadToCache(S3Client& client, const S3Location&
 absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
                                                   const std::string& peer_url, int64_t version,
                                                   const StoredFile& want,
-                                                  const fs::path& final_path) {
+                                                  const fs::path& final_path, int64_t wait_ms) {
   CurlGlobalInitOnce();
   struct EasyDeleter {
     void operator()(CURL* c) const { curl_easy_cleanup(c); }
@@ -263,8 +263,10 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
   if (!curl) return absl::ResourceExhaustedError("cannot create a curl handle");
   CURL* c = curl.get();
   char* escaped = curl_easy_escape(c, want.name.c_str(), static_cast<int>(want.name.size()));
-  const std::string url = absl::StrCat(peer_url, AbslView(kPeerFileRoute), "?version=", version,
-                                       "&name=", escaped != nullptr ? escaped : "");
+  const std::string url =
+      absl::StrCat(peer_url, AbslView(kPeerFileRoute), "?version=", version,
+                   "&name=", escaped != nullptr ? escaped : "", wait_ms > 0 ? "&wait_ms=" : "",
+                   wait_ms > 0 ? absl::StrCat(wait_ms) : std::string());
   curl_free(escaped);
   const std::string source = absl::StrCat("peer ", url);
   return ReceiveIntoCache(final_path, want, [&](const fs::path& temp) -> absl::Status {
@@ -275,6 +277,10 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
     if (!peers.token.empty()) {
       const std::string auth = absl::StrCat("Authorization: Bearer ", peers.token);
       headers.reset(curl_slist_append(headers.release(), auth.c_str()));
+    }
+    if (!peers.self_id.empty()) {
+      const std::string self = absl::StrCat(AbslView(kPeerIdHeader), ": ", peers.self_id);
+      headers.reset(curl_slist_append(headers.release(), self.c_str()));
     }
     char error[CURL_ERROR_SIZE] = {};
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
@@ -288,7 +294,8 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
     curl_easy_setopt(
         c, CURLOPT_LOW_SPEED_TIME,
         static_cast<long>(std::max<int64_t>(
-            1, std::chrono::duration_cast<std::chrono::seconds>(peers.stall_timeout).count())));
+            1, std::chrono::duration_cast<std::chrono::seconds>(peers.stall_timeout).count() +
+                   wait_ms / 1000)));
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnPeerBody);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &out);
@@ -299,6 +306,9 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     if (code == CURLE_HTTP_RETURNED_ERROR && status == 404) {
       return absl::NotFoundError(absl::StrCat(source, ": the peer does not hold it"));
+    }
+    if (code == CURLE_HTTP_RETURNED_ERROR && status == 409) {
+      return absl::FailedPreconditionError(absl::StrCat(source, ": that is this replica"));
     }
     if (code != CURLE_OK) {
       return absl::UnavailableError(

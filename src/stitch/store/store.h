@@ -66,8 +66,14 @@ struct StoreTraffic {
 };
 
 // The route on which a sidecar serves the version files its store
-// verified: GET kPeerFileRoute?version=N&name=FILE (docs/deploy.md, "Peers").
+// verified: GET kPeerFileRoute?version=N&name=FILE[&wait_ms=T] (docs/deploy.md,
+// "Peers before the store"). With wait_ms, a peer that does not hold the
+// file yet waits up to that long for it before answering 404. A request
+// whose kPeerIdHeader is the peer's own id is answered 409 at once: the
+// replica asked itself.
 inline constexpr std::string_view kPeerFileRoute = "/peer/v1/file";
+inline constexpr std::string_view kPeerIdHeader = "X-Stitch-Peer";
+inline constexpr int64_t kPeerMaxWaitMs = 30000;
 
 // Other replicas a remote store may fetch version files from before asking
 // the store itself. A peer only carries bytes: every file is checked
@@ -79,6 +85,16 @@ struct StorePeers {
   // Called from the store's threads.
   std::function<std::vector<std::string>()> discover;
   std::string token;  // sent as "Authorization: Bearer <token>"; "": none
+  // This replica's id among its peers, sent as kPeerIdHeader.
+  std::string self_id;
+  // Each file has an owner among the peers (rendezvous hashing of the
+  // peers' URLs with the file: every replica picks the same one), which
+  // fetches it from the store itself; the others ask the owner first and
+  // wait up to this long for it, so that a version every replica wants at
+  // once leaves the store about once. Then up to `extra_tries` more peers
+  // are asked without waiting, then the store.
+  std::chrono::milliseconds owner_wait = std::chrono::seconds(10);
+  int extra_tries = 2;
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(2);
   // A peer must keep sending at least 1 KiB/s over this long, or is left.
   std::chrono::milliseconds stall_timeout = std::chrono::seconds(10);
