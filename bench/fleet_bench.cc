@@ -15,7 +15,10 @@
 //     downloaded from the store per version (the sidecars'
 //     store_bytes_downloaded_total), and their ratio to the version's size;
 //     with --hosts H the replicas share a version cache per simulated host
-//     (one --cache-dir per H-th of the fleet), so the ratio is H, not N.
+//     (one --cache-dir per H-th of the fleet), so the ratio is H, not N;
+//     with --peers every sidecar also takes version files from the others
+//     (--peers file:<the fleet's pool file>), so the ratio is about 1;
+//     the files the peers carried are printed beside it.
 //
 // The processes are real (`stitch engine`, `stitch sidecar`, `stitch
 // publish`), as the demo starts them; on a 2-core machine 64 replicas are
@@ -62,7 +65,9 @@ struct Settings {
   std::string store = "fs";  // or "s3": a local S3 server (moto)
   std::string python = ".venv/bin/python";
   std::string moto_script = "tests/s3_moto.py";
-  int hosts = 0;  // > 0: replicas share a version cache per simulated host
+  int hosts = 0;                 // > 0: replicas share a version cache per simulated host
+  bool peers = false;            // sidecars take version files from each other first
+  std::string backoff = "both";  // the idle backoff: off, on, or both in turn
   std::string replicas = "1,16,64";
   double interval_s = 1;
   double max_interval_s = 8;
@@ -76,6 +81,7 @@ struct Result {
   bool backoff = false;
   double idle_reads = 0;               // per replica per second
   double store_bytes_per_version = 0;  // downloaded by the whole fleet
+  double peer_bytes_per_version = 0;   // carried by peers
   double version_bytes = 0;            // the versions' payload, on average
   std::vector<double> reach_s;         // per replica and publish
 };
@@ -115,6 +121,7 @@ absl::StatusOr<double> SumOf(const std::vector<std::string>& urls, const std::st
 
 constexpr char kPasses[] = "stitch_sidecar_reconcile_passes_total";
 constexpr char kStoreBytes[] = "stitch_sidecar_store_bytes_downloaded_total";
+constexpr char kPeerBytes[] = "stitch_sidecar_peer_bytes_downloaded_total";
 
 // Starts the S3 server (moto, through tests/s3_moto.py) and returns the
 // store's URI.
@@ -177,6 +184,11 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   options.cache_hosts = settings.hosts;
   options.sidecar_extra = {"--reconcile-max-interval",
                            absl::StrCat(backoff ? settings.max_interval_s : settings.interval_s)};
+  if (settings.peers) {
+    // The fleet's pool file (LocalFleet::pool_file), re-read as replicas join.
+    options.sidecar_extra.push_back("--peers");
+    options.sidecar_extra.push_back(absl::StrCat("file:", (dir / "replicas.txt").string()));
+  }
   absl::Status status;
   {
     LocalFleet fleet(supervisor, options, Clock::now(), nullptr);
@@ -201,6 +213,8 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
     }
     absl::StatusOr<double> bytes_before = SumOf(urls, kStoreBytes);
     if (status.ok() && !bytes_before.ok()) status = bytes_before.status();
+    absl::StatusOr<double> peer_before = SumOf(urls, kPeerBytes);
+    if (status.ok() && !peer_before.ok()) status = peer_before.status();
     for (int v = 1; v <= settings.publishes && status.ok(); ++v) {
       const fs::path version_dir = dir / "publish" / VersionDirName(v);
       std::error_code made;
@@ -261,10 +275,12 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
     }
     if (status.ok()) {
       absl::StatusOr<double> bytes_after = SumOf(urls, kStoreBytes);
-      if (!bytes_after.ok()) {
-        status = bytes_after.status();
+      absl::StatusOr<double> peer_after = SumOf(urls, kPeerBytes);
+      if (!bytes_after.ok() || !peer_after.ok()) {
+        status = bytes_after.ok() ? peer_after.status() : bytes_after.status();
       } else {
         result.store_bytes_per_version = (*bytes_after - *bytes_before) / settings.publishes;
+        result.peer_bytes_per_version = (*peer_after - *peer_before) / settings.publishes;
       }
     }
     (void)fleet.Finish();
@@ -296,6 +312,11 @@ int main(int argc, char** argv) {
                  "Replicas share a version cache per simulated host, this many hosts (0: one "
                  "cache per replica)")
       ->capture_default_str();
+  app.add_option("--backoff", settings.backoff, "The idle backoff: off, on, or both in turn")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->capture_default_str();
+  app.add_flag("--peers", settings.peers,
+               "Sidecars take version files from each other before the store (--peers file:POOL)");
   app.add_option("--python", settings.python, "The Python with moto, for --store s3")
       ->capture_default_str();
   app.add_option("--moto-script", settings.moto_script, "tests/s3_moto.py, for --store s3")
@@ -327,20 +348,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf(
-      "fleet_bench: reference engines behind sidecars over a%s store, %s; "
+      "fleet_bench: reference engines behind sidecars over a%s store, %s%s; "
       "--reconcile-interval %.1f s, backoff to %.1f s when on; idle window %.0f s after %.0f s\n",
       settings.store == "s3" ? "n S3 (moto)" : " filesystem",
       settings.hosts > 0
           ? absl::StrCat("a version cache per host, ", settings.hosts, " hosts").c_str()
           : "a version cache per replica",
-      settings.interval_s, settings.max_interval_s, settings.idle_s, settings.warmup_s);
-  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s\n", "replicas", "backoff",
+      settings.peers ? ", peers on" : "", settings.interval_s, settings.max_interval_s,
+      settings.idle_s, settings.warmup_s);
+  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s\n", "replicas", "backoff",
               "idle reads/replica/s", "on / off", "publish -> fleet p50/p95/max", "max / N=1's",
-              "store bytes / version");
+              "store bytes / version", "peer bytes / version");
   std::optional<double> first_max;
   for (int n : sizes) {
     std::optional<double> off_reads;
     for (bool backoff : {false, true}) {
+      if (settings.backoff != "both" && backoff != (settings.backoff == "on")) continue;
       absl::StatusOr<Result> r = RunOne(settings, n, backoff);
       if (!r.ok()) {
         std::cerr << "fleet_bench: " << n << " replicas: " << r.status().message() << "\n";
@@ -353,13 +376,18 @@ int main(int argc, char** argv) {
                                     ? absl::StrFormat("%.0f (%.2fx)", r->store_bytes_per_version,
                                                       r->store_bytes_per_version / r->version_bytes)
                                     : std::string("- (read in place)");
-      std::printf("%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s\n", n,
+      const std::string peer_bytes =
+          settings.store == "s3" && r->version_bytes > 0
+              ? absl::StrFormat("%.0f (%.2fx)", r->peer_bytes_per_version,
+                                r->peer_bytes_per_version / r->version_bytes)
+              : std::string("-");
+      std::printf("%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s  %22s\n", n,
                   backoff ? "on" : "off", r->idle_reads,
                   backoff && off_reads.value_or(0) > 0
                       ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
                       : "-",
                   Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
-                  *first_max > 0 ? max / *first_max : 0.0, bytes.c_str());
+                  *first_max > 0 ? max / *first_max : 0.0, bytes.c_str(), peer_bytes.c_str());
       std::fflush(stdout);
     }
   }

@@ -13,14 +13,12 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/signal_set.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "stitch/cli/commands.h"
@@ -192,9 +190,6 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   }
   // Peers are sidecars of the same fleet: the same token opens their routes.
   store_options.peers.token = *auth_token;
-  std::random_device entropy;
-  store_options.peers.self_id =
-      absl::StrFormat("%08x%08x%08x%08x", entropy(), entropy(), entropy(), entropy());
   auto store = OpenStore(config->store_uri, store_options);
   if (!store.ok()) return ReportFailure(Annotate(store.status(), "sidecar: --store"));
   // A store that was never claimed is a mistyped --store far more often than
@@ -224,7 +219,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
 
   Sidecar::Settings settings =
       SettingsFor(*config, flags.auth_data_plane, *auth_token, *engine_token);
-  settings.peer_id = store_options.peers.self_id;
+  settings.peer_id = (*store)->peer_id();
   // Both callbacks run on the loop thread, so they never race each other.
   absl::Notification stop;
   std::optional<absl::Status> terminal;  // written on the loop before stop is notified

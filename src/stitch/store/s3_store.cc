@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <functional>
+#include <random>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -57,6 +60,34 @@ S3Store::S3Store(S3Location location, std::string run_id, fs::path cache_dir,
       where_(absl::StrCat("store ", location_.Display())),
       peers_(std::move(peers)) {}
 
+namespace {
+
+std::string RandomHex() {
+  std::random_device entropy;
+  return absl::StrFormat("%08x%08x%08x%08x", entropy(), entropy(), entropy(), entropy());
+}
+
+// The peer id of the version cache at `cache_dir`: read from
+// .stitch-peer-id, which the first opener creates (written aside, then
+// linked into place, so that every opener reads one id); a random id of
+// this process when there is no cache or it cannot be written.
+std::string CachePeerId(const fs::path& cache_dir) {
+  if (cache_dir.empty()) return RandomHex();
+  const fs::path path = cache_dir / ".stitch-peer-id";
+  if (auto id = ReadFileToString(path); id.ok() && !id->empty()) return *id;
+  std::error_code ec;
+  fs::create_directories(cache_dir, ec);
+  const fs::path temp = TempSiblingPath(path);
+  if (WriteFileAtomically(temp, RandomHex()).ok()) {
+    (void)::link(temp.c_str(), path.c_str());  // EEXIST: another opener was first
+    fs::remove(temp, ec);
+  }
+  auto id = ReadFileToString(path);
+  return id.ok() && !id->empty() ? *id : RandomHex();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<S3Store>> S3Store::Open(std::string_view uri,
                                                        const StoreOptions& options,
                                                        const S3Environment& env,
@@ -84,9 +115,11 @@ absl::StatusOr<std::unique_ptr<S3Store>> S3Store::Open(std::string_view uri,
   }
   auto client = S3Client::Create(*location, env, s3.client);
   if (!client.ok()) return client.status();
+  StorePeers peers = options.peers;
+  peers.self_id = CachePeerId(cache_dir);
   return std::unique_ptr<S3Store>(new S3Store(*std::move(location), options.run_id,
                                               std::move(cache_dir), *std::move(client),
-                                              std::move(s3), options.peers));
+                                              std::move(s3), std::move(peers)));
 }
 
 std::string S3Store::VersionKey(int64_t version, std::string_view name) const {

@@ -157,6 +157,9 @@ class S3Store final : public Store {
   // touched since.
   [[nodiscard]] absl::StatusOr<VerifiedFile> OpenVerifiedFile(int64_t version,
                                                               std::string_view name) override;
+  // Kept in the cache directory (.stitch-peer-id), made by the first
+  // replica that opens it.
+  std::string peer_id() const override { return peers_.self_id; }
   S3Client& client() { return *client_; }
 
   // Test hook: runs `hook` inside AdvancePointer after the pointer was read

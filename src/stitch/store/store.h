@@ -85,7 +85,8 @@ struct StorePeers {
   // Called from the store's threads.
   std::function<std::vector<std::string>()> discover;
   std::string token;  // sent as "Authorization: Bearer <token>"; "": none
-  // This replica's id among its peers, sent as kPeerIdHeader.
+  // This replica's id among its peers, sent as kPeerIdHeader: set by the
+  // store (Store::peer_id), not by callers.
   std::string self_id;
   // Each file has an owner among the peers (rendezvous hashing of the
   // peers' URLs with the file: every replica picks the same one), which
@@ -164,6 +165,12 @@ class Store {
   };
   [[nodiscard]] virtual absl::StatusOr<VerifiedFile> OpenVerifiedFile(int64_t version,
                                                                       std::string_view name);
+
+  // This replica's identity among its peers (kPeerIdHeader): one per
+  // version cache, so that replicas sharing a cache (one host) are one peer
+  // and a host mate's request is answered as the replica's own. "" for a
+  // store with nothing to offer peers.
+  virtual std::string peer_id() const { return {}; }
 };
 
 // Opens a store for `run_id` from a URI: a plain path or file:///abs/path
