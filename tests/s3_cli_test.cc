@@ -301,8 +301,12 @@ TEST_F(S3FleetTest, PeersServeVerifiedFilesAndACorruptPeerIsPassedOver) {
   PublishFullV1("");
   PublishDeltaV2("");
 
+  // The first replica's only peer is down: it takes every file from the
+  // store (and, being in a fleet with peers, serves them).
   Replica first;
-  StartReplica("first", auth, first);
+  std::vector<std::string> flags = auth;
+  flags.insert(flags.end(), {"--peers", "static:http://127.0.0.1:1"});
+  StartReplica("first", flags, first);
   ASSERT_TRUE(Serves(first.url, 2)) << first.sidecar->err();
   const double store_files = Metric(first.url, "stitch_sidecar_store_files_downloaded_total");
   ASSERT_GT(store_files, 0);
@@ -336,7 +340,7 @@ TEST_F(S3FleetTest, PeersServeVerifiedFilesAndACorruptPeerIsPassedOver) {
   ASSERT_TRUE(corrupt.ok()) << corrupt.status();
 
   Replica second;
-  std::vector<std::string> flags = auth;
+  flags = auth;
   flags.insert(flags.end(),
                {"--peers", absl::StrCat("static:", (*corrupt)->url(), ",", first.url)});
   StartReplica("second", flags, second);

@@ -219,6 +219,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
 
   Sidecar::Settings settings =
       SettingsFor(*config, flags.auth_data_plane, *auth_token, *engine_token);
+  settings.serve_peers = !flags.peers.empty();
   settings.peer_id = (*store)->peer_id();
   // Both callbacks run on the loop thread, so they never race each other.
   absl::Notification stop;

@@ -68,9 +68,11 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); });
   router.Add(
       "POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); }, settings.auth_token);
-  router.Add(
-      "GET", std::string(kPeerFileRoute), [self](HttpExchange& ex) { return self->PeerFile(ex); },
-      settings.auth_token);
+  if (settings.serve_peers) {
+    router.Add(
+        "GET", std::string(kPeerFileRoute), [self](HttpExchange& ex) { return self->PeerFile(ex); },
+        settings.auth_token);
+  }
   router.SetFallback([self](HttpExchange& ex) { return self->proxy_->Handle(ex); }, data_token);
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = settings.server;

@@ -67,7 +67,10 @@ class Sidecar {
     // Logs every request's method and target at info level as its header
     // arrives (the original's --debug-requests).
     bool log_requests = false;
-    // This sidecar's id among its peers (StorePeers::self_id).
+    // Serve the store's verified version files to peers (GET
+    // kPeerFileRoute): only in a fleet that fetches from peers (--peers).
+    bool serve_peers = false;
+    // This sidecar's id among its peers (Store::peer_id).
     std::string peer_id;
   };
 
