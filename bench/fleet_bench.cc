@@ -11,6 +11,10 @@
 //     replica reports the version, p50, p95 and max over every replica and
 //     publish, and the max's ratio to the first fleet's (N = 1, backoff off).
 //
+//   - the gateway's resident memory and the size of its /ui/state (what the
+//     dashboard polls), and the sidecars' total resident memory, after the
+//     publishes;
+//
 //   - with --store s3 (a local S3 server, moto): the bytes the whole fleet
 //     downloaded from the store per version (the sidecars'
 //     store_bytes_downloaded_total), and their ratio to the version's size;
@@ -43,6 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "stitch/api/replica_client.h"
 #include "stitch/chaos/oracle.h"
+#include "stitch/chaos/resources.h"
 #include "stitch/core/version.h"
 #include "stitch/delta/delta_encode.h"
 #include "stitch/demo/engine_command.h"
@@ -82,6 +87,9 @@ struct Result {
   double idle_reads = 0;               // per replica per second
   double store_bytes_per_version = 0;  // downloaded by the whole fleet
   double peer_bytes_per_version = 0;   // carried by peers
+  double gateway_rss_mib = 0;          // after the publishes
+  double ui_state_kib = 0;             // GET /ui/state, the dashboard's poll
+  double sidecars_rss_mib = 0;         // all of them together
   double version_bytes = 0;            // the versions' payload, on average
   std::vector<double> reach_s;         // per replica and publish
 };
@@ -182,6 +190,9 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   options.reconcile_interval_s = settings.interval_s;
   options.poll_every = std::chrono::milliseconds(1000);
   options.cache_hosts = settings.hosts;
+  // The dashboard's view of a big fleet is what is measured, not how often
+  // the gateway refreshes it.
+  options.gateway_poll_interval_s = 1;
   options.sidecar_extra = {"--reconcile-max-interval",
                            absl::StrCat(backoff ? settings.max_interval_s : settings.interval_s)};
   if (settings.peers) {
@@ -192,6 +203,7 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   absl::Status status;
   {
     LocalFleet fleet(supervisor, options, Clock::now(), nullptr);
+    status = fleet.StartGateway();
     for (int r = 0; r < replicas && status.ok(); ++r) status = fleet.StartReplica(false).status();
     if (status.ok()) status = fleet.WaitReady(replicas);
     const std::vector<std::string> urls = PoolUrls(fleet.pool_file());
@@ -283,6 +295,16 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
         result.peer_bytes_per_version = (*peer_after - *peer_before) / settings.publishes;
       }
     }
+    if (status.ok()) {
+      auto ui = HttpFetch("GET", fleet.gateway_url() + "/ui/state", {}, FetchOptions{});
+      if (ui.ok() && ui->status == 200) result.ui_state_kib = ui->body.size() / 1024.0;
+      if (auto usage = ReadProcessUsage(fleet.gateway_pid())) {
+        result.gateway_rss_mib = usage->rss_kib / 1024.0;
+      }
+      for (int pid : fleet.sidecar_pids()) {
+        if (auto usage = ReadProcessUsage(pid)) result.sidecars_rss_mib += usage->rss_kib / 1024.0;
+      }
+    }
     (void)fleet.Finish();
   }
   supervisor.StopAll(std::chrono::seconds(10));
@@ -356,9 +378,10 @@ int main(int argc, char** argv) {
           : "a version cache per replica",
       settings.peers ? ", peers on" : "", settings.interval_s, settings.max_interval_s,
       settings.idle_s, settings.warmup_s);
-  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s\n", "replicas", "backoff",
-              "idle reads/replica/s", "on / off", "publish -> fleet p50/p95/max", "max / N=1's",
-              "store bytes / version", "peer bytes / version");
+  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s  %12s  %10s  %13s\n", "replicas",
+              "backoff", "idle reads/replica/s", "on / off", "publish -> fleet p50/p95/max",
+              "max / N=1's", "store bytes / version", "peer bytes / version", "gateway RSS",
+              "/ui/state", "sidecars RSS");
   std::optional<double> first_max;
   for (int n : sizes) {
     std::optional<double> off_reads;
@@ -381,13 +404,17 @@ int main(int argc, char** argv) {
               ? absl::StrFormat("%.0f (%.2fx)", r->peer_bytes_per_version,
                                 r->peer_bytes_per_version / r->version_bytes)
               : std::string("-");
-      std::printf("%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s  %22s\n", n,
+      std::printf(
+          "%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s  %22s  %8.1f MiB  %6.1f "
+          "KiB  %9.1f MiB\n",
+          n,
                   backoff ? "on" : "off", r->idle_reads,
                   backoff && off_reads.value_or(0) > 0
                       ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
                       : "-",
                   Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
-                  *first_max > 0 ? max / *first_max : 0.0, bytes.c_str(), peer_bytes.c_str());
+                  *first_max > 0 ? max / *first_max : 0.0, bytes.c_str(), peer_bytes.c_str(),
+                  r->gateway_rss_mib, r->ui_state_kib, r->sidecars_rss_mib);
       std::fflush(stdout);
     }
   }

@@ -278,7 +278,22 @@ absl::Status LocalFleet::StartGateway() {
   if (!url.ok()) return url.status();
   absl::MutexLock lock(&mu_);
   gateway_url_ = *url;
+  gateway_pid_ = *pid;
   return absl::OkStatus();
+}
+
+int LocalFleet::gateway_pid() const {
+  absl::MutexLock lock(&mu_);
+  return gateway_pid_;
+}
+
+std::vector<int> LocalFleet::sidecar_pids() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> pids;
+  for (const auto& m : members_) {
+    if (!m->killed && m->sidecar_pid > 0) pids.push_back(m->sidecar_pid);
+  }
+  return pids;
 }
 
 absl::Status LocalFleet::CheckAlive() {

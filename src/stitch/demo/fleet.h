@@ -131,6 +131,10 @@ class LocalFleet {
   // Starts `stitch gateway` over the pool file and waits until it listens.
   [[nodiscard]] absl::Status StartGateway();
   std::string gateway_url() const;
+  // The processes, for measuring them: the gateway's pid (-1 before
+  // StartGateway) and every live (not killed) replica's sidecar pid.
+  int gateway_pid() const;
+  std::vector<int> sidecar_pids() const;
   std::filesystem::path pool_file() const;
 
   // Blocks until `count` replicas report ready and the gateway's /health
@@ -198,6 +202,7 @@ class LocalFleet {
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
   std::string gateway_url_ ABSL_GUARDED_BY(mu_);
+  int gateway_pid_ ABSL_GUARDED_BY(mu_) = -1;
   std::optional<absl::Status> background_error_ ABSL_GUARDED_BY(mu_);
   int next_index_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> engine_ports_ ABSL_GUARDED_BY(mu_);  // picked for templated engines
