@@ -58,6 +58,7 @@
 #include "stitch/publish/claim.h"
 #include "stitch/refengine/init_model.h"
 #include "stitch/store/store.h"
+#include "store_proxy.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -73,6 +74,7 @@ struct Settings {
   int hosts = 0;                 // > 0: replicas share a version cache per simulated host
   bool peers = false;            // sidecars take version files from each other first
   std::string backoff = "both";  // the idle backoff: off, on, or both in turn
+  double store_mb_per_s = 0;     // --store s3: the store's bandwidth cap (0: none)
   std::string replicas = "1,16,64";
   double interval_s = 1;
   double max_interval_s = 8;
@@ -84,14 +86,16 @@ struct Settings {
 struct Result {
   int replicas = 0;
   bool backoff = false;
-  double idle_reads = 0;               // per replica per second
-  double store_bytes_per_version = 0;  // downloaded by the whole fleet
-  double peer_bytes_per_version = 0;   // carried by peers
-  double gateway_rss_mib = 0;          // after the publishes
-  double ui_state_kib = 0;             // GET /ui/state, the dashboard's poll
-  double sidecars_rss_mib = 0;         // all of them together
-  double version_bytes = 0;            // the versions' payload, on average
-  std::vector<double> reach_s;         // per replica and publish
+  double idle_reads = 0;                  // per replica per second
+  double store_bytes_per_version = 0;     // downloaded by the whole fleet
+  double peer_bytes_per_version = 0;      // carried by peers
+  double gateway_rss_mib = 0;             // after the publishes
+  double ui_state_kib = 0;                // GET /ui/state, the dashboard's poll
+  double sidecars_rss_mib = 0;            // all of them together
+  double store_requests_per_version = 0;  // --store s3: counted by the proxy
+  double served_bytes_per_version = 0;    // likewise, what the store sent back
+  double version_bytes = 0;               // the versions' payload, on average
+  std::vector<double> reach_s;            // per replica and publish
 };
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -131,10 +135,11 @@ constexpr char kPasses[] = "stitch_sidecar_reconcile_passes_total";
 constexpr char kStoreBytes[] = "stitch_sidecar_store_bytes_downloaded_total";
 constexpr char kPeerBytes[] = "stitch_sidecar_peer_bytes_downloaded_total";
 
-// Starts the S3 server (moto, through tests/s3_moto.py) and returns the
-// store's URI.
+// Starts the S3 server (moto, through tests/s3_moto.py) behind a counting,
+// bandwidth-capped proxy (`proxy`), and returns the store's URI (the
+// proxy's).
 absl::StatusOr<std::string> StartS3(const Settings& settings, ProcessSupervisor& supervisor,
-                                    const fs::path& dir) {
+                                    const fs::path& dir, std::unique_ptr<StoreProxy>& proxy) {
   ::setenv("AWS_ACCESS_KEY_ID", "bench", 1);
   ::setenv("AWS_SECRET_ACCESS_KEY", "bench", 1);
   ::setenv("AWS_REGION", "us-east-1", 1);
@@ -149,7 +154,11 @@ absl::StatusOr<std::string> StartS3(const Settings& settings, ProcessSupervisor&
   if (!pid.ok()) return pid.status();
   auto url = supervisor.WaitForUrl(*pid, std::chrono::seconds(60), nullptr);
   if (!url.ok()) return url.status();
-  return absl::StrCat("s3://stitch-test/bench?endpoint=", *url, "&region=us-east-1");
+  auto started = StoreProxy::Start(static_cast<uint16_t>(*port), settings.store_mb_per_s * 1e6);
+  if (!started.ok()) return started.status();
+  proxy = *std::move(started);
+  return absl::StrCat("s3://stitch-test/bench?endpoint=http://127.0.0.1:", proxy->port(),
+                      "&region=us-east-1");
 }
 
 void SleepSeconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
@@ -173,8 +182,9 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   }
   ProcessSupervisor supervisor(fs::absolute(settings.stitch).string(), "fleet_bench");
   std::string store_uri = (dir / "store").string();
+  std::unique_ptr<StoreProxy> proxy;
   if (settings.store == "s3") {
-    auto uri = StartS3(settings, supervisor, dir);
+    auto uri = StartS3(settings, supervisor, dir, proxy);
     if (!uri.ok()) return uri.status();
     store_uri = *uri;
   }
@@ -227,6 +237,8 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
     if (status.ok() && !bytes_before.ok()) status = bytes_before.status();
     absl::StatusOr<double> peer_before = SumOf(urls, kPeerBytes);
     if (status.ok() && !peer_before.ok()) status = peer_before.status();
+    const uint64_t requests_before = proxy ? proxy->requests() : 0;
+    const uint64_t served_before = proxy ? proxy->bytes_served() : 0;
     for (int v = 1; v <= settings.publishes && status.ok(); ++v) {
       const fs::path version_dir = dir / "publish" / VersionDirName(v);
       std::error_code made;
@@ -294,6 +306,13 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
         result.store_bytes_per_version = (*bytes_after - *bytes_before) / settings.publishes;
         result.peer_bytes_per_version = (*peer_after - *peer_before) / settings.publishes;
       }
+      if (proxy) {
+        // The publishes' own uploads and pointer writes are in it too.
+        result.store_requests_per_version =
+            static_cast<double>(proxy->requests() - requests_before) / settings.publishes;
+        result.served_bytes_per_version =
+            static_cast<double>(proxy->bytes_served() - served_before) / settings.publishes;
+      }
     }
     if (status.ok()) {
       auto ui = HttpFetch("GET", fleet.gateway_url() + "/ui/state", {}, FetchOptions{});
@@ -337,6 +356,10 @@ int main(int argc, char** argv) {
   app.add_option("--backoff", settings.backoff, "The idle backoff: off, on, or both in turn")
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->capture_default_str();
+  app.add_option("--store-mbps", settings.store_mb_per_s,
+                 "--store s3: cap what the store sends back, all clients together, at this many "
+                 "MB/s (0: no cap)")
+      ->capture_default_str();
   app.add_flag("--peers", settings.peers,
                "Sidecars take version files from each other before the store (--peers file:POOL)");
   app.add_option("--python", settings.python, "The Python with moto, for --store s3")
@@ -378,10 +401,10 @@ int main(int argc, char** argv) {
           : "a version cache per replica",
       settings.peers ? ", peers on" : "", settings.interval_s, settings.max_interval_s,
       settings.idle_s, settings.warmup_s);
-  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s  %12s  %10s  %13s\n", "replicas",
+  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s  %22s  %12s  %10s  %13s\n", "replicas",
               "backoff", "idle reads/replica/s", "on / off", "publish -> fleet p50/p95/max",
-              "max / N=1's", "store bytes / version", "peer bytes / version", "gateway RSS",
-              "/ui/state", "sidecars RSS");
+              "max / N=1's", "store bytes / version", "peer bytes / version",
+              "at the store: req, bytes", "gateway RSS", "/ui/state", "sidecars RSS");
   std::optional<double> first_max;
   for (int n : sizes) {
     std::optional<double> off_reads;
@@ -404,17 +427,20 @@ int main(int argc, char** argv) {
               ? absl::StrFormat("%.0f (%.2fx)", r->peer_bytes_per_version,
                                 r->peer_bytes_per_version / r->version_bytes)
               : std::string("-");
+      const std::string at_store =
+          settings.store == "s3" ? absl::StrFormat("%.0f, %.0f", r->store_requests_per_version,
+                                                   r->served_bytes_per_version)
+                                 : std::string("-");
       std::printf(
-          "%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s  %22s  %8.1f MiB  %6.1f "
-          "KiB  %9.1f MiB\n",
-          n,
-                  backoff ? "on" : "off", r->idle_reads,
-                  backoff && off_reads.value_or(0) > 0
-                      ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
-                      : "-",
-                  Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
-                  *first_max > 0 ? max / *first_max : 0.0, bytes.c_str(), peer_bytes.c_str(),
-                  r->gateway_rss_mib, r->ui_state_kib, r->sidecars_rss_mib);
+          "%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s  %22s  %22s  %8.1f MiB  "
+          "%6.1f KiB  %9.1f MiB\n",
+          n, backoff ? "on" : "off", r->idle_reads,
+          backoff && off_reads.value_or(0) > 0
+              ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
+              : "-",
+          Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
+          *first_max > 0 ? max / *first_max : 0.0, bytes.c_str(), peer_bytes.c_str(),
+          at_store.c_str(), r->gateway_rss_mib, r->ui_state_kib, r->sidecars_rss_mib);
       std::fflush(stdout);
     }
   }
