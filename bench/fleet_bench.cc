@@ -72,6 +72,7 @@ struct Settings {
   std::string python = ".venv/bin/python";
   std::string moto_script = "tests/s3_moto.py";
   int hosts = 0;                 // > 0: replicas share a version cache per simulated host
+  int per_host = 0;              // > 0: instead, hosts of this many replicas each
   bool peers = false;            // sidecars take version files from each other first
   std::string backoff = "both";  // the idle backoff: off, on, or both in turn
   double store_mb_per_s = 0;     // --store s3: the store's bandwidth cap (0: none)
@@ -199,7 +200,8 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   options.base_checkpoint = dir / "base";
   options.reconcile_interval_s = settings.interval_s;
   options.poll_every = std::chrono::milliseconds(1000);
-  options.cache_hosts = settings.hosts;
+  options.cache_hosts =
+      settings.per_host > 0 ? std::max(1, replicas / settings.per_host) : settings.hosts;
   // The dashboard's view of a big fleet is what is measured, not how often
   // the gateway refreshes it.
   options.gateway_poll_interval_s = 1;
@@ -349,6 +351,10 @@ int main(int argc, char** argv) {
   app.add_option("--store", settings.store,
                  "fs (a directory) or s3 (a local S3 server: moto, from the project's .venv)")
       ->capture_default_str();
+  app.add_option("--replicas-per-host", settings.per_host,
+                 "Replicas share a version cache per simulated host of this many replicas "
+                 "(overrides --hosts; 0: not)")
+      ->capture_default_str();
   app.add_option("--hosts", settings.hosts,
                  "Replicas share a version cache per simulated host, this many hosts (0: one "
                  "cache per replica)")
@@ -396,7 +402,9 @@ int main(int argc, char** argv) {
       "fleet_bench: reference engines behind sidecars over a%s store, %s%s; "
       "--reconcile-interval %.1f s, backoff to %.1f s when on; idle window %.0f s after %.0f s\n",
       settings.store == "s3" ? "n S3 (moto)" : " filesystem",
-      settings.hosts > 0
+      settings.per_host > 0
+          ? absl::StrCat("a version cache per host of ", settings.per_host, " replicas").c_str()
+      : settings.hosts > 0
           ? absl::StrCat("a version cache per host, ", settings.hosts, " hosts").c_str()
           : "a version cache per replica",
       settings.peers ? ", peers on" : "", settings.interval_s, settings.max_interval_s,
