@@ -11,6 +11,10 @@
 //     replica reports the version, p50, p95 and max over every replica and
 //     publish, and the max's ratio to the first fleet's (N = 1, backoff off).
 //
+//   - after each publish, every replica's greedy answer pinned to the new
+//     version, judged against that version's weights (the chaos oracle):
+//     wrong / judged;
+//
 //   - the gateway's resident memory and the size of its /ui/state (what the
 //     dashboard polls), and the sidecars' total resident memory, after the
 //     publishes;
@@ -32,6 +36,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -57,6 +62,7 @@
 #include "stitch/net/prometheus.h"
 #include "stitch/publish/claim.h"
 #include "stitch/refengine/init_model.h"
+#include "stitch/refengine/tokenizer.h"
 #include "stitch/store/store.h"
 #include "store_proxy.h"
 
@@ -87,12 +93,14 @@ struct Settings {
 struct Result {
   int replicas = 0;
   bool backoff = false;
-  double idle_reads = 0;                  // per replica per second
-  double store_bytes_per_version = 0;     // downloaded by the whole fleet
-  double peer_bytes_per_version = 0;      // carried by peers
-  double gateway_rss_mib = 0;             // after the publishes
-  double ui_state_kib = 0;                // GET /ui/state, the dashboard's poll
-  double sidecars_rss_mib = 0;            // all of them together
+  double idle_reads = 0;               // per replica per second
+  double store_bytes_per_version = 0;  // downloaded by the whole fleet
+  double peer_bytes_per_version = 0;   // carried by peers
+  double gateway_rss_mib = 0;          // after the publishes
+  double ui_state_kib = 0;             // GET /ui/state, the dashboard's poll
+  double sidecars_rss_mib = 0;         // all of them together
+  int checked = 0;                     // greedy answers judged against the weights of their label
+  int wrong = 0;                       // of which not that version's output (or not answered)
   double store_requests_per_version = 0;  // --store s3: counted by the proxy
   double served_bytes_per_version = 0;    // likewise, what the store sent back
   double version_bytes = 0;               // the versions' payload, on average
@@ -162,6 +170,39 @@ absl::StatusOr<std::string> StartS3(const Settings& settings, ProcessSupervisor&
                       "&region=us-east-1");
 }
 
+constexpr int64_t kJudgedTokens = 8;
+
+// Whether `url` answers a greedy generation of the oracle's prompt 0 pinned
+// to `version` with that version's own greedy output, stamped with it.
+bool JudgedRight(Oracle& oracle, const std::string& url, int64_t version) {
+  boost::json::object body;
+  boost::json::array prompt;
+  for (int32_t id : oracle.options().prompts[0]) prompt.emplace_back(id);
+  body["input_ids"] = std::move(prompt);
+  body["sampling_params"] = boost::json::object{
+      {"max_new_tokens", kJudgedTokens}, {"temperature", 0}, {"ignore_eos", true}};
+  body["weight_version"] = boost::json::object{{"exact_version", version}};
+  auto r = HttpFetch("POST", url + "/generate", boost::json::serialize(body), FetchOptions{});
+  if (!r.ok() || r->status != 200) return false;
+  boost::system::error_code ec;
+  const boost::json::value answer = boost::json::parse(r->body, ec);
+  const boost::json::object* o = !ec ? answer.if_object() : nullptr;
+  const boost::json::value* ids = o != nullptr ? o->if_contains("output_ids") : nullptr;
+  const boost::json::value* meta = o != nullptr ? o->if_contains("meta_info") : nullptr;
+  if (ids == nullptr || !ids->is_array() || meta == nullptr || !meta->is_object()) return false;
+  std::vector<int32_t> tokens;
+  for (const boost::json::value& id : ids->get_array()) {
+    if (!id.is_int64()) return false;
+    tokens.push_back(static_cast<int32_t>(id.get_int64()));
+  }
+  const boost::json::value* start = meta->get_object().if_contains("weight_version_start");
+  const boost::json::value* end = meta->get_object().if_contains("weight_version_end");
+  if (start == nullptr || end == nullptr || !start->is_int64() || !end->is_int64()) return false;
+  const Judgement judged =
+      oracle.JudgeTokens(0, kJudgedTokens, tokens, start->get_int64(), end->get_int64());
+  return judged.verdict == Verdict::kSame && start->get_int64() == version;
+}
+
 void SleepSeconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
 absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backoff) {
@@ -175,6 +216,7 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
   OracleOptions versions;  // version v: the base with its LM head drawn from v
   versions.config = ChaosModel(/*real_engine=*/false);
   versions.seed = 7;
+  versions.prompts = {EncodeText("The policy", BosMode::kPrepend)};
   Oracle oracle(versions);
   if (absl::Status s = WriteCheckpoint(dir / "base", versions.config, Views(oracle.Tensors(0)),
                                        ExistingDir::kRefuse);
@@ -298,6 +340,12 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
         break;
       }
       for (const auto& r : reached) result.reach_s.push_back(*r);
+      // Labels against weights: every replica answers a greedy generation
+      // pinned to v, judged by the oracle (the weights of v, computed here).
+      for (const std::string& url : urls) {
+        ++result.checked;
+        if (!JudgedRight(oracle, url, v)) ++result.wrong;
+      }
     }
     if (status.ok()) {
       absl::StatusOr<double> bytes_after = SumOf(urls, kStoreBytes);
@@ -409,10 +457,11 @@ int main(int argc, char** argv) {
           : "a version cache per replica",
       settings.peers ? ", peers on" : "", settings.interval_s, settings.max_interval_s,
       settings.idle_s, settings.warmup_s);
-  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s  %22s  %12s  %10s  %13s\n", "replicas",
-              "backoff", "idle reads/replica/s", "on / off", "publish -> fleet p50/p95/max",
-              "max / N=1's", "store bytes / version", "peer bytes / version",
-              "at the store: req, bytes", "gateway RSS", "/ui/state", "sidecars RSS");
+  std::printf("%9s  %7s  %22s  %10s  %28s  %12s  %22s  %22s  %22s  %12s  %10s  %13s  %14s\n",
+              "replicas", "backoff", "idle reads/replica/s", "on / off",
+              "publish -> fleet p50/p95/max", "max / N=1's", "store bytes / version",
+              "peer bytes / version", "at the store: req, bytes", "gateway RSS", "/ui/state",
+              "sidecars RSS", "wrong / judged");
   std::optional<double> first_max;
   for (int n : sizes) {
     std::optional<double> off_reads;
@@ -441,14 +490,15 @@ int main(int argc, char** argv) {
                                  : std::string("-");
       std::printf(
           "%9d  %7s  %22.3f  %10s  %9.3f / %6.3f / %6.3f s  %12.2f  %22s  %22s  %22s  %8.1f MiB  "
-          "%6.1f KiB  %9.1f MiB\n",
+          "%6.1f KiB  %9.1f MiB  %6d / %5d\n",
           n, backoff ? "on" : "off", r->idle_reads,
           backoff && off_reads.value_or(0) > 0
               ? absl::StrFormat("%.3f", r->idle_reads / *off_reads).c_str()
               : "-",
           Percentile(r->reach_s, 50), Percentile(r->reach_s, 95), max,
           *first_max > 0 ? max / *first_max : 0.0, bytes.c_str(), peer_bytes.c_str(),
-          at_store.c_str(), r->gateway_rss_mib, r->ui_state_kib, r->sidecars_rss_mib);
+          at_store.c_str(), r->gateway_rss_mib, r->ui_state_kib, r->sidecars_rss_mib, r->wrong,
+          r->checked);
       std::fflush(stdout);
     }
   }
