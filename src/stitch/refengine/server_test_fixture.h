@@ -211,6 +211,40 @@ class EngineServerTest : public ::testing::Test {
     return pause.get();
   }
 
+  // Streams a greedy generation of `text` (`tokens` long) on `sse` and
+  // pauses the engine in place once `after` tokens were generated: the
+  // pause's response.
+  HttpResponse PauseInPlaceWhileStreaming(SseClient& sse, const std::string& text, int tokens,
+                                          uint64_t after) {
+    return PauseWhen([this, after] { return TokensGenerated() >= after; }, "in_place",
+                     [&] {
+                       EXPECT_EQ(*sse.Open(server_->url(), "/generate",
+                                           GenerateBody(text, tokens, 0, 0, R"( "stream": true,)")),
+                                 200);
+                     });
+  }
+  // Reads that stream to its end and checks its answer (output ids and
+  // logprobs) against the generation that switches from version `from` to
+  // `to` after `after` tokens; returns the stream's events (the answer is
+  // the one before the last), none when it failed.
+  std::vector<std::string> ExpectStreamSwitched(SseClient& sse, const std::string& text, int tokens,
+                                                int after, int from, int to) {
+    absl::StatusOr<std::vector<std::string>> events = sse.ReadAll();
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok() || events->size() < 3) {
+      ADD_FAILURE() << "the stream ended with fewer than 3 events";
+      return {};
+    }
+    const std::string& last = (*events)[events->size() - 2];
+    const auto expected =
+        testing::SplitGenerate(*Weights(from), *Weights(to), EncodeText(text, BosMode::kPrepend),
+                               Greedy(tokens), after, false);
+    EXPECT_EQ(JsonInts(last, "output_ids"), Wide(Ids(expected)));
+    EXPECT_THAT(JsonNumbers(last, "meta_info.output_token_logprobs", 0),
+                ElementsAreArray(SameDoubles(Logprobs(expected))));
+    return *std::move(events);
+  }
+
   uint64_t TokensGenerated() const { return server_->scheduler().stats().tokens_generated; }
 
   TempDir tmp_;

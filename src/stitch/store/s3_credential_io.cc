@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_client.h"
+#include "stitch/store/curl_handles.h"
 
 namespace stitch {
 namespace {
@@ -55,19 +55,12 @@ absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, std::str
 }
 
 absl::StatusOr<CredentialHttpAnswer> CredentialHttpExchange(const CredentialHttpCall& call) {
-  CurlGlobalInitOnce();
-  struct EasyDeleter {
-    void operator()(CURL* c) const { curl_easy_cleanup(c); }
-  };
-  struct SlistDeleter {
-    void operator()(curl_slist* l) const { curl_slist_free_all(l); }
-  };
-  std::unique_ptr<CURL, EasyDeleter> curl(curl_easy_init());
+  CurlEasy curl = NewCurlEasy();
   if (!curl) return absl::ResourceExhaustedError("cannot create a curl handle");
   CURL* c = curl.get();
   char error[CURL_ERROR_SIZE] = {};
   CredentialHttpAnswer answer;
-  std::unique_ptr<curl_slist, SlistDeleter> headers;
+  CurlSlist headers;
   for (const std::string& h : call.headers) {
     headers.reset(curl_slist_append(headers.release(), h.c_str()));
   }

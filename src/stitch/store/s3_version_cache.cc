@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/errors.h"
+#include "stitch/store/curl_handles.h"
 #include "stitch/store/s3_sha256.h"
 #include "stitch/store/store.h"
 #include "stitch/store/version_dir.h"
@@ -252,14 +253,7 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
                                                   const std::string& peer_url, int64_t version,
                                                   const StoredFile& want,
                                                   const fs::path& final_path, int64_t wait_ms) {
-  CurlGlobalInitOnce();
-  struct EasyDeleter {
-    void operator()(CURL* c) const { curl_easy_cleanup(c); }
-  };
-  struct SlistDeleter {
-    void operator()(curl_slist* l) const { curl_slist_free_all(l); }
-  };
-  std::unique_ptr<CURL, EasyDeleter> curl(curl_easy_init());
+  CurlEasy curl = NewCurlEasy();
   if (!curl) return absl::ResourceExhaustedError("cannot create a curl handle");
   CURL* c = curl.get();
   char* escaped = curl_easy_escape(c, want.name.c_str(), static_cast<int>(want.name.size()));
@@ -273,7 +267,7 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
     FileSink sink(temp);
     if (absl::Status s = sink.Restart(); !s.ok()) return s;
     std::pair<FileSink*, absl::Status> out{&sink, absl::OkStatus()};
-    std::unique_ptr<curl_slist, SlistDeleter> headers;
+    CurlSlist headers;
     if (!peers.token.empty()) {
       const std::string auth = absl::StrCat("Authorization: Bearer ", peers.token);
       headers.reset(curl_slist_append(headers.release(), auth.c_str()));
