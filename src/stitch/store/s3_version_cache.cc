@@ -16,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,10 +35,12 @@ int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
-// A download into a temporary file, hashed as it arrives.
+// A download into a temporary file, hashed as it arrives, that never grows
+// past `limit` bytes (the size the store records): whoever sends more, the
+// cache holds at most the file's size.
 class FileSink final : public S3BodySink {
  public:
-  explicit FileSink(fs::path path) : path_(std::move(path)) {}
+  FileSink(fs::path path, uint64_t limit) : path_(std::move(path)), limit_(limit) {}
 
   absl::Status Restart() override {
     fd_ = UniqueFd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -48,6 +51,11 @@ class FileSink final : public S3BodySink {
   }
 
   absl::Status Write(std::string_view bytes) override {
+    if (bytes.size() > limit_ - size_) {
+      return WithKind(absl::DataLossError(
+                          absl::StrCat("sent more than the ", limit_, " bytes the store records")),
+                      ErrorKind::kChecksumMismatch);
+    }
     if (absl::Status s = WriteAll(fd_.get(), std::as_bytes(std::span(bytes)), path_); !s.ok()) {
       return s;
     }
@@ -65,6 +73,7 @@ class FileSink final : public S3BodySink {
 
  private:
   const fs::path path_;
+  const uint64_t limit_;
   UniqueFd fd_;
   Sha256 hasher_;
   uint64_t size_ = 0;
@@ -86,11 +95,14 @@ absl::Status CheckReceived(const FileDigest& got, const StoredFile& want, std::s
 // `temp` on failure.
 absl::Status ReceiveVerified(S3Client& client, const S3Location& location, const std::string& key,
                              const StoredFile& want, const fs::path& temp) {
-  FileSink sink(temp);
+  FileSink sink(temp, want.size);
   S3Request r;
   r.key = key;
   r.sink = &sink;
   auto response = client.Send(r);
+  if (!response.ok() && absl::IsDataLoss(response.status())) {
+    return Annotate(response.status(), location.DisplayKey(key));
+  }
   if (!response.ok()) return response.status();
   if (!response->ok()) return client.ErrorFor(*response, "download", key);
   auto written = sink.Finish();
@@ -139,10 +151,42 @@ absl::StatusOr<S3CachedFile> ReceiveIntoCache(
   return installed;
 }
 
+// One response from a peer as it arrives: a successful one's declared
+// length is checked against the size the store records before any of its
+// body is written, and its body goes to `sink`, which stops at that size.
+struct PeerResponse {
+  CURL* curl = nullptr;
+  FileSink* sink = nullptr;
+  uint64_t want_size = 0;
+  absl::Status status;  // why the transfer was cut, when it was
+};
+
+size_t OnPeerHeader(char* data, size_t size, size_t count, void* user) {
+  auto* response = static_cast<PeerResponse*>(user);
+  const size_t n = size * count;
+  // At the blank line that ends a response's header, curl has parsed its
+  // status and Content-Length (-1: none, as for the chunked body a sidecar
+  // streams).
+  if (!absl::StripAsciiWhitespace(absl::string_view(data, n)).empty()) return n;
+  long code = 0;
+  curl_off_t declared = -1;
+  curl_easy_getinfo(response->curl, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_getinfo(response->curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &declared);
+  if (code < 200 || code >= 300 || declared < 0 ||
+      static_cast<uint64_t>(declared) == response->want_size) {
+    return n;
+  }
+  response->status = WithKind(
+      absl::DataLossError(absl::StrCat("declared a body of ", declared,
+                                       " bytes but the store records ", response->want_size)),
+      ErrorKind::kChecksumMismatch);
+  return 0;
+}
+
 size_t OnPeerBody(char* data, size_t size, size_t count, void* user) {
-  auto* sink = static_cast<std::pair<FileSink*, absl::Status>*>(user);
-  sink->second = sink->first->Write(std::string_view(data, size * count));
-  return sink->second.ok() ? size * count : 0;
+  auto* response = static_cast<PeerResponse*>(user);
+  response->status = response->sink->Write(std::string_view(data, size * count));
+  return response->status.ok() ? size * count : 0;
 }
 
 }  // namespace
@@ -264,9 +308,9 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
   curl_free(escaped);
   const std::string source = absl::StrCat("peer ", url);
   return ReceiveIntoCache(final_path, want, [&](const fs::path& temp) -> absl::Status {
-    FileSink sink(temp);
+    FileSink sink(temp, want.size);
     if (absl::Status s = sink.Restart(); !s.ok()) return s;
-    std::pair<FileSink*, absl::Status> out{&sink, absl::OkStatus()};
+    PeerResponse out{c, &sink, want.size, absl::OkStatus()};
     CurlSlist headers;
     if (!peers.token.empty()) {
       const std::string auth = absl::StrCat("Authorization: Bearer ", peers.token);
@@ -291,11 +335,13 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
             1, std::chrono::duration_cast<std::chrono::seconds>(peers.stall_timeout).count() +
                    wait_ms / 1000)));
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &OnPeerHeader);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &out);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnPeerBody);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &out);
     curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
     const CURLcode code = curl_easy_perform(c);
-    if (!out.second.ok()) return out.second;
+    if (!out.status.ok()) return Annotate(out.status, source);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     if (code == CURLE_HTTP_RETURNED_ERROR && status == 404) {

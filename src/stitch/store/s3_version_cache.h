@@ -90,15 +90,19 @@ std::vector<size_t> StaleCacheFiles(const std::filesystem::path& target,
 // temporary sibling, hashed as it arrives, fsynced, checked against both
 // the SHA-256 the response records and `want`, then renamed into place and
 // the directory fsynced. Returns the file's record entry. DataLoss
-// (ErrorKind::kChecksumMismatch) when the bytes are not `want`'s; the
+// (ErrorKind::kChecksumMismatch) when the bytes are not `want`'s (the
+// transfer is cut as soon as more than want.size bytes arrive); the
 // client's errors otherwise. The temporary file never outlives a failure.
 // The same from the peer at `peer_url` (its kPeerFileRoute, waiting up to
 // `wait_ms` for the peer to hold it), checked against `want` only (the
-// store's record; a peer's word counts for nothing). NotFound when the peer
-// does not hold the file; FailedPrecondition when the peer is this replica
-// (peers.self_id); DataLoss (kChecksumMismatch) when its bytes are not
-// `want`'s; Unavailable when it did not answer or stalled. The temporary
-// file never outlives a failure.
+// store's record; a peer's word counts for nothing). A peer can never make
+// this write more than want.size bytes: a response declaring another
+// Content-Length is refused before its body, and one that sends more is
+// cut at want.size. NotFound when the peer does not hold the file;
+// FailedPrecondition when the peer is this replica (peers.self_id);
+// DataLoss (kChecksumMismatch) when its bytes, or its Content-Length, are
+// not `want`'s; Unavailable when it did not answer or stalled. The
+// temporary file never outlives a failure.
 [[nodiscard]] absl::StatusOr<S3CachedFile> FetchFromPeerToCache(
     const StorePeers& peers, const std::string& peer_url, int64_t version, const StoredFile& want,
     const std::filesystem::path& final_path, int64_t wait_ms = 0);

@@ -1,0 +1,203 @@
+// A file taken from a peer into the version cache (FetchFromPeerToCache)
+// against peers on loopback that lie about the file's length, never stop
+// sending, or trickle: what a replica writes and how long it waits are
+// bounded by the size the store records, whatever the peer does.
+#include "stitch/store/s3_version_cache.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/store/s3_sha256.h"
+#include "tests/support/temp_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// A peer that answers each connection by reading the request's head and
+// then running `answer` on it, one connection at a time.
+class FakePeer {
+ public:
+  // Sends on the connection; false once the replica has left.
+  using Send = std::function<bool(std::string_view bytes)>;
+  using Answer = std::function<void(const Send& send)>;
+
+  explicit FakePeer(Answer answer) : answer_(std::move(answer)) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(listen_fd_, 16) != 0 || ::pipe2(stop_, O_CLOEXEC) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      std::abort();
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakePeer() {
+    ::close(stop_[1]);
+    thread_.join();
+    ::close(stop_[0]);
+    ::close(listen_fd_);
+  }
+  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+
+ private:
+  bool Readable(int fd) {
+    pollfd fds[2] = {{fd, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+    while (::poll(fds, 2, -1) < 0) {
+      if (errno != EINTR) return false;
+    }
+    return fds[1].revents == 0;
+  }
+  void Serve() {
+    for (;;) {
+      if (!Readable(listen_fd_)) return;
+      const int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      std::string head;
+      char buf[4096];
+      while (head.find("\r\n\r\n") == std::string::npos && Readable(conn)) {
+        const ssize_t n = ::read(conn, buf, sizeof buf);
+        if (n <= 0) break;
+        head.append(buf, static_cast<size_t>(n));
+      }
+      answer_([conn](std::string_view bytes) {
+        while (!bytes.empty()) {
+          const ssize_t n = ::send(conn, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+          if (n <= 0) return false;
+          bytes.remove_prefix(static_cast<size_t>(n));
+        }
+        return true;
+      });
+      ::close(conn);
+    }
+  }
+
+  const Answer answer_;
+  int listen_fd_ = -1;
+  int stop_[2] = {-1, -1};
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// A hostile peer stops sending at this much, so that a replica that keeps
+// reading shows as a peer that sent it all.
+constexpr uint64_t kHostileCap = uint64_t{64} << 20;
+
+class PeerFetchTest : public ::testing::Test {
+ protected:
+  PeerFetchTest() {
+    for (size_t i = 0; i < content_.size(); ++i) content_[i] = static_cast<char>('a' + i % 26);
+    want_ = StoredFile{"model.safetensors", content_.size(), Sha256Hex(content_)};
+  }
+
+  absl::StatusOr<S3CachedFile> Fetch(const FakePeer& peer) {
+    return FetchFromPeerToCache(peers_, peer.url(), 1, want_, dir_ / "v1" / want_.name);
+  }
+  // Whether the version's directory holds nothing but what arrived whole.
+  bool NothingLeftBehind() const {
+    std::error_code ec;
+    return !fs::exists(dir_ / "v1", ec) || fs::is_empty(dir_ / "v1", ec);
+  }
+  // Sends the file's bytes, then `x`s until the replica leaves or the cap;
+  // returns the bytes the peer got to send.
+  uint64_t SendEndlessly(const FakePeer::Send& send) const {
+    if (!send(content_)) return 0;
+    const std::string more(64 << 10, 'x');
+    uint64_t sent = content_.size();
+    while (sent < kHostileCap && send(more)) sent += more.size();
+    return sent;
+  }
+
+  testing::TempDir dir_;
+  std::string content_ = std::string(64 << 10, '\0');
+  StoredFile want_;
+  StorePeers peers_;
+};
+
+TEST_F(PeerFetchTest, AnHonestPeerDeliversWithOrWithoutAContentLength) {
+  FakePeer sized([&](const FakePeer::Send& send) {
+    (void)send(absl::StrCat("HTTP/1.1 200 OK\r\nContent-Length: ", content_.size(),
+                            "\r\nConnection: close\r\n\r\n", content_));
+  });
+  auto got = Fetch(sized);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size, content_.size());
+  fs::remove_all(dir_ / "v1");
+  // A sidecar streams its files chunked, without a Content-Length.
+  FakePeer chunked([&](const FakePeer::Send& send) {
+    (void)send(absl::StrCat("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                            absl::Hex(content_.size()), "\r\n", content_, "\r\n0\r\n\r\n"));
+  });
+  got = Fetch(chunked);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->sha256, want_.sha256);
+}
+
+// A peer that sends the file and then never stops: the replica writes the
+// recorded size, no more, and leaves.
+TEST_F(PeerFetchTest, APeerThatNeverStopsSendingIsCutAtTheRecordedSize) {
+  std::atomic<uint64_t> sent{0};
+  FakePeer endless([&](const FakePeer::Send& send) {
+    if (send("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")) sent = SendEndlessly(send);
+  });
+  auto got = Fetch(endless);
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
+  EXPECT_EQ(GetErrorKind(got.status()), ErrorKind::kChecksumMismatch);
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("sent more than the 65536 bytes"));
+  EXPECT_TRUE(NothingLeftBehind());
+  // The peer is cut off long before its own cap (what socket buffers hold
+  // is all it got to send past the file).
+  EXPECT_LT(sent.load(), kHostileCap / 2);
+}
+
+// A peer that declares a body other than the file's size is refused before
+// any of it is written.
+TEST_F(PeerFetchTest, APeerDeclaringAnotherContentLengthIsRefusedBeforeItsBody) {
+  std::atomic<uint64_t> sent{0};
+  FakePeer huge([&](const FakePeer::Send& send) {
+    if (send(absl::StrCat("HTTP/1.1 200 OK\r\nContent-Length: ", content_.size() + (1 << 30),
+                          "\r\n\r\n"))) {
+      sent = SendEndlessly(send);
+    }
+  });
+  auto got = Fetch(huge);
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr(absl::StrCat("declared a body of ", content_.size() + (1 << 30),
+                                     " bytes but the store records 65536")));
+  EXPECT_TRUE(NothingLeftBehind());
+  EXPECT_LT(sent.load(), kHostileCap / 2);
+  // Short is refused too.
+  FakePeer short_peer([&](const FakePeer::Send& send) {
+    (void)send(absl::StrCat("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789"));
+  });
+  got = Fetch(short_peer);
+  EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("declared a body of 10 bytes"));
+}
+
+}  // namespace
+}  // namespace stitch
