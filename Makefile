@@ -12,8 +12,8 @@ SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*
 
 .PHONY: all deps build test test-asan test-multihost test-engines fuzz format format-check lint
 .PHONY: thread-safety
-.PHONY: bench bench-activation bench-fleet clean demo demo-vllm chaos chaos-short
-.PHONY: python-install python-test
+.PHONY: bench bench-activation bench-fleet bench-trl clean demo demo-vllm demo-trl chaos chaos-short
+.PHONY: python-install python-test trl-install test-trainers
 
 all: build
 
@@ -29,6 +29,7 @@ build: deps $(BUILD)/build.ninja
 test: deps format-check build thread-safety
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 	$(MAKE) --no-print-directory test-engines
+	$(MAKE) --no-print-directory test-trainers
 	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory python-test
 	$(MAKE) --no-print-directory fuzz
@@ -195,3 +196,37 @@ python-install: deps
 
 python-test: python-install
 	$(PYTHON_VENV)/bin/python -m pytest -q python/tests
+
+# A real trainer: Hugging Face TRL (its own environment, installed once by
+# scripts/install-engines trl, with the stitch package built above as a
+# wheel) driving a fleet through stitch.integrations.trl.
+TRL_PYTHON = $(ENGINES_DIR)/trl/bin/python
+UV = $(shell command -v uv 2>/dev/null || echo $(ENGINES_DIR)/uv/bin/uv)
+trl-install: python-install
+	scripts/install-engines trl
+	rm -rf build-python/wheels
+	CMAKE_BUILD_PARALLEL_LEVEL=$(PYTHON_JOBS) $(PYTHON_VENV)/bin/pip wheel --quiet --no-deps \
+	  --no-build-isolation -C build-dir=build-python/{wheel_tag} -w build-python/wheels \
+	  -C cmake.define.STITCH_BINARY=$(if $(wildcard $(STITCH_EXE)),$(CURDIR)/$(STITCH_EXE)) .
+	$(UV) pip install --quiet --python $(TRL_PYTHON) --reinstall --no-deps build-python/wheels/stitch-*.whl
+
+# TRL's GRPOTrainer learning from a fleet of reference engines through the
+# gateway, and from a real vLLM behind a sidecar (tests/trainers/).
+test-trainers: build trl-install
+	scripts/install-engines vllm
+	STITCH_BIN=$(CURDIR)/$(STITCH_EXE) STITCH_VLLM_PYTHON=$(ENGINES_DIR)/vllm/bin/python \
+	  $(TRL_PYTHON) -m pytest -q -p no:cacheprovider tests/trainers
+
+# The same with TRL as the trainer (examples/trl_grpo.py): a local fleet of
+# reference engines, or real vLLM servers with TRL_ENGINE=vllm.
+TRL_ENGINE ?= reference
+DEMO_TRL_FLAGS ?=
+demo-trl: deps build trl-install
+	@if [ "$(TRL_ENGINE)" = vllm ]; then scripts/install-engines vllm || exit 1; fi
+	$(TRL_PYTHON) examples/trl_grpo.py --stitch $(STITCH_EXE) --engine $(TRL_ENGINE) \
+	  --vllm-python $(ENGINES_DIR)/vllm/bin/python $(DEMO_TRL_FLAGS)
+
+# Stitch's share of a TRL step, and rollouts through gateway and sidecar
+# against the same calls made straight to the engines (bench/trl_bench.py).
+bench-trl: build trl-install
+	$(TRL_PYTHON) bench/trl_bench.py --stitch $(STITCH_EXE)
