@@ -174,7 +174,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   }
   auto cache = CacheDir(*config);
   if (!cache.ok()) return ReportFailure(cache.status());
-  StoreOptions store_options{config->reconciler.run_id, *cache, {}};
+  StoreOptions store_options{config->reconciler.run_id, *cache, config->peers};
   std::shared_ptr<Pool> peers;
   if (!flags.peers.empty()) {
     auto pool = MakePool(flags.peers);
@@ -296,6 +296,14 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
                   "the store itself, as a pool (static:URL,URL, file:PATH, dns:NAME:PORT); every "
                   "file is checked against the SHA-256 the store records, so a peer can delay but "
                   "never poison a replica (docs/deploy.md, \"Peers before the store\")");
+  cmd->add_option("--peer-min-rate", flags.peer_min_rate_mib_s,
+                  "MiB/s a peer must send a file at (after --peer-allowance): a slower transfer "
+                  "is left for the next peer or the store")
+      ->capture_default_str();
+  cmd->add_option("--peer-allowance", flags.peer_allowance_s,
+                  "Seconds a transfer from a peer gets on top of the file's size at "
+                  "--peer-min-rate (and the wait for a file's owner)")
+      ->capture_default_str();
   cmd->add_option("--bulletin-root", flags.bulletin_root,
                   "The original Stitch's store root: the cache directory of an S3 store, or the "
                   "store itself with --store-opt backend=local");

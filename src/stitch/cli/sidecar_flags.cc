@@ -253,6 +253,22 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
     return Refuse(absl::StrCat("--engine-check-timeout must be between 0.1 and 3600 seconds (got ",
                                flags.engine_check_timeout_s, ")"));
   }
+  if (!std::isfinite(flags.peer_min_rate_mib_s) || flags.peer_min_rate_mib_s <= 0 ||
+      flags.peer_min_rate_mib_s > 1e6) {
+    return Refuse(absl::StrCat("--peer-min-rate must be a positive number of MiB/s (got ",
+                               flags.peer_min_rate_mib_s,
+                               "): a peer sending a file slower than that is left for the next "
+                               "peer or the store"));
+  }
+  if (!std::isfinite(flags.peer_allowance_s) || flags.peer_allowance_s < 0 ||
+      flags.peer_allowance_s > 3600) {
+    return Refuse(absl::StrCat("--peer-allowance must be between 0 and 3600 seconds (got ",
+                               flags.peer_allowance_s, ")"));
+  }
+  config.peers.min_rate = std::max<uint64_t>(
+      1, static_cast<uint64_t>(flags.peer_min_rate_mib_s * static_cast<double>(1 << 20)));
+  config.peers.allowance = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(flags.peer_allowance_s));
   if (flags.port < 0 || flags.port > 65535) {
     return Refuse(absl::StrCat("--port must be between 0 and 65535 (got ", flags.port,
                                "); 0 picks a free port"));

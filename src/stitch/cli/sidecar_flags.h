@@ -3,6 +3,7 @@
 // engine adapter it drives.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -16,6 +17,7 @@
 #include "stitch/net/server.h"
 #include "stitch/replica/reconciler.h"
 #include "stitch/replica/watchdog.h"
+#include "stitch/store/store.h"
 
 namespace stitch {
 
@@ -39,6 +41,12 @@ struct SidecarFlags {
   // The pool of other replicas' sidecars a remote store fetches version
   // files from before the store itself (a pool spec: static:, file:, dns:).
   std::string peers;
+  // Each transfer from a peer must finish within --peer-allowance seconds
+  // (plus the connect timeout and any wait for the owner) and the file's
+  // size at --peer-min-rate MiB/s, or it is left for the next peer or the
+  // store (StorePeers::min_rate, ::allowance).
+  double peer_min_rate_mib_s = static_cast<double>(StorePeers{}.min_rate) / (1 << 20);
+  double peer_allowance_s = std::chrono::duration<double>(StorePeers{}.allowance).count();
   // Log every request the sidecar receives (method and target) at info.
   bool debug_requests = false;
   std::string run_id;
@@ -92,6 +100,9 @@ struct SidecarConfig {
   std::string store_uri;
   // Where a remote store caches versions; empty: the sidecar picks one.
   std::filesystem::path cache_dir;
+  // How the store fetches from --peers: the deadline's terms (min_rate,
+  // allowance); the sidecar adds the pool and the token.
+  StorePeers peers;
   bool log_requests = false;
   EngineKind engine = EngineKind::kSglang;
   std::string engine_url;
@@ -126,8 +137,9 @@ inline constexpr std::string_view kOriginalStoreFactory = "cookbook.common.stora
 // store wiring: a Python --store-factory other than kOriginalStoreFactory,
 // --store together with --store-opt, a malformed, repeated or unknown
 // --store-opt key, backend=modal-volume, an S3 backend without s3_root, a
-// local backend without --bulletin-root, and --cache-dir and --bulletin-root
-// naming two cache directories.
+// local backend without --bulletin-root, --cache-dir and --bulletin-root
+// naming two cache directories, and a --peer-min-rate that is not positive
+// or a negative --peer-allowance.
 [[nodiscard]] absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags);
 
 // Checks --run-id against the run the store holds at start (`pointer`, its

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace stitch {
 namespace {
 
@@ -132,6 +134,31 @@ TEST(SidecarFlagsTest, WholeGenerateIsAssembledForSglangUnlessRelayIsAsked) {
   f = Good();
   f.whole_generate = "buffer";
   ExpectRefused(f, "--whole-generate");
+}
+
+// Each transfer from a peer has a deadline from the file's size and a floor
+// rate (StorePeers); the flags set both, and a floor that bounds nothing is
+// refused.
+TEST(SidecarFlagsTest, PeerTransfersGetAFloorRateAndAnAllowance) {
+  auto config = CheckSidecarFlags(Good());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->peers.min_rate, StorePeers{}.min_rate);
+  EXPECT_EQ(config->peers.allowance, StorePeers{}.allowance);
+  SidecarFlags f = Good();
+  f.peer_min_rate_mib_s = 0.5;
+  f.peer_allowance_s = 1.5;
+  config = CheckSidecarFlags(f);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->peers.min_rate, uint64_t{512} << 10);
+  EXPECT_EQ(config->peers.allowance, std::chrono::milliseconds(1500));
+  for (double rate : {0.0, -1.0, std::nan("")}) {
+    f = Good();
+    f.peer_min_rate_mib_s = rate;
+    ExpectRefused(f, "--peer-min-rate");
+  }
+  f = Good();
+  f.peer_allowance_s = -1;
+  ExpectRefused(f, "--peer-allowance");
 }
 
 TEST(SidecarFlagsTest, InconsistentFlagsAreRefusedWithOneLine) {

@@ -10,6 +10,7 @@
 #include <boost/json.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <span>
@@ -293,6 +294,19 @@ absl::StatusOr<S3CachedFile> DownloadToCache(S3Client& client, const S3Location&
   });
 }
 
+std::chrono::milliseconds PeerTransferDeadline(const StorePeers& peers, uint64_t size,
+                                               int64_t wait_ms) {
+  // Capped at a year, far beyond any transfer, so that nothing overflows
+  // (nor curl's long).
+  constexpr double kCapMs = 365.0 * 24 * 3600 * 1000;
+  const double at_rate_ms = std::ceil(1000.0 * static_cast<double>(size) /
+                                      static_cast<double>(std::max<uint64_t>(1, peers.min_rate)));
+  const double total_ms = at_rate_ms + static_cast<double>(std::max<int64_t>(0, wait_ms)) +
+                          static_cast<double>(std::max<int64_t>(0, peers.connect_timeout.count())) +
+                          static_cast<double>(std::max<int64_t>(0, peers.allowance.count()));
+  return std::chrono::milliseconds(static_cast<int64_t>(std::min(total_ms, kCapMs)));
+}
+
 absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
                                                   const std::string& peer_url, int64_t version,
                                                   const StoredFile& want,
@@ -307,6 +321,7 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
                    wait_ms > 0 ? absl::StrCat(wait_ms) : std::string());
   curl_free(escaped);
   const std::string source = absl::StrCat("peer ", url);
+  const std::chrono::milliseconds deadline = PeerTransferDeadline(peers, want.size, wait_ms);
   return ReceiveIntoCache(final_path, want, [&](const fs::path& temp) -> absl::Status {
     FileSink sink(temp, want.size);
     if (absl::Status s = sink.Restart(); !s.ok()) return s;
@@ -334,6 +349,7 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
         static_cast<long>(std::max<int64_t>(
             1, std::chrono::duration_cast<std::chrono::seconds>(peers.stall_timeout).count() +
                    wait_ms / 1000)));
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(deadline.count()));
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &OnPeerHeader);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, &out);
@@ -349,6 +365,12 @@ absl::StatusOr<S3CachedFile> FetchFromPeerToCache(const StorePeers& peers,
     }
     if (code == CURLE_HTTP_RETURNED_ERROR && status == 409) {
       return absl::FailedPreconditionError(absl::StrCat(source, ": that is this replica"));
+    }
+    if (code == CURLE_OPERATION_TIMEDOUT) {
+      return absl::UnavailableError(
+          absl::StrCat(source, ": ", error[0] != '\0' ? error : curl_easy_strerror(code),
+                       "; a peer has ", deadline.count(), " ms for this ", want.size,
+                       "-byte file (--peer-min-rate, --peer-allowance) and must not stall"));
     }
     if (code != CURLE_OK) {
       return absl::UnavailableError(

@@ -21,6 +21,7 @@
 // files at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -86,6 +87,13 @@ std::vector<size_t> StaleCacheFiles(const std::filesystem::path& target,
                                     const std::vector<StoredFile>& stored,
                                     const S3CacheRecord& record);
 
+// How long one transfer of a `size`-byte file from a peer may take in all
+// when the peer is asked to wait up to `wait_ms` for it: the connect
+// timeout, the allowance, the wait, and the size at the floor rate
+// (StorePeers). Saturates rather than overflows.
+std::chrono::milliseconds PeerTransferDeadline(const StorePeers& peers, uint64_t size,
+                                               int64_t wait_ms);
+
 // Downloads `key` into `final_path` (creating its directory): into a
 // temporary sibling, hashed as it arrives, fsynced, checked against both
 // the SHA-256 the response records and `want`, then renamed into place and
@@ -101,8 +109,9 @@ std::vector<size_t> StaleCacheFiles(const std::filesystem::path& target,
 // cut at want.size. NotFound when the peer does not hold the file;
 // FailedPrecondition when the peer is this replica (peers.self_id);
 // DataLoss (kChecksumMismatch) when its bytes, or its Content-Length, are
-// not `want`'s; Unavailable when it did not answer or stalled. The
-// temporary file never outlives a failure.
+// not `want`'s; Unavailable when it did not answer, stalled or missed its
+// deadline (PeerTransferDeadline). The temporary file never outlives a
+// failure.
 [[nodiscard]] absl::StatusOr<S3CachedFile> FetchFromPeerToCache(
     const StorePeers& peers, const std::string& peer_url, int64_t version, const StoredFile& want,
     const std::filesystem::path& final_path, int64_t wait_ms = 0);

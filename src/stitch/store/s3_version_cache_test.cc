@@ -199,5 +199,48 @@ TEST_F(PeerFetchTest, APeerDeclaringAnotherContentLengthIsRefusedBeforeItsBody) 
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("declared a body of 10 bytes"));
 }
 
+// A peer that sends the right bytes, but slower than the floor rate (and
+// faster than the stall limit of 1 KiB/s), is left at its deadline.
+TEST_F(PeerFetchTest, APeerSlowerThanTheFloorRateIsLeftAtItsDeadline) {
+  peers_.min_rate = 1 << 20;
+  peers_.allowance = std::chrono::milliseconds(100);
+  peers_.connect_timeout = std::chrono::milliseconds(100);
+  std::atomic<uint64_t> sent{0};
+  FakePeer trickle([&](const FakePeer::Send& send) {
+    if (!send(absl::StrCat("HTTP/1.1 200 OK\r\nContent-Length: ", content_.size(), "\r\n\r\n"))) {
+      return;
+    }
+    // 10 KiB/s: the whole file would take 6.4 s, its deadline is 263 ms.
+    for (size_t at = 0; at < content_.size(); at += 1024) {
+      if (!send(std::string_view(content_).substr(at, 1024))) return;
+      sent += 1024;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto got = Fetch(trickle);
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("a peer has 263 ms for this 65536-byte file"));
+  EXPECT_TRUE(NothingLeftBehind());
+  EXPECT_LT(sent.load(), content_.size());
+}
+
+TEST(PeerTransferDeadlineTest, IsTheSizeAtTheFloorRatePlusTheFixedAllowances) {
+  StorePeers peers;
+  peers.min_rate = 1 << 20;
+  peers.connect_timeout = std::chrono::seconds(2);
+  peers.allowance = std::chrono::seconds(3);
+  using std::chrono::milliseconds;
+  EXPECT_EQ(PeerTransferDeadline(peers, 0, 0), milliseconds(5000));
+  EXPECT_EQ(PeerTransferDeadline(peers, uint64_t{10} << 20, 0), milliseconds(15000));
+  EXPECT_EQ(PeerTransferDeadline(peers, 1, 0), milliseconds(5001));  // rounded up
+  EXPECT_EQ(PeerTransferDeadline(peers, uint64_t{10} << 20, 10000), milliseconds(25000));
+  // A 5 GB shard at the default floor takes at most minutes, not weeks.
+  EXPECT_LT(PeerTransferDeadline(StorePeers{}, uint64_t{5} << 30, 0), std::chrono::minutes(25));
+  // Nothing overflows.
+  EXPECT_GT(PeerTransferDeadline(peers, UINT64_MAX, INT64_MAX), milliseconds(0));
+}
+
 }  // namespace
 }  // namespace stitch

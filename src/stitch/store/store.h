@@ -99,6 +99,15 @@ struct StorePeers {
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(2);
   // A peer must keep sending at least 1 KiB/s over this long, or is left.
   std::chrono::milliseconds stall_timeout = std::chrono::seconds(10);
+  // Every transfer from a peer has a deadline (PeerTransferDeadline in
+  // s3_version_cache.h): the file's size at `min_rate` bytes/s, plus
+  // `allowance`, the connect timeout and any wait asked for. A peer that
+  // trickles (however steadily) or does not answer is left at the deadline
+  // for the next peer or the store, and an owner that did not answer at
+  // once is never waited on: no peer delays a replica by more than one
+  // deadline per file. REQUIRES: min_rate > 0.
+  uint64_t min_rate = uint64_t{4} << 20;
+  std::chrono::milliseconds allowance = std::chrono::seconds(2);
 };
 
 class Store {
