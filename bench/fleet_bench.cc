@@ -253,6 +253,9 @@ absl::StatusOr<Result> RunOne(const Settings& settings, int replicas, bool backo
     // The fleet's pool file (LocalFleet::pool_file), re-read as replicas join.
     options.sidecar_extra.push_back("--peers");
     options.sidecar_extra.push_back(absl::StrCat("file:", (dir / "replicas.txt").string()));
+    // Peers need the fleet's token; the sidecars, the gateway and `stitch
+    // publish` (its wakes) all take it from the environment.
+    ::setenv("STITCH_AUTH_TOKEN", "fleet-bench-token", 1);
   }
   absl::Status status;
   {

@@ -177,5 +177,18 @@ TEST_F(AuthIntegrationTest, TheDataPlaneNeedsAToken) {
   EXPECT_THAT(unreadable.err, HasSubstr("--auth-token-file: cannot read"));
 }
 
+// A sidecar with --peers serves every version its store verified to its
+// peers: without the fleet's token to guard them it refuses to start (a
+// sidecar that started anyway is stopped when the wait runs out).
+TEST_F(AuthIntegrationTest, PeersNeedAToken) {
+  ProcessResult refused = testing::RunProcess(
+      {testing::StitchBinary(), "sidecar", "--store", store_, "--run-id", "r1", "--engine-url",
+       "http://127.0.0.1:1", "--base-checkpoint", base_, "--update-mode", "cpu", "--peers",
+       "static:http://127.0.0.1:1", "--port", "0"},
+      std::chrono::seconds(60));
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("--peers needs the fleet's token"));
+}
+
 }  // namespace
 }  // namespace stitch

@@ -250,6 +250,7 @@ class S3FleetTest : public S3CliTest {
   void Publish(const std::string& dir, const std::string& pool) {
     std::vector<std::string> publish = {"publish", "--store", Uri(), "--run-id", "r1"};
     if (!pool.empty()) publish.insert(publish.end(), {"--pool", pool});
+    publish.insert(publish.end(), publish_flags_.begin(), publish_flags_.end());
     publish.push_back(dir);
     ProcessResult published = RunStitch(publish);
     ASSERT_EQ(published.exit_code, 0) << published.err;
@@ -257,6 +258,8 @@ class S3FleetTest : public S3CliTest {
 
   const fs::path base_ = tmp() / "base";
   const fs::path out_ = tmp() / "out";
+  // Added to every `stitch publish` (the fleet's token, for its wakes).
+  std::vector<std::string> publish_flags_;
 };
 
 // The whole replica path through S3: the binary claims the run, an engine
@@ -373,11 +376,17 @@ TEST_F(S3FleetTest, PeersServeVerifiedFilesAndACorruptPeerIsPassedOver) {
 TEST_F(S3FleetTest, AFleetWokenAtOnceTakesEachFileFromTheStoreOnceBetweenThem) {
   const fs::path pool = tmp() / "peers.txt";
   ASSERT_TRUE(WriteFileAtomically(pool, "").ok());
+  const fs::path token = tmp() / "fleet.token";
+  ASSERT_TRUE(WriteFileAtomically(token, "fleet-secret\n").ok());
+  publish_flags_ = {"--auth-token-file", token.string()};
   constexpr int kReplicas = 4;
   std::vector<Replica> fleet(kReplicas);
   std::string urls;
   for (int i = 0; i < kReplicas; ++i) {
-    StartReplica(absl::StrCat("r", i), {"--peers", absl::StrCat("file:", pool.string())}, fleet[i]);
+    StartReplica(
+        absl::StrCat("r", i),
+        {"--peers", absl::StrCat("file:", pool.string()), "--auth-token-file", token.string()},
+        fleet[i]);
     ASSERT_TRUE(Serves(fleet[i].url, 0)) << fleet[i].sidecar->err();
     absl::StrAppend(&urls, fleet[i].url, "\n");
   }

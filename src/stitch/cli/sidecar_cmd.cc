@@ -172,6 +172,16 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
         "STITCH_AUTH_TOKEN"));
     return kExitRefused;
   }
+  // A sidecar in a fleet with peers serves every version its store verified
+  // on GET /peer/v1/file; without a token that would be to anyone who can
+  // reach it.
+  if (!flags.peers.empty() && auth_token->empty()) {
+    ReportFailure(absl::InvalidArgumentError(
+        "sidecar: --peers needs the fleet's token, which guards the version files this sidecar "
+        "then serves its peers: give --auth-token-file or set STITCH_AUTH_TOKEN (the same on "
+        "every replica)"));
+    return kExitRefused;
+  }
   auto cache = CacheDir(*config);
   if (!cache.ok()) return ReportFailure(cache.status());
   StoreOptions store_options{config->reconciler.run_id, *cache, config->peers};
@@ -295,7 +305,8 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
                   "Other replicas' sidecars that a remote store asks for a version's files before "
                   "the store itself, as a pool (static:URL,URL, file:PATH, dns:NAME:PORT); every "
                   "file is checked against the SHA-256 the store records, so a peer can delay but "
-                  "never poison a replica (docs/deploy.md, \"Peers before the store\")");
+                  "never poison a replica (docs/deploy.md, \"Peers before the store\"); needs "
+                  "the fleet's token (--auth-token-file), which opens the peers' files");
   cmd->add_option("--peer-min-rate", flags.peer_min_rate_mib_s,
                   "MiB/s a peer must send a file at (after --peer-allowance): a slower transfer "
                   "is left for the next peer or the store")
