@@ -67,28 +67,28 @@ class Process:
     def __init__(self, cmd: Sequence[str], log_path: str, env: Optional[dict] = None) -> None:
         self.cmd, self.log_path = list(cmd), log_path
         self.log = open(log_path, "ab")
-        self.popen = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.proc.poll() is None
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
         try:
-            os.killpg(self.popen.pid, sig)
+            os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
 
     def close(self) -> None:
         if self.alive():
-            self.kill(signal.SIGTERM)
+            self.kill_group(signal.SIGTERM)
             try:
-                self.popen.wait(timeout=15)
+                self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 pass
-        self.kill(signal.SIGKILL)
-        self.popen.wait()
+        self.kill_group(signal.SIGKILL)  # whatever is left of the group
+        self.proc.wait()
         self.log.close()
 
     def tail(self, lines: int = 30) -> str:
@@ -231,10 +231,9 @@ class LocalFleet:
     def kill(self, index: int) -> Replica:
         """SIGKILL to a replica's engine and sidecar (their process groups)."""
         replica = self.replicas[index]
-        replica.sidecar.kill()
-        replica.engine.kill()
-        replica.sidecar.popen.wait()
-        replica.engine.popen.wait()
+        for process in (replica.sidecar, replica.engine):
+            process.kill_group()
+            process.proc.wait()
         return replica
 
     def close(self) -> None:

@@ -8,8 +8,6 @@ directories; every process started here is stopped by its owner's close().
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +18,11 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "examples"))
 import hf_tokenizer  # noqa: E402
+# A process in its own group with its log, free ports and waits: the same
+# as the local fleet's that the examples start.
+from local_fleet import Process, free_port, wait_until  # noqa: E402,F401
 
 STITCH = os.environ.get("STITCH_BIN") or os.path.join(REPO, "build/src/stitch/cli/stitch")
 RUN = "r1"
@@ -34,12 +36,6 @@ LOGIT_TIE = 0.05
 # Stitch's vLLM worker extension, and where it is importable from.
 PATCH_EXTENSION = "stitch_vllm.WeightPatchExtension"
 PATCH_EXTENSION_PATH = os.path.join(REPO, "python", "src")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method, url, body=None, headers=None, timeout=120):
@@ -110,15 +106,6 @@ class Stream:
         self.response.close()
 
 
-def wait_until(condition, timeout, what, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def stitch(*args, check=True):
     r = subprocess.run([STITCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if check and r.returncode != 0:
@@ -134,41 +121,6 @@ def make_model(path, seed):
     stitch("engine", "init-model", path, "--hidden", "128", "--layers", "2", "--heads", "4",
            "--dtype", "bfloat16", "--seed", str(seed))
     return path
-
-
-class Process:
-    """A command in its own process group, its output in a log file."""
-
-    def __init__(self, cmd, log_path, env=None):
-        self.cmd, self.log_path = cmd, log_path
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def kill_group(self, sig=signal.SIGKILL):
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def close(self):
-        if self.alive():
-            self.kill_group(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill_group(signal.SIGKILL)  # whatever is left of the group
-        self.proc.wait()
-        self.log.close()
-
-    def tail(self, lines=40):
-        with open(self.log_path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
 
 
 # The engines run with an API key, which the sidecar presents

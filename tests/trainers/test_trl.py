@@ -14,6 +14,7 @@ weights of each version the store holds, rebuilt from the store: the answer
 must match the version it is stamped with.
 """
 
+import contextlib
 import os
 import random
 import shutil
@@ -161,24 +162,29 @@ def get_json_text(url):
         return r.status, r.read().decode()
 
 
-def test_grpo_learns_from_reference_fleet_through_gateway_and_survives_a_kill(tmp_path):
-    steps = 12
-    out = trl_grpo.run(["--stitch", STITCH, "--dir", str(tmp_path), "--replicas", "3",
-                        "--steps", str(steps), "--kill-at", "6", "--record-samples"], keep_fleet=True)
+@contextlib.contextmanager
+def trained(tmp_path, steps, *flags):
+    """examples/trl_grpo.py run for `steps` steps with `flags`, every sample
+    recorded; its fleet is stopped on leaving."""
+    out = trl_grpo.run(["--stitch", STITCH, "--dir", str(tmp_path), "--steps", str(steps),
+                        "--record-samples", *flags], keep_fleet=True)
     try:
-        # float32 on both sides: the engine's log-probabilities are
-        # transformers' to rounding.
-        judge(out, steps, tolerance=2e-3, killed_step=6)
+        yield out
     finally:
         out["fleet"].close()
 
 
+def test_grpo_learns_from_reference_fleet_through_gateway_and_survives_a_kill(tmp_path):
+    steps = 12
+    with trained(tmp_path, steps, "--replicas", "3", "--kill-at", "6") as out:
+        # float32 on both sides: the engine's log-probabilities are
+        # transformers' to rounding.
+        judge(out, steps, tolerance=2e-3, killed_step=6)
+
+
 def test_lag_drops_samples_behind_the_trainer_from_the_loss_and_counts_them(tmp_path):
     steps = 8
-    out = trl_grpo.run(["--stitch", STITCH, "--dir", str(tmp_path), "--replicas", "2",
-                        "--steps", str(steps), "--lag", "1", "--max-staleness", "0",
-                        "--record-samples"], keep_fleet=True)
-    try:
+    with trained(tmp_path, steps, "--lag", "1", "--max-staleness", "0") as out:
         sg = out["sg"]
         # Mostly stale samples, dropped: nothing to learn from, so the
         # reward is not judged here.
@@ -195,33 +201,23 @@ def test_lag_drops_samples_behind_the_trainer_from_the_loss_and_counts_them(tmp_
             rollout = [(s, d) for v, s, d in sg.samples if v == step - 1]
             kept = sum(0 if d else len(s.completion_ids) for s, d in rollout) / len(rollout)
             assert logged[step] == pytest.approx(kept), (step, logged[step], kept)
-    finally:
-        out["fleet"].close()
 
 
 def test_lag_keeps_samples_within_max_staleness_and_learns(tmp_path):
     steps = 12
-    out = trl_grpo.run(["--stitch", STITCH, "--dir", str(tmp_path), "--replicas", "2",
-                        "--steps", str(steps), "--lag", "1", "--max-staleness", "1",
-                        "--record-samples"], keep_fleet=True)
-    try:
+    with trained(tmp_path, steps, "--lag", "1", "--max-staleness", "1") as out:
         sg = out["sg"]
         judge(out, steps, tolerance=2e-3)
         assert sg.counters["dropped_stale"] == 0
         assert any(v - s.version_start == 1 for v, s, _ in sg.samples), \
             "with lag 1 no sample came from the version before the trainer's"
-    finally:
-        out["fleet"].close()
 
 
 def test_grpo_learns_from_real_vllm_behind_a_sidecar(tmp_path):
     steps = 10
-    out = trl_grpo.run(["--stitch", STITCH, "--dir", str(tmp_path), "--engine", "vllm",
-                        "--vllm-python", VLLM_PYTHON, "--replicas", "1", "--steps", str(steps),
-                        "--record-samples"], keep_fleet=True)
-    try:
+    with trained(tmp_path, steps, "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
+                 "--replicas", "1") as out:
         # bf16 weights on both sides, computed by different kernels.
         judge(out, steps, tolerance=0.15)
-        assert get_json(out["fleet"].replicas[0].url + "/server_info")[1]["applied_version"] == steps
-    finally:
-        out["fleet"].close()
+        info = get_json(out["fleet"].replicas[0].url + "/server_info")[1]
+        assert info["applied_version"] == steps

@@ -503,7 +503,14 @@ class StitchGRPO:
                                   "INVALID_ARGUMENT")
         self._dtypes = _checkpoint_tensors(checkpoint)
         self._store = stitch.open_store(self.store_uri, self.run_id, self.cache_dir)
-        outcome = stitch.claim_run(self._store, self.run_id, self.boot_version, self.pool)
+        try:
+            outcome = stitch.claim_run(self._store, self.run_id, self.boot_version, self.pool)
+        except stitch.PointerRewind as error:
+            pointer = self._store.read_pointer()
+            raise StitchError(
+                f"{error.message}. To resume run {self.run_id}, load the weights of {pointer} "
+                f"into the model and pass boot_version={pointer.version if pointer else '?'}",
+                "FAILED_PRECONDITION") from error
         if outcome.pointer.version != self.boot_version:
             raise StitchError(
                 f"stitch: run {self.run_id} is already at {outcome.pointer}, past the boot version "
