@@ -30,6 +30,7 @@
 #include "stitch/core/version.h"
 #include "stitch/delta/checkpoint_image.h"
 #include "stitch/format/index.h"
+#include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
 #include "stitch/net/event_loop.h"
 #include "stitch/net/net_test_util.h"
@@ -397,6 +398,51 @@ TEST_F(SidecarIntegrationTest, ControlRoutesAreBlockedWith403) {
   }
   // The engine was never paused: generation still works.
   EXPECT_EQ(Generate(url_, "").status, 200);
+}
+
+// The sidecar's own routes match only as spelled. Another spelling of one
+// (encoded, doubled or trailing slashes, another case, dot segments) is
+// neither served, which would skip its token, nor forwarded, since the
+// engine would read it as that route with the engine's key. The peer
+// route takes plain decimal numbers only.
+TEST_F(SidecarIntegrationTest, OwnRoutesMatchOnlyAsSpelledAndThePeerRouteParsesStrictly) {
+  const fs::path token = tmp_ / "fleet.token";
+  ASSERT_TRUE(WriteFileAtomically(token, "fleet-secret\n").ok());
+  FleetOptions options;
+  options.sidecar_flags = {"--auth-token-file", token.string(), "--peers",
+                           "static:http://127.0.0.1:1"};
+  StartFleet(options);
+  ASSERT_TRUE(ServesVersion(0));
+  for (std::string path : {"/%77ake", "//wake", "/wake/", "/WAKE", "/v1/../wake"}) {
+    auto r = Call("POST", path, "{}");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 404) << path << ": " << r->body;
+    EXPECT_THAT(r->body, HasSubstr("send POST /wake")) << path;
+  }
+  auto info = Call("GET", "/server_%69nfo");
+  ASSERT_TRUE(info.ok());
+  EXPECT_THAT(info->body, HasSubstr("send GET /server_info"));
+  auto wrong_method = Call("GET", "/wake");
+  ASSERT_TRUE(wrong_method.ok());
+  EXPECT_EQ(wrong_method->status, 405) << wrong_method->body;
+  // As spelled, /wake still needs the token and works with it.
+  auto anonymous = Call("POST", "/wake", "{}");
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ(anonymous->status, 401);
+
+  FetchOptions with_token;
+  with_token.headers.Set("Authorization", "Bearer fleet-secret");
+  const std::string route = url_ + "/peer/v1/file";
+  for (std::string query : {"?version=+1&name=x", "?version=%2B1&name=x", "?version=%201&name=x",
+                            "?version=1%20&name=x", "?version=0x1&name=x",
+                            "?version=1&name=x&wait_ms=+5", "?version=1&name=x&wait_ms=-1"}) {
+    auto r = HttpFetch("GET", route + query, "", with_token);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 400) << query << ": " << r->body;
+  }
+  auto absent = HttpFetch("GET", route + "?version=1&name=x&wait_ms=0", "", with_token);
+  ASSERT_TRUE(absent.ok());
+  EXPECT_EQ(absent->status, 404) << absent->body;
 }
 
 TEST_F(SidecarIntegrationTest, RequestBodiesAreBoundedByTheFlags) {

@@ -9,8 +9,11 @@
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/api/routes.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/auth.h"
@@ -20,6 +23,39 @@ namespace stitch {
 
 namespace json = boost::json;
 using boost::asio::awaitable;
+
+namespace {
+
+// A query value that is a plain decimal number: digits only, however it
+// was encoded (no sign, no space, no "%2B"), at most 18 of them.
+std::optional<int64_t> DecimalParam(const std::optional<std::string>& text) {
+  if (!text.has_value() || text->empty() || text->size() > 18 ||
+      !std::all_of(text->begin(), text->end(),
+                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
+    return std::nullopt;
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(*text, &value)) return std::nullopt;
+  return value;
+}
+
+// The sidecar's own route that `target` names once made canonical
+// (CanonicalizeTarget), trailing slashes and letter case aside: what the
+// engine would read as that route. nullptr for any other target, and for
+// one that has no canonical form (the proxy refuses it).
+const std::pair<std::string, std::string>* OwnRouteOf(
+    std::string_view target, const std::vector<std::pair<std::string, std::string>>& own) {
+  absl::StatusOr<CanonicalTarget> canonical = CanonicalizeTarget(target);
+  if (!canonical.ok()) return nullptr;
+  std::string_view path = canonical->path;
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  for (const auto& route : own) {
+    if (absl::EqualsIgnoreCase(AbslView(path), route.second)) return &route;
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 Sidecar::~Sidecar() = default;
 
@@ -61,19 +97,30 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   // Health and metrics stay open for probes and scrapers; the control route
   // needs the token, and with auth_data_plane everything else does too.
   const std::string data_token = settings.auth_data_plane ? settings.auth_token : std::string();
-  HttpRouter router;
-  router.Add("GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); });
-  router.Add(
-      "GET", "/server_info", [self](HttpExchange& ex) { return self->ServerInfo(ex); }, data_token);
-  router.Add("GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); });
-  router.Add(
-      "POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); }, settings.auth_token);
+  struct OwnRoute {
+    std::string method;
+    std::string path;
+    HttpHandler handler;
+    std::string token;
+  };
+  std::vector<OwnRoute> own = {
+      {"GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); }, ""},
+      {"GET", "/server_info", [self](HttpExchange& ex) { return self->ServerInfo(ex); },
+       data_token},
+      {"GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); }, ""},
+      {"POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); }, settings.auth_token},
+  };
   if (settings.serve_peers) {
-    router.Add(
-        "GET", std::string(kPeerFileRoute), [self](HttpExchange& ex) { return self->PeerFile(ex); },
-        settings.auth_token);
+    own.push_back({"GET", std::string(kPeerFileRoute),
+                   [self](HttpExchange& ex) { return self->PeerFile(ex); }, settings.auth_token});
   }
-  router.SetFallback([self](HttpExchange& ex) { return self->proxy_->Handle(ex); }, data_token);
+  HttpRouter router;
+  for (OwnRoute& route : own) {
+    sidecar->own_routes_.emplace_back(route.method, route.path);
+    router.Add(std::move(route.method), std::move(route.path), std::move(route.handler),
+               std::move(route.token));
+  }
+  router.SetFallback([self](HttpExchange& ex) { return self->Forward(ex); }, data_token);
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = settings.server;
   server_options.head_check = router.TokenCheck();
@@ -143,22 +190,44 @@ awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   (void)co_await exchange.Respond(std::move(response));
 }
 
+awaitable<void> Sidecar::Forward(HttpExchange& exchange) {
+  const HttpRequest& request = exchange.request();
+  const auto* own = OwnRouteOf(request.target, own_routes_);
+  if (own == nullptr) {
+    co_await proxy_->Handle(exchange);
+    co_return;
+  }
+  const std::string_view path = TargetPath(request.target);
+  // The router matched neither: a spelling of the route, or another method.
+  HttpResponse response =
+      path == own->second
+          ? JsonResponse(405, JsonErrorBody("MethodNotAllowed",
+                                            absl::StrCat(request.method, " ", own->second,
+                                                         ": this sidecar's ", own->second,
+                                                         " takes ", own->first)))
+          : JsonResponse(
+                404, JsonErrorBody("NotFound", absl::StrCat(request.method, " ", AbslView(path),
+                                                            " is this sidecar's ", own->second,
+                                                            " spelled otherwise, which is neither "
+                                                            "served nor forwarded: send ",
+                                                            own->first, " ", own->second)));
+  (void)co_await exchange.Respond(std::move(response));
+}
+
 awaitable<void> Sidecar::PeerFile(HttpExchange& exchange) {
   const std::string& target = exchange.request().target;
-  const std::optional<std::string> version_text = TargetQueryParam(target, "version");
+  const std::optional<int64_t> version = DecimalParam(TargetQueryParam(target, "version"));
   const std::optional<std::string> name = TargetQueryParam(target, "name");
   const std::optional<std::string> wait_text = TargetQueryParam(target, "wait_ms");
-  int64_t version = -1;
-  int64_t wait_ms = 0;
-  if (!version_text.has_value() || !name.has_value() ||
-      !absl::SimpleAtoi(*version_text, &version) ||
-      (wait_text.has_value() &&
-       (!absl::SimpleAtoi(*wait_text, &wait_ms) || wait_ms < 0 || wait_ms > kPeerMaxWaitMs))) {
+  const std::optional<int64_t> wait_param = DecimalParam(wait_text);
+  const int64_t wait_ms = wait_param.value_or(0);
+  if (!version.has_value() || !name.has_value() ||
+      (wait_text.has_value() && (!wait_param.has_value() || wait_ms > kPeerMaxWaitMs))) {
     HttpResponse response = JsonResponse(
         400, JsonErrorBody("BadRequest",
                            absl::StrCat("give ?version=N&name=FILE, a file of a published version, "
                                         "and optionally &wait_ms=0..",
-                                        kPeerMaxWaitMs)));
+                                        kPeerMaxWaitMs, ", the numbers in plain digits")));
     (void)co_await exchange.Respond(std::move(response));
     co_return;
   }
@@ -170,7 +239,7 @@ awaitable<void> Sidecar::PeerFile(HttpExchange& exchange) {
     co_return;
   }
   Store* store = store_;
-  auto open = [store, version, name] { return store->OpenVerifiedFile(version, *name); };
+  auto open = [store, version = *version, name] { return store->OpenVerifiedFile(version, *name); };
   absl::StatusOr<Store::VerifiedFile> file = co_await RunBlocking(*pool_, open);
   // The owner of a file other replicas want is usually fetching it right
   // now: wait for it rather than send them to the store.

@@ -11,9 +11,13 @@
 //   GET  /server_info  ReplicaState as JSON (core/state.h)
 //   POST /wake         asks for a reconcile pass; answers like /server_info
 //   GET  /metrics      Prometheus text: the sidecar's (metrics.h), then the engine's own
-// Everything else goes to the proxy (proxy.h). With a bearer token
-// (Settings::auth_token), /wake needs it, and with auth_data_plane every
-// route but /health and /metrics does (docs/sidecar.md, "Bearer tokens").
+// These match only as spelled: a path whose canonical form (api/routes.h:
+// decoded, normalized, trailing slashes and letter case aside) names one of
+// them, such as /%77ake, //wake or /wake/, is answered 404 and never
+// forwarded, since the engine would read it as that route with the
+// engine's key; another method is answered 405. Everything else goes to the proxy (proxy.h). With a
+// bearer token (Settings::auth_token), /wake needs it, and with auth_data_plane every route but
+// /health and /metrics does (docs/sidecar.md, "Bearer tokens").
 //
 // Threading: everything runs on one event loop; store and codec work on a
 // worker pool.
@@ -24,6 +28,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -108,12 +114,17 @@ class Sidecar {
   // none (after waiting up to wait_ms for it); 409 when the request is this
   // sidecar's own (kPeerIdHeader).
   boost::asio::awaitable<void> PeerFile(HttpExchange& exchange);
+  // Everything no route of the sidecar's matched: to the proxy, unless it
+  // names one of `own_routes_` (another spelling: 404; another method: 405).
+  boost::asio::awaitable<void> Forward(HttpExchange& exchange);
 
   std::function<void(const absl::Status&)> on_terminal_;
   Store* store_ = nullptr;
   WorkerPool* pool_ = nullptr;
   Clock* clock_ = nullptr;
   std::string peer_id_;
+  // The routes the sidecar serves itself: method and path.
+  std::vector<std::pair<std::string, std::string>> own_routes_;
   Engine* engine_ = nullptr;
   std::unique_ptr<AdmissionGate> gate_;
   std::unique_ptr<Reconciler> reconciler_;
