@@ -40,6 +40,8 @@ struct GatewayFlags {
   double affinity_load_factor = 1.25;
   double admission_wait_s = 30;
   double poll_interval_s = 1;
+  double wake_interval_s =
+      std::chrono::duration<double>(GatewayOptions{}.waiting_wake_interval).count();
   int max_attempts = 3;
   double stall_timeout_s = 5;
   double probe_timeout_s = 2;
@@ -62,13 +64,13 @@ int RunGateway(const GatewayFlags& flags) {
         absl::StrCat("gateway: --port ", flags.port, " is not a TCP port (0 picks a free one)")));
     return kExitRefused;
   }
-  if (flags.admission_wait_s < 0 || flags.poll_interval_s <= 0 || flags.max_attempts < 1 ||
-      flags.session_header.empty() || !(flags.stall_timeout_s >= 0) ||
+  if (flags.admission_wait_s < 0 || flags.poll_interval_s <= 0 || !(flags.wake_interval_s > 0) ||
+      flags.max_attempts < 1 || flags.session_header.empty() || !(flags.stall_timeout_s >= 0) ||
       !(flags.probe_timeout_s > 0) || flags.max_session_id_bytes == 0 ||
       flags.session_table_bytes == 0) {
     ReportFailure(absl::InvalidArgumentError(
-        "gateway: --admission-wait and --stall-timeout must be >= 0, --poll-interval and "
-        "--probe-timeout > 0, --max-attempts >= 1, --max-session-id-bytes and "
+        "gateway: --admission-wait and --stall-timeout must be >= 0, --poll-interval, "
+        "--wake-interval and --probe-timeout > 0, --max-attempts >= 1, --max-session-id-bytes and "
         "--session-table-bytes above 0 and --session-header non-empty"));
     return kExitRefused;
   }
@@ -122,6 +124,7 @@ int RunGateway(const GatewayFlags& flags) {
   }
   options.admission_wait = Millis(flags.admission_wait_s);
   options.poll_interval = Millis(flags.poll_interval_s);
+  options.waiting_wake_interval = Millis(flags.wake_interval_s);
   options.max_attempts = flags.max_attempts;
   options.stall_timeout = Millis(flags.stall_timeout_s);
   options.probe_timeout = Millis(flags.probe_timeout_s);
@@ -191,6 +194,10 @@ void AddGatewayCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--poll-interval", flags.poll_interval_s,
                   "Seconds between discoveries and /server_info polls of every replica")
+      ->capture_default_str();
+  cmd->add_option("--wake-interval", flags.wake_interval_s,
+                  "While requests wait for a version no replica serves, seconds between wakes "
+                  "of the fleet (POST /wake to every replica)")
       ->capture_default_str();
   cmd->add_option("--auth-token-file", flags.auth_token_file,
                   "File holding the fleet's bearer token: GET /replicas needs it, and the "

@@ -33,6 +33,7 @@ ClientOptions UpstreamClientOptions(const GatewayOptions& options) {
 ReplicaTableOptions TableOptions(const GatewayOptions& options) {
   ReplicaTableOptions t;
   t.poll_interval = options.poll_interval;
+  t.waiting_wake_interval = options.waiting_wake_interval;
   t.probe_timeout = options.probe_timeout;
   t.stall_timeout = options.stall_timeout;
   t.bearer_token = options.auth_token;

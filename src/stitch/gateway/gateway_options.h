@@ -24,6 +24,12 @@ struct GatewayOptions {
   // While requests wait for the fleet, replicas are polled at least every
   // 200 ms.
   std::chrono::milliseconds poll_interval = std::chrono::seconds(1);
+  // While requests wait for a version no replica in rotation has, the fleet
+  // is woken (POST /wake) at most this often, again and again: a replica
+  // idle in its reconcile backoff reads the pointer only when woken or at
+  // its next backstop, so a version published while requests already wait
+  // for it is found within about this long.
+  std::chrono::milliseconds waiting_wake_interval = std::chrono::seconds(2);
   // Timeout of one /server_info probe.
   std::chrono::milliseconds probe_timeout = std::chrono::seconds(2);
   // For a non-streamed request, the whole exchange with a replica; for a

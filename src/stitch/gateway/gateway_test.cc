@@ -99,6 +99,9 @@ class ScriptedReplica {
   const std::string& url() const { return url_; }
   void set_ready(bool ready) { ready_ = ready; }
   void set_version(int64_t v) { version_ = v; }
+  // `v` is published while this replica idles in its reconcile backoff: it
+  // reads the pointer, and applies `v`, only at its next wake.
+  void set_applied_at_next_wake(int64_t v) { at_next_wake_ = v; }
   // The store's pointer as this replica last read it (-1: none).
   void set_pointer(int64_t v) { pointer_ = v; }
   // The constraints of the requests it was sent, in order.
@@ -153,6 +156,7 @@ class ScriptedReplica {
       co_return;
     }
     ++wakes_;
+    if (const int64_t v = at_next_wake_.exchange(-1); v >= 0) version_ = v;
     (void)co_await ex.Respond(JsonResponse(200, "{}"));
   }
   awaitable<void> Other(HttpExchange& ex) {
@@ -266,6 +270,7 @@ class ScriptedReplica {
   std::atomic<int> wakes_{0};
   std::atomic<int> others_{0};
   std::atomic<int> disconnects_{0};
+  std::atomic<int64_t> at_next_wake_{-1};
   std::atomic<int> held_{0};
   std::atomic<bool> info_hangs_{false};
   mutable absl::Mutex mu_;
@@ -596,6 +601,31 @@ TEST_F(GatewayTest, WaitsForTheFleetToCatchUp) {
   EXPECT_EQ(a.status, 200) << a.text;
   EXPECT_EQ(a.version, 2);
   EXPECT_EQ(Counters().rejected, 0u);
+}
+
+// A request waits for v2, which no replica has; v2 is published just after
+// the fleet was woken for it, and the replica, idle in its backoff, reads
+// the pointer only when woken again. The gateway keeps waking the fleet
+// while the request waits (at most every waiting_wake_interval), so the
+// request is served within seconds of the publish, not at the end of its
+// wait.
+TEST_F(GatewayTest, KeepsWakingTheFleetWhileARequestWaitsForAVersion) {
+  ScriptedReplica& replica = AddReplica(true, 1);
+  GatewayOptions options = Options(30s, 60s);
+  options.waiting_wake_interval = 2s;
+  StartGateway(StaticSpec(), options);
+  ASSERT_TRUE(ReadyCount(1));
+  std::future<Answer> pending = GenerateAsync(R"({"exact_version":2})");
+  ASSERT_TRUE(Eventually([&] { return replica.wakes() == 1; })) << "the fleet is woken at once";
+  replica.set_applied_at_next_wake(2);  // the publish lands after that wake
+  const Clock::TimePoint published = clock_.Now();
+  ASSERT_TRUE(AdvanceUntil([&] { return Ready(pending); }, 200ms));
+  EXPECT_LE(clock_.Now() - published, 5s) << "served within 5 s of the publish";
+  Answer a = pending.get();
+  EXPECT_EQ(a.status, 200) << a.text;
+  EXPECT_EQ(a.version, 2);
+  // Rate-limited: the first wake, then one per interval at most.
+  EXPECT_LE(replica.wakes(), 1 + (clock_.Now() - published) / 2s + 1);
 }
 
 TEST_F(GatewayTest, AnswersItsOwn409AfterTheWait) {

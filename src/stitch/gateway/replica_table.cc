@@ -201,6 +201,9 @@ awaitable<void> ReplicaTable::PollLoop() {
     const Clock::TimePoint started = clock_.Now();
     co_await PollOnce();
     if (stopping_) break;
+    // A replica idle in its backoff finds a version published after the
+    // wait began only when woken: keep waking while anyone waits.
+    if (waiting_ > 0) Wake();
     const auto interval = waiting_ == 0
                               ? options_.poll_interval
                               : std::min(options_.poll_interval, options_.waiting_poll_interval);
@@ -306,6 +309,9 @@ awaitable<void> ReplicaTable::Probe(ReplicaPtr r) {
 
 void ReplicaTable::Wake() {
   if (wake_running_ || stopping_) return;
+  const Clock::TimePoint now = clock_.Now();
+  if (last_wake_.has_value() && now - *last_wake_ < options_.waiting_wake_interval) return;
+  last_wake_ = now;
   wake_running_ = true;
   ++counters_.wakes;
   StartTask(RunWake());

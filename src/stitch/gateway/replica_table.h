@@ -11,6 +11,10 @@
 //     request waits for the fleet, and at once after a wake) the pool is
 //     discovered and every replica probed; a replica whose probe fails or
 //     takes longer than `probe_timeout` leaves rotation until one succeeds;
+//   - while any request waits for the fleet, the fleet is woken again at
+//     every poll, at most once per `waiting_wake_interval` (a version
+//     published after the wait began is found by replicas in their idle
+//     backoff only when woken);
 //   - a replica that stays busy (requests outstanding from this gateway)
 //     without sending anything back for `stall_timeout` is stalled (seen
 //     within 1.2 stall timeouts, by a watch that looks five times per
@@ -45,6 +49,7 @@ class LoopSignal;
 struct ReplicaTableOptions {
   std::chrono::milliseconds poll_interval = std::chrono::seconds(1);
   std::chrono::milliseconds waiting_poll_interval = std::chrono::milliseconds(200);
+  std::chrono::milliseconds waiting_wake_interval = std::chrono::seconds(2);
   std::chrono::milliseconds probe_timeout = std::chrono::seconds(2);
   std::chrono::milliseconds stall_timeout = std::chrono::seconds(5);
   // Presented with every probe when not empty (net/auth.h).
@@ -94,8 +99,9 @@ class ReplicaTable {
   void LearnVersion(ReplicaEntry& r, int64_t version);
 
   // --- waiting for the fleet -------------------------------------------------
-  // Starts a wake of every replica (Pool::Wake) unless one runs; the
-  // replicas are polled once it ends.
+  // Starts a wake of every replica (Pool::Wake) unless one runs or one
+  // started less than waiting_wake_interval ago; the replicas are polled
+  // once it ends. While requests wait, the table calls it at every poll.
   void Wake();
   // Returns at the next change of the routing index, at `deadline`, or when
   // cancelled (then CancelledError, as CancelOnDisconnect wants). While any
@@ -142,6 +148,7 @@ class ReplicaTable {
   FleetHistory history_;
   int waiting_ = 0;  // requests in WaitForChange
   bool wake_running_ = false;
+  std::optional<Clock::TimePoint> last_wake_;  // when the last wake started
   bool stopping_ = false;
   int tasks_ = 0;  // background coroutines still running
 
