@@ -87,6 +87,9 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.One("skipped_updates_total", "counter",
         "Served-version moves without an engine update (empty deltas).", r.skipped);
   w.One("run_switches_total", "counter", "Run changes followed.", r.run_switches);
+  w.One("pointer_rewinds_total", "counter",
+        "Pointers seen behind the applied version of the same run (the applied one is kept).",
+        r.pointer_rewinds);
   w.One("reconcile_passes_total", "counter", "Reconcile passes.", r.passes);
   w.One("reconcile_errors_total", "counter", "Reconcile passes that hit a transient error.",
         r.errors);

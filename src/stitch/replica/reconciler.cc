@@ -476,13 +476,32 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     }
   }
   if (!gate_.trusted()) co_return PassResult::kMore;
-  if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) co_return CaughtUp();
+  if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) {
+    NoteRewind(pointer);
+    co_return CaughtUp();
+  }
   if (refused_.has_value() && refused_->version == pointer &&
       clock_.Now() - refused_->at < kRefusedVersionRecheck) {
     SetError(refused_->why);
     co_return PassResult::kError;
   }
   co_return co_await Advance(pointer, pass_start);
+}
+
+void Reconciler::NoteRewind(const VersionRef& pointer) {
+  const VersionRef serving = applied();
+  if (pointer.run_id != serving.run_id || pointer.version >= serving.version) {
+    rewound_to_.reset();
+    return;
+  }
+  if (rewound_to_ == pointer) return;
+  rewound_to_ = pointer;
+  ++counters_.pointer_rewinds;
+  spdlog::warn(
+      "{}: the pointer moved back to {} while this replica serves {}; it keeps {} (versions only "
+      "move forward within a run), but a replica that starts now loads {}: move the pointer "
+      "forward again, or claim a new run to roll back",
+      store_.uri(), pointer.ToString(), serving.ToString(), serving.ToString(), pointer.ToString());
 }
 
 Reconciler::PassResult Reconciler::CaughtUp() {

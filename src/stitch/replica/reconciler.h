@@ -141,6 +141,10 @@ struct ReconcilerCounters {
   uint64_t commits_undone = 0;  // commits the engine undid (Engine::Commit's Aborted)
   uint64_t skipped = 0;         // served-version moves without the engine (empty deltas)
   uint64_t run_switches = 0;
+  // Pointers seen behind the applied version of the same run (each moved-
+  // back pointer once): a store writer rolled the pointer back; the
+  // replica keeps what it serves, a replica starting now would not.
+  uint64_t pointer_rewinds = 0;
   uint64_t errors = 0;  // transient pass errors
   double stage_seconds_sum = 0;
   double commit_seconds_sum = 0;
@@ -265,6 +269,9 @@ class Reconciler {
     return options_.commit_mode == CommitMode::kQuiesce ? DrainScope::kAll : DrainScope::kExactPins;
   }
   void SetError(const absl::Status& status);
+  // Counts and logs (once per pointer) a pointer behind the applied version
+  // of the same run.
+  void NoteRewind(const VersionRef& pointer);
   // The error of a pointer that reads unset while `held` (a later version
   // than boot) is held: the store is missing or unreadable.
   absl::Status PointerVanished(const std::string& held) const;
@@ -339,6 +346,8 @@ class Reconciler {
   std::string reason_ = "initializing: preparing the engine's update destination";
   // The error of the last pass that failed, until a pass catches up.
   std::string sync_error_;
+  // The moved-back pointer last counted in pointer_rewinds (loop thread).
+  std::optional<VersionRef> rewound_to_;
   absl::Status terminal_;
   ReconcilerCounters counters_;
   std::map<std::string, double> last_pass_;

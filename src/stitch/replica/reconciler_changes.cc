@@ -145,7 +145,10 @@ awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool fo
   }
   if (switching) {
     ++counters_.run_switches;
-    spdlog::info("switched to run {} at its boot version {}", run_id, boot.ToString());
+    spdlog::warn(
+        "the store's pointer names run {}: switched to it at its boot version {} (a claim, or a "
+        "pointer written by hand, changes the run every replica serves)",
+        run_id, boot.ToString());
   }
   co_return absl::OkStatus();
 }

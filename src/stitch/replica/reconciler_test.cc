@@ -189,6 +189,33 @@ TEST_F(ReconcilerTest, ReadyLatchesAfterTheFirstCatchUpAndSurvivesLaterErrors) {
   });
 }
 
+// A store writer moves the pointer back within the run: the replica keeps
+// the version it serves (versions only move forward within a run) and says
+// so, once per moved-back pointer, so that the operator hears of it.
+TEST_F(ReconcilerTest, APointerMovedBackIsCountedOnceAndTheAppliedVersionKept) {
+  Full(1);
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(reconciler_->counters().pointer_rewinds, 0u);
+    SetPointer(Ref("r1", 1));
+    uint64_t passes = reconciler_->counters().passes;
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return reconciler_->counters().passes > passes; }));
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(reconciler_->counters().pointer_rewinds, 1u);
+    passes = reconciler_->counters().passes;
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return reconciler_->counters().passes > passes; }));
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(reconciler_->counters().pointer_rewinds, 1u) << "once per moved-back pointer";
+    EXPECT_EQ(engine_->committed, std::vector<int64_t>{2});
+  });
+}
+
 TEST_F(ReconcilerTest, UnsetPointerMeansReadyAtTheBootVersion) {
   Build(NoBackstop());
   Run([&]() -> awaitable<void> {
