@@ -177,7 +177,8 @@ def test_a_version_that_never_comes_fails_at_the_deadline(tmp_path):
 
 
 def test_bad_settings_are_refused():
-    for kw in ({"api": "tgi"}, {"lag": -1}, {"max_staleness": -1}, {"concurrency": 0}):
+    for kw in ({"api": "tgi"}, {"lag": -1}, {"max_staleness": -1}, {"concurrency": 0},
+               {"anchor_every": -1}):
         with pytest.raises(stitch.InvalidArgument):
             StitchGRPO(store="/tmp/s", run_id="r", gateway="http://x", work_dir="/tmp/w", **kw)
 

@@ -228,7 +228,11 @@ class StitchGRPO:
     ``api``: ``"sglang"`` (``/generate``) or ``"vllm"`` (``/v1/completions``,
     with ``served_model`` as the model name); ``lag`` and ``max_staleness``:
     see the module's text; ``anchor_every``: a FULL version every N
-    versions (0: DELTAs only after the boot checkpoint);
+    versions (0: DELTAs only after the boot checkpoint), or a function of
+    the version number that says whether it is FULL;
+    ``fleet_timeout`` / ``fleet_grace``: with ``lag=0``, how long the
+    trainer waits after a publish for the whole fleet to serve it, and after
+    how long one replica serving it is enough;
     ``concurrency``: rollout requests in flight at once;
     ``seed``: when set, each request carries a seed drawn from it, the step
     and the sample (repeatable sampling on engines that honour it);
@@ -240,16 +244,20 @@ class StitchGRPO:
                  pool: Optional[str] = None, checkpoint_dir: Optional[str] = None,
                  cache_dir: Optional[str] = None, boot_version: int = 0, api: str = "sglang",
                  served_model: str = "policy", lag: int = 0, max_staleness: int = 0,
-                 anchor_every: int = 0, concurrency: int = 32, request_timeout: float = 300.0,
+                 anchor_every: "int | Callable[[int], bool]" = 0, concurrency: int = 32,
+                 request_timeout: float = 300.0,
                  retry_deadline: float = 120.0, fleet_timeout: float = 60.0,
+                 fleet_grace: float = 5.0,
                  seed: Optional[int] = None, token: Optional[str] = None,
                  affinity_header: Optional[str] = "X-Session-Id", keep_versions: bool = False,
                  measure_fleet: bool = True, record_samples: bool = False) -> None:
         if api not in APIS:
             raise InvalidArgument(f"stitch: api must be one of {APIS}, not {api!r}",
                                   "INVALID_ARGUMENT")
-        for name, value in (("lag", lag), ("max_staleness", max_staleness),
-                            ("anchor_every", anchor_every)):
+        if not callable(anchor_every) and int(anchor_every) < 0:
+            raise InvalidArgument(f"stitch: anchor_every must be >= 0 or a function of the "
+                                  f"version, not {anchor_every!r}", "INVALID_ARGUMENT")
+        for name, value in (("lag", lag), ("max_staleness", max_staleness)):
             if int(value) < 0:
                 raise InvalidArgument(f"stitch: {name} must be >= 0, not {value}",
                                       "INVALID_ARGUMENT")
@@ -262,9 +270,10 @@ class StitchGRPO:
         self.boot_version = int(boot_version)
         self.api, self.served_model = api, served_model
         self.lag, self.max_staleness = int(lag), int(max_staleness)
-        self.anchor_every = int(anchor_every)
+        self.anchor_every = anchor_every if callable(anchor_every) else int(anchor_every)
         self.concurrency = int(concurrency)
         self.retry_deadline, self.fleet_timeout = retry_deadline, fleet_timeout
+        self.fleet_grace = fleet_grace
         self.seed, self.token = seed, token
         self.affinity_header, self.keep_versions = affinity_header, keep_versions
         self.measure_fleet = measure_fleet
@@ -590,6 +599,8 @@ class StitchGRPO:
             raise error
 
     def _full(self, version: int) -> bool:
+        if callable(self.anchor_every):
+            return bool(self.anchor_every(version))
         return self.anchor_every > 0 and version % self.anchor_every == 0
 
     def _publish(self, tensors: Mapping[str, Any], record: StepRecord) -> None:
@@ -649,21 +660,29 @@ class StitchGRPO:
             out.append(row)
         return out
 
-    def fleet_serves(self, version: int, client: Optional["_Http"] = None) -> bool:
-        """Every reachable replica serves ``version`` or newer, and one of
-        them is in rotation."""
+    def fleet_serves(self, version: int, client: Optional["_Http"] = None,
+                     whole: bool = True) -> bool:
+        """Every reachable replica (``whole``; else one replica in rotation)
+        serves ``version`` or newer, and one of them is in rotation."""
         rows = [r for r in self.fleet(client) if r.get("reachable", True)]
-        return (any(r.get("ready") for r in rows)
-                and all(isinstance(r.get("applied"), int) and r["applied"] >= version
-                        for r in rows))
+        serving = [isinstance(r.get("applied"), int) and r["applied"] >= version for r in rows]
+        if not whole:
+            return any(ok and r.get("ready") for ok, r in zip(serving, rows))
+        return any(r.get("ready") for r in rows) and all(serving)
 
     def _poll_fleet(self, version: int, published_at: float, record: StepRecord,
-                    client: "_Http") -> bool:
+                    client: "_Http", enough_after: Optional[float] = None) -> bool:
+        """Until the whole fleet serves ``version`` (recorded in
+        ``record.fleet_s``), or, once ``enough_after`` seconds have passed,
+        one replica in rotation does; False after ``fleet_timeout``."""
         deadline = published_at + self.fleet_timeout
         while time.monotonic() < deadline:
             try:
                 if self.fleet_serves(version, client):
                     record.fleet_s = time.monotonic() - published_at
+                    return True
+                if (enough_after is not None and time.monotonic() - published_at > enough_after
+                        and self.fleet_serves(version, client, whole=False)):
                     return True
             except (StitchError, OSError, ValueError, http.client.HTTPException):
                 pass
@@ -671,12 +690,21 @@ class StitchGRPO:
         return False
 
     def _wait_for_fleet(self, version: int, record: StepRecord) -> None:
-        """Until the fleet serves ``version`` (what the next step's exact
-        pins need), at most ``fleet_timeout``; past it the rollouts' own
-        retries take over."""
-        if not self._poll_fleet(version, time.monotonic(), record, self._http):
-            log.warning("stitch: the fleet does not serve v%d %.0f s after its publish", version,
+        """Until the fleet serves ``version``, which the next step's exact
+        pins need. A replica that stays behind holds the trainer for
+        ``fleet_grace`` seconds at most, as long as another serves the
+        version; past ``fleet_timeout`` the rollouts' own retries take
+        over."""
+        published_at = time.monotonic()
+        if not self._poll_fleet(version, published_at, record, self._http,
+                                enough_after=self.fleet_grace):
+            log.warning("stitch: no replica serves v%d %.0f s after its publish", version,
                         self.fleet_timeout)
+        elif record.fleet_s is None and self.measure_fleet:
+            log.warning("stitch: a replica is still behind v%d %.0f s after its publish; "
+                        "rollouts go on on those that serve it", version, self.fleet_grace)
+            threading.Thread(target=self._measure_fleet, args=(version, published_at, record),
+                             name="stitch-fleet", daemon=True).start()
 
     def _measure_fleet(self, version: int, published_at: float, record: StepRecord) -> None:
         self._poll_fleet(version, published_at, record, _Http(5.0))
