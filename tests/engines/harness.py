@@ -492,6 +492,54 @@ def sidecar_counter(env, name):
     raise AssertionError(f"no stitch_sidecar_{name} in the sidecar's /metrics")
 
 
+VERSIONED_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions",
+                    "/inference/v1/generate")
+REFUSED = ("RouteBlocked", "RouteNotForwarded")
+
+
+def check_forwarded_routes(env):
+    """The sidecar's allow-list against the running engine's own route table
+    (its /openapi.json): every read-only route the sidecar forwards is one
+    the engine serves, and every route of the engine that is neither
+    versioned nor on that list is refused by the sidecar, in every method
+    the engine takes, without reaching the engine."""
+    import re
+
+    status, body, _ = http("POST", env.fleet.url + "/stitch_no_such_route", {})
+    assert status == 403 and body["error"]["type"] == "RouteNotForwarded", body
+    listed = re.search(r"the engine's read-only routes \(([^)]*)\)", body["error"]["message"])
+    assert listed, body
+    allowed = [r.strip() for r in listed.group(1).split(",")]
+    status, schema, _ = env.engine.http("GET", "/openapi.json")
+    assert status == 200, schema
+    table = {path: [m.upper() for m in ops] for path, ops in schema["paths"].items()}
+
+    def allowed_match(path):
+        return any(path == a or (a.endswith("<id>") and path.startswith(a[:-4]) and
+                                 len(path) > len(a) - 4) for a in allowed)
+
+    for route in allowed:
+        if route == "/metrics":  # mounted beside the route table
+            assert http("GET", env.fleet.url + route)[0] == 200
+            continue
+        concrete = route.replace("<id>", "{")
+        assert any(p == route or (route.endswith("<id>") and p.startswith(concrete))
+                   for p in table), f"{route} is forwarded but the engine has no such route"
+    before = sidecar_counter(env, "forwarded_requests_total")
+    refused = 0
+    for path, methods in sorted(table.items()):
+        concrete = re.sub(r"\{[^}]*\}", "x", path)
+        if path in VERSIONED_ROUTES or allowed_match(concrete):
+            continue
+        for method in methods:
+            status, answer, _ = http(method, env.fleet.url + concrete,
+                                     {} if method in ("POST", "PUT", "PATCH") else None)
+            assert status == 403 and answer["error"]["type"] in REFUSED, (method, path, answer)
+            refused += 1
+    assert refused > 0
+    assert sidecar_counter(env, "forwarded_requests_total") == before  # none reached it
+
+
 def leave_inside(env, frozen, leaving):
     """The client of stream `leaving` leaves while the engine holds its
     generation (`frozen(env)`, a context), until the sidecar has seen it

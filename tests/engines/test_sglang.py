@@ -94,6 +94,18 @@ def test_control_routes_in_any_spelling_never_reach_sglang(f):
     assert status == 200, body
 
 
+def test_only_sglangs_read_only_routes_are_forwarded(f):
+    """SGLang's control routes the block list does not name (sending the
+    weights away, slowing it down, logging, sessions, ...) and its
+    generation routes that carry no version are refused too."""
+    harness.check_forwarded_routes(f)
+    for path in ("/send_weights_to_remote_instance", "/init_weights_send_group_for_remote_instance",
+                 "/slow_down", "/configure_logging", "/freeze_gc", "/get_weights_by_name",
+                 "/open_session", "/invocations", "/v1/responses"):
+        status, body, _ = http("POST", f.fleet.url + path, {})
+        assert status == 403 and body["error"]["type"] == "RouteNotForwarded", (path, body)
+
+
 def test_health_checks_fit_sglangs_slow_health(f):
     """SGLang's /health runs a one-token generation (about a second here):
     the sidecar's checks must not fail on it, so the replica never flaps."""

@@ -92,6 +92,10 @@ HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why) {
                     absl::StrCat(AbslView(path), " is an engine control route: ", AbslView(why))));
 }
 
+HttpResponse RouteNotForwardedResponse(std::string_view why) {
+  return JsonResponse(403, JsonErrorBody("RouteNotForwarded", why));
+}
+
 HttpResponse UnavailableResponse(Unavailable kind, std::string_view message) {
   HttpResponse response =
       JsonResponse(503, JsonErrorBody(UnavailableType(kind), message, /*retryable=*/true));

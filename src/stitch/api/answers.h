@@ -50,6 +50,11 @@ std::optional<VersionRef> NotReadyApplied(std::string_view body);
 // engine control route: <why>".
 HttpResponse RouteBlockedResponse(std::string_view path, std::string_view why);
 
+// The 403 RouteNotForwarded answer to a route that is neither versioned, a
+// control route nor one of the engine's read-only routes (`why`, from
+// NotForwardedWhy, names the routes to use).
+HttpResponse RouteNotForwardedResponse(std::string_view why);
+
 enum class Unavailable { kEngine, kReplica, kNoReadyReplica };
 
 // A retryable 503 of `kind` with `message`, and Retry-After: 1.

@@ -1,7 +1,10 @@
 #include "stitch/api/dispatch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -34,6 +37,7 @@ TEST(DispatchTest, VersionedPostsBlockedRoutesAndTheRestGoWhereTheyBelong) {
   };
   handlers.blocked_why = "not here";
   handlers.on_blocked = [&] { ++blocked; };
+  handlers.dialects = {EngineDialect::kSglang};
   HttpRouter router;
   router.SetFallback([&](HttpExchange& ex) { return DispatchApiRequest(ex, handlers); });
   auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
@@ -46,8 +50,9 @@ TEST(DispatchTest, VersionedPostsBlockedRoutesAndTheRestGoWhereTheyBelong) {
   };
   EXPECT_EQ(call("POST", "/v1/chat/completions").status, 200);
   EXPECT_EQ(last, "versioned /v1/chat/completions");
-  EXPECT_EQ(call("GET", "/generate").status, 200);
-  EXPECT_EQ(last, "other GET /generate");
+  const HttpResponse get = call("GET", "/generate");
+  EXPECT_EQ(get.status, 405);
+  EXPECT_THAT(get.body, HasSubstr("it is a versioned route: use POST"));
   EXPECT_EQ(call("GET", "/v1/models?x=1").status, 200);
   EXPECT_EQ(last, "other GET /v1/models?x=1");
   const HttpResponse refused = call("POST", "/update_weights_from_disk/");
@@ -68,6 +73,74 @@ TEST(DispatchTest, VersionedPostsBlockedRoutesAndTheRestGoWhereTheyBelong) {
   EXPECT_EQ(call("POST", "/v1//chat/completions").status, 200);
   EXPECT_EQ(last, "versioned /v1/chat/completions");
   loop.BlockOn((*server)->Shutdown());
+}
+
+// Only the read-only routes of the engines behind the server are forwarded:
+// a control route the block list lacks, a generation route that carries no
+// version and any unnamed route are refused, each saying what to use.
+TEST(DispatchTest, OnlyTheEnginesReadOnlyRoutesAreForwarded) {
+  EventLoop loop;
+  int refused = 0;
+  std::string last;
+  ApiHandlers handlers;
+  handlers.versioned = [&](HttpExchange& ex, ApiRoute) -> boost::asio::awaitable<void> {
+    (void)co_await ex.Respond(JsonResponse(200, "{}"));
+  };
+  handlers.other = [&](HttpExchange& ex) -> boost::asio::awaitable<void> {
+    last = ex.request().target;
+    (void)co_await ex.Respond(JsonResponse(200, "{}"));
+  };
+  handlers.on_blocked = [&] { ++refused; };
+  handlers.dialects = {EngineDialect::kSglang};
+  HttpRouter router;
+  router.SetFallback([&](HttpExchange& ex) { return DispatchApiRequest(ex, handlers); });
+  auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto call = [&](const std::string& method, const std::string& target) {
+    auto r = HttpFetch(method, (*server)->url() + target, method == "POST" ? "{}" : "");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpResponse{};
+  };
+  for (const char* target :
+       {"/health", "/get_model_info", "/v1/models", "/v1/models/policy", "/metrics", "/%68ealth"}) {
+    last.clear();
+    EXPECT_EQ(call("GET", target).status, 200) << target;
+    EXPECT_FALSE(last.empty()) << target;
+  }
+  for (const char* target :
+       {"/send_weights_to_remote_instance", "/slow_down", "/get_weights_by_name", "/open_session",
+        "/configure_logging", "/tokenize", "/v1/models/", "/health/", "/HEALTH", "/anything"}) {
+    const HttpResponse r = call("POST", target);
+    EXPECT_EQ(r.status, 403) << target;
+    EXPECT_THAT(r.body, HasSubstr("RouteNotForwarded")) << target;
+    EXPECT_THAT(r.body, HasSubstr("is not forwarded to the engine")) << target;
+    EXPECT_THAT(r.body, HasSubstr("/get_model_info")) << target;  // what to use
+  }
+  for (const char* target :
+       {"/invocations", "/v1/responses", "/vertex_generate", "/generate_from_file"}) {
+    const HttpResponse r = call("POST", target);
+    EXPECT_EQ(r.status, 403) << target;
+    EXPECT_THAT(r.body, HasSubstr("generates without a weight version")) << target;
+    EXPECT_THAT(r.body, HasSubstr("POST /generate, /v1/completions")) << target;
+  }
+  EXPECT_EQ(refused, 14);
+  loop.BlockOn((*server)->Shutdown());
+}
+
+TEST(RoutesTest, EachDialectForwardsItsOwnReadOnlyRoutes) {
+  const EngineDialect sglang[] = {EngineDialect::kSglang};
+  const EngineDialect vllm[] = {EngineDialect::kVllm};
+  EXPECT_EQ(NotForwardedWhy("/tokenize", vllm), std::nullopt);
+  EXPECT_NE(NotForwardedWhy("/tokenize", sglang), std::nullopt);
+  EXPECT_EQ(NotForwardedWhy("/get_model_info", sglang), std::nullopt);
+  EXPECT_NE(NotForwardedWhy("/get_model_info", vllm), std::nullopt);
+  EXPECT_EQ(NotForwardedWhy("/get_model_info", kEngineDialects), std::nullopt);
+  EXPECT_NE(NotForwardedWhy("/is_sleeping", kEngineDialects), std::nullopt);
+  EXPECT_NE(NotForwardedWhy("/v1/models", std::span<const EngineDialect>()), std::nullopt);
+  for (EngineDialect dialect : kEngineDialects) {
+    const auto routes = ReadOnlyRoutes(dialect);
+    EXPECT_TRUE(std::is_sorted(routes.begin(), routes.end())) << DialectName(dialect);
+  }
 }
 
 // Targets an engine could read otherwise than the sidecar never go on.

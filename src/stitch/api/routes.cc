@@ -1,5 +1,6 @@
 #include "stitch/api/routes.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <boost/url/parse.hpp>
@@ -57,6 +58,63 @@ constexpr std::string_view kBlockedRoutes[] = {
     "/weight_checker",
 };
 
+// The engines' read-only routes, from their route tables (SGLang 0.5.23's
+// http_server.py, vLLM 0.32's api_server.py and serving routers; the
+// real-engine suites check them against the running engines). Sorted.
+constexpr std::string_view kSglangReadOnly[] = {
+    "/",
+    "/get_model_info",
+    "/get_server_info",
+    "/health",
+    "/health_generate",
+    "/metrics",
+    "/model_info",
+    "/ping",
+    "/ready",
+    "/server_info",
+    "/v1/models",
+    "/v1/models/",
+};
+constexpr std::string_view kVllmReadOnly[] = {
+    "/detokenize", "/health",    "/load",       "/metrics", "/ping",
+    "/tokenize",   "/v1/models", "/v1/models/", "/version",
+};
+
+// Routes on which the engines generate without a version that Stitch could
+// constrain or stamp. Sorted.
+constexpr std::string_view kUnversionedGeneration[] = {
+    "/classify",
+    "/encode",
+    "/generate_from_file",
+    "/invocations",
+    "/pooling",
+    "/rerank",
+    "/score",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/rerank",
+    "/v1/responses",
+    "/v1/score",
+    "/v2/rerank",
+    "/vertex_generate",
+};
+
+// The versioned routes, for messages: "POST /generate, /v1/completions, ...".
+std::string VersionedRoutesText() {
+  std::vector<std::string> paths;
+  for (ApiRoute route : kVersionedRoutes) paths.emplace_back(RoutePath(route));
+  return absl::StrCat("POST ", absl::StrJoin(paths, ", "));
+}
+
+bool ReadOnlyMatch(std::string_view path, std::string_view route) {
+  if (route.ends_with('/') && route.size() > 1) {
+    return path.starts_with(route) && path.size() > route.size();
+  }
+  return path == route;
+}
+
 // The longest target quoted back in a refusal.
 constexpr size_t kMaxQuoted = 200;
 
@@ -90,6 +148,42 @@ std::string EncodePath(std::string_view path) {
 }
 
 }  // namespace
+
+std::string_view DialectName(EngineDialect dialect) {
+  return dialect == EngineDialect::kVllm ? "vllm" : "sglang";
+}
+
+std::span<const std::string_view> ReadOnlyRoutes(EngineDialect dialect) {
+  if (dialect == EngineDialect::kVllm) return kVllmReadOnly;
+  return kSglangReadOnly;
+}
+
+std::optional<std::string> NotForwardedWhy(std::string_view path,
+                                           std::span<const EngineDialect> dialects) {
+  std::vector<std::string> allowed;
+  for (EngineDialect dialect : dialects) {
+    for (std::string_view route : ReadOnlyRoutes(dialect)) {
+      if (ReadOnlyMatch(path, route)) return std::nullopt;
+      allowed.push_back(route.ends_with('/') && route.size() > 1
+                            ? absl::StrCat(AbslView(route), "<id>")
+                            : std::string(route));
+    }
+  }
+  for (std::string_view generation : kUnversionedGeneration) {
+    if (path == generation) {
+      return absl::StrCat(AbslView(path),
+                          " generates without a weight version, which Stitch can neither "
+                          "constrain nor stamp, so it is not forwarded; generate through ",
+                          VersionedRoutesText());
+    }
+  }
+  std::sort(allowed.begin(), allowed.end());
+  allowed.erase(std::unique(allowed.begin(), allowed.end()), allowed.end());
+  return absl::StrCat(AbslView(path),
+                      " is not forwarded to the engine: only Stitch's versioned routes (",
+                      VersionedRoutesText(), ") and the engine's read-only routes (",
+                      absl::StrJoin(allowed, ", "), ") are");
+}
 
 absl::StatusOr<CanonicalTarget> CanonicalizeTarget(std::string_view target) {
   if (target.find('#') != std::string_view::npos) {

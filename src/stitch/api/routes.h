@@ -10,7 +10,12 @@
 //              updates, pause, flush, abort, memory, sleep, RPC, profiling,
 //              LoRA): only a replica's sidecar
 //              drives its engine, so nothing in front of it forwards them
-//   other      everything else (/model_info, /v1/models, ...), forwarded
+//   read-only  the engine's read-only routes (health, readiness, model
+//              listing, metrics, tokenization), per engine dialect:
+//              forwarded as they are
+//   refused    everything else: the engines' generation routes that carry
+//              no version (/invocations, /v1/responses, ...) and any route
+//              not named here; nothing unnamed reaches an engine
 //
 // Paths are classified as the engines behind a sidecar read them, not as
 // they were sent: an engine served by uvicorn decodes `/%70ause_generation`
@@ -19,6 +24,8 @@
 // so the engine reads the very path that was classified.
 #pragma once
 
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -56,6 +63,25 @@ struct ClassifiedRoute {
 // decoded and normalized). Versioned paths match exactly; an engine control
 // route also with trailing slashes and in any letter case.
 ClassifiedRoute ClassifyRoute(std::string_view path);
+
+// The API dialect of the engine behind a sidecar (the reference engine
+// speaks either): which of its unversioned routes are forwarded.
+enum class EngineDialect { kSglang, kVllm };
+inline constexpr EngineDialect kEngineDialects[] = {EngineDialect::kSglang, EngineDialect::kVllm};
+
+// "sglang", "vllm".
+std::string_view DialectName(EngineDialect dialect);
+
+// The read-only routes of `dialect` forwarded as they are, sorted: health
+// and readiness, model listing, server info and load, metrics,
+// tokenization. "/v1/models/" is a prefix (one model's card).
+std::span<const std::string_view> ReadOnlyRoutes(EngineDialect dialect);
+
+// Why the canonical `path`, neither versioned nor a control route, is not
+// forwarded to an engine of any of `dialects` (for a 403's message); nullopt
+// when it is one of their read-only routes.
+std::optional<std::string> NotForwardedWhy(std::string_view path,
+                                           std::span<const EngineDialect> dialects);
 
 // A request target in the one form every hop agrees on.
 struct CanonicalTarget {

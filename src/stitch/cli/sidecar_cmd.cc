@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "stitch/api/routes.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
 #include "stitch/cli/server_args.h"
@@ -131,6 +132,8 @@ Sidecar::Settings SettingsFor(const SidecarConfig& config, bool auth_data_plane,
   settings.proxy.engine = config.engine_http.origin;
   settings.proxy.rid_field =
       config.engine == EngineKind::kVllm ? EngineRidField::kRequestId : EngineRidField::kRid;
+  settings.proxy.dialect =
+      config.engine == EngineKind::kVllm ? EngineDialect::kVllm : EngineDialect::kSglang;
   settings.proxy.engine_token = engine_token;
   settings.proxy.assemble_whole_generate = config.assemble_whole_generate;
   settings.proxy.own_authorization = !auth_token.empty();

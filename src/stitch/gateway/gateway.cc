@@ -1,5 +1,7 @@
 #include "stitch/gateway/gateway.h"
 
+#include <iterator>
+
 #include <optional>
 #include <string>
 #include <utility>
@@ -56,6 +58,9 @@ struct Gateway::Impl {
         relay(client, table, clock, options, counters) {
     handlers.versioned = [this](HttpExchange& ex, ApiRoute) { return relay.Versioned(ex); };
     handlers.other = [this](HttpExchange& ex) { return relay.Other(ex); };
+    // Replicas of any engine may stand behind the gateway: the read-only
+    // routes of every dialect pass, and each sidecar judges for its engine.
+    handlers.dialects.assign(std::begin(kEngineDialects), std::end(kEngineDialects));
     handlers.blocked_why =
         "only each replica's sidecar drives its engine, so the gateway refuses it";
     handlers.on_blocked = [this] { ++counters.blocked; };

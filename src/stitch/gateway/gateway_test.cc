@@ -123,7 +123,8 @@ class ScriptedReplica {
   int held() const { return held_; }
   void set_info_hangs(bool hangs) { info_hangs_ = hangs; }
   void set_mode(Mode mode) { mode_ = mode; }
-  // /wake then needs this bearer token, as a sidecar's does.
+  // /wake and every other route but the versioned ones then need this
+  // bearer token, as a sidecar's /wake and an engine's --api-key routes do.
   void set_wake_token(std::string token) { wake_token_ = std::move(token); }
   int generates() const { return generates_; }
   int wakes() const { return wakes_; }
@@ -160,6 +161,10 @@ class ScriptedReplica {
     (void)co_await ex.Respond(JsonResponse(200, "{}"));
   }
   awaitable<void> Other(HttpExchange& ex) {
+    if (!wake_token_.empty() && !PresentsBearerToken(ex.request().headers, wake_token_)) {
+      (void)co_await ex.Respond(UnauthorizedResponse(ex.request().target));
+      co_return;
+    }
     ++others_;
     (void)co_await ex.Respond(JsonResponse(200, R"({"other":true})"));
   }
@@ -842,7 +847,8 @@ TEST_F(GatewayTest, TheDashboardsStateNeedsTheFleetsTokenLikeReplicas) {
 }
 
 // Without --auth-data-plane the gateway serves strangers, but never with its
-// own token: a replica's token-protected /wake stays closed to them.
+// own token: a replica's token-protected routes stay closed to them. A
+// replica's /wake is not relayed at all: the gateway wakes the fleet itself.
 TEST_F(GatewayTest, TheGatewayNeverLendsItsTokenToARequestItDidNotAuthenticate) {
   ScriptedReplica& replica = AddReplica(true, 1);
   replica.set_wake_token("s3cret");
@@ -851,16 +857,23 @@ TEST_F(GatewayTest, TheGatewayNeverLendsItsTokenToARequestItDidNotAuthenticate) 
   options.auth_data_plane = false;
   StartGateway(StaticSpec(), options);
   ASSERT_TRUE(ReadyCount(1));
-  auto stranger = HttpFetch("POST", gateway_->url() + "/wake", "{}");
+  auto stranger = HttpFetch("GET", gateway_->url() + "/v1/models");
   ASSERT_TRUE(stranger.ok()) << stranger.status();
   EXPECT_EQ(stranger->status, 401) << stranger->body;
-  EXPECT_EQ(replica.wakes(), 0);
+  EXPECT_EQ(replica.others(), 0);
   FetchOptions with_token;
   with_token.headers.Set("Authorization", "Bearer s3cret");
-  auto member = HttpFetch("POST", gateway_->url() + "/wake", "{}", with_token);
+  auto member = HttpFetch("GET", gateway_->url() + "/v1/models", "", with_token);
   ASSERT_TRUE(member.ok()) << member.status();
   EXPECT_EQ(member->status, 200) << member->body;
-  EXPECT_EQ(replica.wakes(), 1);
+  EXPECT_EQ(replica.others(), 1);
+  for (const FetchOptions& who : {FetchOptions{}, with_token}) {
+    auto wake = HttpFetch("POST", gateway_->url() + "/wake", "{}", who);
+    ASSERT_TRUE(wake.ok()) << wake.status();
+    EXPECT_EQ(wake->status, 403) << wake->body;
+    EXPECT_THAT(wake->body, HasSubstr("RouteNotForwarded"));
+  }
+  EXPECT_EQ(replica.wakes(), 0);
   // The open data plane still serves strangers.
   EXPECT_EQ(Generate("").status, 200);
 }

@@ -109,6 +109,7 @@ VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions o
     return HandleVersioned(ex, route);
   };
   handlers_.other = [this](HttpExchange& ex) { return Forward(ex); };
+  handlers_.dialects = {options_.dialect};
   handlers_.blocked_why = "the sidecar alone drives the engine, so it is not forwarded";
   handlers_.on_blocked = [this] { ++counters_.route_blocked; };
 }

@@ -87,6 +87,9 @@ struct ProxyOptions {
   // The body field that carries the engine's request id (`rid` for SGLang,
   // `request_id` for vLLM).
   EngineRidField rid_field = EngineRidField::kRid;
+  // The engine's API dialect: which of its read-only routes are forwarded
+  // (routes.h ReadOnlyRoutes); every other unversioned route is refused.
+  EngineDialect dialect = EngineDialect::kSglang;
   // A non-streamed request: the whole exchange with the engine. A streamed
   // one: until the response header.
   std::chrono::milliseconds upstream_timeout = std::chrono::hours(1);
