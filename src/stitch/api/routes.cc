@@ -76,8 +76,7 @@ constexpr std::string_view kSglangReadOnly[] = {
     "/v1/models/",
 };
 constexpr std::string_view kVllmReadOnly[] = {
-    "/detokenize", "/health",    "/load",       "/metrics", "/ping",
-    "/tokenize",   "/v1/models", "/v1/models/", "/version",
+    "/detokenize", "/health", "/load", "/metrics", "/ping", "/tokenize", "/v1/models", "/version",
 };
 
 // Routes on which the engines generate without a version that Stitch could
