@@ -22,31 +22,50 @@ namespace {
 using ::testing::HasSubstr;
 using testing::RawSocket;
 
+// A server on `loop` that routes every request through DispatchApiRequest
+// with `handlers`, which must outlive it.
+absl::StatusOr<std::unique_ptr<HttpServer>> StartDispatching(EventLoop& loop,
+                                                             const ApiHandlers& handlers) {
+  HttpRouter router;
+  router.SetFallback([&handlers](HttpExchange& ex) { return DispatchApiRequest(ex, handlers); });
+  return HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+}
+
+// Handlers for an SGLang engine that answer 200 and note in `last` where
+// each request went ("versioned /generate", "other GET /health"), counting
+// refusals in `refused`.
+ApiHandlers Recording(std::string& last, std::atomic<int>& refused) {
+  ApiHandlers handlers;
+  handlers.versioned = [&last](HttpExchange& ex, ApiRoute route) -> boost::asio::awaitable<void> {
+    last = "versioned " + std::string(RoutePath(route));
+    (void)co_await ex.Respond(JsonResponse(200, "{}"));
+  };
+  handlers.other = [&last](HttpExchange& ex) -> boost::asio::awaitable<void> {
+    last = "other " + ex.request().method + " " + ex.request().target;
+    (void)co_await ex.Respond(JsonResponse(200, "{}"));
+  };
+  handlers.on_blocked = [&refused] { ++refused; };
+  handlers.dialects = {EngineDialect::kSglang};
+  return handlers;
+}
+
+// One request to `server`; a POST carries "{}".
+HttpResponse Call(const HttpServer& server, const std::string& method, const std::string& target) {
+  auto r = HttpFetch(method, server.url() + target, method == "POST" ? "{}" : "");
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : HttpResponse{};
+}
+
 TEST(DispatchTest, VersionedPostsBlockedRoutesAndTheRestGoWhereTheyBelong) {
   EventLoop loop;
   std::atomic<int> blocked{0};
   std::string last;  // the loop's thread only, read after each answer
-  ApiHandlers handlers;
-  handlers.versioned = [&](HttpExchange& ex, ApiRoute route) -> boost::asio::awaitable<void> {
-    last = "versioned " + std::string(RoutePath(route));
-    (void)co_await ex.Respond(JsonResponse(200, "{}"));
-  };
-  handlers.other = [&](HttpExchange& ex) -> boost::asio::awaitable<void> {
-    last = "other " + ex.request().method + " " + ex.request().target;
-    (void)co_await ex.Respond(JsonResponse(200, "{}"));
-  };
+  ApiHandlers handlers = Recording(last, blocked);
   handlers.blocked_why = "not here";
-  handlers.on_blocked = [&] { ++blocked; };
-  handlers.dialects = {EngineDialect::kSglang};
-  HttpRouter router;
-  router.SetFallback([&](HttpExchange& ex) { return DispatchApiRequest(ex, handlers); });
-  auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+  auto server = StartDispatching(loop, handlers);
   ASSERT_TRUE(server.ok()) << server.status();
-
-  auto call = [&](std::string method, std::string target) {
-    auto r = HttpFetch(method, (*server)->url() + target, method == "POST" ? "{}" : "");
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? *r : HttpResponse{};
+  auto call = [&](const std::string& method, const std::string& target) {
+    return Call(**server, method, target);
   };
   EXPECT_EQ(call("POST", "/v1/chat/completions").status, 200);
   EXPECT_EQ(last, "versioned /v1/chat/completions");
@@ -80,26 +99,13 @@ TEST(DispatchTest, VersionedPostsBlockedRoutesAndTheRestGoWhereTheyBelong) {
 // version and any unnamed route are refused, each saying what to use.
 TEST(DispatchTest, OnlyTheEnginesReadOnlyRoutesAreForwarded) {
   EventLoop loop;
-  int refused = 0;
+  std::atomic<int> refused{0};
   std::string last;
-  ApiHandlers handlers;
-  handlers.versioned = [&](HttpExchange& ex, ApiRoute) -> boost::asio::awaitable<void> {
-    (void)co_await ex.Respond(JsonResponse(200, "{}"));
-  };
-  handlers.other = [&](HttpExchange& ex) -> boost::asio::awaitable<void> {
-    last = ex.request().target;
-    (void)co_await ex.Respond(JsonResponse(200, "{}"));
-  };
-  handlers.on_blocked = [&] { ++refused; };
-  handlers.dialects = {EngineDialect::kSglang};
-  HttpRouter router;
-  router.SetFallback([&](HttpExchange& ex) { return DispatchApiRequest(ex, handlers); });
-  auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+  const ApiHandlers handlers = Recording(last, refused);
+  auto server = StartDispatching(loop, handlers);
   ASSERT_TRUE(server.ok()) << server.status();
   auto call = [&](const std::string& method, const std::string& target) {
-    auto r = HttpFetch(method, (*server)->url() + target, method == "POST" ? "{}" : "");
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? *r : HttpResponse{};
+    return Call(**server, method, target);
   };
   for (const char* target :
        {"/health", "/get_model_info", "/v1/models", "/v1/models/policy", "/metrics", "/%68ealth"}) {
@@ -156,9 +162,7 @@ TEST(DispatchTest, FragmentsAndUndecodableEscapesAreRefusedWith400) {
     ++forwarded;
     (void)co_await ex.Respond(JsonResponse(200, "{}"));
   };
-  HttpRouter router;
-  router.SetFallback([&](HttpExchange& ex) { return DispatchApiRequest(ex, handlers); });
-  auto server = HttpServer::Start(loop.executor(), ServerOptions{}, router.AsHandler());
+  auto server = StartDispatching(loop, handlers);
   ASSERT_TRUE(server.ok()) << server.status();
   for (const char* target : {"/flush_cache#f", "/flush_cache?%zz", "/%70ause%zz", "/a%00"}) {
     RawSocket socket((*server)->port());

@@ -3,18 +3,10 @@
 // one-line errors.
 #include "stitch/store/s3_client.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
-
-#include <cerrno>
-#include <cstdlib>
-#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -24,6 +16,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/store/s3_sha256.h"
 #include "tests/support/loopback_http.h"
+#include "tests/support/loopback_listener.h"
 
 namespace stitch {
 namespace {
@@ -33,27 +26,9 @@ namespace {
 // request's head and body. Runs out of script: 500.
 class ScriptedServer {
  public:
-  explicit ScriptedServer(std::vector<std::string> script) : script_(std::move(script)) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::listen(listen_fd_, 16) != 0 || ::pipe2(stop_, O_CLOEXEC) != 0 ||
-        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      std::abort();
-    }
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { Serve(); });
-  }
-  ~ScriptedServer() {
-    ::close(stop_[1]);
-    thread_.join();
-    ::close(stop_[0]);
-    ::close(listen_fd_);
-  }
-  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  explicit ScriptedServer(std::vector<std::string> script)
+      : script_(std::move(script)), listener_([this](int conn) { Serve(conn); }) {}
+  std::string url() const { return listener_.url(); }
   std::vector<std::string> heads() {
     absl::MutexLock lock(&mu_);
     return heads_;
@@ -64,49 +39,38 @@ class ScriptedServer {
   }
 
  private:
-  bool Readable(int fd) {
-    pollfd fds[2] = {{fd, POLLIN, 0}, {stop_[0], POLLIN, 0}};
-    while (::poll(fds, 2, -1) < 0) {
-      if (errno != EINTR) return false;
-    }
-    return fds[1].revents == 0;
-  }
-  void Serve() {
-    for (size_t next = 0;; ++next) {
-      if (!Readable(listen_fd_)) return;
-      int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (conn < 0) continue;
-      std::string data;
-      size_t end = std::string::npos;
-      size_t length = 0;
-      char buf[65536];
-      while (end == std::string::npos || data.size() < end + 4 + length) {
-        if (!Readable(conn)) break;
-        ssize_t n = ::read(conn, buf, sizeof buf);
-        if (n <= 0) break;
-        data.append(buf, static_cast<size_t>(n));
-        if (end == std::string::npos && (end = data.find("\r\n\r\n")) != std::string::npos) {
-          std::string lower = absl::AsciiStrToLower(data.substr(0, end));
-          size_t at = lower.find("\r\ncontent-length:");
-          if (at != std::string::npos) {
-            (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(
-                                       lower.substr(at + 17, lower.find("\r\n", at + 2) - at - 17)),
-                                   &length);
-          }
+  void Serve(int conn) {
+    std::string data;
+    size_t end = std::string::npos;
+    size_t length = 0;
+    char buf[65536];
+    while (end == std::string::npos || data.size() < end + 4 + length) {
+      if (!listener_.Readable(conn)) break;
+      ssize_t n = ::read(conn, buf, sizeof buf);
+      if (n <= 0) break;
+      data.append(buf, static_cast<size_t>(n));
+      if (end == std::string::npos && (end = data.find("\r\n\r\n")) != std::string::npos) {
+        std::string lower = absl::AsciiStrToLower(data.substr(0, end));
+        size_t at = lower.find("\r\ncontent-length:");
+        if (at != std::string::npos) {
+          (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(
+                                     lower.substr(at + 17, lower.find("\r\n", at + 2) - at - 17)),
+                                 &length);
         }
       }
-      {
-        absl::MutexLock lock(&mu_);
-        heads_.push_back(end == std::string::npos ? data : data.substr(0, end));
-        bodies_.push_back(end == std::string::npos ? "" : data.substr(end + 4));
-      }
-      std::string reply = next < script_.size() ? script_[next] : Reply(500, "");
-      for (std::string_view rest = reply; !rest.empty();) {
-        ssize_t n = ::write(conn, rest.data(), rest.size());
-        if (n <= 0) break;
-        rest.remove_prefix(static_cast<size_t>(n));
-      }
-      ::close(conn);
+    }
+    size_t next = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      next = heads_.size();
+      heads_.push_back(end == std::string::npos ? data : data.substr(0, end));
+      bodies_.push_back(end == std::string::npos ? "" : data.substr(end + 4));
+    }
+    std::string reply = next < script_.size() ? script_[next] : Reply(500, "");
+    for (std::string_view rest = reply; !rest.empty();) {
+      ssize_t n = ::write(conn, rest.data(), rest.size());
+      if (n <= 0) break;
+      rest.remove_prefix(static_cast<size_t>(n));
     }
   }
 
@@ -122,13 +86,10 @@ class ScriptedServer {
 
  private:
   std::vector<std::string> script_;
-  int listen_fd_ = -1;
-  int stop_[2] = {-1, -1};
-  int port_ = 0;
-  std::thread thread_;
   absl::Mutex mu_;
   std::vector<std::string> heads_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> bodies_ ABSL_GUARDED_BY(mu_);
+  testing::LoopbackListener listener_;  // last: it serves as soon as it is made
 };
 
 struct Fixture {

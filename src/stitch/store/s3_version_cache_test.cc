@@ -4,10 +4,6 @@
 // bounded by the size the store records, whatever the peer does.
 #include "stitch/store/s3_version_cache.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,14 +11,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstdlib>
 #include <functional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/store/s3_sha256.h"
+#include "tests/support/loopback_listener.h"
 #include "tests/support/temp_dir.h"
 
 namespace stitch {
@@ -39,65 +33,31 @@ class FakePeer {
   using Send = std::function<bool(std::string_view bytes)>;
   using Answer = std::function<void(const Send& send)>;
 
-  explicit FakePeer(Answer answer) : answer_(std::move(answer)) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::listen(listen_fd_, 16) != 0 || ::pipe2(stop_, O_CLOEXEC) != 0 ||
-        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      std::abort();
-    }
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { Serve(); });
-  }
-  ~FakePeer() {
-    ::close(stop_[1]);
-    thread_.join();
-    ::close(stop_[0]);
-    ::close(listen_fd_);
-  }
-  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  explicit FakePeer(Answer answer)
+      : answer_(std::move(answer)), listener_([this](int conn) { Serve(conn); }) {}
+  std::string url() const { return listener_.url(); }
 
  private:
-  bool Readable(int fd) {
-    pollfd fds[2] = {{fd, POLLIN, 0}, {stop_[0], POLLIN, 0}};
-    while (::poll(fds, 2, -1) < 0) {
-      if (errno != EINTR) return false;
+  void Serve(int conn) {
+    std::string head;
+    char buf[4096];
+    while (head.find("\r\n\r\n") == std::string::npos && listener_.Readable(conn)) {
+      const ssize_t n = ::read(conn, buf, sizeof buf);
+      if (n <= 0) break;
+      head.append(buf, static_cast<size_t>(n));
     }
-    return fds[1].revents == 0;
-  }
-  void Serve() {
-    for (;;) {
-      if (!Readable(listen_fd_)) return;
-      const int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (conn < 0) continue;
-      std::string head;
-      char buf[4096];
-      while (head.find("\r\n\r\n") == std::string::npos && Readable(conn)) {
-        const ssize_t n = ::read(conn, buf, sizeof buf);
-        if (n <= 0) break;
-        head.append(buf, static_cast<size_t>(n));
+    answer_([conn](std::string_view bytes) {
+      while (!bytes.empty()) {
+        const ssize_t n = ::send(conn, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        if (n <= 0) return false;
+        bytes.remove_prefix(static_cast<size_t>(n));
       }
-      answer_([conn](std::string_view bytes) {
-        while (!bytes.empty()) {
-          const ssize_t n = ::send(conn, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-          if (n <= 0) return false;
-          bytes.remove_prefix(static_cast<size_t>(n));
-        }
-        return true;
-      });
-      ::close(conn);
-    }
+      return true;
+    });
   }
 
   const Answer answer_;
-  int listen_fd_ = -1;
-  int stop_[2] = {-1, -1};
-  int port_ = 0;
-  std::thread thread_;
+  testing::LoopbackListener listener_;  // last: it serves as soon as it is made
 };
 
 // A hostile peer stops sending at this much, so that a replica that keeps
