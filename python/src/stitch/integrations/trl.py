@@ -612,12 +612,13 @@ class StitchGRPO:
         out_dir = os.path.join(self.work_dir, stitch.VersionRef(self.run_id, version).dir_name)
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)  # left by a crash before its publish; never published
+        full = self._full(version)
         t0 = time.monotonic()
-        result = self._encoder.encode(tensors, out_dir, full=self._full(version))
+        result = self._encoder.encode(tensors, out_dir, full=full)
         t1 = time.monotonic()
         stitch.publish_version(self._store, result["dir"], self.run_id, self.pool)
         t2 = time.monotonic()
-        record.kind = "FULL" if self._full(version) else "DELTA"
+        record.kind = "FULL" if full else "DELTA"
         record.payload_bytes = int(result.get("payload_bytes", result.get("checkpoint_bytes", 0)))
         record.encode_s, record.publish_s = t1 - t0, t2 - t1
         if not self.keep_versions:
@@ -626,11 +627,12 @@ class StitchGRPO:
             threading.Thread(target=self._measure_fleet, args=(version, t2, record),
                              name="stitch-fleet", daemon=True).start()
 
-    def fleet(self, client: Optional["_Http"] = None) -> List[Dict[str, Any]]:
+    def fleet(self, client: Optional["_Http"] = None,
+              urls: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         """Each replica's ``url``, ``reachable``, ``ready`` and ``applied``
-        version: asked of the pool's replicas themselves (``/server_info``)
-        when there is a pool, else of the gateway (``/replicas``, as fresh as
-        its last poll)."""
+        version: asked of the pool's replicas themselves (``/server_info``;
+        ``urls``, else discovered now) when there is a pool, else of the
+        gateway (``/replicas``, as fresh as its last poll)."""
         client = client or self._http
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         if self.pool is None:
@@ -643,10 +645,8 @@ class StitchGRPO:
             return [{"url": r.get("url"), "reachable": bool(r.get("reachable")),
                      "ready": bool(r.get("ready")), "applied": r.get("applied_version")}
                     for r in rows]
-        from stitch.pools.base import SpecPool  # noqa: PLC0415
-
         out = []
-        for url in SpecPool(self.pool).discover_replicas():
+        for url in self._pool_urls() if urls is None else urls:
             row: Dict[str, Any] = {"url": url, "reachable": False, "ready": False, "applied": None}
             try:
                 status, data, _ = client.request("GET", url.rstrip("/") + "/server_info", None,
@@ -660,29 +660,44 @@ class StitchGRPO:
             out.append(row)
         return out
 
+    def _pool_urls(self) -> List[str]:
+        from stitch.pools.base import SpecPool  # noqa: PLC0415
+
+        return list(SpecPool(self.pool).discover_replicas())
+
+    @staticmethod
+    def _serving(rows: Sequence[Mapping[str, Any]], version: int) -> Tuple[bool, bool]:
+        """(every reachable replica serves ``version`` or newer and one of
+        them is in rotation, one replica in rotation serves it)."""
+        rows = [r for r in rows if r.get("reachable", True)]
+        serving = [isinstance(r.get("applied"), int) and r["applied"] >= version for r in rows]
+        whole = any(r.get("ready") for r in rows) and all(serving)
+        return whole, any(ok and r.get("ready") for ok, r in zip(serving, rows))
+
     def fleet_serves(self, version: int, client: Optional["_Http"] = None,
                      whole: bool = True) -> bool:
         """Every reachable replica (``whole``; else one replica in rotation)
         serves ``version`` or newer, and one of them is in rotation."""
-        rows = [r for r in self.fleet(client) if r.get("reachable", True)]
-        serving = [isinstance(r.get("applied"), int) and r["applied"] >= version for r in rows]
-        if not whole:
-            return any(ok and r.get("ready") for ok, r in zip(serving, rows))
-        return any(r.get("ready") for r in rows) and all(serving)
+        return self._serving(self.fleet(client), version)[0 if whole else 1]
 
     def _poll_fleet(self, version: int, published_at: float, record: StepRecord,
                     client: "_Http", enough_after: Optional[float] = None) -> bool:
         """Until the whole fleet serves ``version`` (recorded in
         ``record.fleet_s``), or, once ``enough_after`` seconds have passed,
-        one replica in rotation does; False after ``fleet_timeout``."""
+        one replica in rotation does; False after ``fleet_timeout``. The
+        pool's replicas are discovered once, then asked once a round."""
         deadline = published_at + self.fleet_timeout
+        urls: Optional[List[str]] = None
         while time.monotonic() < deadline:
             try:
-                if self.fleet_serves(version, client):
+                if urls is None and self.pool is not None:
+                    urls = self._pool_urls()
+                whole, one = self._serving(self.fleet(client, urls), version)
+                if whole:
                     record.fleet_s = time.monotonic() - published_at
                     return True
-                if (enough_after is not None and time.monotonic() - published_at > enough_after
-                        and self.fleet_serves(version, client, whole=False)):
+                if one and enough_after is not None and \
+                        time.monotonic() - published_at > enough_after:
                     return True
             except (StitchError, OSError, ValueError, http.client.HTTPException):
                 pass
