@@ -115,6 +115,19 @@ def test_on_policy_requests_are_pinned_grouped_and_retried_until_served(tmp_path
     assert sg.counters["retries"] == len(gw.requests) - 2 >= 2
 
 
+def test_an_unreadable_retry_after_falls_back_to_the_clients_backoff(tmp_path):
+    gw = Gateway([(503, {"error": {"type": "Overloaded", "message": "x", "retryable": True}},
+                   {"Retry-After": "soon"}),
+                  (200, generate_answer([97], 1, 1), {})])
+    sg = grpo(tmp_path, gw)
+    try:
+        out = sg.rollout_func(["a"], trainer(step=1, group=1))
+    finally:
+        sg.close()
+        gw.close()
+    assert out["completion_ids"] == [[97]] and len(gw.requests) == 2
+
+
 def test_lagging_samples_beyond_max_staleness_get_a_zero_env_mask(tmp_path):
     gw = Gateway([(200, generate_answer([97, 98, 99], 4, 4), {})])
     sg = grpo(tmp_path, gw, lag=2, max_staleness=0, api="sglang")

@@ -197,8 +197,12 @@ def _retry_after(headers: Mapping[str, str], default: float) -> float:
     try:
         return max(0.0, float(value))
     except ValueError:
+        pass
+    try:  # an HTTP date
         when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time()) if when else default
+    except (TypeError, ValueError):
+        return default  # unreadable: the client's own backoff
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _error_text(status: int, body: bytes) -> str:
