@@ -159,13 +159,11 @@ std::span<const std::string_view> ReadOnlyRoutes(EngineDialect dialect) {
 
 std::optional<std::string> NotForwardedWhy(std::string_view path,
                                            std::span<const EngineDialect> dialects) {
-  std::vector<std::string> allowed;
+  // A forwarded route (the common case) costs only the comparisons; the
+  // list of routes to use is written for a refusal alone.
   for (EngineDialect dialect : dialects) {
     for (std::string_view route : ReadOnlyRoutes(dialect)) {
       if (ReadOnlyMatch(path, route)) return std::nullopt;
-      allowed.push_back(route.ends_with('/') && route.size() > 1
-                            ? absl::StrCat(AbslView(route), "<id>")
-                            : std::string(route));
     }
   }
   for (std::string_view generation : kUnversionedGeneration) {
@@ -174,6 +172,14 @@ std::optional<std::string> NotForwardedWhy(std::string_view path,
                           " generates without a weight version, which Stitch can neither "
                           "constrain nor stamp, so it is not forwarded; generate through ",
                           VersionedRoutesText());
+    }
+  }
+  std::vector<std::string> allowed;
+  for (EngineDialect dialect : dialects) {
+    for (std::string_view route : ReadOnlyRoutes(dialect)) {
+      allowed.push_back(route.ends_with('/') && route.size() > 1
+                            ? absl::StrCat(AbslView(route), "<id>")
+                            : std::string(route));
     }
   }
   std::sort(allowed.begin(), allowed.end());
