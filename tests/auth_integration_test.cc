@@ -2,17 +2,23 @@
 // engine started with an API key, its sidecar and a gateway closed with the
 // fleet's token, `stitch publish` waking the fleet and `stitch status`
 // reading it with that token.
+#include <poll.h>
+
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/core/version.h"
 #include "stitch/net/client.h"
 #include "stitch/net/net_test_util.h"
@@ -58,6 +64,55 @@ std::string Metric(const std::string& url, const std::string& name) {
   const size_t begin = at + name.size() + 2;
   return r->body.substr(begin, r->body.find('\n', begin) - begin);
 }
+
+// Holds connections from one loopback address to a server, as an attacker
+// of its body budget would: each declares a body of `body` bytes, half of
+// them send none of it and half all but its last byte. A connection the
+// server answers or closes is opened again at once, until destroyed.
+class BodyHolder {
+ public:
+  BodyHolder(uint16_t port, std::string address, int connections, size_t body)
+      : thread_([this, port, address = std::move(address), connections, body] {
+          Run(port, address, connections, body);
+        }) {}
+  ~BodyHolder() {
+    stop_ = true;
+    thread_.join();
+  }
+  BodyHolder(const BodyHolder&) = delete;
+  BodyHolder& operator=(const BodyHolder&) = delete;
+
+  int opened() const { return opened_.load(); }
+
+ private:
+  void Run(uint16_t port, const std::string& address, int connections, size_t body) {
+    const std::string head =
+        absl::StrCat("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: ", body, "\r\n\r\n");
+    const std::string most(body - 1, 'a');
+    std::vector<std::unique_ptr<testing::RawSocket>> held(static_cast<size_t>(connections));
+    while (!stop_) {
+      for (size_t i = 0; i < held.size() && !stop_; ++i) {
+        if (held[i] != nullptr) continue;
+        held[i] = std::make_unique<testing::RawSocket>(port, address.c_str());
+        held[i]->Send(head);
+        if (i % 2 == 1) held[i]->Send(most);
+        ++opened_;
+      }
+      // Wait for an answer or a close on any of them; reopen those.
+      if (stop_) break;
+      std::vector<pollfd> fds;
+      for (const auto& socket : held) fds.push_back(pollfd{socket->fd(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) held[i].reset();
+      }
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<int> opened_{0};
+  std::thread thread_;
+};
 
 class AuthIntegrationTest : public ::testing::Test {
  protected:
@@ -163,6 +218,93 @@ TEST_F(AuthIntegrationTest, ATokenClosedFleetServesOnlyThoseWhoPresentIt) {
       },
       kConverge))
       << sidecar.err();
+}
+
+// Strangers from three addresses holding request bodies (declared and not
+// sent, or sent but for the last byte), with the data plane open, leave the
+// requests that present the fleet's token their share of the body budget, on
+// the sidecar and on the gateway in front of it.
+TEST_F(AuthIntegrationTest, StrangersHoldingBodiesFromThreeAddressesLeaveTokenHoldersServed) {
+  ServerProcess engine(
+      {testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"});
+  std::optional<std::string> engine_url = engine.WaitForUrl(kStartTimeout);
+  ASSERT_TRUE(engine_url.has_value()) << engine.err();
+  // A budget of 16 bodies, as the defaults (32 MiB and 512 MiB) are.
+  const std::vector<std::string> budget = {"--max-body-bytes", "1MiB", "--max-total-body-bytes",
+                                           "16MiB"};
+  std::vector<std::string> sidecar_args = {testing::StitchBinary(),
+                                           "sidecar",
+                                           "--store",
+                                           store_,
+                                           "--run-id",
+                                           "r1",
+                                           "--engine-url",
+                                           *engine_url,
+                                           "--base-checkpoint",
+                                           base_,
+                                           "--update-mode",
+                                           "cpu",
+                                           "--port",
+                                           "0",
+                                           "--auth-token-file",
+                                           token_file_};
+  sidecar_args.insert(sidecar_args.end(), budget.begin(), budget.end());
+  ServerProcess sidecar(sidecar_args);
+  std::optional<std::string> sidecar_url = sidecar.WaitForUrl(kStartTimeout);
+  ASSERT_TRUE(sidecar_url.has_value()) << sidecar.err();
+  ASSERT_TRUE(testing::Eventually([&] { return Status("GET", *sidecar_url + "/health") == 200; },
+                                  kConverge))
+      << sidecar.err();
+  const std::string pool = (tmp_ / "pool.txt").string();
+  std::ofstream(pool) << *sidecar_url << "\n";
+  std::vector<std::string> gateway_args = {testing::StitchBinary(),
+                                           "gateway",
+                                           "--pool",
+                                           "file:" + pool,
+                                           "--port",
+                                           "0",
+                                           "--poll-interval",
+                                           "0.1",
+                                           "--auth-token-file",
+                                           token_file_};
+  gateway_args.insert(gateway_args.end(), budget.begin(), budget.end());
+  ServerProcess gateway(gateway_args);
+  std::optional<std::string> gateway_url = gateway.WaitForUrl(kStartTimeout);
+  ASSERT_TRUE(gateway_url.has_value()) << gateway.err();
+  ASSERT_TRUE(testing::Eventually([&] { return Status("GET", *gateway_url + "/health") == 200; },
+                                  kConverge))
+      << gateway.err();
+
+  const std::string generate =
+      R"({"text":"hi","sampling_params":{"max_new_tokens":2},"weight_version":{"min_version":0}})";
+  for (const std::string& url : {*sidecar_url, *gateway_url}) {
+    const uint16_t port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+    std::vector<std::unique_ptr<BodyHolder>> attack;
+    for (const char* address : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
+      attack.push_back(std::make_unique<BodyHolder>(port, address, 16, size_t{1} << 20));
+    }
+    // Every attacker has its connections open before the first request.
+    ASSERT_TRUE(testing::Eventually(
+        [&] {
+          for (const auto& holder : attack) {
+            if (holder->opened() < 16) return false;
+          }
+          return true;
+        },
+        kConverge));
+    int answered = 0;
+    for (int i = 0; i < 40; ++i) {
+      if (Status("POST", url + "/generate", kFleetToken, generate) == 200) ++answered;
+    }
+    EXPECT_GE(answered, 38) << url;
+    std::cout << url << ": " << answered << " of 40 requests with the token answered\n";
+    // The strangers' requests were refused for the budget meanwhile.
+    const std::string refused =
+        Metric(url, url == *sidecar_url ? "stitch_sidecar_overloaded_total"
+                                        : "stitch_gateway_overloaded_total");
+    EXPECT_NE(refused, "0") << url;
+    EXPECT_NE(refused, "") << url;
+  }
 }
 
 TEST_F(AuthIntegrationTest, TheDataPlaneNeedsAToken) {

@@ -140,12 +140,7 @@ struct Gateway::Impl {
     text.One("sessions_evicted_total", "counter",
              "Least recently used sessions forgotten to keep the table within its budget.",
              sessions.evictions());
-    const ServerStats server_stats = server->stats();
-    text.One("request_body_bytes", "gauge", "Request bodies held now, against the server's budget.",
-             server_stats.body_bytes_held);
-    text.One("overloaded_total", "counter",
-             "Requests refused (503) because their body would pass the server's budget.",
-             server_stats.refused_over_budget);
+    WriteBodyBudgetMetrics(server->stats(), text);
     text.One("blocked_total", "counter", "Engine control routes refused.", c.blocked);
     text.One("wakes_total", "counter", "Fleet wakes started.", c.wakes);
     text.One("replicas_ready", "gauge", "Replicas ready to serve.",
@@ -197,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(boost::asio::any_io_exec
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = self->options.server;
   server_options.head_check = router.TokenCheck();
+  server_options.holds_credential = HoldsBearerToken(self->options.auth_token);
   auto server = HttpServer::Start(executor, server_options, router.AsHandler());
   if (!server.ok()) return server.status();
   impl->server = *std::move(server);

@@ -58,6 +58,13 @@ bool PresentsBearerToken(const HttpHeaders& headers, std::string_view token) {
   return diff == 0;
 }
 
+HeadPredicate HoldsBearerToken(std::string token) {
+  if (token.empty()) return {};
+  return [token = std::move(token)](const HttpRequest& head) {
+    return PresentsBearerToken(head.headers, token);
+  };
+}
+
 std::string BearerValue(std::string_view token) { return absl::StrCat("Bearer ", AbslView(token)); }
 
 HttpResponse UnauthorizedResponse(std::string_view what) {

@@ -33,6 +33,10 @@ inline constexpr std::string_view kAuthTokenEnv = "STITCH_AUTH_TOKEN";
 // ignored). Constant time in the token's length. REQUIRES: token not empty.
 bool PresentsBearerToken(const HttpHeaders& headers, std::string_view token);
 
+// ServerOptions::holds_credential for a server closed with `token`: whether
+// a request presents it. Empty (no request holds one) when `token` is.
+HeadPredicate HoldsBearerToken(std::string token);
+
 // "Bearer <token>", the Authorization header's value.
 std::string BearerValue(std::string_view token);
 

@@ -86,6 +86,7 @@ class RawSocket {
   RawSocket& operator=(const RawSocket&) = delete;
 
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
 
   void Send(std::string_view bytes) {
     while (!bytes.empty()) {

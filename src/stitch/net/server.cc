@@ -30,6 +30,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/net/asio_internal.h"
 #include "stitch/net/auth.h"
+#include "stitch/net/prometheus.h"
 #include "stitch/net/wire.h"
 
 namespace stitch {
@@ -64,10 +65,12 @@ struct HttpServer::State {
   std::atomic<uint64_t> requests{0};
   // Written on the loop thread only; atomic so that stats() may read them.
   std::atomic<uint64_t> body_bytes_held{0};
+  std::atomic<uint64_t> held_without_credential{0};
   std::atomic<uint64_t> over_budget{0};
   std::atomic<uint64_t> refused_at_head{0};
   std::atomic<uint64_t> slow_bodies_cut{0};
-  // Body bytes held per client address (loop thread only; no zero entries).
+  // Body bytes held per client address by requests without a credential
+  // (loop thread only; no zero entries).
   absl::flat_hash_map<std::string, uint64_t> held_by_client;
 };
 
@@ -185,12 +188,13 @@ class ServerConnection {
           co_return;
         }
       }
+      credential_ = options_.holds_credential && options_.holds_credential(head_);
       if (!parser_->is_done()) {
-        // A declared length is held before it is read; a chunked body is
-        // held as it arrives (below).
+        // A body is held as it arrives (below); a declared length that
+        // cannot fit now is refused before any of it is read.
         std::optional<uint64_t> length;
         if (const auto declared = parser_->content_length(); declared) length = *declared;
-        if (!HoldBody(length.value_or(0))) {
+        if (length.has_value() && !FitsNow(*length)) {
           co_await RefuseOverBudget(length);
           co_return;
         }
@@ -218,8 +222,8 @@ class ServerConnection {
             co_return;
           }
           const size_t size = parser_->get().body().size();
-          if (!length.has_value() && size > held_body_ && !HoldBody(size - held_body_)) {
-            co_await RefuseOverBudget(std::nullopt);
+          if (size > held_body_ && !HoldBody(size - held_body_)) {
+            co_await RefuseOverBudget(length);
             co_return;
           }
         }
@@ -275,23 +279,44 @@ class ServerConnection {
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   }
 
-  // Counts `bytes` more of this request's body against the server's budget
-  // for bodies held at once and its client's share of it; false (nothing
-  // counted) when it would pass either.
-  bool HoldBody(uint64_t bytes) {
+  // What this request may hold in all, as the budgets stand now: within the
+  // server's budget; without a credential, also within the part open to
+  // such requests and the client's share of it.
+  uint64_t Limit() const {
     const uint64_t total = options_.max_total_body_bytes;
     const uint64_t held = server_->body_bytes_held.load(std::memory_order_relaxed);
-    if (bytes > total || held + bytes > total) return false;
+    uint64_t limit = total - std::min(total, held - std::min(held, held_body_));
+    if (credential_) return limit;
+    const double reserved =
+        options_.holds_credential ? std::clamp(options_.reserved_body_share, 0.0, 1.0) : 0.0;
+    const auto open = static_cast<uint64_t>((1.0 - reserved) * static_cast<double>(total));
+    const uint64_t others_open = server_->held_without_credential.load(std::memory_order_relaxed);
+    limit = std::min(limit, open - std::min(open, others_open - std::min(others_open, held_body_)));
     const double share = std::clamp(options_.max_client_body_share, 0.0, 1.0);
-    const auto client_limit = static_cast<uint64_t>(share * static_cast<double>(total));
-    uint64_t& by_client = server_->held_by_client[client_];
-    if (share < 1.0 &&
-        by_client + bytes > std::max<uint64_t>(client_limit, options_.max_body_bytes)) {
-      if (by_client == 0) server_->held_by_client.erase(client_);
-      return false;
+    if (share >= 1.0) return limit;
+    // Every address holding a body now, this one included, gets an equal
+    // split of the open part at most.
+    const size_t clients = server_->held_by_client.size() + (ClientHeld() == 0 ? 1 : 0);
+    auto client_limit = static_cast<uint64_t>(std::min(share, 1.0 / static_cast<double>(clients)) *
+                                              static_cast<double>(open));
+    // A lone client may always send one body of the largest size accepted.
+    if (clients == 1) client_limit = std::max<uint64_t>(client_limit, options_.max_body_bytes);
+    const uint64_t by_others_here = ClientHeld() - std::min(ClientHeld(), held_body_);
+    return std::min(limit, client_limit - std::min(client_limit, by_others_here));
+  }
+
+  // Whether a body of `bytes` in all would fit now (counts nothing).
+  bool FitsNow(uint64_t bytes) const { return bytes <= Limit(); }
+
+  // Counts `bytes` more of this request's body against the budgets (see
+  // Limit); false (nothing counted) when they would pass one.
+  bool HoldBody(uint64_t bytes) {
+    if (held_body_ + bytes > Limit()) return false;
+    server_->body_bytes_held.fetch_add(bytes, std::memory_order_relaxed);
+    if (!credential_) {
+      server_->held_without_credential.fetch_add(bytes, std::memory_order_relaxed);
+      server_->held_by_client[client_] += bytes;
     }
-    by_client += bytes;
-    server_->body_bytes_held.store(held + bytes, std::memory_order_relaxed);
     held_body_ += bytes;
     return true;
   }
@@ -304,10 +329,13 @@ class ServerConnection {
   void ReleaseBody() {
     if (held_body_ == 0) return;
     server_->body_bytes_held.fetch_sub(held_body_, std::memory_order_relaxed);
-    auto it = server_->held_by_client.find(client_);
-    if (it != server_->held_by_client.end()) {
-      it->second -= std::min(it->second, held_body_);
-      if (it->second == 0) server_->held_by_client.erase(it);
+    if (!credential_) {
+      server_->held_without_credential.fetch_sub(held_body_, std::memory_order_relaxed);
+      auto it = server_->held_by_client.find(client_);
+      if (it != server_->held_by_client.end()) {
+        it->second -= std::min(it->second, held_body_);
+        if (it->second == 0) server_->held_by_client.erase(it);
+      }
     }
     held_body_ = 0;
   }
@@ -324,7 +352,10 @@ class ServerConnection {
                                    server_->body_bytes_held.load(std::memory_order_relaxed),
                                    " bytes of request bodies (this client ", ClientHeld(), ") and ",
                                    size, " would pass its limit of ", options_.max_total_body_bytes,
-                                   " bytes, or this client's share of it; retry shortly"),
+                                   credential_ ? " bytes"
+                                               : " bytes, the part of it open to requests "
+                                                 "without a credential, or this client's share",
+                                   "; retry shortly"),
                       /*retryable=*/true));
     response.headers.Set("Retry-After", "1");
     co_await AnswerAndClose(std::move(response));
@@ -515,7 +546,8 @@ class ServerConnection {
   std::string peer_ = "unknown peer";
   std::string client_;  // the peer's address, whose share of the body budget held_body_ counts in
   HttpRequest head_;    // the current request's, once its header arrived
-  uint64_t held_body_ = 0;  // of the server's body budget, for the current request
+  uint64_t held_body_ = 0;   // of the server's body budget, for the current request
+  bool credential_ = false;  // whether the current request presented one
 
   boost::asio::cancellation_signal monitor_cancel_;
   LoopEvent monitor_done_;
@@ -826,12 +858,29 @@ boost::asio::awaitable<void> HttpServer::Shutdown() {
   while (!state->connections.empty()) co_await state->drained.Wait();
 }
 
+void WriteBodyBudgetMetrics(const ServerStats& stats, PrometheusText& text) {
+  text.One("request_body_bytes", "gauge", "Request bodies held now, against the server's budget.",
+           stats.body_bytes_held);
+  text.One("request_body_bytes_without_token", "gauge",
+           "The part of them held by requests that presented no token.",
+           stats.body_bytes_held_without_credential);
+  text.One("overloaded_total", "counter",
+           "Requests refused (503) because their body would pass the server's budget, the part "
+           "open to requests without the token, or their address's share.",
+           stats.refused_over_budget);
+  text.One("slow_bodies_cut_total", "counter",
+           "Connections closed because a request body arrived slower than the minimum rate.",
+           stats.slow_bodies_cut);
+}
+
 ServerStats HttpServer::stats() const {
   ServerStats s;
   s.connections_accepted = state_->accepted.load(std::memory_order_relaxed);
   s.connections_active = state_->active.load(std::memory_order_relaxed);
   s.requests = state_->requests.load(std::memory_order_relaxed);
   s.body_bytes_held = state_->body_bytes_held.load(std::memory_order_relaxed);
+  s.body_bytes_held_without_credential =
+      state_->held_without_credential.load(std::memory_order_relaxed);
   s.refused_over_budget = state_->over_budget.load(std::memory_order_relaxed);
   s.refused_at_head = state_->refused_at_head.load(std::memory_order_relaxed);
   s.slow_bodies_cut = state_->slow_bodies_cut.load(std::memory_order_relaxed);

@@ -19,22 +19,31 @@
 //   413 PayloadTooLarge     a body over ServerOptions::max_body_bytes
 //   431 HeadersTooLarge     a header over ServerOptions::max_header_bytes
 //   503 Overloaded          a body that would pass
-//                           ServerOptions::max_total_body_bytes, or its
-//                           client's share of it (with Retry-After: 1 and
-//                           "retryable": true); its bytes are not read
+//                           ServerOptions::max_total_body_bytes, the part
+//                           open to requests without a credential, or its
+//                           client's share (with Retry-After: 1 and
+//                           "retryable": true); the rest of it is not read
 //   500 HandlerError        a handler that returned without responding or threw
 //   whatever ServerOptions::head_check answers, at the header (a 401)
 // Timeouts close the connection without an answer, and so does a body that
 // arrives slower than ServerOptions::min_body_bytes_per_second.
 //
-// Memory: a request's body counts against max_total_body_bytes from its
-// header (its Content-Length; a chunked body as it arrives) until its handler
-// returns, whatever the handler did with the bytes; so the bodies a server
-// holds at once, and what handlers derive from them, stay bounded. Three
-// rules keep strangers from holding that budget: the head check runs before
-// any body is held (a server whose routes need a token refuses strangers
-// there), one client address holds at most max_client_body_share of it, and
-// a body that trickles in is cut.
+// Memory: a request's body counts against max_total_body_bytes as its bytes
+// arrive, until its handler returns, whatever the handler did with the
+// bytes; so the bodies a server holds at once, and what handlers derive from
+// them, stay bounded. A declared Content-Length is only compared with what
+// is free at the header (a body that cannot fit now is refused unread); it
+// reserves nothing, so a client that declares a large body and sends nothing
+// holds nothing. Four rules keep strangers from holding that budget:
+//   - the head check runs before any body is held (a server whose routes all
+//     need a token refuses strangers there);
+//   - requests that presented a credential (ServerOptions::holds_credential,
+//     the fleet's bearer token) may use the whole budget, while the others
+//     together stop at 1 - reserved_body_share of it;
+//   - among those others, one client address holds at most its share: the
+//     smaller of max_client_body_share and an equal split between the
+//     addresses holding bodies now, so that more addresses get smaller shares;
+//   - a body that trickles in is cut.
 //
 // Client disconnects: from the handler's first interest (a call to
 // disconnected(), WaitDisconnected(), AbortOnDisconnect() or
@@ -80,6 +89,9 @@ inline constexpr size_t kDefaultMaxTotalBodyBytes = size_t{512} << 20;
 // the body budget; nullopt lets the request go on.
 using HeadCheck = std::function<std::optional<HttpResponse>(const HttpRequest& head)>;
 
+// A yes/no question about a request's head (method, target and headers).
+using HeadPredicate = std::function<bool(const HttpRequest& head)>;
+
 // Where engine, sidecar and gateway listen unless told otherwise: this
 // machine only. A sidecar or gateway that other hosts reach is started with
 // --host 0.0.0.0 (or one interface's address).
@@ -100,11 +112,19 @@ struct ServerOptions {
   // maximal requests, or hundreds of 1 MB prompts, at once. Raise it on a
   // gateway in front of a large fleet. REQUIRES: >= max_body_bytes.
   size_t max_total_body_bytes = kDefaultMaxTotalBodyBytes;
-  // The share of max_total_body_bytes that the requests of one client
-  // address may hold at once (503 beyond), so that one client cannot take
-  // it all. A server behind a proxy sees the proxy as one client: raise it
-  // there (1.0: no bound of its own). In (0, 1].
+  // The share of the budget open to requests without a credential that the
+  // requests of one client address may hold at once (503 beyond), so that
+  // one client cannot take it all; it shrinks to an equal split when more
+  // addresses hold bodies. A server behind a proxy sees the proxy as one
+  // client: raise it there (1.0: no bound of its own). In (0, 1].
   double max_client_body_share = 0.5;
+  // Whether a request presented a credential (a server closed with a token
+  // asks whether it presented that token). Such requests are not bound by a
+  // client's share and may use the whole budget; the others together stop
+  // at 1 - reserved_body_share of it. When empty, no request has one and no
+  // share is reserved. HoldsBearerToken (auth.h) makes the usual one.
+  HeadPredicate holds_credential;
+  double reserved_body_share = 0.25;  // in [0, 1)
   // Slow bodies: from `min_body_rate_grace` after a request's header, its
   // body must have arrived at this average rate or better, or the
   // connection is closed (the body is not waited for until body_timeout).
@@ -230,11 +250,19 @@ struct ServerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_active = 0;
   uint64_t requests = 0;
-  uint64_t body_bytes_held = 0;      // counted against max_total_body_bytes now
+  uint64_t body_bytes_held = 0;                     // counted against max_total_body_bytes now
+  uint64_t body_bytes_held_without_credential = 0;  // the part of it held by such requests
   uint64_t refused_over_budget = 0;  // 503s for passing max_total_body_bytes or a client's share
   uint64_t refused_at_head = 0;      // answers of the head check
   uint64_t slow_bodies_cut = 0;      // bodies under min_body_bytes_per_second
 };
+
+class PrometheusText;
+
+// The stats that say how the body budget holds, on a /metrics page:
+// request_body_bytes and request_body_bytes_without_token (gauges),
+// overloaded_total and slow_bodies_cut_total (counters).
+void WriteBodyBudgetMetrics(const ServerStats& stats, PrometheusText& text);
 
 class HttpServer {
  public:

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -235,6 +236,89 @@ TEST(HttpServerTest, OneClientHoldsAtMostItsShareOfTheBodyBudget) {
   h.gate->Open();
   EXPECT_EQ(held.ReadUntil("pppp").rfind("HTTP/1.1 200", 0), 0u);
   EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+}
+
+// A declared Content-Length reserves nothing: clients from several
+// addresses that declare large bodies and send none hold none of the
+// budget, and a body that arrives meanwhile is read and answered.
+TEST(HttpServerTest, ADeclaredLengthHoldsNothingUntilItsBytesArrive) {
+  ServerOptions options;
+  options.max_body_bytes = 4000;
+  options.max_total_body_bytes = 8000;
+  Harness h(Echo, options);
+  std::vector<std::unique_ptr<RawSocket>> idle;
+  for (const char* address : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
+    for (int i = 0; i < 3; ++i) {
+      idle.push_back(std::make_unique<RawSocket>(h.server->port(), address));
+      ASSERT_TRUE(idle.back()->connected());
+      // The server says "go on" once it has judged the head.
+      idle.back()->Send(PostHead("/", 4000, "Expect: 100-continue\r\n"));
+      const std::string answer = idle.back()->ReadUntil("\r\n\r\n");
+      EXPECT_EQ(answer.rfind("HTTP/1.1 100 Continue", 0), 0u) << address << ": " << answer;
+    }
+  }
+  EXPECT_EQ(h.server->stats().body_bytes_held, 0u);
+  EXPECT_EQ(h.server->stats().refused_over_budget, 0u);
+  auto fine = h.Send(Post("/", std::string(4000, 'f')));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->status, 200);
+  // Bytes that arrive count: one idle client sends 3000 of its 4000.
+  idle.front()->Send(std::string(3000, 'i'));
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 3000u; }));
+  EXPECT_EQ(h.server->stats().body_bytes_held_without_credential, 3000u);
+}
+
+// Requests that present the credential may use the whole budget; the
+// others stop at the part open to them, and each address among them at an
+// equal split of it once several hold bodies.
+TEST(HttpServerTest, StrangersFromManyAddressesLeaveTheCredentialsShare) {
+  ServerOptions options;
+  options.max_body_bytes = 4000;
+  options.max_total_body_bytes = 12000;  // 9000 open to strangers, 3000 kept
+  options.reserved_body_share = 0.25;
+  options.max_client_body_share = 0.5;
+  options.holds_credential = [](const HttpRequest& head) {
+    return head.headers.Get("x-key") == "k";
+  };
+  std::atomic<int> handled{0};
+  Harness* harness = nullptr;
+  Harness h(
+      [&](HttpExchange& ex) -> awaitable<void> {
+        ++handled;
+        if (ex.request().target == "/hold") co_await harness->gate->Wait();
+        co_await Echo(ex);
+      },
+      options);
+  harness = &h;
+  std::vector<std::unique_ptr<RawSocket>> held;
+  auto hold = [&](const char* address, size_t size, const std::string& extra = "") {
+    held.push_back(std::make_unique<RawSocket>(h.server->port(), address));
+    held.back()->Send(PostHead("/hold", size, extra) + std::string(size, 'h'));
+  };
+  auto refused = [&](const char* address, size_t size) {
+    RawSocket socket(h.server->port(), address);
+    socket.Send(PostHead("/", size) + std::string(size, 'r'));
+    return socket.ReadUntil("\r\n\r\n").rfind("HTTP/1.1 503", 0) == 0;
+  };
+  hold("127.0.0.2", 4000);  // alone: up to its share, 4500
+  hold("127.0.0.3", 2000);
+  ASSERT_TRUE(WaitUntil([&] { return handled.load() == 2; }));
+  // A third address gets a third of the open 9000, not half of it.
+  EXPECT_TRUE(refused("127.0.0.4", 3500));
+  hold("127.0.0.4", 3000);
+  ASSERT_TRUE(WaitUntil([&] { return handled.load() == 3; }));
+  EXPECT_EQ(h.server->stats().body_bytes_held_without_credential, 9000u);
+  // The open part is full, for a fourth address too...
+  EXPECT_TRUE(refused("127.0.0.5", 100));
+  // ...but not for a request with the credential, from any address.
+  hold("127.0.0.5", 3000, "x-key: k\r\n");
+  ASSERT_TRUE(WaitUntil([&] { return handled.load() == 4; }));
+  EXPECT_EQ(h.server->stats().body_bytes_held, 12000u);
+  EXPECT_EQ(h.server->stats().body_bytes_held_without_credential, 9000u);
+  h.gate->Open();
+  for (auto& socket : held) EXPECT_EQ(socket->ReadUntil("hhhh").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_TRUE(WaitUntil([&] { return h.server->stats().body_bytes_held == 0; }));
+  EXPECT_EQ(h.server->stats().body_bytes_held_without_credential, 0u);
 }
 
 // A body that trickles in is cut once the grace is over, and what it held

@@ -111,6 +111,7 @@ std::string RenderPrometheus(const SidecarMetrics& m) {
   w.One("engine_metrics_up", "gauge",
         "1 when the engine's own metrics follow in this exposition, 0 when it gave none.",
         m.engine_metrics_up ? 1 : 0);
+  WriteBodyBudgetMetrics(m.server, w);
   return w.Take();
 }
 

@@ -12,6 +12,7 @@
 
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
+#include "stitch/net/server.h"
 #include "stitch/replica/proxy.h"
 #include "stitch/replica/reconciler.h"
 
@@ -35,6 +36,7 @@ struct SidecarMetrics {
   std::vector<Engine::CommitPath> commit_paths;  // the engine's (Engine::CommitPaths)
   // Whether the engine's own metrics were read for this scrape.
   bool engine_metrics_up = false;
+  ServerStats server;  // the sidecar's HTTP server's
 };
 
 // Every metric has a `stitch_sidecar_` name, HELP and TYPE lines:
@@ -51,7 +53,8 @@ struct SidecarMetrics {
 //   store_files_downloaded_total, store_bytes_downloaded_total,
 //   engine_commits_total{path,reason} (engines that say how they commit:
 //   path "patch", "patch-undone" or "reload", with why it reloaded),
-//   commits_undone_total, engine_metrics_up.
+//   commits_undone_total, engine_metrics_up, and the body budget's
+//   (WriteBodyBudgetMetrics, net/server.h).
 std::string RenderPrometheus(const SidecarMetrics& m);
 
 }  // namespace stitch

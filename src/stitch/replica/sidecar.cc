@@ -124,6 +124,7 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = settings.server;
   server_options.head_check = router.TokenCheck();
+  server_options.holds_credential = HoldsBearerToken(settings.auth_token);
   if (settings.log_requests) {
     server_options.head_check = [check = std::move(server_options.head_check)](
                                     const HttpRequest& head) -> std::optional<HttpResponse> {
@@ -164,6 +165,7 @@ SidecarMetrics Sidecar::Metrics() const {
   m.watchdog_failures = watchdog_->failures();
   m.store = store_->traffic();
   m.commit_paths = engine_->CommitPaths();
+  m.server = server_->stats();
   return m;
 }
 
