@@ -33,8 +33,11 @@ ENGINE_START_TIMEOUT = float(os.environ.get("STITCH_ENGINE_START_TIMEOUT", "600"
 # weights' greedy choice when its logit is within LOGIT_TIE of the best one
 # that transformers computes for the same prefix.
 LOGIT_TIE = 0.05
-# Stitch's vLLM worker extension, and where it is importable from.
+# Stitch's vLLM worker extension, and where it is importable from. The
+# suites' vLLM is started with its fault-injecting form instead, whose
+# stitch_patch_arm_fault the production class does not have.
 PATCH_EXTENSION = "stitch_vllm.WeightPatchExtension"
+FAULT_EXTENSION = "stitch_vllm.FaultInjectingExtension"
 PATCH_EXTENSION_PATH = os.path.join(REPO, "python", "src")
 
 
@@ -217,7 +220,7 @@ class Vllm(EngineServer):
     """vLLM's CPU build, through scripts/vllm_serve.py (run by this
     environment's python: the suite runs in the engine's environment), with
     Stitch's worker extension (python/src/stitch_vllm) for in-place
-    patches."""
+    patches, in the form that tests can make fail part-way."""
 
     name = "vllm"
 
@@ -226,7 +229,7 @@ class Vllm(EngineServer):
                 "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
                 "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
                 "--max-num-seqs", "8", "--enable-prefix-caching",
-                "--worker-extension-cls", PATCH_EXTENSION, *self.extra]
+                "--worker-extension-cls", FAULT_EXTENSION, *self.extra]
 
     def environment(self):
         return {"PYTHONPATH": PATCH_EXTENSION_PATH}

@@ -4,11 +4,13 @@ worker: a torch model laid out as vLLM lays out a Llama (q/k/v rows fused in
 with patches that `stitch delta patch` wrote. Runs in the vLLM environment,
 without starting vLLM: what the real-engine suite (test_vllm.py) cannot
 reach on purpose, a checksum that disagrees, a base that is not the
-engine's, a failure at every step of an apply.
+engine's, a failure at every step of an apply, what importing the extension
+and looking it up do to vLLM.
 """
 
 import json
 import os
+import subprocess
 import sys
 import types
 
@@ -103,6 +105,10 @@ class Worker(stitch_vllm.WeightPatchExtension):
         self.model_runner = types.SimpleNamespace(model=model)
 
 
+class FaultyWorker(Worker, stitch_vllm.FaultInjectingExtension):
+    """A worker with the extension the suites' vLLM is started with."""
+
+
 @pytest.fixture
 def versions(tmp_path):
     """v0 and v1 (5% of every tensor's values nudged), and the patch from v0 to v1."""
@@ -140,7 +146,7 @@ def test_a_patch_brings_the_fused_parameters_to_the_new_version_exactly(versions
 def test_a_failure_part_way_is_undone(versions, after):
     v0, _, patch = versions
     model = Model(v0)
-    worker = Worker(model)
+    worker = FaultyWorker(model)
     worker.stitch_patch_stage(patch)
     worker.stitch_patch_arm_fault(after)
     answer = worker.stitch_patch_apply()
@@ -198,3 +204,67 @@ def test_a_tensor_the_engine_cannot_place_is_refused(versions):
     not_a_patch = os.path.join(os.path.dirname(patch), "v0", "model.safetensors")
     with pytest.raises(stitch_vllm.PatchError, match="not a Stitch weight patch"):
         Worker(Model(v0)).stitch_patch_stage(not_a_patch)
+
+
+def test_a_verify_that_is_neither_checksums_nor_values_is_refused_before_any_write(versions):
+    v0, v1, patch = versions
+    model = Model(v0)
+    worker = Worker(model)
+    worker.stitch_patch_stage(patch)
+    for verify in ["checksum", "none", "", None]:
+        with pytest.raises(ValueError, match="'checksums', 'values'"):
+            worker.stitch_patch_apply(verify=verify)
+        assert model.holds(v0)
+    # Refused, not consumed: the staged patch still applies.
+    answer = worker.stitch_patch_apply(verify="checksums")
+    assert answer["applied"] is True and answer["verified"] == "checksums", answer
+    assert model.holds(v1)
+
+
+# Run in a fresh interpreter, as vLLM's worker starts: what importing the
+# extension does to vLLM, then what vLLM's own look-up of the class named by
+# --worker-extension-cls does (resolve_obj_by_qualname, as init_worker calls it).
+IMPORT_THEN_LOOK_UP = """
+import json, os, sys
+environ = dict(os.environ)
+import stitch_vllm
+seen = {"imports_vllm": any(m == "vllm" or m.startswith("vllm.") for m in sys.modules),
+        "changes_environ": dict(os.environ) != environ}
+import vllm.model_executor.layers.utils as layer_utils
+from vllm.platforms import current_platform
+from vllm.utils.import_utils import resolve_obj_by_qualname
+seen["cpu"] = current_platform.is_cpu()
+seen["before"] = layer_utils.dispatch_cpu_unquantized_gemm.__module__
+resolve_obj_by_qualname(sys.argv[1])
+seen["after"] = layer_utils.dispatch_cpu_unquantized_gemm.__module__
+print(json.dumps(seen))
+"""
+
+
+def test_importing_the_extension_changes_nothing_in_vllm_until_vllm_looks_it_up():
+    env = {**os.environ, "PYTHONPATH": harness.PATCH_EXTENSION_PATH, "VLLM_TARGET_DEVICE": "cpu"}
+    out = subprocess.run([sys.executable, "-c", IMPORT_THEN_LOOK_UP, harness.PATCH_EXTENSION],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["cpu"], "vLLM's CPU build is the one under test"
+    assert not seen["imports_vllm"] and not seen["changes_environ"], seen
+    assert seen["before"] == "vllm.model_executor.layers.utils", seen
+    assert seen["after"] == "stitch_vllm", seen
+
+
+def test_a_production_engines_collective_rpc_cannot_arm_a_fault(versions):
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.serial_utils import run_method
+
+    v0, v1, patch = versions
+    assert not hasattr(resolve_obj_by_qualname(harness.PATCH_EXTENSION), "stitch_patch_arm_fault")
+    assert hasattr(resolve_obj_by_qualname(harness.FAULT_EXTENSION), "stitch_patch_arm_fault")
+    model = Model(v0)
+    worker = Worker(model)
+    worker.stitch_patch_stage(patch)
+    # What /collective_rpc does with a method's name.
+    with pytest.raises(NotImplementedError, match="stitch_patch_arm_fault"):
+        run_method(worker, "stitch_patch_arm_fault", (), {"after_tensors": 0})
+    assert worker.stitch_patch_apply()["applied"] is True
+    assert model.holds(v1)

@@ -2,7 +2,7 @@
 
 Start vLLM with ``--worker-extension-cls stitch_vllm.WeightPatchExtension``
 (this package must be importable by vLLM's workers) and the Stitch sidecar
-(``--engine vllm --vllm-patch``) brings the engine from one version to the
+(``--engine vllm --patch-commits``) brings the engine from one version to the
 next by patching only the values that changed, through vLLM's
 ``/collective_rpc`` route:
 
@@ -20,16 +20,24 @@ next by patching only the values that changed, through vLLM's
     stops after the writes). Nothing is read from disk. On any failure every
     value already written is restored (XOR is its own inverse) and read back,
     and the answer says so: the old version keeps serving. Only a failure to
-    restore raises.
+    restore raises; so does a ``verify`` other than ``"checksums"`` and
+    ``"values"`` (``ValueError``), refused before anything is touched, the
+    staged patch included.
 ``stitch_patch_discard()``
     Drops what was staged.
 
 On CPU, vLLM repacks linear weights into its GEMM kernels' layouts after
 loading and frees the originals, so a patch of the parameters would not reach
-the matrix products. Importing this module (which vLLM does in every worker
-before the model loads) keeps CPU linear layers on ``torch.nn.functional.linear``
-over their parameters instead. On CUDA nothing changes: vLLM multiplies by the
-parameters themselves.
+the matrix products. Looking the extension up by name (which vLLM does in
+every worker before the model loads, for ``--worker-extension-cls``) keeps CPU
+linear layers on ``torch.nn.functional.linear`` over their parameters instead;
+importing this module changes nothing in vLLM. On CUDA nothing changes: vLLM
+multiplies by the parameters themselves.
+
+``stitch_vllm.FaultInjectingExtension`` is the same extension with
+``stitch_patch_arm_fault(after_tensors)``, which makes the next apply fail
+after patching that many tensors. Only tests name it: the class a production
+vLLM is started with has no method that makes a patch fail.
 """
 
 from __future__ import annotations
@@ -44,12 +52,14 @@ PATCH_FORMAT = "stitch-weight-patch/1"
 METADATA_KEY = "stitch_patch"
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# What stitch_patch_apply(verify=...) accepts: the sidecar's --patch-verify.
+VERIFY = ("checksums", "values")
 
 
 def _keep_cpu_weights_patchable() -> None:
     try:
         from vllm.platforms import current_platform
-    except ImportError:  # imported outside vLLM (tests, docs)
+    except ImportError:  # looked up outside vLLM (tests, docs)
         return
     if not current_platform.is_cpu():
         return
@@ -59,9 +69,6 @@ def _keep_cpu_weights_patchable() -> None:
         layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
 
     layer_utils.dispatch_cpu_unquantized_gemm = plain_gemm
-
-
-_keep_cpu_weights_patchable()
 
 
 class PatchError(Exception):
@@ -174,12 +181,18 @@ class WeightPatchExtension:
                 "threads": torch.get_num_threads(), "seconds": time.monotonic() - start}
 
     def stitch_patch_apply(self, verify: str = "checksums") -> Dict[str, Any]:
+        # Any other word would skip the checksums as silently as "values":
+        # refused before the staged patch or a weight is touched.
+        if verify not in VERIFY:
+            raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY))}, "
+                             f"not {verify!r}: nothing was patched")
         start = time.monotonic()
         state = self._stitch_state()
         staged = state["staged"]
         if staged is None:
             return {"applied": False, "undone": True, "error": "no patch is staged"}
         state["staged"] = None
+        # Only FaultInjectingExtension arms a fault.
         fail_after, state["fail_after"] = state["fail_after"], None
         done: List[_Slot] = []
         try:
@@ -211,9 +224,33 @@ class WeightPatchExtension:
     def stitch_patch_discard(self) -> None:
         self._stitch_state()["staged"] = None
 
+
+class FaultInjectingExtension(WeightPatchExtension):
+    """WeightPatchExtension that tests can make fail part-way. A separate
+    class named at vLLM's start, rather than a method of the extension or a
+    switch, so that no /collective_rpc call (vLLM's own
+    update_environment_variables included) can arm a fault in a production
+    engine."""
+
     def stitch_patch_arm_fault(self, after_tensors: int) -> None:
-        """For tests: the next apply fails after patching this many tensors."""
+        """The next apply fails after patching this many tensors."""
         self._stitch_state()["fail_after"] = int(after_tensors)
+
+
+# The extensions' names are taken off the module, so that vLLM's look-up by
+# name (resolve_obj_by_qualname in init_worker, in every worker before the
+# model loads) goes through __getattr__ below: that look-up installs what the
+# extension needs in vLLM, and a bare import changes nothing there.
+_EXTENSIONS = {cls.__name__: cls for cls in (WeightPatchExtension, FaultInjectingExtension)}
+del WeightPatchExtension, FaultInjectingExtension
+
+
+def __getattr__(name: str):
+    extension = _EXTENSIONS.get(name)
+    if extension is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _keep_cpu_weights_patchable()
+    return extension
 
 
 def _tensor_parallel_size() -> int:
