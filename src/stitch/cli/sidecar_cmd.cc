@@ -29,6 +29,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/engine/vllm_engine.h"
+#include "stitch/format/index.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/clock.h"
 #include "stitch/net/event_loop.h"
@@ -203,6 +204,16 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   }
   // Peers are sidecars of the same fleet: the same token opens their routes.
   store_options.peers.token = *auth_token;
+  // A version's index lists the model's tensors: one far larger than the
+  // base checkpoint's is refused before it is read, whatever wrote it.
+  if (!config->reconciler.base_checkpoint_dir.empty()) {
+    if (auto base = ReadIndex(config->reconciler.base_checkpoint_dir); base.ok()) {
+      store_options.index_bounds = IndexBoundsFor(*base);
+    } else {
+      spdlog::warn("--base-checkpoint: {}; version indexes are held to the default bounds",
+                   std::string(base.status().message()));
+    }
+  }
   auto store = OpenStore(config->store_uri, store_options);
   if (!store.ok()) return ReportFailure(Annotate(store.status(), "sidecar: --store"));
   // A store that was never claimed is a mistyped --store far more often than

@@ -171,10 +171,28 @@ absl::StatusOr<VersionManifest> CheckpointIndex::ToManifest() const {
   return m;
 }
 
-absl::StatusOr<CheckpointIndex> CheckpointIndex::Parse(std::string_view text) {
-  if (text.size() > kMaxIndexBytes) {
-    return IndexError(
-        absl::StrCat("is ", text.size(), " bytes, above the limit of ", kMaxIndexBytes, " bytes"));
+IndexBounds IndexBoundsFor(const CheckpointIndex& base) {
+  constexpr uint64_t kMetadataAllowance = uint64_t{1} << 20;
+  // Quotes, a colon, a comma and a payload file name (at most 255 bytes).
+  constexpr uint64_t kEntryAllowance = 6 + 255;
+  constexpr uint64_t kEscapedCharBytes = 6;  // \u00XX
+  size_t longest = 0;
+  for (const auto& [tensor, file] : base.weight_map) longest = std::max(longest, tensor.size());
+  IndexBounds bounds;
+  bounds.max_tensors = std::min(kMaxIndexTensors, 2 * base.weight_map.size() + 16);
+  bounds.max_bytes = std::min(
+      kMaxIndexBytes,
+      kMetadataAllowance + bounds.max_tensors * (kEscapedCharBytes * longest + kEntryAllowance));
+  bounds.why = absl::StrCat("what a version of the base checkpoint can hold, whose index lists ",
+                            base.weight_map.size(), " tensors");
+  return bounds;
+}
+
+absl::StatusOr<CheckpointIndex> CheckpointIndex::Parse(std::string_view text,
+                                                       const IndexBounds& bounds) {
+  if (text.size() > bounds.max_bytes) {
+    return IndexError(absl::StrCat("is ", text.size(), " bytes, above the limit of ",
+                                   bounds.max_bytes, " bytes (", bounds.why, ")"));
   }
   json::monotonic_resource arena;
   absl::StatusOr<json::value> doc = ParseJsonStrict(text, &arena);
@@ -203,11 +221,10 @@ absl::StatusOr<CheckpointIndex> CheckpointIndex::Parse(std::string_view text) {
   if (wmo == nullptr) {
     return IndexError(absl::StrCat("weight_map is a ", JsonKindName(*wm), ", expected an object"));
   }
-  if (wmo->size() > kMaxIndexTensors) {
+  if (wmo->size() > bounds.max_tensors) {
     return IndexError(absl::StrCat("weight_map lists ", wmo->size(),
-                                   " tensors, above the limit of ", kMaxIndexTensors,
-                                   " (ten times the largest mixture-of-experts checkpoints); the "
-                                   "index is not a real checkpoint's"));
+                                   " tensors, above the limit of ", bounds.max_tensors, " (",
+                                   bounds.why, "); the index is not a real checkpoint's"));
   }
   for (const auto& [tensor, file] : *wmo) {
     if (!file.is_string()) {

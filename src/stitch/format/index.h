@@ -35,6 +35,26 @@ namespace stitch {
 inline constexpr size_t kMaxIndexTensors = 1'000'000;
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
 
+struct CheckpointIndex;
+
+// How large an index may be where it is read: every index is held to the
+// defaults above; a replica holds the versions it reads to what its base
+// checkpoint can hold (IndexBoundsFor), so that an index written to fill its
+// memory is refused before it is read.
+struct IndexBounds {
+  size_t max_tensors = kMaxIndexTensors;
+  uint64_t max_bytes = kMaxIndexBytes;
+  // Why these bounds, for the error that names them.
+  std::string why = "ten times the largest mixture-of-experts checkpoints";
+};
+
+// The bounds for a version of the checkpoint whose index is `base`: twice its
+// tensors and 16 more (room for a writer that stores a tied weight apart),
+// each entry at most as long as the base's longest name written with every
+// character escaped, plus a file name, and 1 MiB of metadata; never above
+// the defaults.
+IndexBounds IndexBoundsFor(const CheckpointIndex& base);
+
 inline constexpr std::string_view kWeightsFingerprintKey = "weights_fingerprint";
 inline constexpr std::string_view kBaseFingerprintKey = "base_weights_fingerprint";
 
@@ -61,12 +81,13 @@ struct CheckpointIndex {
   // missing key or the unsupported value.
   [[nodiscard]] absl::StatusOr<VersionManifest> ToManifest() const;
 
-  // Parses and validates: at most kMaxIndexBytes of text, an object with an
-  // optional object `metadata` and an object `weight_map` of at most
-  // kMaxIndexTensors string values, each a safe payload file name
+  // Parses and validates: at most bounds.max_bytes of text, an object with
+  // an optional object `metadata` and an object `weight_map` of at most
+  // bounds.max_tensors string values, each a safe payload file name
   // (ValidatePayloadFileName). A key repeated inside any object is an error;
   // other top-level keys are ignored.
-  [[nodiscard]] static absl::StatusOr<CheckpointIndex> Parse(std::string_view json);
+  [[nodiscard]] static absl::StatusOr<CheckpointIndex> Parse(std::string_view json,
+                                                             const IndexBounds& bounds = {});
   // Compact JSON with keys in sorted order (deterministic). `other_metadata`
   // text that is not JSON is written as a string; a key in both maps is
   // written from `metadata`.

@@ -332,5 +332,44 @@ TEST(ReadIndex, ErrorsNameTheDirectoryOrFile) {
   EXPECT_THAT(Msg(bad_single.status()), HasSubstr("not a safetensors file"));
 }
 
+// A version of a checkpoint lists that checkpoint's tensors: the bounds for
+// it follow the base (twice its tensors and 16 more, and the bytes such an
+// index can take), never above the defaults.
+TEST(IndexBounds, FollowTheBaseCheckpoint) {
+  CheckpointIndex base;
+  base.weight_map = {{"embed.weight", "model.safetensors"}, {"norm.weight", "model.safetensors"}};
+  const IndexBounds bounds = IndexBoundsFor(base);
+  EXPECT_EQ(bounds.max_tensors, 20u);
+  EXPECT_LT(bounds.max_bytes, uint64_t{2} << 20);
+  EXPECT_THAT(bounds.why, HasSubstr("lists 2 tensors"));
+
+  auto index_of = [](int tensors) {
+    CheckpointIndex index;
+    index.metadata["version"] = "000003";
+    for (int i = 0; i < tensors; ++i) {
+      index.weight_map[absl::StrCat("layer.", i, ".weight")] = "model.safetensors";
+    }
+    return index.ToJson();
+  };
+  EXPECT_TRUE(CheckpointIndex::Parse(index_of(20), bounds).ok());
+  auto many = CheckpointIndex::Parse(index_of(21), bounds);
+  ASSERT_FALSE(many.ok());
+  EXPECT_THAT(Msg(many.status()), HasSubstr("weight_map lists 21 tensors, above the limit of 20"));
+  EXPECT_THAT(Msg(many.status()), HasSubstr("base checkpoint"));
+  // The defaults take it.
+  EXPECT_TRUE(CheckpointIndex::Parse(index_of(21)).ok());
+  const std::string padded = absl::StrCat(
+      R"({"metadata":{"pad":")", std::string(bounds.max_bytes, 'p'), R"("},"weight_map":{}})");
+  auto large = CheckpointIndex::Parse(padded, bounds);
+  ASSERT_FALSE(large.ok());
+  EXPECT_THAT(Msg(large.status()), HasSubstr("bytes, above the limit of"));
+
+  // A base with a million tensors is held to the defaults.
+  CheckpointIndex huge;
+  for (int i = 0; i < 600'000; ++i) huge.weight_map[absl::StrCat("t", i)] = "model.safetensors";
+  EXPECT_EQ(IndexBoundsFor(huge).max_tensors, kMaxIndexTensors);
+  EXPECT_EQ(IndexBoundsFor(huge).max_bytes, kMaxIndexBytes);
+}
+
 }  // namespace
 }  // namespace stitch

@@ -60,10 +60,17 @@ absl::Status WriteAll(int fd, std::span<const std::byte> bytes, const fs::path& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFileToString(const fs::path& path) {
+absl::StatusOr<std::string> ReadFileToString(const fs::path& path, uint64_t max_bytes) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return ErrnoStatus(errno, "open", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::OutOfRangeError(absl::StrCat(path.string(), " is ", st.st_size,
+                                              " bytes, above the limit of ", max_bytes, " bytes"));
+  }
   std::string out;
+  out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   for (;;) {
     ssize_t n = ::read(fd.get(), buf, sizeof buf);
@@ -72,9 +79,40 @@ absl::StatusOr<std::string> ReadFileToString(const fs::path& path) {
       return ErrnoStatus(errno, "read", path);
     }
     if (n == 0) break;
+    // A file that grew while being read is held to the limit too.
+    if (out.size() + static_cast<size_t>(n) > max_bytes) {
+      return absl::OutOfRangeError(
+          absl::StrCat(path.string(), " is above the limit of ", max_bytes, " bytes"));
+    }
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+absl::StatusOr<bool> FileHolds(const fs::path& path, std::string_view contents) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT) return false;
+    return ErrnoStatus(errno, "open", path);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (static_cast<uint64_t>(st.st_size) != contents.size()) return false;
+  char buf[1 << 16];
+  size_t at = 0;
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "read", path);
+    }
+    if (n == 0) return at == contents.size();
+    const auto got = static_cast<size_t>(n);
+    if (at + got > contents.size() || contents.compare(at, got, std::string_view(buf, got)) != 0) {
+      return false;
+    }
+    at += got;
+  }
 }
 
 absl::Status FsyncPath(const fs::path& path) {

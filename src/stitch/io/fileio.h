@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,8 +20,16 @@ namespace stitch {
 [[nodiscard]] absl::Status ReadFully(int fd, uint64_t offset, std::span<std::byte> out,
                                      const std::filesystem::path& path);
 
-// Reads a whole (small) file.
-[[nodiscard]] absl::StatusOr<std::string> ReadFileToString(const std::filesystem::path& path);
+// Reads a whole (small) file into one buffer of its size. A file larger
+// than `max_bytes` is refused (OutOfRange, naming the path and the limit)
+// before any of it is read.
+[[nodiscard]] absl::StatusOr<std::string> ReadFileToString(
+    const std::filesystem::path& path, uint64_t max_bytes = std::numeric_limits<uint64_t>::max());
+
+// Whether the file at `path` holds exactly `contents`, read in pieces (never
+// whole). False for a missing file; errors reading an existing one pass.
+[[nodiscard]] absl::StatusOr<bool> FileHolds(const std::filesystem::path& path,
+                                             std::string_view contents);
 
 // fsync()s a file or a directory by path.
 [[nodiscard]] absl::Status FsyncPath(const std::filesystem::path& path);

@@ -73,6 +73,33 @@ TEST(ReadFileToString, ReadsBinaryAndReportsMissing) {
   EXPECT_THAT(Msg(missing.status()), HasSubstr((dir.path() / "absent").string()));
 }
 
+TEST(ReadFileToString, RefusesAFileOverTheLimitBeforeReadingIt) {
+  TempDir dir;
+  const fs::path path = dir / "f";
+  ASSERT_TRUE(WriteFileAtomically(path, std::string(5000, 'x')).ok());
+  auto refused = ReadFileToString(path, 4999);
+  EXPECT_TRUE(absl::IsOutOfRange(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("is 5000 bytes, above the limit of 4999 bytes"));
+  auto read = ReadFileToString(path, 5000);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 5000u);
+}
+
+TEST(FileHolds, ComparesWholeContentsInPieces) {
+  TempDir dir;
+  const fs::path path = dir / "f";
+  std::string contents(200000, 'a');
+  contents.back() = 'z';
+  ASSERT_TRUE(WriteFileAtomically(path, contents).ok());
+  EXPECT_TRUE(*FileHolds(path, contents));
+  std::string other = contents;
+  other.back() = 'y';
+  EXPECT_FALSE(*FileHolds(path, other));
+  EXPECT_FALSE(*FileHolds(path, contents.substr(1)));
+  EXPECT_FALSE(*FileHolds(dir / "missing", contents));
+}
+
 TEST(WriteFileAtomically, CreatesAndReplacesWithoutLeftovers) {
   TempDir dir;
   const fs::path path = dir.path() / "pointer";

@@ -114,13 +114,15 @@ std::string FileUriForPath(const fs::path& absolute_path) {
   return std::string(u.buffer());
 }
 
-FsStore::FsStore(fs::path root, std::string run_id)
+FsStore::FsStore(fs::path root, std::string run_id, IndexBounds index_bounds)
     : root_(std::move(root)),
       run_id_(std::move(run_id)),
       uri_(FileUriForPath(root_)),
-      where_(absl::StrCat("store ", uri_)) {}
+      where_(absl::StrCat("store ", uri_)),
+      index_bounds_(std::move(index_bounds)) {}
 
-absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std::string run_id) {
+absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std::string run_id,
+                                                       IndexBounds index_bounds) {
   if (root.empty()) return absl::InvalidArgumentError("store path is empty");
   std::error_code ec;
   fs::path abs = fs::absolute(root, ec).lexically_normal();
@@ -129,7 +131,7 @@ absl::StatusOr<std::unique_ptr<FsStore>> FsStore::Open(const fs::path& root, std
         absl::StrCat("store ", root.string(), ": cannot make the path absolute: ", ec.message()));
   }
   if (!abs.has_filename() && abs.has_relative_path()) abs = abs.parent_path();
-  auto store = std::unique_ptr<FsStore>(new FsStore(abs, run_id));
+  auto store = std::unique_ptr<FsStore>(new FsStore(abs, run_id, std::move(index_bounds)));
   if (!run_id.empty()) {
     if (absl::Status s = ValidateRunId(run_id); !s.ok()) return Annotate(s, store->where());
   }
@@ -446,15 +448,19 @@ absl::StatusOr<VersionManifest> FsStore::ReadManifest(int64_t version) {
   }
   fs::path dir = VersionDir(version);
   if (absl::Status s = CheckNoLinks(version, LinkCheck::kIndex); !s.ok()) return s;
-  auto text = ReadFileToString(dir / kIndexFileName);
+  // A larger index than the bounds allow is refused before it is read.
+  auto text = ReadFileToString(dir / kIndexFileName, index_bounds_.max_bytes);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
       return absl::NotFoundError(
           absl::StrCat(where_, ": version ", VersionDirName(version), " is not published"));
     }
+    if (absl::IsOutOfRange(text.status())) {
+      return IndexTooLarge(where_, version, text.status().message(), index_bounds_);
+    }
     return Annotate(text.status(), where_);
   }
-  return ManifestFromIndex(where_, version, *text);
+  return ManifestFromIndex(where_, version, *text, index_bounds_);
 }
 
 absl::StatusOr<fs::path> FsStore::Materialize(int64_t version) {

@@ -51,9 +51,10 @@ class FsStore final : public Store {
   // directory) for `run_id`. Creates nothing: a missing root reads as an
   // unset pointer, and the first AdvancePointer (a claim) creates `root` and
   // `root/updates`. `run_id` must pass ValidateRunId, or be empty for a
-  // read-only view that refuses PublishFiles and AdvancePointer.
+  // read-only view that refuses PublishFiles and AdvancePointer. Indexes
+  // larger than `index_bounds` are refused before they are read.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FsStore>> Open(
-      const std::filesystem::path& root, std::string run_id);
+      const std::filesystem::path& root, std::string run_id, IndexBounds index_bounds = {});
 
   std::string uri() const override { return uri_; }
   const std::string& run_id() const override { return run_id_; }
@@ -107,7 +108,7 @@ class FsStore final : public Store {
   // `updates`, the version's directory and its index, or with
   // kWholeVersion anywhere in that directory.
   [[nodiscard]] absl::Status CheckNoLinks(int64_t version, LinkCheck scope) const;
-  FsStore(std::filesystem::path root, std::string run_id);
+  FsStore(std::filesystem::path root, std::string run_id, IndexBounds index_bounds);
 
   // "store file:///<root>", the prefix of every message.
   const std::string& where() const { return where_; }
@@ -144,6 +145,7 @@ class FsStore final : public Store {
   const std::string run_id_;
   const std::string uri_;
   const std::string where_;
+  const IndexBounds index_bounds_;
   std::function<void()> before_rename_;
 };
 

@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
@@ -341,6 +342,40 @@ TEST_F(FsStoreTest, CorruptStoredIndexIsDataLoss) {
   auto m = store_->ReadManifest(4);
   EXPECT_TRUE(absl::IsDataLoss(m.status())) << m.status();
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("weight_v000004"));
+}
+
+// A store opened with the bounds of a base checkpoint refuses an index
+// listing more tensors than a version of it can hold, and one larger than
+// its byte bound before reading it; the defaults accept the first.
+TEST_F(FsStoreTest, AnIndexBeyondWhatTheBaseCheckpointCanHoldIsDataLoss) {
+  Claim();
+  CheckpointIndex base;
+  base.weight_map = {{"embed.weight", "model.safetensors"}, {"norm.weight", "model.safetensors"}};
+  auto bounded = FsStore::Open(root_, "run-a", IndexBoundsFor(base));
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  const fs::path dir = root_ / "updates" / "weight_v000004";
+  ASSERT_TRUE(fs::create_directories(dir));
+  CheckpointIndex many;
+  many.metadata["version"] = "000004";
+  for (int i = 0; i < 1000; ++i) {
+    many.weight_map[absl::StrCat("layer.", i, ".weight")] = "model.safetensors";
+  }
+  ASSERT_TRUE(WriteFileAtomically(dir / "model.safetensors.index.json", many.ToJson()).ok());
+  EXPECT_TRUE(store_->ReadManifest(4).ok());
+  auto refused = (*bounded)->ReadManifest(4);
+  EXPECT_TRUE(absl::IsDataLoss(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("weight_v000004 has a bad index: checkpoint index: weight_map lists 1000 "
+                        "tensors, above the limit of 20"));
+
+  // 64 MiB of index for a model of two tensors: refused by its size.
+  ASSERT_TRUE(WriteFileAtomically(dir / "model.safetensors.index.json",
+                                  std::string(size_t{64} << 20, ' ') + many.ToJson())
+                  .ok());
+  auto large = (*bounded)->ReadManifest(4);
+  EXPECT_TRUE(absl::IsDataLoss(large.status())) << large.status();
+  EXPECT_THAT(std::string(large.status().message()), HasSubstr("bytes, above the limit of"));
+  EXPECT_THAT(std::string(large.status().message()), HasSubstr("lists 2 tensors"));
 }
 
 TEST_F(FsStoreTest, StoredIndexOfAnotherVersionIsDataLoss) {

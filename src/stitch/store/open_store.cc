@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
     return absl::InvalidArgumentError(absl::StrCat("store URI is empty; ", kSupported));
   }
   bool is_uri = absl::StrContains(text, "://") || absl::StartsWithIgnoreCase(text, "file:");
-  if (!is_uri) return Upcast(FsStore::Open(std::filesystem::path(uri), options.run_id));
+  if (!is_uri)
+    return Upcast(FsStore::Open(std::filesystem::path(uri), options.run_id, options.index_bounds));
 
   auto parsed = boost::urls::parse_uri(uri);
   if (!parsed) {
@@ -72,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
     }
     std::string path = u.path();
     if (path.empty() || path.front() != '/') return bad("has no absolute path");
-    return Upcast(FsStore::Open(std::filesystem::path(path), options.run_id));
+    return Upcast(FsStore::Open(std::filesystem::path(path), options.run_id, options.index_bounds));
   }
   if (scheme == "mem") {
     std::string name = absl::StrCat(std::string(u.host()), std::string(u.path()));

@@ -125,6 +125,7 @@ struct Transfer {
   S3Response* response = nullptr;
   S3BodySink* sink = nullptr;
   absl::Status sink_status;
+  uint64_t max_buffered_body = 0;
   // The payload: a file descriptor range, or bytes in memory.
   int fd = -1;
   const std::filesystem::path* file = nullptr;
@@ -162,11 +163,25 @@ size_t OnBody(char* buffer, size_t size, size_t count, void* user) {
     t->sink_status = t->sink->Write(std::string_view(buffer, n));
     return t->sink_status.ok() ? n : 0;
   }
-  if (t->response->body.size() + n > kMaxBufferedBody) {
-    t->sink_status = absl::ResourceExhaustedError("the service's answer is larger than 256 MiB");
+  std::string& body = t->response->body;
+  if (body.empty()) {
+    // A declared length is judged before any of the body is held, and then
+    // held in one buffer of that size.
+    curl_off_t declared = -1;
+    curl_easy_getinfo(t->curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &declared);
+    if (declared > 0 && static_cast<uint64_t>(declared) > t->max_buffered_body) {
+      t->sink_status = absl::OutOfRangeError(absl::StrCat(
+          "it is ", declared, " bytes, above the limit of ", t->max_buffered_body, " bytes"));
+      return 0;
+    }
+    if (declared > 0) body.reserve(static_cast<size_t>(declared));
+  }
+  if (body.size() + n > t->max_buffered_body) {
+    t->sink_status = absl::OutOfRangeError(
+        absl::StrCat("it is above the limit of ", t->max_buffered_body, " bytes"));
     return 0;
   }
-  t->response->body.append(buffer, n);
+  body.append(buffer, n);
   return n;
 }
 
@@ -372,6 +387,8 @@ absl::Status S3Client::Perform(Handle& h, const S3Request& request, const std::s
   t.curl = c;
   t.response = &response;
   t.sink = request.sink;
+  t.max_buffered_body =
+      request.max_buffered_body == 0 ? kMaxBufferedBody : request.max_buffered_body;
   UniqueFd fd;
   if (request.body_file) {
     fd = UniqueFd(::open(request.body_file->c_str(), O_RDONLY | O_CLOEXEC));

@@ -83,6 +83,9 @@ struct S3Request {
   std::string payload_sha256;
   // Where a 2xx body goes; buffered into S3Response::body when null.
   S3BodySink* sink = nullptr;
+  // The largest body buffered (OutOfRange beyond, before any of it is held
+  // when the answer declares its length); 0: the client's own limit, 256 MiB.
+  uint64_t max_buffered_body = 0;
 };
 
 struct S3Response {

@@ -253,6 +253,31 @@ TEST(S3ClientTest, DroppedConnectionsAreRetriedAndDownloadsStartOver) {
   EXPECT_TRUE(response->body.empty());
 }
 
+// A request's limit on the body it buffers holds before any of the body is
+// held when the answer declares its length, and as the body arrives when it
+// does not; neither is retried.
+TEST(S3ClientTest, ABufferedBodyOverTheRequestsLimitIsRefused) {
+  ScriptedServer server(
+      {"HTTP/1.1 200 X\r\nContent-Length: 1073741824\r\nConnection: close\r\n\r\nabc",
+       absl::StrCat("HTTP/1.1 200 X\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+                    "7d0\r\n", std::string(2000, 'c'), "\r\n0\r\n\r\n"),
+       ScriptedServer::Reply(200, std::string(900, 'f'))});
+  Fixture f = MakeClient(server.url(), 3);
+  S3Request r;
+  r.key = "p/k";
+  r.max_buffered_body = 1000;
+  auto declared = f.client->Send(r);
+  EXPECT_TRUE(absl::IsOutOfRange(declared.status())) << declared.status();
+  EXPECT_EQ(declared.status().message(), "it is 1073741824 bytes, above the limit of 1000 bytes");
+  auto chunked = f.client->Send(r);
+  EXPECT_TRUE(absl::IsOutOfRange(chunked.status())) << chunked.status();
+  EXPECT_EQ(chunked.status().message(), "it is above the limit of 1000 bytes");
+  auto fits = f.client->Send(r);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->body, std::string(900, 'f'));
+  EXPECT_EQ(server.heads().size(), 3u);
+}
+
 TEST(S3ClientTest, UnreachableEndpointIsUnavailableAfterRetries) {
   std::string url = testing::UnreachableUrl();
   Fixture f = MakeClient(url, 2);

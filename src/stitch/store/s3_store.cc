@@ -51,13 +51,15 @@ bool ValidHostName(std::string_view host) {
 }  // namespace
 
 S3Store::S3Store(S3Location location, std::string run_id, fs::path cache_dir,
-                 std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers)
+                 std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers,
+                 IndexBounds index_bounds)
     : location_(std::move(location)),
       run_id_(std::move(run_id)),
       cache_dir_(std::move(cache_dir)),
       client_(std::move(client)),
       options_(std::move(options)),
       where_(absl::StrCat("store ", location_.Display())),
+      index_bounds_(std::move(index_bounds)),
       peers_(std::move(peers)) {}
 
 namespace {
@@ -117,9 +119,9 @@ absl::StatusOr<std::unique_ptr<S3Store>> S3Store::Open(std::string_view uri,
   if (!client.ok()) return client.status();
   StorePeers peers = options.peers;
   peers.self_id = CachePeerId(cache_dir);
-  return std::unique_ptr<S3Store>(new S3Store(*std::move(location), options.run_id,
-                                              std::move(cache_dir), *std::move(client),
-                                              std::move(s3), std::move(peers)));
+  return std::unique_ptr<S3Store>(
+      new S3Store(*std::move(location), options.run_id, std::move(cache_dir), *std::move(client),
+                  std::move(s3), std::move(peers), options.index_bounds));
 }
 
 std::string S3Store::VersionKey(int64_t version, std::string_view name) const {
@@ -334,10 +336,14 @@ absl::StatusOr<std::string> S3Store::GetReceipt(int64_t version, std::string_vie
 
 // ---- Reads ----
 
-absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::string_view what) {
+absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::string_view what,
+                                                 uint64_t max_bytes) {
   S3Request r;
   r.key = key;
+  r.max_buffered_body = max_bytes;
   auto response = client_->Send(r);
+  // "It is N bytes, above the limit": the caller names the object.
+  if (absl::IsOutOfRange(response.status())) return response.status();
   if (!response.ok()) return Annotate(response.status(), where_);
   if (response->status == 404 && response->ErrorCode() != "NoSuchBucket") {
     return absl::NotFoundError(absl::StrCat(where_, ": ", AbslView(what), " ",
@@ -369,10 +375,14 @@ absl::StatusOr<std::string> S3Store::GetVerified(const std::string& key, std::st
 }
 
 absl::StatusOr<std::string> S3Store::ReadIndexText(int64_t version) {
-  auto text = GetVerified(VersionKey(version, kIndexFileName), "index");
+  // A larger index than the bounds allow is refused before it is held.
+  auto text = GetVerified(VersionKey(version, kIndexFileName), "index", index_bounds_.max_bytes);
   if (!text.ok() && absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         absl::StrCat(where_, ": version ", VersionDirName(version), " is not published"));
+  }
+  if (!text.ok() && absl::IsOutOfRange(text.status())) {
+    return IndexTooLarge(where_, version, text.status().message(), index_bounds_);
   }
   return text;
 }
@@ -383,7 +393,7 @@ absl::StatusOr<VersionManifest> S3Store::ReadManifest(int64_t version) {
   }
   auto text = ReadIndexText(version);
   if (!text.ok()) return text.status();
-  return ManifestFromIndex(where_, version, *text);
+  return ManifestFromIndex(where_, version, *text, index_bounds_);
 }
 
 // ---- Materialize ----
@@ -581,7 +591,7 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
   }
   auto index_text = ReadIndexText(version);
   if (!index_text.ok()) return index_text.status();
-  auto manifest = ManifestFromIndex(where_, version, *index_text);
+  auto manifest = ManifestFromIndex(where_, version, *index_text, index_bounds_);
   if (!manifest.ok()) return manifest.status();
   auto files = FilesToMaterialize(version, *manifest);
   if (!files.ok()) return files.status();
@@ -607,8 +617,9 @@ absl::StatusOr<fs::path> S3Store::Materialize(int64_t version) {
     return Annotate(s, where_);
   }
   const fs::path index_path = paths.target / kIndexFileName;
-  auto on_disk = ReadFileToString(index_path);
-  if (!on_disk.ok() || *on_disk != *index_text) {
+  // Compared in pieces: the index is not held twice.
+  absl::StatusOr<bool> on_disk = FileHolds(index_path, *index_text);
+  if (!on_disk.ok() || !*on_disk) {
     if (absl::Status s = WriteFileAtomically(index_path, *index_text); !s.ok()) {
       return Annotate(s, where_);
     }

@@ -174,7 +174,8 @@ class S3Store final : public Store {
   // Where multi-host receipts live inside a version directory.
   static constexpr std::string_view kReceiptsDir = ".receipts";
   S3Store(S3Location location, std::string run_id, std::filesystem::path cache_dir,
-          std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers);
+          std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers,
+          IndexBounds index_bounds);
   // One missing file into `target` from `peers`, in the file's rendezvous
   // order (StorePeers) from its `from`-th (its owner: 0; waited for
   // `owner_wait_ms`), within StorePeers::extra_tries; else from the store.
@@ -213,9 +214,11 @@ class S3Store final : public Store {
   // now; Aborted when nothing is.
   [[nodiscard]] absl::Status CompareAfterLostRace(const Upload& upload);
   [[nodiscard]] absl::Status VerifyUploaded(const std::vector<Upload>& uploads);
-  // GET of a small object with its SHA-256 checked against its metadata.
+  // GET of a small object with its SHA-256 checked against its metadata;
+  // one larger than `max_bytes` (0: the client's limit) is OutOfRange.
   [[nodiscard]] absl::StatusOr<std::string> GetVerified(const std::string& key,
-                                                        std::string_view what);
+                                                        std::string_view what,
+                                                        uint64_t max_bytes = 0);
   // The index of `version`, verified; NotFound "not published" when absent.
   [[nodiscard]] absl::StatusOr<std::string> ReadIndexText(int64_t version);
   // Materialize's steps (the cache's own pieces: s3_version_cache.h). The
@@ -237,6 +240,7 @@ class S3Store final : public Store {
   const std::unique_ptr<S3Client> client_;
   const S3StoreOptions options_;
   const std::string where_;  // "store s3://bucket/prefix"
+  const IndexBounds index_bounds_;
   std::atomic<int64_t> uploaded_{0};
   std::atomic<int64_t> downloaded_{0};
   std::atomic<uint64_t> bytes_downloaded_{0};

@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
+#include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
 
 namespace stitch {
@@ -193,6 +194,10 @@ struct StoreOptions {
   std::filesystem::path cache_dir;
   // Where a remote store looks for version files first.
   StorePeers peers;
+  // How large a version's index may be (the filesystem and S3 stores refuse
+  // a larger one, DataLoss, before reading it). A replica narrows it to what
+  // its base checkpoint can hold (IndexBoundsFor).
+  IndexBounds index_bounds;
 };
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
                                                                const StoreOptions& options);

@@ -14,6 +14,7 @@
 #include "stitch/core/version.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
+#include "stitch/io/memory.h"
 
 namespace stitch {
 namespace fs = std::filesystem;
@@ -178,13 +179,18 @@ absl::StatusOr<VersionDirContents> ReadVersionDir(const fs::path& dir, int64_t v
   return out;
 }
 
-absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where, int64_t version,
-                                                  std::string_view text) {
+namespace {
+
+std::string BadIndexPrefix(std::string_view where, int64_t version) {
+  return absl::StrCat(AbslView(where), ": version ", VersionDirName(version), " has a bad index: ");
+}
+
+absl::StatusOr<VersionManifest> ParseManifest(std::string_view where, int64_t version,
+                                              std::string_view text, const IndexBounds& bounds) {
   auto corrupt = [&](absl::string_view why) {
-    return absl::DataLossError(absl::StrCat(AbslView(where), ": version ", VersionDirName(version),
-                                            " has a bad index: ", why));
+    return absl::DataLossError(absl::StrCat(BadIndexPrefix(where, version), why));
   };
-  auto index = CheckpointIndex::Parse(text);
+  auto index = CheckpointIndex::Parse(text, bounds);
   if (!index.ok()) return corrupt(index.status().message());
   auto manifest = index->ToManifest();
   if (!manifest.ok()) return corrupt(manifest.status().message());
@@ -192,6 +198,25 @@ absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where, int64_
     return corrupt(absl::StrCat("it records metadata.version ", manifest->version));
   }
   return manifest;
+}
+
+}  // namespace
+
+absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where, int64_t version,
+                                                  std::string_view text,
+                                                  const IndexBounds& bounds) {
+  // Past this size the parse's transient memory (the JSON document and the
+  // weight map, several times the text) is worth handing back at once.
+  constexpr size_t kLargeIndexBytes = size_t{16} << 20;
+  absl::StatusOr<VersionManifest> manifest = ParseManifest(where, version, text, bounds);
+  if (text.size() >= kLargeIndexBytes) ReleaseFreedMemory();
+  return manifest;
+}
+
+absl::Status IndexTooLarge(std::string_view where, int64_t version, absl::string_view detail,
+                           const IndexBounds& bounds) {
+  return absl::DataLossError(
+      absl::StrCat(BadIndexPrefix(where, version), detail, " (", bounds.why, ")"));
 }
 
 }  // namespace stitch

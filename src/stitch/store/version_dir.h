@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "stitch/core/manifest.h"
+#include "stitch/format/index.h"
 
 namespace stitch {
 
@@ -58,11 +59,19 @@ inline constexpr size_t kMaxOtherFiles = 10000;
 
 // The manifest of published version `version` from the text of its stored
 // index. DataLoss "<where>: version weight_vNNNNNN has a bad index: <why>"
-// when the index does not parse, describes no valid manifest, or records
-// another metadata.version. Shared by every store's ReadManifest.
+// when the index does not parse, passes `bounds`, describes no valid
+// manifest, or records another metadata.version. Shared by every store's
+// ReadManifest. After a large index the memory its parse took is handed
+// back to the system (ReleaseFreedMemory).
 [[nodiscard]] absl::StatusOr<VersionManifest> ManifestFromIndex(std::string_view where,
                                                                 int64_t version,
-                                                                std::string_view text);
+                                                                std::string_view text,
+                                                                const IndexBounds& bounds = {});
+
+// The DataLoss error for an index refused before it was read because it is
+// larger than `bounds` (`detail` says how large).
+absl::Status IndexTooLarge(std::string_view where, int64_t version, absl::string_view detail,
+                           const IndexBounds& bounds);
 
 // OK when `name` (relative, a safe payload file name) names a regular file
 // inside `dir` reached through real directories: no component below `dir`
