@@ -52,6 +52,7 @@ json::object ReplicaStateObject(const ReplicaState& s) {
     o["pointer"] = nullptr;
     o["pointer_version"] = nullptr;
   }
+  o["pointer_notice"] = NullIfEmpty(s.pointer_notice);
   return o;
 }
 
@@ -86,7 +87,8 @@ absl::StatusOr<ReplicaState> ReplicaStateFrom(const json::value& v) {
   for (auto [k, out] :
        {std::pair{"reason", &s.reason}, std::pair{"run_id", &s.run_id},
         std::pair{"update_destination_error", &s.update_destination_error},
-        std::pair{"terminal_error", &s.terminal_error}, std::pair{"sync_error", &s.sync_error}}) {
+        std::pair{"terminal_error", &s.terminal_error}, std::pair{"sync_error", &s.sync_error},
+        std::pair{"pointer_notice", &s.pointer_notice}}) {
     if (absl::Status st = get_string(k, *out); !st.ok()) return st;
   }
   std::string text;

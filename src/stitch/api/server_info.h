@@ -17,9 +17,10 @@ namespace stitch {
 // "update_destination_ready", "update_destination_error", "terminal_error",
 // "sync_error", "metrics": {name: number}, "pointer" (the store's pointer as
 // the replica last read it: an identity or null; max_staleness is judged
-// against it), "pointer_version"}. "reason", "update_destination_error",
-// "terminal_error" and "sync_error" are null when there is nothing to say
-// (the original Python Stitch's form), never "".
+// against it), "pointer_version", "pointer_notice" (ReplicaState)}.
+// "reason", "update_destination_error", "terminal_error", "sync_error" and
+// "pointer_notice" are null when there is nothing to say (the original
+// Python Stitch's form), never "".
 std::string ServerInfoJson(const ReplicaState& state);
 
 // Reads ServerInfoJson's form; absent fields keep their defaults, unknown

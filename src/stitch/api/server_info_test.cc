@@ -54,7 +54,8 @@ TEST(ServerInfoTest, EmptyExplanationsAreNullNotEmptyStrings) {
   s.ready = true;
   auto v = boost::json::parse(ServerInfoJson(s));
   const auto& o = v.as_object();
-  for (const char* key : {"reason", "terminal_error", "update_destination_error", "sync_error"}) {
+  for (const char* key :
+       {"reason", "terminal_error", "update_destination_error", "sync_error", "pointer_notice"}) {
     ASSERT_TRUE(o.contains(key)) << key;
     EXPECT_TRUE(o.at(key).is_null()) << key << ": " << boost::json::serialize(o.at(key));
   }
@@ -62,7 +63,12 @@ TEST(ServerInfoTest, EmptyExplanationsAreNullNotEmptyStrings) {
   s.terminal_error = "gone";
   s.update_destination_error = "broken";
   s.sync_error = "cannot stage";
+  s.pointer_notice = "moved back";
   auto w = boost::json::parse(ServerInfoJson(s));
+  EXPECT_EQ(w.at("pointer_notice").as_string(), "moved back");
+  auto read = ParseServerInfo(ServerInfoJson(s));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->pointer_notice, "moved back");
   EXPECT_EQ(w.at("reason").as_string(), "catching up");
   EXPECT_EQ(w.at("terminal_error").as_string(), "gone");
   EXPECT_EQ(w.at("update_destination_error").as_string(), "broken");

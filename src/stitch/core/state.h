@@ -50,6 +50,11 @@ struct ReplicaState {
   // first successful read, or when the store has no pointer. Requests with
   // max_staleness are judged against it.
   std::optional<VersionRef> pointer;
+  // What the pointer did that an operator should know of, "" otherwise: it
+  // moved back within the run (the replica keeps its version), or it named
+  // another run (the replica switched to that run's boot version; said for
+  // ten minutes).
+  std::string pointer_notice;
 
   std::optional<int64_t> pointer_version() const {
     return pointer.has_value() ? std::optional<int64_t>(pointer->version) : std::nullopt;

@@ -53,7 +53,7 @@ thead th{position:sticky;top:0;background:#fff}
 <div class="legend"><span><i style="background:#d9822b"></i>409</span><span><i style="background:#c23030"></i>503</span><span><i style="background:#7157d9"></i>retries</span></div></section>
 <section><h2>Time from publish to the whole fleet</h2><table><thead><tr><th>version</th><th>seen</th><th>whole fleet after</th></tr></thead><tbody id="rollouts"></tbody></table></section>
 <section class="wide"><h2>Replicas <span class="muted">(click a row to follow it above; the filter applies here too)</span></h2>
-<div class="scroll"><table><thead><tr><th>replica</th><th>state</th><th>version</th><th>behind</th><th>in flight</th><th>joined</th><th>last staged</th><th>last committed</th><th>stage / commit s</th><th>last error</th></tr></thead>
+<div class="scroll"><table><thead><tr><th>replica</th><th>state</th><th>version</th><th>behind</th><th>in flight</th><th>joined</th><th>last staged</th><th>last committed</th><th>stage / commit s</th><th>last error</th><th>store notice</th></tr></thead>
 <tbody id="replicas"></tbody></table></div></section>
 <section class="wide"><h2>State changes, newest first</h2><ol id="events" reversed></ol></section>
 </main>
@@ -162,6 +162,7 @@ function drawTable(d){
     cell(tr,r.in_flight===undefined?"":String(r.in_flight));cell(tr,ago(r.joined,d.now));cell(tr,ago(r.last_stage,d.now));cell(tr,ago(r.last_commit,d.now));
     cell(tr,(r.stage_s!==undefined?r.stage_s.toFixed(2):"-")+" / "+(r.commit_s!==undefined?r.commit_s.toFixed(2):"-"));
     cell(tr,r.last_error?r.last_error+" ("+ago(r.last_error_at,d.now)+")":"","err");
+    cell(tr,r.pointer_notice||"","err notice");
     tr.onclick=()=>{selected=selected===r.url?null:r.url;render();};tb.appendChild(tr);
   }
 }

@@ -236,6 +236,7 @@ std::string FleetHistory::Json(const ReplicaMap& replicas) const {
     auto r = replicas.find(url);
     if (r != replicas.end()) {
       l["in_flight"] = r->second->in_flight;
+      l["pointer_notice"] = r->second->state.pointer_notice;
       const auto& metrics = r->second->state.metrics;
       if (auto m = metrics.find("stage_s"); m != metrics.end()) l["stage_s"] = m->second;
       if (auto m = metrics.find("commit_s"); m != metrics.end()) l["commit_s"] = m->second;

@@ -73,6 +73,18 @@ TEST_F(FleetHistoryTest, RecordsAJoinThenOnlyChangesOfStateVersionOrMessage) {
   EXPECT_DOUBLE_EQ(lane.at("last_stage").as_double(), 1.0);
 }
 
+// What a replica says its store's pointer did (moved back, changed run)
+// reaches the dashboard's table with the replica.
+TEST_F(FleetHistoryTest, AReplicasPointerNoticeIsShownWithIt) {
+  ReplicaPtr a = Add("http://a", 3);
+  history_.Observe(*a);
+  EXPECT_EQ(State().at("replicas").as_array().at(0).at("pointer_notice").as_string(), "");
+  a->state.pointer_notice = "the store's pointer moved back to r1/weight_v000001";
+  history_.Observe(*a);
+  EXPECT_EQ(State().at("replicas").as_array().at(0).at("pointer_notice").as_string(),
+            "the store's pointer moved back to r1/weight_v000001");
+}
+
 TEST_F(FleetHistoryTest, EachLaneAndTheFleetEventListAreBounded) {
   ReplicaPtr a = Add("http://a", 1);
   for (int v = 1; v <= 20; ++v) {

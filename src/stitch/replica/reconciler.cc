@@ -182,6 +182,7 @@ ReplicaState Reconciler::State() const {
   s.terminal_error = terminal_.ok() ? std::string() : std::string(terminal_.message());
   s.metrics = last_pass_;
   s.pointer = gate_.pointer();
+  s.pointer_notice = PointerNotice();
   return s;
 }
 
@@ -476,10 +477,8 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     }
   }
   if (!gate_.trusted()) co_return PassResult::kMore;
-  if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) {
-    NoteRewind(pointer);
-    co_return CaughtUp();
-  }
+  NotePointer(pointer);
+  if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) co_return CaughtUp();
   if (refused_.has_value() && refused_->version == pointer &&
       clock_.Now() - refused_->at < kRefusedVersionRecheck) {
     SetError(refused_->why);
@@ -488,7 +487,7 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
   co_return co_await Advance(pointer, pass_start);
 }
 
-void Reconciler::NoteRewind(const VersionRef& pointer) {
+void Reconciler::NotePointer(const VersionRef& pointer) {
   const VersionRef serving = applied();
   if (pointer.run_id != serving.run_id || pointer.version >= serving.version) {
     rewound_to_.reset();
@@ -502,6 +501,22 @@ void Reconciler::NoteRewind(const VersionRef& pointer) {
       "move forward within a run), but a replica that starts now loads {}: move the pointer "
       "forward again, or claim a new run to roll back",
       store_.uri(), pointer.ToString(), serving.ToString(), serving.ToString(), pointer.ToString());
+}
+
+std::string Reconciler::PointerNotice() const {
+  if (rewound_to_.has_value()) {
+    const std::string serving = applied().ToString();
+    return absl::StrCat("the store's pointer moved back to ", rewound_to_->ToString(),
+                        "; this replica keeps ", serving,
+                        " (versions only move forward within a run): move the pointer forward "
+                        "again, or claim a new run to roll back");
+  }
+  if (switched_.has_value() && clock_.Now() - switched_->at < kRunSwitchNoticeFor) {
+    return absl::StrCat("the store's pointer moved from run ", switched_->from, " to run ",
+                        switched_->to.run_id, ": this replica switched to its boot version ",
+                        switched_->to.ToString());
+  }
+  return "";
 }
 
 Reconciler::PassResult Reconciler::CaughtUp() {

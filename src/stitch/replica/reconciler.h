@@ -270,8 +270,12 @@ class Reconciler {
   }
   void SetError(const absl::Status& status);
   // Counts and logs (once per pointer) a pointer behind the applied version
-  // of the same run.
-  void NoteRewind(const VersionRef& pointer);
+  // of the same run; forgets a rewind the pointer has moved past. Called on
+  // every pointer read.
+  void NotePointer(const VersionRef& pointer);
+  // What the pointer did that the operator should know of, for
+  // ReplicaState::pointer_notice.
+  std::string PointerNotice() const;
   // The error of a pointer that reads unset while `held` (a later version
   // than boot) is held: the store is missing or unreadable.
   absl::Status PointerVanished(const std::string& held) const;
@@ -348,6 +352,15 @@ class Reconciler {
   std::string sync_error_;
   // The moved-back pointer last counted in pointer_rewinds (loop thread).
   std::optional<VersionRef> rewound_to_;
+  // The last run switch (loop thread): the run served before, the boot
+  // switched to, and when; told for kRunSwitchNoticeFor.
+  struct RunSwitch {
+    std::string from;
+    VersionRef to;
+    Clock::TimePoint at;
+  };
+  std::optional<RunSwitch> switched_;
+  static constexpr Clock::Duration kRunSwitchNoticeFor = std::chrono::minutes(10);
   absl::Status terminal_;
   ReconcilerCounters counters_;
   std::map<std::string, double> last_pass_;

@@ -110,6 +110,7 @@ awaitable<Reconciler::PassResult> Reconciler::LoadVersion(const VersionRef& targ
 awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool force_reset) {
   const VersionRef boot{run_id, options_.boot_version};
   const bool switching = gate_.trusted() && gate_.serving().run_id != run_id;
+  const std::string from_run = gate_.trusted() ? gate_.serving().run_id : std::string();
   SetState(SyncState::kCommitting, switching ? absl::StrCat("switching to run ", run_id)
                                              : std::string("loading the boot checkpoint"));
   auto window = co_await gate_.Close(DrainScope::kAll);
@@ -145,6 +146,7 @@ awaitable<absl::Status> Reconciler::SwitchRun(const std::string& run_id, bool fo
   }
   if (switching) {
     ++counters_.run_switches;
+    switched_ = RunSwitch{from_run, boot, clock_.Now()};
     spdlog::warn(
         "the store's pointer names run {}: switched to it at its boot version {} (a claim, or a "
         "pointer written by hand, changes the run every replica serves)",

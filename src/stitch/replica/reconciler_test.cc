@@ -207,12 +207,19 @@ TEST_F(ReconcilerTest, APointerMovedBackIsCountedOnceAndTheAppliedVersionKept) {
     CO_ASSERT(co_await Until([&] { return reconciler_->counters().passes > passes; }));
     CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
     EXPECT_EQ(reconciler_->counters().pointer_rewinds, 1u);
+    // /server_info (and the gateway's dashboard) say so while it lasts.
+    EXPECT_THAT(reconciler_->State().pointer_notice,
+                HasSubstr("the store's pointer moved back to r1/weight_v000001; this replica keeps "
+                          "r1/weight_v000002"));
     passes = reconciler_->counters().passes;
     reconciler_->Wake();
     CO_ASSERT(co_await Until([&] { return reconciler_->counters().passes > passes; }));
     CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
     EXPECT_EQ(reconciler_->counters().pointer_rewinds, 1u) << "once per moved-back pointer";
     EXPECT_EQ(engine_->committed, std::vector<int64_t>{2});
+    SetPointer(Ref("r1", 2));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return reconciler_->State().pointer_notice.empty(); }));
   });
 }
 
@@ -478,6 +485,13 @@ TEST_F(ReconcilerTest, RunSwitchFromBootWeightsSkipsTheReset) {
     for (const std::string& call : engine_->calls)
       EXPECT_EQ(call.rfind("reset", 0), std::string::npos);
     EXPECT_EQ(reconciler_->counters().run_switches, 1u);
+    EXPECT_THAT(reconciler_->State().pointer_notice,
+                HasSubstr("the store's pointer moved from run r1 to run r2"));
+    // Told for ten minutes.
+    clock_->Advance(std::chrono::minutes(9));
+    EXPECT_NE(reconciler_->State().pointer_notice, "");
+    clock_->Advance(std::chrono::minutes(1));
+    EXPECT_EQ(reconciler_->State().pointer_notice, "");
   });
 }
 
