@@ -209,11 +209,30 @@ def check_semantics(docs):
         fail("the sidecar's --port, its container port and the service port differ")
     if not any(p.get("kind") == "PodDisruptionBudget" for _, p in docs):
         fail("no PodDisruptionBudget for the replicas")
+    check_peers_have_a_token("replica.yaml sidecar", sidecar)
     check_flags("replica.yaml sidecar", "sidecar", sidecar.get("args", []))
     check_flags("replica.yaml engine", "engine", engine.get("args", []))
     check_flags("gateway.yaml", "gateway", gateway_args)
     ok("replica readiness, liveness, restarts, shared volume, shutdown, resources, role, "
        "headless dns: pool and flags")
+
+
+def check_peers_have_a_token(where, sidecar):
+    """A sidecar with --peers serves every verified version to whoever presents
+    the fleet's token: it refuses to start without one, so the manifest must
+    give it one, from a Secret (never a literal in a public file)."""
+    args = sidecar.get("args", [])
+    if not any(a.startswith("--peers") for a in args):
+        return
+    env = {e.get("name"): e for e in sidecar.get("env", [])}
+    token = env.get("STITCH_AUTH_TOKEN", {})
+    from_secret = token.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
+    token_file = any(a.startswith("--auth-token-file") for a in args)
+    if not (from_secret or token_file):
+        fail(f"{where}: --peers without the fleet's token (STITCH_AUTH_TOKEN from a Secret, or "
+             f"--auth-token-file): the sidecar refuses to start")
+    if "value" in token:
+        fail(f"{where}: the fleet's token is written in the manifest; take it from a Secret")
 
 
 def check_slurm():
@@ -231,6 +250,10 @@ def check_slurm():
         for line in re.findall(rf'"\$STITCH_BIN" {command} ([^\n]*)', joined):
             args = [a for a in shlex.split(line, posix=True) if a.startswith("--")]
             check_flags(f"stitch-replicas.sbatch {command}", command, args)
+    for line in re.findall(r'"\$STITCH_BIN" sidecar ([^\n]*)', joined):
+        if "--peers" in line and "--auth-token-file" not in line:
+            fail("stitch-replicas.sbatch: a sidecar with --peers and no --auth-token-file "
+                 "refuses to start")
     # The sidecar survives an engine restart: the script must restart the
     # engine on its own, not only when the sidecar exits.
     if not re.search(r'while true; do\s*\n\s*"\$STITCH_BIN" engine', text):
