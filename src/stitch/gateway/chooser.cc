@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/core/stable_hash.h"
 
 namespace stitch {
 namespace {
@@ -12,29 +13,11 @@ bool Tried(std::span<const ReplicaPtr> tried, const ReplicaEntry* r) {
   return std::any_of(tried.begin(), tried.end(), [r](const ReplicaPtr& t) { return t.get() == r; });
 }
 
-uint64_t Mix(uint64_t x) {
-  // splitmix64's finaliser: FNV-1a alone spreads short inputs poorly.
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 }  // namespace
 
-uint64_t StableHash(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char ch : bytes) {
-    h ^= static_cast<unsigned char>(ch);
-    h *= 0x100000001b3ULL;
-  }
-  return Mix(h);
-}
-
 uint64_t AffinityKey(std::optional<int64_t> version, std::string_view prompt_prefix) {
-  return Mix(StableHash(prompt_prefix) ^ Mix(static_cast<uint64_t>(version.value_or(-1))));
+  return StableMix(StableHash(prompt_prefix) ^
+                   StableMix(static_cast<uint64_t>(version.value_or(-1))));
 }
 
 void ReplicaIndex::Clear() {

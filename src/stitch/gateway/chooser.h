@@ -124,10 +124,6 @@ class RoutingIndex {
   std::vector<std::pair<uint64_t, ReplicaPtr>> ring_;
 };
 
-// A stable 64-bit hash (FNV-1a, then mixed), the same in every gateway
-// process: prefix affinity keys and ring points.
-uint64_t StableHash(std::string_view bytes);
-
 // The affinity key of a request: the version it will be served on and the
 // first bytes of its prompt.
 uint64_t AffinityKey(std::optional<int64_t> version, std::string_view prompt_prefix);

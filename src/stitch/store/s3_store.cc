@@ -22,6 +22,7 @@
 #include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
+#include "stitch/core/stable_hash.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
 #include "stitch/store/pointer_cas.h"
@@ -415,13 +416,13 @@ absl::StatusOr<std::vector<std::string>> S3Store::FilesToMaterialize(
 namespace {
 
 // `peers` in the order every replica gives them for `file` of `version`
-// (rendezvous hashing): the first is the file's owner.
+// (rendezvous hashing, with a hash every build computes alike): the first is
+// the file's owner.
 std::vector<size_t> PeerOrder(const std::vector<std::string>& peers, int64_t version,
                               std::string_view file) {
-  std::vector<std::pair<size_t, size_t>> ranked;
+  std::vector<std::pair<uint64_t, size_t>> ranked;
   for (size_t i = 0; i < peers.size(); ++i) {
-    ranked.emplace_back(
-        std::hash<std::string>{}(absl::StrCat(peers[i], "\n", version, "/", AbslView(file))), i);
+    ranked.emplace_back(StableHash(absl::StrCat(peers[i], "\n", version, "/", AbslView(file))), i);
   }
   std::sort(ranked.begin(), ranked.end(), std::greater<>());
   std::vector<size_t> order;
