@@ -1,6 +1,7 @@
 #include "stitch/api/routes.h"
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include <boost/url/parse.hpp>
@@ -24,8 +25,8 @@ constexpr std::string_view kBlockedRoutes[] = {
     "/continue_generation",
     "/finish_weight_update",
     "/flush_cache",
-    "/init_weight_transfer_engine",
     "/inference/v1/abort_requests",
+    "/init_weight_transfer_engine",
     "/init_weights_update_group",
     "/load_lora_adapter",
     "/pause",
@@ -99,6 +100,13 @@ constexpr std::string_view kUnversionedGeneration[] = {
     "/v2/rerank",
     "/vertex_generate",
 };
+
+// Kept sorted, so that a reader finds a route (or its absence) at a glance:
+// checked when this file compiles.
+static_assert(std::is_sorted(std::begin(kBlockedRoutes), std::end(kBlockedRoutes)));
+static_assert(std::is_sorted(std::begin(kSglangReadOnly), std::end(kSglangReadOnly)));
+static_assert(std::is_sorted(std::begin(kVllmReadOnly), std::end(kVllmReadOnly)));
+static_assert(std::is_sorted(std::begin(kUnversionedGeneration), std::end(kUnversionedGeneration)));
 
 // The versioned routes, for messages: "POST /generate, /v1/completions, ...".
 std::string VersionedRoutesText() {
