@@ -12,14 +12,8 @@
 
 namespace stitch {
 
-namespace json = boost::json;
-using refengine_internal::AsInteger;
-using refengine_internal::AsNumber;
-using refengine_internal::FieldReader;
-using refengine_internal::JsonView;
-using refengine_internal::KindName;
-using refengine_internal::ParseObject;
-using refengine_internal::View;
+// This folder's JSON reading helpers, and their `json` (boost::json).
+using namespace refengine_internal;
 
 namespace {
 
