@@ -1,6 +1,8 @@
 #include "stitch/chaos/history.h"
 
+#include <concepts>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include <boost/json/array.hpp>
@@ -9,424 +11,374 @@
 #include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
 
 namespace stitch {
 namespace {
 
 namespace json = boost::json;
 
+// Each line's fields are named once, in Fields() below, for both directions:
+// a JsonWriter writes them, a JsonReader reads them back.
+enum class Rule {
+  kKept,              // written always; read when present
+  kRequired,          // written always; a line without it is refused
+  kOmittedWhenEmpty,  // written only when not empty (a string, a list, an
+                      // unset optional, false, 0); read when present
+};
+
+template <typename E, typename T>
+concept EntryOf = std::same_as<std::remove_const_t<E>, T>;
+
+template <typename Io, EntryOf<Fault> E>
+void Fields(Io& io, E& f) {
+  io("id", f.id);
+  io("kind", f.kind, Rule::kRequired);
+  io("start_s", f.start_s);
+  io("duration_s", f.duration_s);
+  io("replica", f.replica);
+  io("param", f.param);
+}
+
+template <typename Io, EntryOf<RunEntry> E>
+void Fields(Io& io, E& e) {
+  io("seed", e.seed);
+  io("minutes", e.minutes);
+  io("store", e.store);
+  io("replicas", e.replicas);
+  io("dir", e.dir);
+  io("replay", e.replay);
+  io("schedule", e.schedule);
+  io("left_out", e.left_out);
+}
+
+template <typename Io, EntryOf<RequestRecord> E>
+void Fields(Io& io, E& r) {
+  constexpr Rule kOmitted = Rule::kOmittedWhenEmpty;
+  io("id", r.id, Rule::kRequired);
+  io("via", r.via, Rule::kRequired);
+  io("served_by", r.served_by, kOmitted);
+  io("route", r.route, Rule::kRequired);
+  io("stream", r.stream);
+  io("session", r.session, kOmitted);
+  io("probe", r.probe, kOmitted);
+  io("constraint", r.constraint);
+  io("pointer", r.pointer);
+  io("sent_s", r.sent_s);
+  io("done_s", r.done_s);
+  io("status", r.status);
+  io("outcome", r.outcome, Rule::kRequired);
+  io("error", r.error, kOmitted);
+  io("start", r.start, kOmitted);
+  io("end", r.end, kOmitted);
+  io("prompt", r.prompt);
+  io("max_tokens", r.max_tokens);
+  io("tokens", r.tokens, kOmitted);
+  io("text", r.text, kOmitted);
+  io("events", r.events, kOmitted);
+  io("verdict", r.verdict, Rule::kRequired);
+  io("versions", r.versions, kOmitted);
+  io("switch_at", r.switch_at, kOmitted);
+  io("matches", r.matches, kOmitted);
+  io("spans", r.spans, kOmitted);
+  io("spans_check", r.spans_check, kOmitted);
+}
+
+template <typename Io, EntryOf<FaultEntry> E>
+void Fields(Io& io, E& e) {
+  Fields(io, e.fault);  // the fault's own fields, in the same object
+  io("applied_s", e.applied_s);
+  io("ended_s", e.ended_s);
+  io("skipped", e.skipped, Rule::kOmittedWhenEmpty);
+  io("note", e.note, Rule::kOmittedWhenEmpty);
+}
+
+template <typename Io, EntryOf<PublishEntry> E>
+void Fields(Io& io, E& e) {
+  io("version", e.version, Rule::kRequired);
+  io("full", e.full);
+  io("started_s", e.started_s);
+  io("done_s", e.done_s);
+  io("outcome", e.outcome);
+}
+
+template <typename Io, EntryOf<PointerEntry> E>
+void Fields(Io& io, E& e) {
+  io("at_s", e.at_s);
+  io("version", e.version, Rule::kRequired);
+  io("complete", e.complete);
+  io("detail", e.detail, Rule::kOmittedWhenEmpty);
+}
+
+template <typename Io, EntryOf<ResourceEntry> E>
+void Fields(Io& io, E& e) {
+  io("at_s", e.at_s);
+  io("process", e.process, Rule::kRequired);
+  io("instance", e.instance);
+  io("pid", e.pid);
+  io("rss_kib", e.rss_kib);
+  io("open_files", e.open_files);
+}
+
+template <typename Io, EntryOf<EndEntry> E>
+void Fields(Io& io, E& e) {
+  io("at_s", e.at_s);
+  io("final_pointer", e.final_pointer);
+  io("pointer_complete", e.pointer_complete);
+  io("pointer_detail", e.pointer_detail, Rule::kOmittedWhenEmpty);
+  io("converged", e.converged);
+  io("convergence", e.convergence, Rule::kOmittedWhenEmpty);
+  io("leftover_processes", e.leftover_processes);
+  io("leftover_temp", e.leftover_temp);
+  io("unfinished", e.unfinished);
+  io("notes", e.notes);
+}
+
+// Every line's "type", with the entry it holds.
+template <typename T>
+constexpr std::string_view kLineType = "";
+template <>
+constexpr std::string_view kLineType<RunEntry> = "run";
+template <>
+constexpr std::string_view kLineType<RequestRecord> = "request";
+template <>
+constexpr std::string_view kLineType<FaultEntry> = "fault";
+template <>
+constexpr std::string_view kLineType<PublishEntry> = "publish";
+template <>
+constexpr std::string_view kLineType<PointerEntry> = "pointer";
+template <>
+constexpr std::string_view kLineType<ResourceEntry> = "resources";
+template <>
+constexpr std::string_view kLineType<EndEntry> = "end";
+
+absl::string_view Text(const json::string& s) { return {s.data(), s.size()}; }
+
+// The enumerations' names, both ways.
+constexpr Outcome kOutcomes[] = {Outcome::kAnswered, Outcome::kRetryable, Outcome::kFailed,
+                                 Outcome::kClientLeft};
+constexpr Verdict kVerdicts[] = {Verdict::kNone, Verdict::kSame, Verdict::kCrossed,
+                                 Verdict::kUnjudged, Verdict::kMismatch};
+
 // --- writing ------------------------------------------------------------------
 
-json::array Strings(const std::vector<std::string>& values) {
-  json::array out;
-  for (const std::string& v : values) out.emplace_back(v);
-  return out;
-}
+class JsonWriter {
+ public:
+  explicit JsonWriter(json::object& out) : out_(out) {}
 
-template <typename T>
-json::array Numbers(const std::vector<T>& values) {
-  json::array out;
-  for (T v : values) out.emplace_back(static_cast<int64_t>(v));
-  return out;
-}
+  template <typename T>
+  void operator()(std::string_view name, const T& value, Rule rule = Rule::kKept) {
+    if (rule == Rule::kOmittedWhenEmpty && IsEmpty(value)) return;
+    out_[json::string_view(name.data(), name.size())] = ToJson(value);
+  }
 
-json::object FaultObject(const Fault& f) {
+ private:
+  template <typename T>
+  static bool IsEmpty(const T& value) {
+    if constexpr (requires { value.empty(); }) {
+      return value.empty();
+    } else if constexpr (requires { value.has_value(); }) {
+      return !value.has_value();
+    } else {
+      return value == T{};
+    }
+  }
+
+  template <typename T>
+  static json::value ToJson(const T& value) {
+    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, std::string> || std::is_same_v<T, uint64_t>) {
+      return json::value(value);
+    } else if constexpr (std::is_integral_v<T>) {
+      return json::value(static_cast<int64_t>(value));
+    } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+      return value.has_value() ? json::value(*value) : json::value(nullptr);
+    } else if constexpr (std::is_same_v<T, Outcome>) {
+      return json::value(std::string(OutcomeName(value)));
+    } else if constexpr (std::is_same_v<T, Verdict>) {
+      return json::value(std::string(VerdictName(value)));
+    } else if constexpr (std::is_same_v<T, FaultKind>) {
+      return json::value(std::string(FaultKindName(value)));
+    } else if constexpr (std::is_same_v<T, VersionConstraint>) {
+      json::object o;
+      JsonWriter w(o);
+      w("exact_version", value.exact_version, Rule::kOmittedWhenEmpty);
+      w("min_version", value.min_version, Rule::kOmittedWhenEmpty);
+      return o;
+    } else if constexpr (std::is_same_v<T, std::vector<Fault>>) {
+      json::array out;
+      for (const Fault& f : value) {
+        json::object o;
+        JsonWriter w(o);
+        Fields(w, f);
+        out.emplace_back(std::move(o));
+      }
+      return out;
+    } else {  // a list of strings or integers
+      json::array out;
+      for (const auto& item : value) out.push_back(ToJson(item));
+      return out;
+    }
+  }
+
+  json::object& out_;
+};
+
+template <typename Entry>
+json::object ToObject(const Entry& e) {
   json::object o;
-  o["id"] = f.id;
-  o["kind"] = std::string(FaultKindName(f.kind));
-  o["start_s"] = f.start_s;
-  o["duration_s"] = f.duration_s;
-  o["replica"] = f.replica;
-  o["param"] = f.param;
-  return o;
-}
-
-json::object ConstraintObject(const VersionConstraint& c) {
-  json::object o;
-  if (c.exact_version.has_value()) o["exact_version"] = *c.exact_version;
-  if (c.min_version.has_value()) o["min_version"] = *c.min_version;
-  return o;
-}
-
-json::object ToObject(const RunEntry& e) {
-  json::object o;
-  o["type"] = "run";
-  o["seed"] = e.seed;
-  o["minutes"] = e.minutes;
-  o["store"] = e.store;
-  o["replicas"] = e.replicas;
-  o["dir"] = e.dir;
-  o["replay"] = e.replay;
-  json::array schedule;
-  for (const Fault& f : e.schedule) schedule.emplace_back(FaultObject(f));
-  o["schedule"] = std::move(schedule);
-  o["left_out"] = Strings(e.left_out);
-  return o;
-}
-
-json::object ToObject(const RequestRecord& r) {
-  json::object o;
-  o["type"] = "request";
-  o["id"] = r.id;
-  o["via"] = r.via;
-  if (!r.served_by.empty()) o["served_by"] = r.served_by;
-  o["route"] = r.route;
-  o["stream"] = r.stream;
-  if (!r.session.empty()) o["session"] = r.session;
-  if (r.probe) o["probe"] = true;
-  o["constraint"] = ConstraintObject(r.constraint);
-  o["pointer"] = r.pointer;
-  o["sent_s"] = r.sent_s;
-  o["done_s"] = r.done_s;
-  o["status"] = r.status;
-  o["outcome"] = std::string(OutcomeName(r.outcome));
-  if (!r.error.empty()) o["error"] = r.error;
-  if (r.start.has_value()) o["start"] = *r.start;
-  if (r.end.has_value()) o["end"] = *r.end;
-  o["prompt"] = r.prompt;
-  o["max_tokens"] = r.max_tokens;
-  if (!r.tokens.empty()) o["tokens"] = Numbers(r.tokens);
-  if (!r.text.empty()) o["text"] = r.text;
-  if (r.stream) o["events"] = r.events;
-  o["verdict"] = std::string(VerdictName(r.verdict));
-  if (!r.versions.empty()) o["versions"] = Numbers(r.versions);
-  if (!r.switch_at.empty()) o["switch_at"] = Numbers(r.switch_at);
-  if (r.matches.has_value()) o["matches"] = *r.matches;
-  if (!r.spans.empty()) o["spans"] = r.spans;
-  if (!r.spans_check.empty()) o["spans_check"] = r.spans_check;
-  return o;
-}
-
-json::object ToObject(const FaultEntry& e) {
-  json::object o = FaultObject(e.fault);
-  o["type"] = "fault";
-  o["applied_s"] = e.applied_s;
-  o["ended_s"] = e.ended_s;
-  if (e.skipped) o["skipped"] = true;
-  if (!e.note.empty()) o["note"] = e.note;
-  return o;
-}
-
-json::object ToObject(const PublishEntry& e) {
-  json::object o;
-  o["type"] = "publish";
-  o["version"] = e.version;
-  o["full"] = e.full;
-  o["started_s"] = e.started_s;
-  o["done_s"] = e.done_s;
-  o["outcome"] = e.outcome;
-  return o;
-}
-
-json::object ToObject(const PointerEntry& e) {
-  json::object o;
-  o["type"] = "pointer";
-  o["at_s"] = e.at_s;
-  o["version"] = e.version;
-  o["complete"] = e.complete;
-  if (!e.detail.empty()) o["detail"] = e.detail;
-  return o;
-}
-
-json::object ToObject(const ResourceEntry& e) {
-  json::object o;
-  o["type"] = "resources";
-  o["at_s"] = e.at_s;
-  o["process"] = e.process;
-  o["instance"] = e.instance;
-  o["pid"] = e.pid;
-  o["rss_kib"] = e.rss_kib;
-  o["open_files"] = e.open_files;
-  return o;
-}
-
-json::object ToObject(const EndEntry& e) {
-  json::object o;
-  o["type"] = "end";
-  o["at_s"] = e.at_s;
-  o["final_pointer"] = e.final_pointer;
-  o["pointer_complete"] = e.pointer_complete;
-  if (!e.pointer_detail.empty()) o["pointer_detail"] = e.pointer_detail;
-  o["converged"] = e.converged;
-  if (!e.convergence.empty()) o["convergence"] = e.convergence;
-  o["leftover_processes"] = Strings(e.leftover_processes);
-  o["leftover_temp"] = Strings(e.leftover_temp);
-  o["unfinished"] = Strings(e.unfinished);
-  o["notes"] = Strings(e.notes);
+  JsonWriter w(o);
+  w("type", std::string(kLineType<Entry>));
+  Fields(w, e);
   return o;
 }
 
 // --- reading ------------------------------------------------------------------
 
-class Reader {
+class JsonReader {
  public:
-  explicit Reader(const json::object& o) : o_(o) {}
+  explicit JsonReader(const json::object& o) : o_(o) {}
 
   absl::Status status() const { return status_; }
 
-  const json::value* Find(std::string_view name) {
-    return o_.if_contains(json::string_view(name.data(), name.size()));
-  }
-
-  std::string String(std::string_view name, bool required = false) {
-    const json::value* v = Find(name);
-    if (v == nullptr) {
-      if (required) Fail(name, "is missing");
-      return {};
-    }
-    if (!v->is_string()) {
-      Fail(name, "is not a string");
-      return {};
-    }
-    return std::string(v->get_string());
-  }
-
-  int64_t Int(std::string_view name, bool required = false) {
-    std::optional<int64_t> v = OptionalInt(name);
-    if (!v.has_value() && required) Fail(name, "is missing");
-    return v.value_or(0);
-  }
-
-  std::optional<int64_t> OptionalInt(std::string_view name) {
-    const json::value* v = Find(name);
-    if (v == nullptr || v->is_null()) return std::nullopt;
-    if (v->is_int64()) return v->get_int64();
-    if (v->is_uint64()) return static_cast<int64_t>(v->get_uint64());
-    Fail(name, "is not an integer");
-    return std::nullopt;
-  }
-
-  uint64_t Unsigned(std::string_view name) {
-    const json::value* v = Find(name);
-    if (v == nullptr) return 0;
-    if (v->is_uint64()) return v->get_uint64();
-    if (v->is_int64() && v->get_int64() >= 0) return static_cast<uint64_t>(v->get_int64());
-    Fail(name, "is not an unsigned integer");
-    return 0;
-  }
-
-  double Double(std::string_view name) {
-    const json::value* v = Find(name);
-    if (v == nullptr) return 0;
-    if (v->is_double()) return v->get_double();
-    if (v->is_int64()) return static_cast<double>(v->get_int64());
-    if (v->is_uint64()) return static_cast<double>(v->get_uint64());
-    Fail(name, "is not a number");
-    return 0;
-  }
-
-  bool Bool(std::string_view name) {
-    const json::value* v = Find(name);
-    if (v == nullptr) return false;
-    if (!v->is_bool()) {
-      Fail(name, "is not a boolean");
-      return false;
-    }
-    return v->get_bool();
-  }
-
-  std::vector<std::string> StringList(std::string_view name) {
-    std::vector<std::string> out;
-    const json::value* v = Find(name);
-    if (v == nullptr) return out;
-    if (!v->is_array()) {
-      Fail(name, "is not an array");
-      return out;
-    }
-    for (const json::value& item : v->get_array()) {
-      if (!item.is_string()) {
-        Fail(name, "holds a non-string");
-        return out;
-      }
-      out.emplace_back(item.get_string());
-    }
-    return out;
-  }
-
   template <typename T>
-  std::vector<T> IntList(std::string_view name) {
-    std::vector<T> out;
-    const json::value* v = Find(name);
-    if (v == nullptr) return out;
-    if (!v->is_array()) {
-      Fail(name, "is not an array");
-      return out;
+  void operator()(std::string_view name, T& value, Rule rule = Rule::kKept) {
+    const json::value* v = o_.if_contains(json::string_view(name.data(), name.size()));
+    if (v == nullptr || (v->is_null() && rule != Rule::kRequired)) {
+      if (rule == Rule::kRequired) Fail(name, "is missing");
+      return;
     }
-    for (const json::value& item : v->get_array()) {
-      if (!item.is_int64()) {
-        Fail(name, "holds a non-integer");
-        return out;
-      }
-      out.push_back(static_cast<T>(item.get_int64()));
-    }
-    return out;
-  }
-
-  void Fail(std::string_view name, std::string_view what) {
-    if (status_.ok()) {
-      status_ = absl::InvalidArgumentError(
-          absl::StrCat("chaos history: \"", absl::string_view(name.data(), name.size()), "\" ",
-                       absl::string_view(what.data(), what.size())));
-    }
+    if (!status_.ok()) return;
+    if (absl::Status s = Read(*v, value); !s.ok()) Fail(name, s.message());
   }
 
  private:
+  static absl::Status Wrong(std::string_view what) {
+    return absl::InvalidArgumentError(absl::string_view(what.data(), what.size()));
+  }
+
+  static absl::Status Read(const json::value& v, std::string& out) {
+    if (!v.is_string()) return Wrong("is not a string");
+    out = std::string(v.get_string());
+    return absl::OkStatus();
+  }
+  static absl::Status Read(const json::value& v, bool& out) {
+    if (!v.is_bool()) return Wrong("is not a boolean");
+    out = v.get_bool();
+    return absl::OkStatus();
+  }
+  static absl::Status Read(const json::value& v, double& out) {
+    if (!v.is_number()) return Wrong("is not a number");
+    out = v.to_number<double>();
+    return absl::OkStatus();
+  }
+  static absl::Status Read(const json::value& v, uint64_t& out) {
+    if (v.is_uint64()) {
+      out = v.get_uint64();
+    } else if (v.is_int64() && v.get_int64() >= 0) {
+      out = static_cast<uint64_t>(v.get_int64());
+    } else {
+      return Wrong("is not an unsigned integer");
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  requires std::is_integral_v<T> && std::is_signed_v<T>
+  static absl::Status Read(const json::value& v, T& out) {
+    if (v.is_int64()) {
+      out = static_cast<T>(v.get_int64());
+    } else if (v.is_uint64()) {
+      out = static_cast<T>(v.get_uint64());
+    } else {
+      return Wrong("is not an integer");
+    }
+    return absl::OkStatus();
+  }
+  static absl::Status Read(const json::value& v, std::optional<int64_t>& out) {
+    int64_t value = 0;
+    if (absl::Status s = Read(v, value); !s.ok()) return s;
+    out = value;
+    return absl::OkStatus();
+  }
+  template <typename Enum, size_t N>
+  static absl::Status ReadName(const json::value& v, Enum& out, const Enum (&all)[N],
+                               std::string_view (*name)(Enum), std::string_view what) {
+    if (!v.is_string()) return Wrong("is not a string");
+    for (Enum e : all) {
+      if (name(e) == std::string_view(v.get_string())) {
+        out = e;
+        return absl::OkStatus();
+      }
+    }
+    return Wrong(absl::StrCat("names no ", AbslView(what), ": ", Text(v.get_string())));
+  }
+  static absl::Status Read(const json::value& v, Outcome& out) {
+    return ReadName(v, out, kOutcomes, &OutcomeName, "outcome");
+  }
+  static absl::Status Read(const json::value& v, Verdict& out) {
+    return ReadName(v, out, kVerdicts, &VerdictName, "verdict");
+  }
+  static absl::Status Read(const json::value& v, FaultKind& out) {
+    if (!v.is_string()) return Wrong("is not a string");
+    std::optional<FaultKind> kind = ParseFaultKind(std::string_view(v.get_string()));
+    if (!kind.has_value()) {
+      return Wrong(absl::StrCat("names no fault kind: ", Text(v.get_string())));
+    }
+    out = *kind;
+    return absl::OkStatus();
+  }
+  static absl::Status Read(const json::value& v, VersionConstraint& out) {
+    if (!v.is_object()) return Wrong("is not an object");
+    JsonReader r(v.get_object());
+    r("exact_version", out.exact_version);
+    r("min_version", out.min_version);
+    return r.status();
+  }
+  static absl::Status Read(const json::value& v, std::vector<Fault>& out) {
+    if (!v.is_array()) return Wrong("is not an array");
+    for (const json::value& item : v.get_array()) {
+      if (!item.is_object()) return Wrong("holds a non-object");
+      JsonReader r(item.get_object());
+      Fields(r, out.emplace_back());
+      if (!r.status().ok()) return r.status();
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  static absl::Status Read(const json::value& v, std::vector<T>& out) {
+    if (!v.is_array()) return Wrong("is not an array");
+    for (const json::value& item : v.get_array()) {
+      if (absl::Status s = Read(item, out.emplace_back()); !s.ok()) {
+        return Wrong(absl::StrCat("holds an item that ", s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void Fail(std::string_view name, absl::string_view what) {
+    if (!status_.ok()) return;
+    // A nested reader's message already says "chaos history: ...".
+    if (absl::StartsWith(what, "chaos history: ")) {
+      status_ = absl::InvalidArgumentError(what);
+      return;
+    }
+    status_ = absl::InvalidArgumentError(absl::StrCat(
+        "chaos history: \"", absl::string_view(name.data(), name.size()), "\" ", what));
+  }
+
   const json::object& o_;
   absl::Status status_;
 };
 
-Fault ReadFault(Reader& r) {
-  Fault f;
-  f.id = static_cast<int>(r.Int("id"));
-  const std::string kind = r.String("kind", true);
-  if (std::optional<FaultKind> k = ParseFaultKind(kind); k.has_value()) {
-    f.kind = *k;
-  } else if (!kind.empty()) {
-    r.Fail("kind", absl::StrCat("names no fault kind: ", kind));
-  }
-  f.start_s = r.Double("start_s");
-  f.duration_s = r.Double("duration_s");
-  f.replica = static_cast<int>(r.Int("replica"));
-  f.param = r.Double("param");
-  return f;
-}
-
-absl::StatusOr<HistoryEntry> Finish(const Reader& r, HistoryEntry entry) {
+template <typename Entry>
+absl::StatusOr<HistoryEntry> ReadEntry(const json::object& o) {
+  Entry e;
+  JsonReader r(o);
+  Fields(r, e);
   if (!r.status().ok()) return r.status();
-  return entry;
-}
-
-absl::StatusOr<HistoryEntry> ReadRun(Reader& r) {
-  RunEntry e;
-  e.seed = r.Unsigned("seed");
-  e.minutes = r.Double("minutes");
-  e.store = r.String("store");
-  e.replicas = static_cast<int>(r.Int("replicas"));
-  e.dir = r.String("dir");
-  e.replay = r.String("replay");
-  if (const json::value* s = r.Find("schedule"); s != nullptr && s->is_array()) {
-    for (const json::value& item : s->get_array()) {
-      if (!item.is_object()) return absl::InvalidArgumentError("chaos history: bad schedule");
-      Reader fr(item.get_object());
-      e.schedule.push_back(ReadFault(fr));
-      if (!fr.status().ok()) return fr.status();
-    }
-  }
-  e.left_out = r.StringList("left_out");
-  return Finish(r, e);
-}
-
-Outcome ReadOutcome(Reader& r) {
-  const std::string outcome = r.String("outcome", true);
-  for (Outcome o :
-       {Outcome::kAnswered, Outcome::kRetryable, Outcome::kFailed, Outcome::kClientLeft}) {
-    if (OutcomeName(o) == outcome) return o;
-  }
-  r.Fail("outcome", absl::StrCat("names no outcome: ", outcome));
-  return RequestRecord{}.outcome;
-}
-
-Verdict ReadVerdict(Reader& r) {
-  const std::string verdict = r.String("verdict");
-  for (Verdict v : {Verdict::kNone, Verdict::kSame, Verdict::kCrossed, Verdict::kUnjudged,
-                    Verdict::kMismatch}) {
-    if (VerdictName(v) == verdict) return v;
-  }
-  r.Fail("verdict", absl::StrCat("names no verdict: ", verdict));
-  return RequestRecord{}.verdict;
-}
-
-absl::StatusOr<HistoryEntry> ReadRequest(Reader& r) {
-  RequestRecord q;
-  q.id = r.Int("id", true);
-  q.via = r.String("via", true);
-  q.served_by = r.String("served_by");
-  q.route = r.String("route", true);
-  q.stream = r.Bool("stream");
-  q.session = r.String("session");
-  q.probe = r.Bool("probe");
-  if (const json::value* c = r.Find("constraint"); c != nullptr && c->is_object()) {
-    Reader cr(c->get_object());
-    q.constraint.exact_version = cr.OptionalInt("exact_version");
-    q.constraint.min_version = cr.OptionalInt("min_version");
-    if (!cr.status().ok()) return cr.status();
-  }
-  q.pointer = r.Int("pointer");
-  q.sent_s = r.Double("sent_s");
-  q.done_s = r.Double("done_s");
-  q.status = static_cast<int>(r.Int("status"));
-  q.outcome = ReadOutcome(r);
-  q.error = r.String("error");
-  q.start = r.OptionalInt("start");
-  q.end = r.OptionalInt("end");
-  q.prompt = static_cast<int>(r.Int("prompt"));
-  q.max_tokens = r.Int("max_tokens");
-  q.tokens = r.IntList<int32_t>("tokens");
-  q.text = r.String("text");
-  q.events = static_cast<int>(r.Int("events"));
-  q.verdict = ReadVerdict(r);
-  q.versions = r.IntList<int64_t>("versions");
-  q.switch_at = r.IntList<int>("switch_at");
-  q.matches = r.OptionalInt("matches");
-  q.spans = r.String("spans");
-  q.spans_check = r.String("spans_check");
-  return Finish(r, q);
-}
-
-absl::StatusOr<HistoryEntry> ReadFaultEntry(Reader& r) {
-  FaultEntry e;
-  e.fault = ReadFault(r);
-  e.applied_s = r.Double("applied_s");
-  e.ended_s = r.Double("ended_s");
-  e.skipped = r.Bool("skipped");
-  e.note = r.String("note");
-  return Finish(r, e);
-}
-
-absl::StatusOr<HistoryEntry> ReadPublish(Reader& r) {
-  PublishEntry e;
-  e.version = r.Int("version", true);
-  e.full = r.Bool("full");
-  e.started_s = r.Double("started_s");
-  e.done_s = r.Double("done_s");
-  e.outcome = r.String("outcome");
-  return Finish(r, e);
-}
-
-absl::StatusOr<HistoryEntry> ReadPointer(Reader& r) {
-  PointerEntry e;
-  e.at_s = r.Double("at_s");
-  e.version = r.Int("version", true);
-  e.complete = r.Bool("complete");
-  e.detail = r.String("detail");
-  return Finish(r, e);
-}
-
-absl::StatusOr<HistoryEntry> ReadResources(Reader& r) {
-  ResourceEntry e;
-  e.at_s = r.Double("at_s");
-  e.process = r.String("process", true);
-  e.instance = static_cast<int>(r.Int("instance"));
-  e.pid = static_cast<int>(r.Int("pid"));
-  e.rss_kib = r.Int("rss_kib");
-  e.open_files = r.Int("open_files");
-  return Finish(r, e);
-}
-
-absl::StatusOr<HistoryEntry> ReadEnd(Reader& r) {
-  EndEntry e;
-  e.at_s = r.Double("at_s");
-  e.final_pointer = r.Int("final_pointer");
-  e.pointer_complete = r.Bool("pointer_complete");
-  e.pointer_detail = r.String("pointer_detail");
-  e.converged = r.Bool("converged");
-  e.convergence = r.String("convergence");
-  e.leftover_processes = r.StringList("leftover_processes");
-  e.leftover_temp = r.StringList("leftover_temp");
-  e.unfinished = r.StringList("unfinished");
-  e.notes = r.StringList("notes");
-  return Finish(r, e);
+  return e;
 }
 
 }  // namespace
@@ -471,20 +423,27 @@ absl::StatusOr<HistoryEntry> ParseHistoryLine(std::string_view line) {
   if (ec || !doc.is_object()) {
     return absl::InvalidArgumentError("chaos history: a line is not a JSON object");
   }
-  Reader r(doc.get_object());
-  const std::string type = r.String("type", true);
-  using LineReader = absl::StatusOr<HistoryEntry> (*)(Reader&);
-  static constexpr std::pair<std::string_view, LineReader> kReaders[] = {
-      {"run", ReadRun},         {"request", ReadRequest}, {"fault", ReadFaultEntry},
-      {"publish", ReadPublish}, {"pointer", ReadPointer}, {"resources", ReadResources},
-      {"end", ReadEnd},
-  };
-  for (const auto& [name, read] : kReaders) {
-    if (type == name) return read(r);
+  const json::object& o = doc.get_object();
+  const json::value* type = o.if_contains("type");
+  if (type == nullptr || !type->is_string()) {
+    return absl::InvalidArgumentError("chaos history: \"type\" is missing or not a string");
   }
-  if (!r.status().ok()) return r.status();
+  using LineReader = absl::StatusOr<HistoryEntry> (*)(const json::object&);
+  static constexpr std::pair<std::string_view, LineReader> kReaders[] = {
+      {kLineType<RunEntry>, ReadEntry<RunEntry>},
+      {kLineType<RequestRecord>, ReadEntry<RequestRecord>},
+      {kLineType<FaultEntry>, ReadEntry<FaultEntry>},
+      {kLineType<PublishEntry>, ReadEntry<PublishEntry>},
+      {kLineType<PointerEntry>, ReadEntry<PointerEntry>},
+      {kLineType<ResourceEntry>, ReadEntry<ResourceEntry>},
+      {kLineType<EndEntry>, ReadEntry<EndEntry>},
+  };
+  const std::string_view name(type->get_string());
+  for (const auto& [line_type, read] : kReaders) {
+    if (name == line_type) return read(o);
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("chaos history: unknown line type \"", type, "\""));
+      absl::StrCat("chaos history: unknown line type \"", AbslView(name), "\""));
 }
 
 absl::StatusOr<std::vector<HistoryEntry>> ReadHistory(const std::filesystem::path& path) {
