@@ -22,7 +22,7 @@ boost::asio::awaitable<void> DispatchApiRequest(HttpExchange& exchange,
   const ClassifiedRoute route = ClassifyRoute(path);
   if (route.kind == RouteClass::kVersioned) {
     if (exchange.request().method == "POST") {
-      co_await handlers.versioned(exchange, route.api);
+      co_await handlers.versioned(exchange, *route.api);
       co_return;
     }
     HttpResponse response = JsonResponse(

@@ -56,7 +56,7 @@ enum class RouteClass { kVersioned, kBlocked, kOther };
 
 struct ClassifiedRoute {
   RouteClass kind = RouteClass::kOther;
-  ApiRoute api = ApiRoute::kGenerate;  // meaningful for kVersioned only
+  std::optional<ApiRoute> api;  // set for kVersioned only
 };
 
 // What a request path is. `path` is a canonical path (CanonicalTarget::path:

@@ -16,6 +16,8 @@ TEST(RoutesTest, VersionedRoutesAreClassifiedByTheirExactPath) {
   }
   EXPECT_EQ(ClassifyRoute("/inference/v1/generate").api, ApiRoute::kTokens);
   EXPECT_EQ(ClassifyRoute("/generate/").kind, RouteClass::kOther);
+  EXPECT_EQ(ClassifyRoute("/generate/").api, std::nullopt);
+  EXPECT_EQ(ClassifyRoute("/pause_generation").api, std::nullopt);
   EXPECT_EQ(ClassifyRoute("/v1/completions/x").kind, RouteClass::kOther);
 }
 
