@@ -17,7 +17,7 @@ set(STITCH_MAY_USE_net core)
 # other over HTTP, and nothing of any of them.
 set(STITCH_MAY_USE_api net core)
 set(STITCH_MAY_USE_pool api core)
-set(STITCH_MAY_USE_engine net delta format io core)
+set(STITCH_MAY_USE_engine api net delta format io core)
 set(STITCH_MAY_USE_replica api engine store net delta format core)
 # The gateway meets replicas only over HTTP: never the sidecar (replica) or
 # the engine port (engine).

@@ -8,17 +8,6 @@
 
 namespace stitch {
 
-std::string_view UpdateDestinationName(UpdateDestination d) {
-  return d == UpdateDestination::kDisk ? "disk" : "cpu";
-}
-
-absl::StatusOr<UpdateDestination> ParseUpdateDestination(std::string_view name) {
-  if (name == "disk") return UpdateDestination::kDisk;
-  if (name == "cpu") return UpdateDestination::kCpu;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown update mode \"", AbslView(name), "\" (expected disk|cpu)"));
-}
-
 std::optional<VersionRef> ParseEngineLabel(std::string_view label) {
   if (label.empty()) return std::nullopt;
   absl::StatusOr<VersionRef> ref = VersionRef::Parse(label);

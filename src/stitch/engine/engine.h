@@ -42,21 +42,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "stitch/api/update_destination.h"
 #include "stitch/core/manifest.h"
 #include "stitch/core/version.h"
 #include "stitch/format/checksum.h"
 
 namespace stitch {
-
-// Where staged versions update the engine's weights.
-enum class UpdateDestination {
-  kDisk,  // a local checkpoint directory, loaded with /update_weights_from_disk
-  kCpu,   // an in-memory image in the engine, swapped in by /update_weights_from_cpu
-};
-
-// "disk", "cpu".
-std::string_view UpdateDestinationName(UpdateDestination d);
-[[nodiscard]] absl::StatusOr<UpdateDestination> ParseUpdateDestination(std::string_view name);
 
 // One version of the chain a stage needs, as materialized locally.
 struct StagedVersion {

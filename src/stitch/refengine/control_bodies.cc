@@ -121,7 +121,7 @@ absl::StatusOr<StageRequest> ParseStageRequest(std::string_view body) {
   MergeRun(r, "base_version", base->run_id, &out.run_id);
   MergeRun(r, "target_version", target->run_id, &out.run_id);
   if (!r.ok()) return r.status();
-  absl::StatusOr<StageDestination> dest = ParseStageDestination(*destination);
+  absl::StatusOr<UpdateDestination> dest = ParseUpdateDestination(*destination);
   if (!dest.ok()) return Annotate(dest.status(), "field \"destination\"");
   out.destination = *dest;
   if (base_dir->empty()) {
@@ -131,7 +131,7 @@ absl::StatusOr<StageRequest> ParseStageRequest(std::string_view body) {
   out.base_version = base->version;
   out.target_version = target->version;
   if (source.has_value()) out.checkpoint_source_dir = std::filesystem::path(*source);
-  if (out.destination == StageDestination::kDisk) {
+  if (out.destination == UpdateDestination::kDisk) {
     if (!local.has_value() || local->empty()) {
       return absl::InvalidArgumentError(
           "destination \"disk\" needs \"local_checkpoint_dir\", the directory to materialize "
@@ -146,9 +146,9 @@ std::string FormatStageResult(const StageResult& result) {
   json::object o;
   o["success"] = true;
   o["message"] = absl::StrCat("staged ", result.version.ToString(), " for ",
-                              AbslView(StageDestinationName(result.destination)), " in ",
+                              AbslView(UpdateDestinationName(result.destination)), " in ",
                               result.seconds, " s");
-  o["destination"] = JsonView(StageDestinationName(result.destination));
+  o["destination"] = JsonView(UpdateDestinationName(result.destination));
   o["staged_version"] = result.version.version;
   o["staged_version_id"] = VersionText(result.version);
   o["anchor"] = result.anchor.string();
@@ -156,7 +156,7 @@ std::string FormatStageResult(const StageResult& result) {
   o["deltas_applied"] = result.deltas_applied;
   o["reseeded"] = result.reseeded;
   o["seconds"] = result.seconds;
-  if (result.destination == StageDestination::kCpu) {
+  if (result.destination == UpdateDestination::kCpu) {
     o["commit_path"] = result.commit_path;
     o["commit_reason"] = result.commit_reason;
     o["values_changed"] = result.values_changed;

@@ -165,7 +165,7 @@ class PatchStagingTest : public ::testing::Test {
     r.base_checkpoint_dir = boot_;
     r.target_version = target;
     r.run_id = "run-a";
-    r.destination = StageDestination::kCpu;
+    r.destination = UpdateDestination::kCpu;
     r.checkpoint_source_dir = updates_;
     if (serving.has_value()) r.serving = VersionRef{std::move(serving_run), *serving};
     return r;

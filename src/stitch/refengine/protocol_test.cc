@@ -310,7 +310,7 @@ TEST(ProtocolTest, ParsesControlBodies) {
   ASSERT_TRUE(stage.ok()) << stage.status();
   EXPECT_EQ(stage->run_id, "run-a");
   EXPECT_EQ(stage->target_version, 5);
-  EXPECT_EQ(stage->destination, StageDestination::kDisk);
+  EXPECT_EQ(stage->destination, UpdateDestination::kDisk);
   EXPECT_EQ(stage->checkpoint_source_dir, std::filesystem::path("/store/updates"));
 
   auto stage_refusal = [](std::string_view body) {

@@ -113,7 +113,7 @@ awaitable<void> EngineServer::Impl::Stage(HttpExchange& ex) {
   }
   StageRequest request = *std::move(parsed);
   // What a cpu stage's patch would start from (checked again when applied).
-  if (request.destination == StageDestination::kCpu) request.serving = scheduler->weight_version();
+  if (request.destination == UpdateDestination::kCpu) request.serving = scheduler->weight_version();
   WeightStager* st = stager.get();
   auto stage = [st, &request] { return st->Stage(request); };
   absl::StatusOr<StageResult> result = co_await RunBlocking(*workers, std::move(stage));

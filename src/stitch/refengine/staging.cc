@@ -19,17 +19,6 @@ namespace stitch {
 
 namespace fs = std::filesystem;
 
-std::string_view StageDestinationName(StageDestination d) {
-  return d == StageDestination::kCpu ? "cpu" : "disk";
-}
-
-absl::StatusOr<StageDestination> ParseStageDestination(std::string_view name) {
-  if (name == "disk") return StageDestination::kDisk;
-  if (name == "cpu") return StageDestination::kCpu;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown destination \"", AbslView(name), "\"; use \"disk\" or \"cpu\""));
-}
-
 namespace {
 
 bool IsDirectory(const fs::path& p) {
@@ -149,7 +138,7 @@ absl::StatusOr<StageResult> WeightStager::Stage(const StageRequest& request) {
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<StageResult> result =
-      request.destination == StageDestination::kCpu ? StageCpu(request) : StageDisk(request);
+      request.destination == UpdateDestination::kCpu ? StageCpu(request) : StageDisk(request);
   if (result.ok()) {
     result->seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -157,7 +146,7 @@ absl::StatusOr<StageResult> WeightStager::Stage(const StageRequest& request) {
   absl::MutexLock lock(&mu_);
   staging_ = false;
   last_error_ = result.ok() ? std::string() : std::string(result.status().message());
-  if (result.ok() && request.destination == StageDestination::kDisk) {
+  if (result.ok() && request.destination == UpdateDestination::kDisk) {
     disk_staged_ = result->version;
     disk_dir_ = request.local_checkpoint_dir;
   }
@@ -192,7 +181,7 @@ absl::StatusOr<StageResult> WeightStager::StageDisk(const StageRequest& request)
   }
   StageResult result;
   result.version = applied->version;
-  result.destination = StageDestination::kDisk;
+  result.destination = UpdateDestination::kDisk;
   result.anchor = plan->anchor_dir;
   result.anchor_version = plan->anchor_version;
   result.deltas_applied = applied->deltas_applied;
@@ -218,7 +207,7 @@ absl::StatusOr<StageResult> WeightStager::StageCpu(const StageRequest& request) 
   apply.run_id = request.run_id;
   apply.threads = threads_;
   StageResult result;
-  result.destination = StageDestination::kCpu;
+  result.destination = UpdateDestination::kCpu;
   result.anchor = plan->anchor_dir;
   result.anchor_version = plan->anchor_version;
   if (plan->anchor_is_held) {

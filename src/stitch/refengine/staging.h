@@ -41,17 +41,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "stitch/api/update_destination.h"
 #include "stitch/core/version.h"
 #include "stitch/delta/checkpoint_image.h"
 #include "stitch/refengine/config.h"
 #include "stitch/refengine/weights.h"
 
 namespace stitch {
-
-enum class StageDestination { kDisk, kCpu };
-
-std::string_view StageDestinationName(StageDestination d);  // "disk" / "cpu"
-[[nodiscard]] absl::StatusOr<StageDestination> ParseStageDestination(std::string_view name);
 
 struct StageRequest {
   // The boot checkpoint (config.json plus weights) and its version.
@@ -61,7 +57,7 @@ struct StageRequest {
   // The run the versions belong to; "" when the caller names none (the
   // versions' own metadata must then agree).
   std::string run_id;
-  StageDestination destination = StageDestination::kDisk;
+  UpdateDestination destination = UpdateDestination::kDisk;
   // A store's updates/ directory; nullopt initializes at the base version.
   std::optional<std::filesystem::path> checkpoint_source_dir;
   // disk only: the directory to materialize into.
@@ -73,7 +69,7 @@ struct StageRequest {
 
 struct StageResult {
   VersionRef version;  // what was staged
-  StageDestination destination = StageDestination::kDisk;
+  UpdateDestination destination = UpdateDestination::kDisk;
   std::filesystem::path anchor;  // the directory the chain started from ("" for the cpu image)
   int64_t anchor_version = 0;
   size_t deltas_applied = 0;

@@ -55,7 +55,7 @@ class StagingTest : public ::testing::Test {
     ASSERT_TRUE(testing::PublishDelta(updates_, 4, versions_[3], versions_[4], "run-a").ok());
   }
 
-  StageRequest Request(int64_t target, StageDestination destination) const {
+  StageRequest Request(int64_t target, UpdateDestination destination) const {
     StageRequest r;
     r.base_checkpoint_dir = boot_;
     r.base_version = 0;
@@ -63,7 +63,7 @@ class StagingTest : public ::testing::Test {
     r.run_id = "run-a";
     r.destination = destination;
     r.checkpoint_source_dir = updates_;
-    if (destination == StageDestination::kDisk) r.local_checkpoint_dir = tmp_ / "local";
+    if (destination == UpdateDestination::kDisk) r.local_checkpoint_dir = tmp_ / "local";
     return r;
   }
 
@@ -79,18 +79,19 @@ class StagingTest : public ::testing::Test {
 };
 
 TEST_F(StagingTest, PlansFromTheNewestAnchorAtOrBelowTheTarget) {
-  absl::StatusOr<WeightStagePlan> two = PlanStage(Request(2, StageDestination::kCpu), std::nullopt);
+  absl::StatusOr<WeightStagePlan> two =
+      PlanStage(Request(2, UpdateDestination::kCpu), std::nullopt);
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(two->anchor_dir, boot_);
   EXPECT_EQ(two->anchor_version, 0);
   EXPECT_EQ(two->deltas.size(), 2u);
   absl::StatusOr<WeightStagePlan> four =
-      PlanStage(Request(4, StageDestination::kCpu), std::nullopt);
+      PlanStage(Request(4, UpdateDestination::kCpu), std::nullopt);
   ASSERT_TRUE(four.ok()) << four.status();
   EXPECT_EQ(four->anchor_dir, updates_ / "weight_v000003");
   ASSERT_EQ(four->deltas.size(), 1u);
   EXPECT_EQ(four->deltas[0], updates_ / "weight_v000004");
-  absl::StatusOr<WeightStagePlan> held = PlanStage(Request(2, StageDestination::kCpu), 1);
+  absl::StatusOr<WeightStagePlan> held = PlanStage(Request(2, UpdateDestination::kCpu), 1);
   ASSERT_TRUE(held.ok());
   EXPECT_TRUE(held->anchor_is_held);
   EXPECT_EQ(held->deltas.size(), 1u);
@@ -98,7 +99,7 @@ TEST_F(StagingTest, PlansFromTheNewestAnchorAtOrBelowTheTarget) {
 
 TEST_F(StagingTest, CpuStagesADeltaChainThenContinuesFromTheHeldImage) {
   WeightStager stager(config_, 1);
-  absl::StatusOr<StageResult> two = stager.Stage(Request(2, StageDestination::kCpu));
+  absl::StatusOr<StageResult> two = stager.Stage(Request(2, UpdateDestination::kCpu));
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(two->version, (VersionRef{"run-a", 2}));
   EXPECT_TRUE(two->reseeded);
@@ -111,7 +112,7 @@ TEST_F(StagingTest, CpuStagesADeltaChainThenContinuesFromTheHeldImage) {
   EXPECT_TRUE(absl::IsInvalidArgument(stager.TakePrepared(2, "run-a").status()));
 
   // v4 sits behind the FULL v3: the image reseeds from it.
-  absl::StatusOr<StageResult> four = stager.Stage(Request(4, StageDestination::kCpu));
+  absl::StatusOr<StageResult> four = stager.Stage(Request(4, UpdateDestination::kCpu));
   ASSERT_TRUE(four.ok()) << four.status();
   EXPECT_TRUE(four->reseeded);
   EXPECT_EQ(four->anchor_version, 3);
@@ -122,8 +123,8 @@ TEST_F(StagingTest, CpuStagesADeltaChainThenContinuesFromTheHeldImage) {
 
 TEST_F(StagingTest, CpuStagingFromTheHeldImageAppliesOnlyNewDeltas) {
   WeightStager stager(config_, 1);
-  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kCpu)).ok());
-  absl::StatusOr<StageResult> two = stager.Stage(Request(2, StageDestination::kCpu));
+  ASSERT_TRUE(stager.Stage(Request(1, UpdateDestination::kCpu)).ok());
+  absl::StatusOr<StageResult> two = stager.Stage(Request(2, UpdateDestination::kCpu));
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_FALSE(two->reseeded);
   EXPECT_EQ(two->deltas_applied, 1u);
@@ -134,7 +135,7 @@ TEST_F(StagingTest, CpuStagingFromTheHeldImageAppliesOnlyNewDeltas) {
 
 TEST_F(StagingTest, InitializesAtTheBaseVersionWithoutASource) {
   WeightStager stager(config_, 1);
-  StageRequest r = Request(0, StageDestination::kCpu);
+  StageRequest r = Request(0, UpdateDestination::kCpu);
   r.checkpoint_source_dir.reset();
   absl::StatusOr<StageResult> boot = stager.Stage(r);
   ASSERT_TRUE(boot.ok()) << boot.status();
@@ -148,7 +149,7 @@ TEST_F(StagingTest, InitializesAtTheBaseVersionWithoutASource) {
 TEST_F(StagingTest, DiskMaterializesALoadableCheckpointOfTheTarget) {
   WeightStager stager(config_, 1);
   for (int v : {2, 3, 4}) {
-    absl::StatusOr<StageResult> r = stager.Stage(Request(v, StageDestination::kDisk));
+    absl::StatusOr<StageResult> r = stager.Stage(Request(v, UpdateDestination::kDisk));
     ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status();
     EXPECT_EQ(r->version.version, v);
     absl::StatusOr<std::shared_ptr<const ModelWeights>> loaded = LoadCheckpoint(tmp_ / "local");
@@ -160,12 +161,12 @@ TEST_F(StagingTest, DiskMaterializesALoadableCheckpointOfTheTarget) {
 
 TEST_F(StagingTest, ACorruptDeltaIsRejectedAndTheStagedStateStays) {
   WeightStager stager(config_, 1);
-  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kCpu)).ok());
-  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kDisk)).ok());
+  ASSERT_TRUE(stager.Stage(Request(1, UpdateDestination::kCpu)).ok());
+  ASSERT_TRUE(stager.Stage(Request(1, UpdateDestination::kDisk)).ok());
   ASSERT_TRUE(testing::CorruptVersion(updates_ / "weight_v000002").ok());
-  for (StageDestination d : {StageDestination::kCpu, StageDestination::kDisk}) {
+  for (UpdateDestination d : {UpdateDestination::kCpu, UpdateDestination::kDisk}) {
     absl::StatusOr<StageResult> r = stager.Stage(Request(2, d));
-    ASSERT_FALSE(r.ok()) << StageDestinationName(d);
+    ASSERT_FALSE(r.ok()) << UpdateDestinationName(d);
     EXPECT_TRUE(absl::IsDataLoss(r.status()) || absl::IsInvalidArgument(r.status())) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr("weight_v000002"));
   }
@@ -180,14 +181,14 @@ TEST_F(StagingTest, ACorruptDeltaIsRejectedAndTheStagedStateStays) {
 
 TEST_F(StagingTest, AFlippedByteInAFullVersionIsRejectedAndTheStagedStateStays) {
   WeightStager stager(config_, 1);
-  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kCpu)).ok());
-  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kDisk)).ok());
+  ASSERT_TRUE(stager.Stage(Request(1, UpdateDestination::kCpu)).ok());
+  ASSERT_TRUE(stager.Stage(Request(1, UpdateDestination::kDisk)).ok());
   // v3 is a FULL version: its recorded checksums are all that can tell.
   ASSERT_TRUE(testing::CorruptVersion(updates_ / "weight_v000003").ok());
-  for (StageDestination d : {StageDestination::kCpu, StageDestination::kDisk}) {
+  for (UpdateDestination d : {UpdateDestination::kCpu, UpdateDestination::kDisk}) {
     for (int64_t target : {3, 4}) {
       absl::StatusOr<StageResult> r = stager.Stage(Request(target, d));
-      ASSERT_FALSE(r.ok()) << StageDestinationName(d) << " v" << target;
+      ASSERT_FALSE(r.ok()) << UpdateDestinationName(d) << " v" << target;
       EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kChecksumMismatch) << r.status();
       // v3 names the anchor's file; v4 may name the delta whose target
       // checksum no longer matches.
@@ -206,36 +207,36 @@ TEST_F(StagingTest, AFlippedByteInAFullVersionIsRejectedAndTheStagedStateStays) 
 
 TEST_F(StagingTest, RefusesMissingDirectoriesGapsAndOtherRuns) {
   WeightStager stager(config_, 1);
-  StageRequest no_base = Request(1, StageDestination::kCpu);
+  StageRequest no_base = Request(1, UpdateDestination::kCpu);
   no_base.base_checkpoint_dir = tmp_ / "nope";
   EXPECT_TRUE(absl::IsNotFound(stager.Stage(no_base).status()));
 
-  StageRequest no_source = Request(1, StageDestination::kCpu);
+  StageRequest no_source = Request(1, UpdateDestination::kCpu);
   no_source.checkpoint_source_dir = tmp_ / "missing" / "updates";
   absl::StatusOr<StageResult> r = stager.Stage(no_source);
   EXPECT_TRUE(absl::IsNotFound(r.status()));
   EXPECT_THAT(r.status().message(), HasSubstr("checkpoint_source_dir"));
 
-  absl::StatusOr<StageResult> missing = stager.Stage(Request(7, StageDestination::kCpu));
+  absl::StatusOr<StageResult> missing = stager.Stage(Request(7, UpdateDestination::kCpu));
   EXPECT_TRUE(absl::IsNotFound(missing.status()));
   EXPECT_THAT(missing.status().message(), HasSubstr("weight_v000007"));
 
   fs::remove_all(updates_ / "weight_v000001");
-  absl::StatusOr<StageResult> gap = stager.Stage(Request(2, StageDestination::kCpu));
+  absl::StatusOr<StageResult> gap = stager.Stage(Request(2, UpdateDestination::kCpu));
   EXPECT_TRUE(absl::IsNotFound(gap.status()));
   EXPECT_THAT(gap.status().message(), HasSubstr("weight_v000001"));
 
-  StageRequest other_run = Request(4, StageDestination::kCpu);
+  StageRequest other_run = Request(4, UpdateDestination::kCpu);
   other_run.run_id = "run-b";
   absl::StatusOr<StageResult> other = stager.Stage(other_run);
   ASSERT_FALSE(other.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
 
-  StageRequest below = Request(0, StageDestination::kCpu);
+  StageRequest below = Request(0, UpdateDestination::kCpu);
   below.base_version = 2;
   EXPECT_TRUE(absl::IsInvalidArgument(stager.Stage(below).status()));
 
-  StageRequest no_local = Request(3, StageDestination::kDisk);
+  StageRequest no_local = Request(3, UpdateDestination::kDisk);
   no_local.local_checkpoint_dir.clear();
   EXPECT_TRUE(absl::IsInvalidArgument(stager.Stage(no_local).status()));
 }
@@ -244,7 +245,7 @@ TEST_F(StagingTest, RefusesACheckpointOfAnotherModel) {
   ModelConfig other = config_;
   other.num_hidden_layers = 3;
   WeightStager stager(other, 1);
-  absl::StatusOr<StageResult> r = stager.Stage(Request(1, StageDestination::kCpu));
+  absl::StatusOr<StageResult> r = stager.Stage(Request(1, UpdateDestination::kCpu));
   EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
   EXPECT_THAT(r.status().message(), HasSubstr("another model"));
 }
@@ -254,7 +255,7 @@ TEST_F(StagingTest, CommittingAVersionNeverStagedIsRefused) {
   absl::StatusOr<PreparedWeights> p = stager.TakePrepared(3, "run-a");
   EXPECT_TRUE(absl::IsInvalidArgument(p.status()));
   EXPECT_THAT(p.status().message(), HasSubstr("never staged"));
-  ASSERT_TRUE(stager.Stage(Request(1, StageDestination::kCpu)).ok());
+  ASSERT_TRUE(stager.Stage(Request(1, UpdateDestination::kCpu)).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(stager.TakePrepared(1, "run-b").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(stager.TakePrepared(2, "run-a").status()));
 }
