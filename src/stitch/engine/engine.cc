@@ -57,13 +57,13 @@ absl::StatusOr<EngineReport> ParseEngineReport(std::string_view body) {
   return report;
 }
 
-void Engine::CountCommit(std::string path, std::string reason) {
-  ++commit_paths_[{std::move(path), std::move(reason)}];
+void CommitPathCounter::Count(std::string path, std::string reason) {
+  ++counts_[{std::move(path), std::move(reason)}];
 }
 
-std::vector<Engine::CommitPath> Engine::CommitPaths() const {
-  std::vector<CommitPath> out;
-  for (const auto& [key, count] : commit_paths_) out.push_back({key.first, key.second, count});
+std::vector<Engine::CommitPath> CommitPathCounter::Paths() const {
+  std::vector<Engine::CommitPath> out;
+  for (const auto& [key, count] : counts_) out.push_back({key.first, key.second, count});
   return out;
 }
 

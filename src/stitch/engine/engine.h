@@ -161,13 +161,13 @@ class Engine {
 
   // How commits went, for /metrics: a count per (path, reason), e.g.
   // ("patch", "") or ("reload", "dense"), as the adapter counted them
-  // (CountCommit). None for adapters that do not count.
+  // (CommitPathCounter). Default: none, for adapters that do not count.
   struct CommitPath {
     std::string path;
     std::string reason;
     uint64_t count = 0;
   };
-  std::vector<CommitPath> CommitPaths() const;
+  virtual std::vector<CommitPath> CommitPaths() const { return {}; }
 
   // Gives the body of a 200 answer to a request forwarded as is (to
   // `path`) back what the engine was started with, where the sidecar's own
@@ -177,13 +177,17 @@ class Engine {
     (void)path;
     (void)body;
   }
+};
 
- protected:
-  // Counts a commit that took `path` for `reason` (CommitPaths).
-  void CountCommit(std::string path, std::string reason);
+// What an adapter that counts its commits keeps for Engine::CommitPaths.
+class CommitPathCounter {
+ public:
+  // Counts a commit that took `path` for `reason`.
+  void Count(std::string path, std::string reason);
+  std::vector<Engine::CommitPath> Paths() const;
 
  private:
-  std::map<std::pair<std::string, std::string>, uint64_t> commit_paths_;
+  std::map<std::pair<std::string, std::string>, uint64_t> counts_;
 };
 
 }  // namespace stitch

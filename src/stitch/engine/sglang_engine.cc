@@ -218,7 +218,7 @@ awaitable<absl::Status> SglangEngine::Commit(const VersionRef& target, CommitOpt
   std::string text = json::serialize(body);
   absl::StatusOr<HttpResponse> answer = co_await http_.PostForAnswer(
       "/update_weights_from_cpu", std::move(text), options_.commit_timeout);
-  if (absl::IsAborted(answer.status())) CountCommit("patch-undone", "");
+  if (absl::IsAborted(answer.status())) commit_paths_.Count("patch-undone", "");
   if (!answer.ok()) co_return answer.status();
   // How the engine changed its weights: "patch" or "swap", and why not a
   // patch (engines before in-place patches say neither).
@@ -232,7 +232,7 @@ awaitable<absl::Status> SglangEngine::Commit(const VersionRef& target, CommitOpt
   const std::string path = field("commit_path");
   if (path.empty()) co_return absl::OkStatus();
   const std::string reason = field("commit_reason");
-  CountCommit(path, reason);
+  commit_paths_.Count(path, reason);
   if (path == "patch") {
     const json::value* n = o->if_contains("values_changed");
     spdlog::info("{} was committed in place: {} values patched", target.ToString(),

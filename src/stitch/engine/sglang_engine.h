@@ -103,6 +103,7 @@ class SglangHttpEngine : public Engine {
   // started (learned from its reports before a load of the sidecar's
   // renamed it), not after the directory the sidecar last loaded.
   void RestoreForwarded(std::string_view path, std::string& body) const override;
+  std::vector<CommitPath> CommitPaths() const override { return commit_paths_.Paths(); }
 
   const SglangEngineOptions& options() const { return options_; }
 
@@ -127,6 +128,7 @@ class SglangHttpEngine : public Engine {
   const HttpUrl url_;
   EngineHttp http_;
   std::string_view model_info_route_ = "/model_info";
+  CommitPathCounter commit_paths_;
 
  private:
   // Whether `name` is a directory the sidecar loads from (SGLang's name

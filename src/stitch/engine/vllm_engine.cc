@@ -186,14 +186,14 @@ awaitable<absl::Status> VllmEngine::Commit(const VersionRef& target, CommitOptio
     patch_staged_.reset();
     engine_holds_patch_ = false;  // applied or undone, the engine drops it
     committed = co_await ApplyPatch(target, options.flush_cache);
-    if (committed.ok()) CountCommit("patch", "");
+    if (committed.ok()) commit_paths_.Count("patch", "");
   } else {
     const std::filesystem::path local = options_.local_checkpoint_dir;
     if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
       co_return held;
     }
     committed = co_await Reload(local, target, options.flush_cache);
-    if (committed.ok()) CountCommit("reload", options_.patch ? reload_reason_.code : "off");
+    if (committed.ok()) commit_paths_.Count("reload", options_.patch ? reload_reason_.code : "off");
   }
   if (committed.ok()) live_ = target;
   co_return committed;
@@ -232,7 +232,7 @@ awaitable<absl::Status> VllmEngine::ApplyPatch(const VersionRef& target, bool fl
                                 : json::serialize(r);
     if (undone != nullptr && undone->is_bool() && undone->get_bool()) {
       patch_failed_ = target;
-      CountCommit("patch-undone", "");
+      commit_paths_.Count("patch-undone", "");
       co_return absl::AbortedError(absl::StrCat(what, " failed and was undone (", why,
                                                 "): the engine serves ", live_->ToString(),
                                                 " as before"));

@@ -137,6 +137,7 @@ class VllmEngine final : public Engine {
   boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
       std::chrono::milliseconds timeout) override;
   boost::asio::awaitable<void> Abort(std::vector<std::string> rids) override;
+  std::vector<CommitPath> CommitPaths() const override { return commit_paths_.Paths(); }
 
   const VllmEngineOptions& options() const { return options_; }
 
@@ -182,6 +183,7 @@ class VllmEngine final : public Engine {
   ReloadReason reload_reason_{"no-patch-staged", "no patch was staged"};
   // A target whose patch failed: it reloads.
   std::optional<VersionRef> patch_failed_;
+  CommitPathCounter commit_paths_;
 };
 
 }  // namespace stitch
