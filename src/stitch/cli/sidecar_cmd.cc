@@ -145,55 +145,50 @@ Sidecar::Settings SettingsFor(const SidecarConfig& config, bool auth_data_plane,
   return settings;
 }
 
-// Long on purpose: one process's wiring, in the order it happens (flags,
-// tokens, store, engine, sidecar, signals, shutdown), each refusal with its
-// own exit code; the parts that have a meaning of their own are the
-// functions above.
-int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
-  auto config = CheckSidecarFlags(flags);
-  if (!config.ok()) {
-    ReportFailure(config.status());
-    return kExitRefused;
-  }
-  absl::StatusOr<ServerOptions> server = WithBodyLimits(config->server, body_limits, "sidecar");
-  if (!server.ok()) {
-    ReportFailure(server.status());
-    return kExitRefused;
-  }
-  config->server = *std::move(server);
-  RaiseOpenFileLimit();
-  auto auth_token = LoadBearerToken(flags.auth_token_file, kAuthTokenEnv, "--auth-token-file");
-  auto engine_token =
+// The fleet's token and the engine's key.
+struct SidecarTokens {
+  std::string fleet;
+  std::string engine;
+};
+
+// Reads both tokens, and refuses (InvalidArgument) what needs a fleet token
+// without one.
+absl::StatusOr<SidecarTokens> LoadSidecarTokens(const SidecarFlags& flags) {
+  auto fleet = LoadBearerToken(flags.auth_token_file, kAuthTokenEnv, "--auth-token-file");
+  if (!fleet.ok()) return Annotate(fleet.status(), "sidecar");
+  auto engine =
       LoadBearerToken(flags.engine_token_file, "STITCH_ENGINE_TOKEN", "--engine-token-file");
-  if (!auth_token.ok() || !engine_token.ok()) {
-    ReportFailure(
-        Annotate(auth_token.ok() ? engine_token.status() : auth_token.status(), "sidecar"));
-    return kExitRefused;
-  }
-  if (flags.auth_data_plane && auth_token->empty()) {
-    ReportFailure(absl::InvalidArgumentError(
+  if (!engine.ok()) return Annotate(engine.status(), "sidecar");
+  if (flags.auth_data_plane && fleet->empty()) {
+    return absl::InvalidArgumentError(
         "sidecar: --auth-data-plane needs a token: give --auth-token-file or set "
-        "STITCH_AUTH_TOKEN"));
-    return kExitRefused;
+        "STITCH_AUTH_TOKEN");
   }
   // A sidecar in a fleet with peers serves every version its store verified
   // on GET /peer/v1/file; without a token that would be to anyone who can
   // reach it.
-  if (!flags.peers.empty() && auth_token->empty()) {
-    ReportFailure(absl::InvalidArgumentError(
+  if (!flags.peers.empty() && fleet->empty()) {
+    return absl::InvalidArgumentError(
         "sidecar: --peers needs the fleet's token, which guards the version files this sidecar "
         "then serves its peers: give --auth-token-file or set STITCH_AUTH_TOKEN (the same on "
-        "every replica)"));
-    return kExitRefused;
+        "every replica)");
   }
-  auto cache = CacheDir(*config);
-  if (!cache.ok()) return ReportFailure(cache.status());
-  StoreOptions store_options{config->reconciler.run_id, *cache, config->peers};
-  std::shared_ptr<Pool> peers;
+  return SidecarTokens{*std::move(fleet), *std::move(engine)};
+}
+
+// Opens the store the sidecar follows, with its peers (asked with the
+// fleet's token) and the index bounds of its base checkpoint; a store that
+// was never claimed is FailedPrecondition.
+absl::StatusOr<std::unique_ptr<Store>> OpenSidecarStore(const SidecarConfig& config,
+                                                        const SidecarFlags& flags,
+                                                        const std::string& fleet_token) {
+  auto cache = CacheDir(config);
+  if (!cache.ok()) return cache.status();
+  StoreOptions store_options{config.reconciler.run_id, *cache, config.peers};
   if (!flags.peers.empty()) {
     auto pool = MakePool(flags.peers);
-    if (!pool.ok()) return ReportFailure(Annotate(pool.status(), "sidecar: --peers"));
-    peers = *std::move(pool);
+    if (!pool.ok()) return Annotate(pool.status(), "sidecar: --peers");
+    std::shared_ptr<Pool> peers = *std::move(pool);
     store_options.peers.discover = [peers]() -> std::vector<std::string> {
       auto urls = peers->Discover();
       if (urls.ok()) return *std::move(urls);
@@ -203,48 +198,52 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
     };
   }
   // Peers are sidecars of the same fleet: the same token opens their routes.
-  store_options.peers.token = *auth_token;
+  store_options.peers.token = fleet_token;
   // A version's index lists the model's tensors: one far larger than the
-  // base checkpoint's is refused before it is read, whatever wrote it.
-  if (!config->reconciler.base_checkpoint_dir.empty()) {
-    if (auto base = ReadIndex(config->reconciler.base_checkpoint_dir); base.ok()) {
-      store_options.index_bounds = IndexBoundsFor(*base);
-    } else {
-      spdlog::warn("--base-checkpoint: {}; version indexes are held to the default bounds",
-                   std::string(base.status().message()));
-    }
+  // base checkpoint's is refused before it is read, whatever wrote it. A
+  // base that cannot be read leaves the default bounds (the engine's
+  // verification then says what is wrong with it).
+  if (auto base = ReadIndex(config.reconciler.base_checkpoint_dir); base.ok()) {
+    store_options.index_bounds = IndexBoundsFor(*base);
   }
-  auto store = OpenStore(config->store_uri, store_options);
-  if (!store.ok()) return ReportFailure(Annotate(store.status(), "sidecar: --store"));
-  // A store that was never claimed is a mistyped --store far more often than
-  // a trainer that has not started: following it would label whatever the
-  // engine holds as the boot version. Errors reading the pointer are left to
-  // the reconciler, which retries them.
-  auto claimed = ReadClaimedPointer(**store);
-  if (!claimed.ok() && absl::IsFailedPrecondition(claimed.status())) {
-    return ReportFailure(Annotate(claimed.status(), "sidecar: --store"));
-  }
-  // The sidecar follows the store's run; a --run-id naming another one at
-  // start is a mistake to refuse, not a run change to follow.
-  if (claimed.ok()) {
-    if (absl::Status s = CheckRunMatchesStore(config->reconciler.run_id, (*store)->uri(), *claimed);
-        !s.ok()) {
-      ReportFailure(s);
-      return kExitRefused;
-    }
-  }
+  auto store = OpenStore(config.store_uri, store_options);
+  if (!store.ok()) return Annotate(store.status(), "sidecar: --store");
+  return store;
+}
 
+// Whether the store's run is the sidecar's: a store that was never claimed
+// is a mistyped --store far more often than a trainer that has not started
+// (following it would label whatever the engine holds as the boot version),
+// FailedPrecondition; a --run-id naming another run than the store's at
+// start is a mistake to refuse (InvalidArgument), not a run change to
+// follow. Errors reading the pointer are left to the reconciler, which
+// retries them.
+absl::Status CheckStoreRun(const SidecarConfig& config, Store& store) {
+  auto claimed = ReadClaimedPointer(store);
+  if (!claimed.ok()) {
+    if (absl::IsFailedPrecondition(claimed.status())) {
+      return Annotate(claimed.status(), "sidecar: --store");
+    }
+    return absl::OkStatus();
+  }
+  return CheckRunMatchesStore(config.reconciler.run_id, store.uri(), *claimed);
+}
+
+// Runs the sidecar until SIGINT, SIGTERM or a terminal error, then shuts it
+// down (within the shutdown deadline); the process's exit status.
+int ServeUntilStopped(const SidecarConfig& config, const SidecarFlags& flags,
+                      const SidecarTokens& tokens, std::unique_ptr<Store>& store) {
   WorkerPool pool(2);
   auto loop = std::make_unique<EventLoop>();
   SteadyClock clock;
 
-  auto engine = MakeEngine(*config, *engine_token, loop->executor(), pool);
+  auto engine = MakeEngine(config, tokens.engine, loop->executor(), pool);
   if (!engine.ok()) return ReportFailure(Annotate(engine.status(), "sidecar"));
 
   Sidecar::Settings settings =
-      SettingsFor(*config, flags.auth_data_plane, *auth_token, *engine_token);
+      SettingsFor(config, flags.auth_data_plane, tokens.fleet, tokens.engine);
   settings.serve_peers = !flags.peers.empty();
-  settings.peer_id = (*store)->peer_id();
+  settings.peer_id = store->peer_id();
   // Both callbacks run on the loop thread, so they never race each other.
   absl::Notification stop;
   std::optional<absl::Status> terminal;  // written on the loop before stop is notified
@@ -254,7 +253,7 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
       stop.Notify();
     }
   };
-  Sidecar::Ports ports{loop->executor(), &pool, store->get(), engine->get(), &clock};
+  Sidecar::Ports ports{loop->executor(), &pool, store.get(), engine->get(), &clock};
   auto started = loop->BlockOn(Sidecar::Start(settings, ports));
   if (!started.ok()) return ReportFailure(started.status());
   std::unique_ptr<Sidecar> sidecar = *std::move(started);
@@ -263,10 +262,10 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
     if (!ec && !stop.HasBeenNotified()) stop.Notify();
   });
 
-  std::cout << "stitch sidecar: listening on " << sidecar->url() << " (engine "
-            << config->engine_url << " [" << (*engine)->name() << ", "
-            << UpdateDestinationName(config->update_mode) << "], store " << (*store)->uri()
-            << ", run " << config->reconciler.run_id << ")" << std::endl;
+  std::cout << "stitch sidecar: listening on " << sidecar->url() << " (engine " << config.engine_url
+            << " [" << (*engine)->name() << ", " << UpdateDestinationName(config.update_mode)
+            << "], store " << store->uri() << ", run " << config.reconciler.run_id << ")"
+            << std::endl;
 
   stop.WaitForNotification();
   const int exit_code = terminal.has_value() ? kExitTerminal : 0;
@@ -288,6 +287,182 @@ int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
   return exit_code;
 }
 
+// One process's wiring, in the order it happens: flags, tokens, store,
+// then serving. A refusal exits 2 (kExitRefused), a failure 1.
+int RunSidecar(const SidecarFlags& flags, const BodyLimitArgs& body_limits) {
+  auto config = CheckSidecarFlags(flags);
+  if (!config.ok()) {
+    ReportFailure(config.status());
+    return kExitRefused;
+  }
+  absl::StatusOr<ServerOptions> server = WithBodyLimits(config->server, body_limits, "sidecar");
+  if (!server.ok()) {
+    ReportFailure(server.status());
+    return kExitRefused;
+  }
+  config->server = *std::move(server);
+  RaiseOpenFileLimit();
+  auto tokens = LoadSidecarTokens(flags);
+  if (!tokens.ok()) {
+    ReportFailure(tokens.status());
+    return kExitRefused;
+  }
+  auto store = OpenSidecarStore(*config, flags, tokens->fleet);
+  if (!store.ok()) return ReportFailure(store.status());
+  if (absl::Status run = CheckStoreRun(*config, **store); !run.ok()) {
+    ReportFailure(run);
+    return absl::IsFailedPrecondition(run) ? kExitFailure : kExitRefused;
+  }
+  return ServeUntilStopped(*config, flags, *tokens, *store);
+}
+
+// Which store, where its versions are cached, and the peers asked first.
+void AddStoreFlags(CLI::App* cmd, SidecarFlags* flags) {
+  cmd->add_option("--store", flags->store,
+                  "Store URI: a path, file:///abs/path, mem://NAME or "
+                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true] (required unless "
+                  "--store-opt names the store)");
+  cmd->add_option("--store-opt", flags->store_opts,
+                  "The original Stitch's store options, KEY=VALUE, repeatable, instead of "
+                  "--store: backend=s3 with s3_root=s3://BUCKET/PREFIX and "
+                  "s3_endpoint_url=URL, or backend=local (the store is --bulletin-root)")
+      ->take_all()
+      ->allow_extra_args(false);
+  cmd->add_option("--store-factory", flags->store_factory,
+                  std::string("The original Stitch's store factory: only ") +
+                      std::string(kOriginalStoreFactory) +
+                      " (its --store-opt keys) is understood; give --store otherwise");
+  cmd->add_option("--cache-dir", flags->cache_dir,
+                  "Where a remote (s3://) store caches versions (default: beside "
+                  "--local-checkpoint, else a temporary directory)");
+  cmd->add_option("--peers", flags->peers,
+                  "Other replicas' sidecars that a remote store asks for a version's files before "
+                  "the store itself, as a pool (static:URL,URL, file:PATH, dns:NAME:PORT); every "
+                  "file is checked against the SHA-256 the store records, so a peer can delay but "
+                  "never poison a replica (docs/deploy.md, \"Peers before the store\"); needs "
+                  "the fleet's token (--auth-token-file), which opens the peers' files");
+  cmd->add_option("--peer-min-rate", flags->peer_min_rate_mib_s,
+                  "MiB/s a peer must send a file at (after --peer-allowance): a slower transfer "
+                  "is left for the next peer or the store")
+      ->capture_default_str();
+  cmd->add_option("--peer-allowance", flags->peer_allowance_s,
+                  "Seconds a transfer from a peer gets on top of the file's size at "
+                  "--peer-min-rate (and the wait for a file's owner)")
+      ->capture_default_str();
+  cmd->add_option("--bulletin-root", flags->bulletin_root,
+                  "The original Stitch's store root: the cache directory of an S3 store, or the "
+                  "store itself with --store-opt backend=local");
+}
+
+// The run and the engine: its kind and URL, the checkpoints, how it loads versions.
+void AddEngineFlags(CLI::App* cmd, SidecarFlags* flags) {
+  cmd->add_option("--run-id", flags->run_id, "The run the base checkpoint belongs to")->required();
+  cmd->add_option("--engine", flags->engine,
+                  "sglang (stages by itself), sglang-stock or vllm (the sidecar stages)")
+      ->capture_default_str();
+  cmd->add_option("--engine-url,--upstream", flags->engine_url,
+                  "The engine's URL, http://host:port")
+      ->required();
+  cmd->add_option("--base-checkpoint,--base-checkpoint-dir", flags->base_checkpoint,
+                  "The checkpoint directory the engine was started with")
+      ->required();
+  cmd->add_option("--local-checkpoint,--local-checkpoint-dir", flags->local_checkpoint,
+                  "Where versions are staged on disk (required for --update-mode disk and "
+                  "sglang-stock)");
+  cmd->add_option("--update-mode,--delta-update-mode", flags->update_mode, "disk or cpu")
+      ->capture_default_str();
+  cmd->add_option("--disk-load-format", flags->disk_load_format,
+                  "The engine's load_format for loads from disk (update_weights_from_disk)")
+      ->capture_default_str();
+}
+
+// How commits happen: in-place patches, the commit mode, the cache flush, how a whole /generate
+// reaches the engine.
+void AddCommitFlags(CLI::App* cmd, SidecarFlags* flags) {
+  cmd->add_flag("--patch-commits", flags->patch_commits,
+                "vLLM started with --worker-extension-cls stitch_vllm.WeightPatchExtension: commit "
+                "DELTAs by patching the values that changed in place (staged while serving, "
+                "undone if they fail), reloading the whole checkpoint when a patch does not fit");
+  cmd->add_option("--patch-max-density", flags->patch_max_density,
+                  "With --patch-commits: reload instead when more than this share of the values "
+                  "change")
+      ->capture_default_str();
+  cmd->add_option("--patch-verify", flags->patch_verify,
+                  "With --patch-commits: checksums (hash every patched tensor in the engine) or "
+                  "values (read the patched values back)")
+      ->capture_default_str();
+  cmd->add_option("--commit-mode", flags->commit_mode,
+                  "in_place (exact pins drain) or quiesce (everything drains)")
+      ->capture_default_str();
+  cmd->add_option("--boot-version", flags->boot_version,
+                  "The version the base checkpoint holds (a resumed run's saved version)")
+      ->capture_default_str();
+  cmd->add_flag("--flush-cache-on-commit", flags->flush_cache_on_commit,
+                "Flush the engine's prefix cache with every commit");
+  cmd->add_option("--whole-generate", flags->whole_generate,
+                  "How a whole (not streamed) /generate reaches an SGLang engine: stream (the "
+                  "engine streams it and the sidecar assembles the answer, so that version spans "
+                  "across a commit are exact; not once the engine reports spans itself) or relay "
+                  "(sent whole; spans across a commit are then \"unknown\")")
+      ->capture_default_str();
+}
+
+// The clocks: the backstop reconcile, the store outage limit, the watchdog, the engine's timeouts.
+void AddTimingFlags(CLI::App* cmd, SidecarFlags* flags) {
+  cmd->add_option("--reconcile-interval", flags->reconcile_interval_s,
+                  "Seconds between backstop reconciles (0 disables them)")
+      ->capture_default_str();
+  cmd->add_option("--reconcile-max-interval", flags->reconcile_max_interval_s,
+                  "Seconds the backstop backs off to (doubling, with jitter) while the replica "
+                  "stays at the pointer; publishes wake it at once (at most --reconcile-interval "
+                  "disables the backoff)")
+      ->capture_default_str();
+  cmd->add_option("--store-outage-limit", flags->store_outage_limit_s,
+                  "Seconds the store's pointer may stay unreadable before the replica leaves "
+                  "rotation until caught up again (0: never)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--watchdog-interval", flags->watchdog_interval_s,
+         "Seconds between engine checks: alive, and holding the weights the sidecar loaded (0 "
+         "disables the periodic checks; a request that cannot reach the engine still "
+         "triggers one)")
+      ->capture_default_str();
+  cmd->add_option("--watchdog-threshold,--watchdog-failure-threshold", flags->watchdog_threshold,
+                  "Failed checks in a row, at least, before the replica ends (and only once the "
+                  "start timeout or the restart grace has passed)")
+      ->capture_default_str();
+  cmd->add_option("--engine-start-timeout", flags->engine_start_timeout_s,
+                  "Seconds a sidecar started before its engine waits for it to answer (out of "
+                  "rotation, /health 503 saying so) before it ends")
+      ->capture_default_str();
+  cmd->add_option("--engine-restart-grace", flags->engine_restart_grace_s,
+                  "Seconds an engine that went away while serving may take to come back; the "
+                  "replica leaves rotation at once, re-verifies the engine when it is back, and "
+                  "ends only when this runs out")
+      ->capture_default_str();
+  cmd->add_option("--engine-check-timeout", flags->engine_check_timeout_s,
+                  "Seconds one engine check (health and report) may take")
+      ->capture_default_str();
+}
+
+// Who may call the sidecar and how it calls the engine, where it listens, what it logs.
+void AddAccessFlags(CLI::App* cmd, SidecarFlags* flags) {
+  cmd->add_flag("--debug-requests", flags->debug_requests,
+                "Log every request the sidecar receives (method and target) at info level");
+  cmd->add_option("--auth-token-file", flags->auth_token_file,
+                  "File holding a bearer token that POST /wake needs (default: "
+                  "$STITCH_AUTH_TOKEN when set; none otherwise)");
+  cmd->add_flag("--auth-data-plane", flags->auth_data_plane,
+                "Require the token on every route but /health and /metrics (versioned "
+                "requests, forwarded routes, /server_info)");
+  cmd->add_option("--engine-token-file", flags->engine_token_file,
+                  "File holding the engine's API key, sent to it as a bearer token (SGLang's "
+                  "--api-key; default: $STITCH_ENGINE_TOKEN when set)");
+  AddHostOption(cmd, &flags->host);
+  cmd->add_option("--port", flags->port, "Port to listen on (0 picks a free one)")
+      ->capture_default_str();
+}
+
 }  // namespace
 
 // Long on purpose: the sidecar's flag declarations, one after another.
@@ -298,131 +473,11 @@ void AddSidecarCommand(CLI::App& app, int* exit_code) {
       "sidecar",
       "Run the replica sidecar beside one inference engine: follow the store's pointer and serve "
       "the versioned rollout API");
-  cmd->add_option("--store", flags.store,
-                  "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true] (required unless "
-                  "--store-opt names the store)");
-  cmd->add_option("--store-opt", flags.store_opts,
-                  "The original Stitch's store options, KEY=VALUE, repeatable, instead of "
-                  "--store: backend=s3 with s3_root=s3://BUCKET/PREFIX and "
-                  "s3_endpoint_url=URL, or backend=local (the store is --bulletin-root)")
-      ->take_all()
-      ->allow_extra_args(false);
-  cmd->add_option("--store-factory", flags.store_factory,
-                  std::string("The original Stitch's store factory: only ") +
-                      std::string(kOriginalStoreFactory) +
-                      " (its --store-opt keys) is understood; give --store otherwise");
-  cmd->add_option("--cache-dir", flags.cache_dir,
-                  "Where a remote (s3://) store caches versions (default: beside "
-                  "--local-checkpoint, else a temporary directory)");
-  cmd->add_option("--peers", flags.peers,
-                  "Other replicas' sidecars that a remote store asks for a version's files before "
-                  "the store itself, as a pool (static:URL,URL, file:PATH, dns:NAME:PORT); every "
-                  "file is checked against the SHA-256 the store records, so a peer can delay but "
-                  "never poison a replica (docs/deploy.md, \"Peers before the store\"); needs "
-                  "the fleet's token (--auth-token-file), which opens the peers' files");
-  cmd->add_option("--peer-min-rate", flags.peer_min_rate_mib_s,
-                  "MiB/s a peer must send a file at (after --peer-allowance): a slower transfer "
-                  "is left for the next peer or the store")
-      ->capture_default_str();
-  cmd->add_option("--peer-allowance", flags.peer_allowance_s,
-                  "Seconds a transfer from a peer gets on top of the file's size at "
-                  "--peer-min-rate (and the wait for a file's owner)")
-      ->capture_default_str();
-  cmd->add_option("--bulletin-root", flags.bulletin_root,
-                  "The original Stitch's store root: the cache directory of an S3 store, or the "
-                  "store itself with --store-opt backend=local");
-  cmd->add_flag("--debug-requests", flags.debug_requests,
-                "Log every request the sidecar receives (method and target) at info level");
-  cmd->add_option("--run-id", flags.run_id, "The run the base checkpoint belongs to")->required();
-  cmd->add_option("--engine", flags.engine,
-                  "sglang (stages by itself), sglang-stock or vllm (the sidecar stages)")
-      ->capture_default_str();
-  cmd->add_option("--engine-url,--upstream", flags.engine_url, "The engine's URL, http://host:port")
-      ->required();
-  cmd->add_option("--base-checkpoint,--base-checkpoint-dir", flags.base_checkpoint,
-                  "The checkpoint directory the engine was started with")
-      ->required();
-  cmd->add_option("--local-checkpoint,--local-checkpoint-dir", flags.local_checkpoint,
-                  "Where versions are staged on disk (required for --update-mode disk and "
-                  "sglang-stock)");
-  cmd->add_option("--update-mode,--delta-update-mode", flags.update_mode, "disk or cpu")
-      ->capture_default_str();
-  cmd->add_option("--disk-load-format", flags.disk_load_format,
-                  "The engine's load_format for loads from disk (update_weights_from_disk)")
-      ->capture_default_str();
-  cmd->add_flag("--patch-commits", flags.patch_commits,
-                "vLLM started with --worker-extension-cls stitch_vllm.WeightPatchExtension: commit "
-                "DELTAs by patching the values that changed in place (staged while serving, "
-                "undone if they fail), reloading the whole checkpoint when a patch does not fit");
-  cmd->add_option("--patch-max-density", flags.patch_max_density,
-                  "With --patch-commits: reload instead when more than this share of the values "
-                  "change")
-      ->capture_default_str();
-  cmd->add_option("--patch-verify", flags.patch_verify,
-                  "With --patch-commits: checksums (hash every patched tensor in the engine) or "
-                  "values (read the patched values back)")
-      ->capture_default_str();
-  cmd->add_option("--commit-mode", flags.commit_mode,
-                  "in_place (exact pins drain) or quiesce (everything drains)")
-      ->capture_default_str();
-  cmd->add_option("--boot-version", flags.boot_version,
-                  "The version the base checkpoint holds (a resumed run's saved version)")
-      ->capture_default_str();
-  cmd->add_flag("--flush-cache-on-commit", flags.flush_cache_on_commit,
-                "Flush the engine's prefix cache with every commit");
-  cmd->add_option("--whole-generate", flags.whole_generate,
-                  "How a whole (not streamed) /generate reaches an SGLang engine: stream (the "
-                  "engine streams it and the sidecar assembles the answer, so that version spans "
-                  "across a commit are exact; not once the engine reports spans itself) or relay "
-                  "(sent whole; spans across a commit are then \"unknown\")")
-      ->capture_default_str();
-  cmd->add_option("--reconcile-interval", flags.reconcile_interval_s,
-                  "Seconds between backstop reconciles (0 disables them)")
-      ->capture_default_str();
-  cmd->add_option("--reconcile-max-interval", flags.reconcile_max_interval_s,
-                  "Seconds the backstop backs off to (doubling, with jitter) while the replica "
-                  "stays at the pointer; publishes wake it at once (at most --reconcile-interval "
-                  "disables the backoff)")
-      ->capture_default_str();
-  cmd->add_option("--store-outage-limit", flags.store_outage_limit_s,
-                  "Seconds the store's pointer may stay unreadable before the replica leaves "
-                  "rotation until caught up again (0: never)")
-      ->capture_default_str();
-  cmd->add_option(
-         "--watchdog-interval", flags.watchdog_interval_s,
-         "Seconds between engine checks: alive, and holding the weights the sidecar loaded (0 "
-         "disables the periodic checks; a request that cannot reach the engine still "
-         "triggers one)")
-      ->capture_default_str();
-  cmd->add_option("--watchdog-threshold,--watchdog-failure-threshold", flags.watchdog_threshold,
-                  "Failed checks in a row, at least, before the replica ends (and only once the "
-                  "start timeout or the restart grace has passed)")
-      ->capture_default_str();
-  cmd->add_option("--engine-start-timeout", flags.engine_start_timeout_s,
-                  "Seconds a sidecar started before its engine waits for it to answer (out of "
-                  "rotation, /health 503 saying so) before it ends")
-      ->capture_default_str();
-  cmd->add_option("--engine-restart-grace", flags.engine_restart_grace_s,
-                  "Seconds an engine that went away while serving may take to come back; the "
-                  "replica leaves rotation at once, re-verifies the engine when it is back, and "
-                  "ends only when this runs out")
-      ->capture_default_str();
-  cmd->add_option("--engine-check-timeout", flags.engine_check_timeout_s,
-                  "Seconds one engine check (health and report) may take")
-      ->capture_default_str();
-  cmd->add_option("--auth-token-file", flags.auth_token_file,
-                  "File holding a bearer token that POST /wake needs (default: "
-                  "$STITCH_AUTH_TOKEN when set; none otherwise)");
-  cmd->add_flag("--auth-data-plane", flags.auth_data_plane,
-                "Require the token on every route but /health and /metrics (versioned "
-                "requests, forwarded routes, /server_info)");
-  cmd->add_option("--engine-token-file", flags.engine_token_file,
-                  "File holding the engine's API key, sent to it as a bearer token (SGLang's "
-                  "--api-key; default: $STITCH_ENGINE_TOKEN when set)");
-  AddHostOption(cmd, &flags.host);
-  cmd->add_option("--port", flags.port, "Port to listen on (0 picks a free one)")
-      ->capture_default_str();
+  AddStoreFlags(cmd, &flags);
+  AddEngineFlags(cmd, &flags);
+  AddCommitFlags(cmd, &flags);
+  AddTimingFlags(cmd, &flags);
+  AddAccessFlags(cmd, &flags);
   AddBodyLimitOptions(cmd, &body_limits);
   cmd->callback([exit_code] { *exit_code = RunSidecar(flags, body_limits); });
 }

@@ -130,13 +130,8 @@ absl::Status ResolveStore(const SidecarFlags& flags, SidecarConfig& config) {
                              kStoreForms));
 }
 
-}  // namespace
-
-// Long on purpose: every flag checked in turn, each with its own message;
-// flags that combine (the store, the engine) have functions of their own.
-absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
-  SidecarConfig config;
-  if (absl::Status s = ResolveStore(flags, config); !s.ok()) return s;
+// The run: its id, the version the base checkpoint holds, request logging.
+absl::Status CheckRunFlags(const SidecarFlags& flags, SidecarConfig& config) {
   config.log_requests = flags.debug_requests;
   if (flags.run_id.empty()) {
     return Refuse("--run-id must not be empty: give the run the base checkpoint belongs to");
@@ -149,6 +144,14 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
                                flags.boot_version,
                                "): give the version the base checkpoint holds"));
   }
+  config.reconciler.run_id = flags.run_id;
+  config.reconciler.boot_version = flags.boot_version;
+  return absl::OkStatus();
+}
+
+// The engine: its kind and URL, the checkpoints, where versions are staged
+// and how the engine loads them.
+absl::Status CheckEngineFlags(const SidecarFlags& flags, SidecarConfig& config) {
   if (flags.engine == "sglang") {
     config.engine = EngineKind::kSglang;
   } else if (flags.engine == "sglang-stock") {
@@ -169,6 +172,7 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
         "--base-checkpoint is required: give the checkpoint directory the engine was started "
         "with");
   }
+  config.reconciler.base_checkpoint_dir = flags.base_checkpoint;
   auto mode = ParseUpdateDestination(flags.update_mode);
   if (!mode.ok()) return Refuse(absl::StrCat("--update-mode: ", mode.status().message()));
   config.update_mode = *mode;
@@ -205,6 +209,12 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
                                "was started with (give it to vllm serve as --load-format)"));
   }
   config.disk_load_format = flags.disk_load_format;
+  return absl::OkStatus();
+}
+
+// How commits happen: in-place patches, the commit mode, the cache flush,
+// and how a whole /generate reaches the engine. After CheckEngineFlags.
+absl::Status CheckCommitFlags(const SidecarFlags& flags, SidecarConfig& config) {
   if (flags.patch_commits && config.engine != EngineKind::kVllm) {
     return Refuse(
         "--patch-commits needs --engine vllm (started with --worker-extension-cls "
@@ -223,14 +233,20 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
   config.patch_verify = flags.patch_verify;
   auto commit = ParseCommitMode(flags.commit_mode);
   if (!commit.ok()) return Refuse(absl::StrCat("--commit-mode: ", commit.status().message()));
-
+  config.reconciler.commit_mode = *commit;
+  config.reconciler.flush_cache_on_commit = flags.flush_cache_on_commit;
   if (flags.whole_generate != "stream" && flags.whole_generate != "relay") {
     return Refuse(absl::StrCat("--whole-generate must be stream or relay (got \"",
                                flags.whole_generate, "\")"));
   }
   config.assemble_whole_generate =
       flags.whole_generate == "stream" && config.engine != EngineKind::kVllm;
+  return absl::OkStatus();
+}
 
+// The clocks: the backstop reconcile, the store outage limit, the watchdog
+// and the engine's start, restart and check timeouts.
+absl::Status CheckTimingFlags(const SidecarFlags& flags, SidecarConfig& config) {
   auto reconcile = Seconds(flags.reconcile_interval_s, "--reconcile-interval");
   if (!reconcile.ok()) return reconcile.status();
   auto reconcile_max = Seconds(flags.reconcile_max_interval_s, "--reconcile-max-interval");
@@ -253,6 +269,23 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
     return Refuse(absl::StrCat("--engine-check-timeout must be between 0.1 and 3600 seconds (got ",
                                flags.engine_check_timeout_s, ")"));
   }
+  config.reconciler.reconcile_interval = *reconcile;
+  config.reconciler.reconcile_max_interval = *reconcile_max;
+  config.reconciler.store_outage_limit = *outage;
+  config.watchdog.interval = *watchdog;
+  config.watchdog.threshold = static_cast<int>(flags.watchdog_threshold);
+  config.watchdog.start_timeout = *start_timeout;
+  config.watchdog.restart_grace = *restart_grace;
+  config.reconciler.engine_start_timeout = *start_timeout;
+  config.watchdog.probe_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(flags.engine_check_timeout_s));
+  config.reconciler.report_timeout =
+      std::max<std::chrono::milliseconds>(config.watchdog.probe_timeout, std::chrono::seconds(5));
+  return absl::OkStatus();
+}
+
+// What a transfer from a peer must keep up with.
+absl::Status CheckPeerFlags(const SidecarFlags& flags, SidecarConfig& config) {
   if (!std::isfinite(flags.peer_min_rate_mib_s) || flags.peer_min_rate_mib_s <= 0 ||
       flags.peer_min_rate_mib_s > 1e6) {
     return Refuse(absl::StrCat("--peer-min-rate must be a positive number of MiB/s (got ",
@@ -269,31 +302,34 @@ absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
       1, static_cast<uint64_t>(flags.peer_min_rate_mib_s * static_cast<double>(1 << 20)));
   config.peers.allowance = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::duration<double>(flags.peer_allowance_s));
+  return absl::OkStatus();
+}
+
+// Where the sidecar listens.
+absl::Status CheckListenFlags(const SidecarFlags& flags, SidecarConfig& config) {
   if (flags.port < 0 || flags.port > 65535) {
     return Refuse(absl::StrCat("--port must be between 0 and 65535 (got ", flags.port,
                                "); 0 picks a free port"));
   }
   if (flags.host.empty()) return Refuse("--host must not be empty: give an address to listen on");
-
-  config.reconciler.run_id = flags.run_id;
-  config.reconciler.boot_version = flags.boot_version;
-  config.reconciler.base_checkpoint_dir = flags.base_checkpoint;
-  config.reconciler.commit_mode = *commit;
-  config.reconciler.flush_cache_on_commit = flags.flush_cache_on_commit;
-  config.reconciler.reconcile_interval = *reconcile;
-  config.reconciler.reconcile_max_interval = *reconcile_max;
-  config.reconciler.store_outage_limit = *outage;
-  config.watchdog.interval = *watchdog;
-  config.watchdog.threshold = static_cast<int>(flags.watchdog_threshold);
-  config.watchdog.start_timeout = *start_timeout;
-  config.watchdog.restart_grace = *restart_grace;
-  config.reconciler.engine_start_timeout = *start_timeout;
-  config.watchdog.probe_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::duration<double>(flags.engine_check_timeout_s));
-  config.reconciler.report_timeout =
-      std::max<std::chrono::milliseconds>(config.watchdog.probe_timeout, std::chrono::seconds(5));
   config.server.host = flags.host;
   config.server.port = static_cast<uint16_t>(flags.port);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SidecarConfig> CheckSidecarFlags(const SidecarFlags& flags) {
+  // In this order: a command line with several mistakes is told of the
+  // first, as they were always checked.
+  using Step = absl::Status (*)(const SidecarFlags&, SidecarConfig&);
+  static constexpr Step kSteps[] = {ResolveStore,     CheckRunFlags,    CheckEngineFlags,
+                                    CheckCommitFlags, CheckTimingFlags, CheckPeerFlags,
+                                    CheckListenFlags};
+  SidecarConfig config;
+  for (Step step : kSteps) {
+    if (absl::Status s = step(flags, config); !s.ok()) return s;
+  }
   return config;
 }
 
