@@ -114,6 +114,18 @@ class BodyHolder {
   std::thread thread_;
 };
 
+// The URL of a server of stitch's once its /health answers 200; nullopt
+// (with the failure and the server's stderr recorded) when it never does.
+std::optional<std::string> WaitHealthy(ServerProcess& server) {
+  std::optional<std::string> url = server.WaitForUrl(kStartTimeout);
+  if (!url.has_value() ||
+      !testing::Eventually([&] { return Status("GET", *url + "/health") == 200; }, kConverge)) {
+    ADD_FAILURE() << "no healthy server: " << server.err();
+    return std::nullopt;
+  }
+  return url;
+}
+
 class AuthIntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -155,24 +167,18 @@ TEST_F(AuthIntegrationTest, ATokenClosedFleetServesOnlyThoseWhoPresentIt) {
                          "--engine-url", *engine_url, "--base-checkpoint", base_, "--update-mode",
                          "cpu", "--reconcile-interval", "0", "--auth-token-file", token_file_,
                          "--auth-data-plane", "--engine-token-file", engine_token_file_});
-  std::optional<std::string> sidecar_url = sidecar.WaitForUrl(kStartTimeout);
-  ASSERT_TRUE(sidecar_url.has_value()) << sidecar.err();
   // It reaches the engine with the engine's key: it verifies and serves.
-  ASSERT_TRUE(testing::Eventually([&] { return Status("GET", *sidecar_url + "/health") == 200; },
-                                  kConverge))
-      << sidecar.err();
+  std::optional<std::string> sidecar_url = WaitHealthy(sidecar);
+  ASSERT_TRUE(sidecar_url.has_value());
 
   const std::string pool = (tmp_ / "pool.txt").string();
   std::ofstream(pool) << *sidecar_url << "\n";
   ServerProcess gateway({testing::StitchBinary(), "gateway", "--pool", "file:" + pool, "--port",
                          "0", "--poll-interval", "0.1", "--admission-wait", "5",
                          "--auth-token-file", token_file_, "--auth-data-plane"});
-  std::optional<std::string> gateway_url = gateway.WaitForUrl(kStartTimeout);
-  ASSERT_TRUE(gateway_url.has_value()) << gateway.err();
   // It polls the replica with the token, so the replica enters its rotation.
-  ASSERT_TRUE(testing::Eventually([&] { return Status("GET", *gateway_url + "/health") == 200; },
-                                  kConverge))
-      << gateway.err();
+  std::optional<std::string> gateway_url = WaitHealthy(gateway);
+  ASSERT_TRUE(gateway_url.has_value());
 
   const std::string generate =
       R"({"text":"hi","sampling_params":{"max_new_tokens":2},"weight_version":{"min_version":0}})";
@@ -250,11 +256,8 @@ TEST_F(AuthIntegrationTest, StrangersHoldingBodiesFromThreeAddressesLeaveTokenHo
                                            token_file_};
   sidecar_args.insert(sidecar_args.end(), budget.begin(), budget.end());
   ServerProcess sidecar(sidecar_args);
-  std::optional<std::string> sidecar_url = sidecar.WaitForUrl(kStartTimeout);
-  ASSERT_TRUE(sidecar_url.has_value()) << sidecar.err();
-  ASSERT_TRUE(testing::Eventually([&] { return Status("GET", *sidecar_url + "/health") == 200; },
-                                  kConverge))
-      << sidecar.err();
+  std::optional<std::string> sidecar_url = WaitHealthy(sidecar);
+  ASSERT_TRUE(sidecar_url.has_value());
   const std::string pool = (tmp_ / "pool.txt").string();
   std::ofstream(pool) << *sidecar_url << "\n";
   std::vector<std::string> gateway_args = {testing::StitchBinary(),
@@ -269,11 +272,8 @@ TEST_F(AuthIntegrationTest, StrangersHoldingBodiesFromThreeAddressesLeaveTokenHo
                                            token_file_};
   gateway_args.insert(gateway_args.end(), budget.begin(), budget.end());
   ServerProcess gateway(gateway_args);
-  std::optional<std::string> gateway_url = gateway.WaitForUrl(kStartTimeout);
-  ASSERT_TRUE(gateway_url.has_value()) << gateway.err();
-  ASSERT_TRUE(testing::Eventually([&] { return Status("GET", *gateway_url + "/health") == 200; },
-                                  kConverge))
-      << gateway.err();
+  std::optional<std::string> gateway_url = WaitHealthy(gateway);
+  ASSERT_TRUE(gateway_url.has_value());
 
   const std::string generate =
       R"({"text":"hi","sampling_params":{"max_new_tokens":2},"weight_version":{"min_version":0}})";

@@ -133,6 +133,21 @@ TEST(HttpServerTest, TargetsThatAreNotPathsAndConnectGet400) {
   EXPECT_EQ(fine->status, 200);
 }
 
+// A server whose handler holds each request to /hold until its gate opens
+// (the others are answered at once), counting the requests handed to it.
+struct HoldingServer {
+  explicit HoldingServer(ServerOptions options)
+      : h(
+            [this](HttpExchange& ex) -> awaitable<void> {
+              ++handled;
+              if (ex.request().target == "/hold") co_await h.gate->Wait();
+              co_await Echo(ex);
+            },
+            std::move(options)) {}
+  std::atomic<int> handled{0};
+  Harness h;
+};
+
 // Request bodies count against one budget from their header until their
 // handler returns: past it, a 503 that never reads (or keeps) the body.
 TEST(HttpServerTest, BodiesHeldAtOnceAreBoundedWithA503) {
@@ -140,16 +155,9 @@ TEST(HttpServerTest, BodiesHeldAtOnceAreBoundedWithA503) {
   options.max_body_bytes = 4000;
   options.max_total_body_bytes = 6000;
   options.max_client_body_share = 1.0;  // one client here; its share is tested below
-  std::atomic<int> handled{0};
-  Harness* harness = nullptr;
-  Harness h(
-      [&](HttpExchange& ex) -> awaitable<void> {
-        ++handled;
-        if (ex.request().target == "/hold") co_await harness->gate->Wait();
-        co_await Echo(ex);
-      },
-      options);
-  harness = &h;
+  HoldingServer held_server(options);
+  Harness& h = held_server.h;
+  std::atomic<int>& handled = held_server.handled;
   auto post = [](const std::string& target, size_t size) {
     return absl::StrCat("POST ", target, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", size,
                         "\r\n\r\n", std::string(size, 'p'));
@@ -210,16 +218,9 @@ TEST(HttpServerTest, OneClientHoldsAtMostItsShareOfTheBodyBudget) {
   options.max_body_bytes = 4000;
   options.max_total_body_bytes = 10000;
   options.max_client_body_share = 0.5;
-  std::atomic<int> handled{0};
-  Harness* harness = nullptr;
-  Harness h(
-      [&](HttpExchange& ex) -> awaitable<void> {
-        ++handled;
-        if (ex.request().target == "/hold") co_await harness->gate->Wait();
-        co_await Echo(ex);
-      },
-      options);
-  harness = &h;
+  HoldingServer held_server(options);
+  Harness& h = held_server.h;
+  std::atomic<int>& handled = held_server.handled;
   RawSocket held(h.server->port(), "127.0.0.2");
   ASSERT_TRUE(held.connected());
   held.Send(PostHead("/hold", 4000) + std::string(4000, 'p'));
@@ -280,16 +281,9 @@ TEST(HttpServerTest, StrangersFromManyAddressesLeaveTheCredentialsShare) {
   options.holds_credential = [](const HttpRequest& head) {
     return head.headers.Get("x-key") == "k";
   };
-  std::atomic<int> handled{0};
-  Harness* harness = nullptr;
-  Harness h(
-      [&](HttpExchange& ex) -> awaitable<void> {
-        ++handled;
-        if (ex.request().target == "/hold") co_await harness->gate->Wait();
-        co_await Echo(ex);
-      },
-      options);
-  harness = &h;
+  HoldingServer held_server(options);
+  Harness& h = held_server.h;
+  std::atomic<int>& handled = held_server.handled;
   std::vector<std::unique_ptr<RawSocket>> held;
   auto hold = [&](const char* address, size_t size, const std::string& extra = "") {
     held.push_back(std::make_unique<RawSocket>(h.server->port(), address));
