@@ -133,6 +133,34 @@ TEST(DispatchTest, OnlyTheEnginesReadOnlyRoutesAreForwarded) {
   loop.BlockOn((*server)->Shutdown());
 }
 
+// A server's own route that reaches dispatch (its router matched it only
+// as spelled) is answered there, never forwarded: another spelling 404,
+// another method on the exact path 405.
+TEST(DispatchTest, OwnRoutesSpelledOtherwiseAreAnsweredNotForwarded) {
+  EventLoop loop;
+  std::atomic<int> refused{0};
+  std::string last;
+  ApiHandlers handlers = Recording(last, refused);
+  handlers.own_routes = {{"POST", "/wake"}, {"GET", "/metrics"}};
+  auto server = StartDispatching(loop, handlers);
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const char* target : {"/%77ake", "//wake", "/wake/", "/WAKE", "/v1/../wake"}) {
+    const HttpResponse r = Call(**server, "POST", target);
+    EXPECT_EQ(r.status, 404) << target;
+    EXPECT_THAT(r.body, HasSubstr("spelled otherwise")) << target;
+    EXPECT_THAT(r.body, HasSubstr("send POST /wake")) << target;
+  }
+  const HttpResponse method = Call(**server, "GET", "/wake");
+  EXPECT_EQ(method.status, 405);
+  EXPECT_EQ(method.headers.Get("allow"), "POST");
+  // /metrics is a read-only engine route too: as its own route it is not
+  // forwarded in any spelling.
+  EXPECT_EQ(Call(**server, "GET", "/%6detrics").status, 404);
+  EXPECT_EQ(last, "");
+  EXPECT_EQ(refused, 0);
+  loop.BlockOn((*server)->Shutdown());
+}
+
 TEST(RoutesTest, EachDialectForwardsItsOwnReadOnlyRoutes) {
   const EngineDialect sglang[] = {EngineDialect::kSglang};
   const EngineDialect vllm[] = {EngineDialect::kVllm};

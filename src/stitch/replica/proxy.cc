@@ -112,6 +112,7 @@ VersionedProxy::VersionedProxy(boost::asio::any_io_executor loop, ProxyOptions o
   handlers_.dialects = {options_.dialect};
   handlers_.blocked_why = "the sidecar alone drives the engine, so it is not forwarded";
   handlers_.on_blocked = [this] { ++counters_.route_blocked; };
+  handlers_.own_routes = options_.own_routes;
 }
 
 VersionedProxy::~VersionedProxy() = default;

@@ -107,6 +107,8 @@ struct ProxyOptions {
   // its credential for the sidecar and is not forwarded. Without either
   // this or an engine token, the client's Authorization passes through.
   bool own_authorization = false;
+  // The sidecar's own routes (ApiHandlers::own_routes): never forwarded.
+  std::vector<OwnRoute> own_routes;
 };
 
 // Counters of the proxy, for /metrics.

@@ -39,22 +39,6 @@ std::optional<int64_t> DecimalParam(const std::optional<std::string>& text) {
   return value;
 }
 
-// The sidecar's own route that `target` names once made canonical
-// (CanonicalizeTarget), trailing slashes and letter case aside: what the
-// engine would read as that route. nullptr for any other target, and for
-// one that has no canonical form (the proxy refuses it).
-const std::pair<std::string, std::string>* OwnRouteOf(
-    std::string_view target, const std::vector<std::pair<std::string, std::string>>& own) {
-  absl::StatusOr<CanonicalTarget> canonical = CanonicalizeTarget(target);
-  if (!canonical.ok()) return nullptr;
-  std::string_view path = canonical->path;
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-  for (const auto& route : own) {
-    if (absl::EqualsIgnoreCase(AbslView(path), route.second)) return &route;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 Sidecar::~Sidecar() = default;
@@ -84,26 +68,16 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
       [reconciler, probe_timeout] { return reconciler->CheckEngine(probe_timeout); },
       [reconciler](absl::Status why) { reconciler->Fail(std::move(why)); });
   sidecar->watchdog_->SetAnsweredBefore([reconciler] { return reconciler->engine_answered(); });
-  sidecar->proxy_ =
-      std::make_unique<VersionedProxy>(ports.loop, settings.proxy, *ports.engine, *sidecar->gate_);
-  sidecar->reconciler_->SetDistrustListener([self] { self->proxy_->AbortInFlight(); });
-  sidecar->proxy_->SetUnreachableListener([self](std::string_view why) {
-    self->reconciler_->EngineUnreachable(why);
-    self->watchdog_->ProbeNow();
-  });
-  sidecar->proxy_->SetMislabelListener(
-      [self](std::string why) { self->reconciler_->Distrust(std::move(why)); });
-
   // Health and metrics stay open for probes and scrapers; the control route
   // needs the token, and with auth_data_plane everything else does too.
   const std::string data_token = settings.auth_data_plane ? settings.auth_token : std::string();
-  struct OwnRoute {
+  struct Served {
     std::string method;
     std::string path;
     HttpHandler handler;
     std::string token;
   };
-  std::vector<OwnRoute> own = {
+  std::vector<Served> own = {
       {"GET", "/health", [self](HttpExchange& ex) { return self->Health(ex); }, ""},
       {"GET", "/server_info", [self](HttpExchange& ex) { return self->ServerInfo(ex); },
        data_token},
@@ -114,13 +88,25 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
     own.push_back({"GET", std::string(kPeerFileRoute),
                    [self](HttpExchange& ex) { return self->PeerFile(ex); }, settings.auth_token});
   }
+  // What the router does not match as spelled goes to the proxy, which
+  // answers a respelling of these itself.
+  for (const Served& route : own) settings.proxy.own_routes.push_back({route.method, route.path});
+  sidecar->proxy_ =
+      std::make_unique<VersionedProxy>(ports.loop, settings.proxy, *ports.engine, *sidecar->gate_);
+  sidecar->reconciler_->SetDistrustListener([self] { self->proxy_->AbortInFlight(); });
+  sidecar->proxy_->SetUnreachableListener([self](std::string_view why) {
+    self->reconciler_->EngineUnreachable(why);
+    self->watchdog_->ProbeNow();
+  });
+  sidecar->proxy_->SetMislabelListener(
+      [self](std::string why) { self->reconciler_->Distrust(std::move(why)); });
+
   HttpRouter router;
-  for (OwnRoute& route : own) {
-    sidecar->own_routes_.emplace_back(route.method, route.path);
+  for (Served& route : own) {
     router.Add(std::move(route.method), std::move(route.path), std::move(route.handler),
                std::move(route.token));
   }
-  router.SetFallback([self](HttpExchange& ex) { return self->Forward(ex); }, data_token);
+  router.SetFallback([self](HttpExchange& ex) { return self->proxy_->Handle(ex); }, data_token);
   // Strangers are refused at the header, before their bodies are held.
   ServerOptions server_options = settings.server;
   server_options.head_check = router.TokenCheck();
@@ -189,30 +175,6 @@ awaitable<void> Sidecar::ServerInfo(HttpExchange& exchange) {
 awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   reconciler_->Wake();
   HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
-  (void)co_await exchange.Respond(std::move(response));
-}
-
-awaitable<void> Sidecar::Forward(HttpExchange& exchange) {
-  const HttpRequest& request = exchange.request();
-  const auto* own = OwnRouteOf(request.target, own_routes_);
-  if (own == nullptr) {
-    co_await proxy_->Handle(exchange);
-    co_return;
-  }
-  const std::string_view path = TargetPath(request.target);
-  // The router matched neither: a spelling of the route, or another method.
-  HttpResponse response =
-      path == own->second
-          ? JsonResponse(405, JsonErrorBody("MethodNotAllowed",
-                                            absl::StrCat(request.method, " ", own->second,
-                                                         ": this sidecar's ", own->second,
-                                                         " takes ", own->first)))
-          : JsonResponse(
-                404, JsonErrorBody("NotFound", absl::StrCat(request.method, " ", AbslView(path),
-                                                            " is this sidecar's ", own->second,
-                                                            " spelled otherwise, which is neither "
-                                                            "served nor forwarded: send ",
-                                                            own->first, " ", own->second)));
   (void)co_await exchange.Respond(std::move(response));
 }
 

@@ -114,17 +114,12 @@ class Sidecar {
   // none (after waiting up to wait_ms for it); 409 when the request is this
   // sidecar's own (kPeerIdHeader).
   boost::asio::awaitable<void> PeerFile(HttpExchange& exchange);
-  // Everything no route of the sidecar's matched: to the proxy, unless it
-  // names one of `own_routes_` (another spelling: 404; another method: 405).
-  boost::asio::awaitable<void> Forward(HttpExchange& exchange);
 
   std::function<void(const absl::Status&)> on_terminal_;
   Store* store_ = nullptr;
   WorkerPool* pool_ = nullptr;
   Clock* clock_ = nullptr;
   std::string peer_id_;
-  // The routes the sidecar serves itself: method and path.
-  std::vector<std::pair<std::string, std::string>> own_routes_;
   Engine* engine_ = nullptr;
   std::unique_ptr<AdmissionGate> gate_;
   std::unique_ptr<Reconciler> reconciler_;
