@@ -296,12 +296,13 @@ class ServerConnection {
     if (share >= 1.0) return limit;
     // Every address holding a body now, this one included, gets an equal
     // split of the open part at most.
-    const size_t clients = server_->held_by_client.size() + (ClientHeld() == 0 ? 1 : 0);
+    const uint64_t here = ClientHeld();
+    const size_t clients = server_->held_by_client.size() + (here == 0 ? 1 : 0);
     auto client_limit = static_cast<uint64_t>(std::min(share, 1.0 / static_cast<double>(clients)) *
                                               static_cast<double>(open));
     // A lone client may always send one body of the largest size accepted.
     if (clients == 1) client_limit = std::max<uint64_t>(client_limit, options_.max_body_bytes);
-    const uint64_t by_others_here = ClientHeld() - std::min(ClientHeld(), held_body_);
+    const uint64_t by_others_here = here - std::min(here, held_body_);
     return std::min(limit, client_limit - std::min(client_limit, by_others_here));
   }
 
