@@ -58,6 +58,7 @@
 #include "stitch/demo/engine_command.h"
 #include "stitch/demo/fleet.h"
 #include "stitch/demo/supervisor.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/net/client.h"
 #include "stitch/net/prometheus.h"
 #include "stitch/publish/claim.h"

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "stitch/api/routes.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/io/fileio.h"

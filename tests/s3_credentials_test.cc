@@ -25,7 +25,9 @@
 #include "absl/synchronization/mutex.h"
 #include "stitch/io/fileio.h"
 #include "stitch/net/client.h"
-#include "stitch/store/s3_credentials.h"
+#include "stitch/store/s3/s3_credential_chain.h"
+#include "stitch/store/s3/s3_credential_sources.h"
+#include "stitch/store/s3/s3_credentials.h"
 #include "tests/s3_test_base.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/subprocess.h"
@@ -83,8 +85,8 @@ class S3CredentialsTest : public S3Test {
     return s;
   }
 
-  std::unique_ptr<S3Store> OpenWith(std::shared_ptr<AwsCredentialsProvider> credentials,
-                                    const std::string& run_id = "run-a") {
+  std::unique_ptr<CachedStore> OpenWith(std::shared_ptr<AwsCredentialsProvider> credentials,
+                                        const std::string& run_id = "run-a") {
     S3StoreOptions options = SmallOptions();
     options.client.credentials = std::move(credentials);
     return OpenAt(Uri(), run_id, S3Environment{}, std::move(options));
@@ -104,7 +106,7 @@ class S3CredentialsTest : public S3Test {
   }
 
   // Claims, reads back and moves the pointer: three kinds of signed request.
-  static void ExpectStoreWorks(S3Store& store, int64_t version) {
+  static void ExpectStoreWorks(Store& store, int64_t version) {
     absl::Status moved = store.AdvancePointer(
         version == 0 ? std::nullopt : std::optional<VersionRef>(VersionRef{"run-a", version - 1}),
         VersionRef{"run-a", version});

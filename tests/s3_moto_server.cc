@@ -18,8 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "stitch/store/s3_sigv4.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3/s3_sigv4.h"
+#include "stitch/store/s3/s3_uri.h"
 
 namespace stitch::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3/s3_uri.h"
 
 namespace stitch::testing {
 

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 // Runs `world` ranks of PublishFromHosts, one thread each; rank r publishes
 // `dirs[r]` through its own store.
 std::vector<absl::StatusOr<PublishOutcome>> RunRanks(
-    std::vector<std::unique_ptr<S3Store>>& stores, const std::vector<fs::path>& dirs,
+    std::vector<std::unique_ptr<CachedStore>>& stores, const std::vector<fs::path>& dirs,
     ThreadCommsGroup& group, const std::function<TrainerComms&(int)>& comms_of) {
   const int world = static_cast<int>(dirs.size());
   std::vector<absl::StatusOr<PublishOutcome>> results(world, absl::UnknownError("not run"));
@@ -79,7 +79,7 @@ class S3MultiHostTest : public S3Test {
     for (int r = 0; r < 2; ++r) stores_.push_back(Open("run-a"));
     ASSERT_TRUE(ClaimRun(*stores_[0], 0, nullptr).ok());
   }
-  std::vector<std::unique_ptr<S3Store>> stores_;
+  std::vector<std::unique_ptr<CachedStore>> stores_;
 };
 
 TEST_F(S3MultiHostTest, UploadsFromTwoHostsFormOneVerifiedVersion) {
@@ -96,17 +96,17 @@ TEST_F(S3MultiHostTest, UploadsFromTwoHostsFormOneVerifiedVersion) {
   EXPECT_EQ(**pointer, (VersionRef{"run-a", 1}));
 
   // Each host uploaded its own shard once and left a receipt.
-  EXPECT_EQ(stores_[0]->payload_files_uploaded(), 1);
-  EXPECT_EQ(stores_[1]->payload_files_uploaded(), 1);
+  EXPECT_EQ(S3(*stores_[0]).payload_files_uploaded(), 1);
+  EXPECT_EQ(S3(*stores_[1]).payload_files_uploaded(), 1);
   for (int r = 0; r < 2; ++r) {
-    auto text = stores_[0]->GetReceipt(1, HostReceiptName(r));
+    auto text = S3(*stores_[0]).GetReceipt(1, HostReceiptName(r));
     ASSERT_TRUE(text.ok()) << text.status().message();
     auto receipt = ReceiptFromJson(*text);
     ASSERT_TRUE(receipt.ok()) << receipt.status().message();
     ASSERT_EQ(receipt->files.size(), 1u);
     EXPECT_EQ(receipt->files[0].file, TestShardName({}, r));
   }
-  auto listed = stores_[0]->ListVersionFiles(1);
+  auto listed = S3(*stores_[0]).ListVersionFiles(1);
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 3u);
 
@@ -140,7 +140,7 @@ TEST_F(S3MultiHostTest, RankZerosConfigAndTokenizerFilesArePublishedWithTheIndex
        RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& { return group.comms(r); })) {
     ASSERT_TRUE(r.ok()) << r.status().message();
   }
-  auto listed = stores_[0]->ListVersionFiles(1);
+  auto listed = S3(*stores_[0]).ListVersionFiles(1);
   ASSERT_TRUE(listed.ok()) << listed.status().message();
   EXPECT_EQ(*listed,
             (std::vector<std::string>{"config.json", TestShardName({}, 0), TestShardName({}, 1),
@@ -160,14 +160,15 @@ TEST_F(S3MultiHostTest, ARetryFromEveryHostAfterThePointerMovedIsANoOpThatSaysSo
     EXPECT_FALSE(r->already_published);
   }
   const int64_t uploads =
-      stores_[0]->payload_files_uploaded() + stores_[1]->payload_files_uploaded();
+      S3(*stores_[0]).payload_files_uploaded() + S3(*stores_[1]).payload_files_uploaded();
   ThreadCommsGroup retry(2, 1);
   for (const auto& r :
        RunRanks(stores_, dirs, retry, [&](int r) -> TrainerComms& { return retry.comms(r); })) {
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_TRUE(r->already_published);
   }
-  EXPECT_EQ(stores_[0]->payload_files_uploaded() + stores_[1]->payload_files_uploaded(), uploads);
+  EXPECT_EQ(S3(*stores_[0]).payload_files_uploaded() + S3(*stores_[1]).payload_files_uploaded(),
+            uploads);
   auto pointer = stores_[0]->ReadPointer();
   ASSERT_TRUE(pointer.ok());
   EXPECT_EQ(**pointer, (VersionRef{"run-a", 1}));
@@ -220,10 +221,10 @@ TEST_F(S3MultiHostTest, ObjectChangedBetweenUploadAndVerifyIsRefused) {
     // Host 1's shard replaced after its receipt was written.
     S3Request r;
     r.method = "PUT";
-    r.key = stores_[0]->VersionKey(1, TestShardName({}, 1));
+    r.key = S3(*stores_[0]).VersionKey(1, TestShardName({}, 1));
     r.body = "replaced";
     r.headers = {{S3Response::MetaHeader("sha256"), std::string(64, 'a')}};
-    auto response = stores_[0]->client().Send(r);
+    auto response = S3(*stores_[0]).client().Send(r);
     ASSERT_TRUE(response.ok() && response->ok());
   });
   auto results = RunRanks(stores_, dirs, group, [&](int r) -> TrainerComms& {
@@ -254,13 +255,13 @@ TEST_F(S3MultiHostTest, RewindIsRefusedBeforeAnyUpload) {
   // rank (had anything been uploaded, the immutable version would have
   // refused it as AlreadyExists instead).
   std::vector<fs::path> other = SplitAcrossHosts(tmp() / "again", 1, 5);
-  int64_t before = stores_[1]->payload_files_uploaded();
+  int64_t before = S3(*stores_[1]).payload_files_uploaded();
   ThreadCommsGroup again(2, 1);
   for (const auto& r :
        RunRanks(stores_, other, again, [&](int r) -> TrainerComms& { return again.comms(r); })) {
     EXPECT_EQ(GetErrorKind(r.status()), ErrorKind::kPointerRewind) << r.status().message();
   }
-  EXPECT_EQ(stores_[1]->payload_files_uploaded(), before);
+  EXPECT_EQ(S3(*stores_[1]).payload_files_uploaded(), before);
 }
 
 }  // namespace

@@ -12,10 +12,10 @@
 #include "stitch/core/errors.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
+#include "stitch/io/sha256.h"
 #include "stitch/publish/claim.h"
 #include "stitch/publish/publish.h"
-#include "stitch/store/s3_sha256.h"
-#include "stitch/store/s3_store.h"
+#include "stitch/store/s3/s3_store.h"
 #include "tests/s3_test_base.h"
 #include "tests/support/version_dirs.h"
 
@@ -26,23 +26,23 @@ namespace fs = std::filesystem;
 
 // PUTs `bytes` under `key` with the given user metadata, as another writer
 // (the original Stitch, or an earlier version of this one) would.
-void Put(S3Store& store, const std::string& key, const std::string& bytes,
+void Put(Store& store, const std::string& key, const std::string& bytes,
          std::vector<std::pair<std::string, std::string>> metadata) {
   S3Request r;
   r.method = "PUT";
   r.key = key;
   r.body = bytes;
   for (auto& [name, value] : metadata) r.headers.emplace_back(S3Response::MetaHeader(name), value);
-  auto response = store.client().Send(r);
+  auto response = S3(store).client().Send(r);
   ASSERT_TRUE(response.ok()) << response.status().message();
   ASSERT_TRUE(response->ok()) << response->status << " " << response->body;
 }
 
-S3Response HeadObject(S3Store& store, const std::string& key) {
+S3Response HeadObject(Store& store, const std::string& key) {
   S3Request r;
   r.method = "HEAD";
   r.key = key;
-  auto response = store.client().Send(r);
+  auto response = S3(store).client().Send(r);
   EXPECT_TRUE(response.ok() && response->ok()) << key;
   return response.ok() ? *response : S3Response{};
 }
@@ -73,9 +73,9 @@ TEST_F(S3Test, EveryObjectRecordsItsSha256UnderTheOriginalsMetadataKey) {
   ASSERT_NE(store, nullptr);
   fs::path v1 = FrameworkVersion(tmp() / "src", 1);
   ASSERT_TRUE(store->PublishFiles(1, v1).ok());
-  ASSERT_TRUE(store->PutReceipt(1, "rank-000000", "{}").ok());
+  ASSERT_TRUE(S3(*store).PutReceipt(1, "rank-000000", "{}").ok());
   for (const std::string& name : kFrameworkFiles) {
-    S3Response head = HeadObject(*store, store->VersionKey(1, name));
+    S3Response head = HeadObject(*store, S3(*store).VersionKey(1, name));
     auto digest = HashFile(v1 / name);
     ASSERT_TRUE(digest.ok());
     // What the original's upload check reads back: x-amz-meta-stitch-sha256.
@@ -83,7 +83,7 @@ TEST_F(S3Test, EveryObjectRecordsItsSha256UnderTheOriginalsMetadataKey) {
     // And the earlier key, for readers not yet upgraded.
     EXPECT_EQ(head.Metadata(kLegacySha256MetadataKey), digest->sha256) << name;
   }
-  S3Response receipt = HeadObject(*store, store->VersionKey(1, ".receipts/rank-000000.json"));
+  S3Response receipt = HeadObject(*store, S3(*store).VersionKey(1, ".receipts/rank-000000.json"));
   EXPECT_EQ(receipt.Metadata(kSha256MetadataKey), Sha256Hex("{}"));
 }
 
@@ -94,7 +94,7 @@ TEST_F(S3Test, ObjectsRecordingOnlyTheEarlierKeyAreStillRead) {
   // Every object as an earlier version of this store wrote it.
   for (const std::string& name : kFrameworkFiles) {
     const std::string bytes = Read(v1 / name);
-    Put(*store, store->VersionKey(1, name), bytes,
+    Put(*store, S3(*store).VersionKey(1, name), bytes,
         {{std::string(kLegacySha256MetadataKey), Sha256Hex(bytes)}});
   }
   auto manifest = store->ReadManifest(1);
@@ -104,9 +104,9 @@ TEST_F(S3Test, ObjectsRecordingOnlyTheEarlierKeyAreStillRead) {
   EXPECT_TRUE(VerifyVersionDir(*dir).ok());
   EXPECT_EQ(Read(*dir / "config.json"), Read(v1 / "config.json"));
   // The same bytes again are a retry that uploads nothing.
-  const int64_t uploads = store->payload_files_uploaded();
+  const int64_t uploads = S3(*store).payload_files_uploaded();
   EXPECT_TRUE(store->PublishFiles(1, v1).ok());
-  EXPECT_EQ(store->payload_files_uploaded(), uploads);
+  EXPECT_EQ(S3(*store).payload_files_uploaded(), uploads);
 }
 
 TEST_F(S3Test, AVersionTheOriginalUploadedIsReadAndItsRetryIsANoOp) {
@@ -118,7 +118,7 @@ TEST_F(S3Test, AVersionTheOriginalUploadedIsReadAndItsRetryIsANoOp) {
   // `stitch-sha256`, then moves `latest` with a conditional write.
   for (const std::string& name : kFrameworkFiles) {
     const std::string bytes = Read(v1 / name);
-    Put(*store, store->VersionKey(1, name), bytes,
+    Put(*store, S3(*store).VersionKey(1, name), bytes,
         {{std::string(kSha256MetadataKey), Sha256Hex(bytes)}});
   }
   ASSERT_TRUE(store->AdvancePointer(VersionRef{"run-a", 0}, VersionRef{"run-a", 1}).ok());
@@ -132,7 +132,7 @@ TEST_F(S3Test, AVersionTheOriginalUploadedIsReadAndItsRetryIsANoOp) {
   auto again = PublishVersion(*store, v1, nullptr);
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_TRUE(again->already_published);
-  EXPECT_EQ(store->payload_files_uploaded(), 0);
+  EXPECT_EQ(S3(*store).payload_files_uploaded(), 0);
 }
 
 TEST_F(S3Test, TwoDisagreeingSha256KeysMakeAnObjectUntrusted) {
@@ -141,7 +141,7 @@ TEST_F(S3Test, TwoDisagreeingSha256KeysMakeAnObjectUntrusted) {
   fs::path v1 = FrameworkVersion(tmp() / "src", 1);
   ASSERT_TRUE(store->PublishFiles(1, v1).ok());
   const std::string index = Read(v1 / kIndexFileName);
-  Put(*store, store->VersionKey(1, kIndexFileName), index,
+  Put(*store, S3(*store).VersionKey(1, kIndexFileName), index,
       {{std::string(kSha256MetadataKey), Sha256Hex(index)},
        {std::string(kLegacySha256MetadataKey), Sha256Hex("something else")}});
   auto manifest = store->ReadManifest(1);
@@ -160,12 +160,12 @@ TEST_F(S3Test, RepublishingAPublishedVersionIsANoOpWithItsBytesAndRefusedWithOth
   EXPECT_FALSE(first->already_published);
 
   // A retry from a byte-identical copy: compared by recorded SHA-256 only.
-  const int64_t uploads = store->payload_files_uploaded();
+  const int64_t uploads = S3(*store).payload_files_uploaded();
   auto retry = PublishVersion(*store, FrameworkVersion(tmp() / "copy", 1), nullptr);
   ASSERT_TRUE(retry.ok()) << retry.status().message();
   EXPECT_TRUE(retry->already_published);
-  EXPECT_EQ(store->payload_files_uploaded(), uploads);
-  EXPECT_EQ(store->payload_files_downloaded(), 0);
+  EXPECT_EQ(S3(*store).payload_files_uploaded(), uploads);
+  EXPECT_EQ(store->traffic().files_downloaded, 0u);
 
   auto other = PublishVersion(*store, FrameworkVersion(tmp() / "other", 1, 9), nullptr);
   ASSERT_FALSE(other.ok());

@@ -8,13 +8,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
+#include "stitch/io/sha256.h"
 #include "stitch/publish/claim.h"
 #include "stitch/publish/publish.h"
 #include "stitch/store/materialize_chain.h"
-#include "stitch/store/s3_sha256.h"
-#include "stitch/store/s3_store.h"
+#include "stitch/store/s3/s3_store.h"
 #include "tests/s3_test_base.h"
 #include "tests/support/version_dirs.h"
 
@@ -27,14 +28,14 @@ VersionRef Ref(const std::string& run, int64_t v) { return VersionRef{run, v}; }
 
 // Replaces an object's bytes behind the store's back, keeping (or setting)
 // the SHA-256 it claims to hold: what a buggy or hostile writer would do.
-void Overwrite(S3Store& store, const std::string& key, const std::string& bytes,
+void Overwrite(Store& store, const std::string& key, const std::string& bytes,
                const std::string& claimed_sha256) {
   S3Request r;
   r.method = "PUT";
   r.key = key;
   r.body = bytes;
   r.headers = {{S3Response::MetaHeader("sha256"), claimed_sha256}};
-  auto response = store.client().Send(r);
+  auto response = S3(store).client().Send(r);
   ASSERT_TRUE(response.ok()) << response.status().message();
   ASSERT_TRUE(response->ok()) << response->status << " " << response->body;
 }
@@ -82,8 +83,8 @@ TEST_F(S3Test, PointerRoundTripWithConditionalWrites) {
 
   // The object holds the identity text, like the filesystem store's file.
   S3Request get;
-  get.key = store->location().Key("latest");
-  auto raw = store->client().Send(get);
+  get.key = S3(*store).location().Key("latest");
+  auto raw = S3(*store).client().Send(get);
   ASSERT_TRUE(raw.ok());
   EXPECT_EQ(raw->body, "run-a/weight_v000001");
 
@@ -117,7 +118,7 @@ TEST_F(S3Test, FirstPointerWritesRaceThroughIfNoneMatch) {
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   absl::Status ra;
-  b->SetBeforePointerWriteForTesting(
+  S3(*b).SetBeforePointerWriteForTesting(
       [&] { ra = a->AdvancePointer(std::nullopt, Ref("run-a", 0)); });
   absl::Status rb = b->AdvancePointer(std::nullopt, Ref("run-a", 5));
   EXPECT_TRUE(ra.ok()) << ra.message();
@@ -148,7 +149,7 @@ TEST_F(S3Test, TwoPublishersFromOnePredecessorMoveThePointerOnce) {
   auto vb = WriteTestVersion(tmp() / "b", 2, {.seed = 2});
   ASSERT_TRUE(va.ok() && vb.ok());
   absl::StatusOr<PublishOutcome> ra = absl::UnknownError("not run");
-  b->SetBeforePointerWriteForTesting([&] { ra = PublishVersion(*a, *va, nullptr); });
+  S3(*b).SetBeforePointerWriteForTesting([&] { ra = PublishVersion(*a, *va, nullptr); });
   auto rb = PublishVersion(*b, *vb, nullptr);
   // A moved the pointer; B lost the conditional write to the same bytes, so
   // its publish is the same one: it succeeds, saying so.
@@ -170,7 +171,7 @@ TEST_F(S3Test, TwoPublishersFromOnePredecessorMoveThePointerOnce) {
   // fails and B reports the conflict with what it found.
   auto other = Open("run-b");
   ASSERT_NE(other, nullptr);
-  b->SetBeforePointerWriteForTesting([&] { ASSERT_TRUE(ClaimRun(*other, 0, nullptr).ok()); });
+  S3(*b).SetBeforePointerWriteForTesting([&] { ASSERT_TRUE(ClaimRun(*other, 0, nullptr).ok()); });
   auto v3 = WriteTestVersion(tmp() / "b", 3, {.seed = 3});
   ASSERT_TRUE(v3.ok());
   auto lost = PublishVersion(*b, *v3, nullptr);
@@ -236,9 +237,9 @@ TEST_F(S3Test, PublishManifestAndMaterializeRoundTrip) {
   ASSERT_TRUE(v1.ok());
   absl::Status published = store->PublishFiles(1, *v1);
   ASSERT_TRUE(published.ok()) << published.message();
-  EXPECT_EQ(store->payload_files_uploaded(), 2);
+  EXPECT_EQ(S3(*store).payload_files_uploaded(), 2);
 
-  auto listed = store->ListVersionFiles(1);
+  auto listed = S3(*store).ListVersionFiles(1);
   ASSERT_TRUE(listed.ok()) << listed.status().message();
   EXPECT_EQ(*listed, (std::vector<std::string>{"model.safetensors.index.json",
                                                TestShardName(big, 0), TestShardName(big, 1)}));
@@ -249,7 +250,7 @@ TEST_F(S3Test, PublishManifestAndMaterializeRoundTrip) {
   EXPECT_EQ(manifest->files,
             (std::vector<std::string>{TestShardName(big, 0), TestShardName(big, 1)}));
 
-  auto stat = store->StatVersionFiles(1, manifest->files);
+  auto stat = S3(*store).StatVersionFiles(1, manifest->files);
   ASSERT_TRUE(stat.ok()) << stat.status().message();
   for (const StoredFile& f : *stat) {
     auto digest = HashFile(*v1 / f.name);
@@ -272,9 +273,9 @@ TEST_F(S3Test, PublishManifestAndMaterializeRoundTrip) {
   ASSERT_TRUE(store->PublishFiles(2, *v2).ok());
   S3Request head;
   head.method = "HEAD";
-  head.key = store->VersionKey(2, TestShardName({}, 0));
+  head.key = S3(*store).VersionKey(2, TestShardName({}, 0));
   head.headers = {{"x-amz-checksum-mode", "ENABLED"}};
-  auto answer = store->client().Send(head);
+  auto answer = S3(*store).client().Send(head);
   ASSERT_TRUE(answer.ok());
   auto digest = HashFile(*v2 / TestShardName({}, 0));
   ASSERT_TRUE(digest.ok());
@@ -283,9 +284,9 @@ TEST_F(S3Test, PublishManifestAndMaterializeRoundTrip) {
 
   // Identical bytes again: a retry that uploads nothing. Different bytes:
   // refused, versions are immutable.
-  int64_t uploads = store->payload_files_uploaded();
+  int64_t uploads = S3(*store).payload_files_uploaded();
   EXPECT_TRUE(store->PublishFiles(2, *v2).ok());
-  EXPECT_EQ(store->payload_files_uploaded(), uploads);
+  EXPECT_EQ(S3(*store).payload_files_uploaded(), uploads);
   auto different = WriteTestVersion(tmp() / "other", 2, {.seed = 9});
   ASSERT_TRUE(different.ok());
   absl::Status refused = store->PublishFiles(2, *different);
@@ -306,7 +307,7 @@ TEST_F(S3Test, DirectoryMissingAShardIsRefusedBeforeAnyUpload) {
   absl::Status s = store->PublishFiles(1, *v1);
   EXPECT_TRUE(absl::IsNotFound(s)) << s.message();
   EXPECT_TRUE(absl::StrContains(s.message(), TestShardName({}, 1))) << s.message();
-  auto listed = store->ListVersionFiles(1);
+  auto listed = S3(*store).ListVersionFiles(1);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
   auto manifest = store->ReadManifest(1);
@@ -328,7 +329,7 @@ TEST_F(S3Test, ObjectChangedAfterUploadIsDetected) {
   // own hash can tell, and it does.
   std::string tampered = original;
   tampered[tampered.size() / 2] ^= 0x5a;
-  Overwrite(*store, store->VersionKey(1, shard), tampered, digest->sha256);
+  Overwrite(*store, S3(*store).VersionKey(1, shard), tampered, digest->sha256);
   auto dir = store->Materialize(1);
   EXPECT_TRUE(absl::IsDataLoss(dir.status())) << dir.status().message();
   EXPECT_EQ(GetErrorKind(dir.status()), ErrorKind::kChecksumMismatch);
@@ -337,8 +338,8 @@ TEST_F(S3Test, ObjectChangedAfterUploadIsDetected) {
       fs::exists(tmp() / "cache" / "s3" / server().bucket() / prefix() / "weight_v000001" / shard));
 
   // Another size: HEAD already tells, and a republish refuses to paper over it.
-  Overwrite(*store, store->VersionKey(1, shard), original + "x", digest->sha256);
-  auto stat = store->StatVersionFiles(1, {shard});
+  Overwrite(*store, S3(*store).VersionKey(1, shard), original + "x", digest->sha256);
+  auto stat = S3(*store).StatVersionFiles(1, {shard});
   ASSERT_TRUE(stat.ok());
   EXPECT_EQ((*stat)[0].size, digest->size + 1);
   absl::Status again = store->PublishFiles(1, *v1);
@@ -347,7 +348,7 @@ TEST_F(S3Test, ObjectChangedAfterUploadIsDetected) {
   // A tampered index is caught by its own recorded hash.
   auto index = ReadFileToString(*v1 / kIndexFileName);
   ASSERT_TRUE(index.ok());
-  Overwrite(*store, store->VersionKey(1, kIndexFileName), *index + " ", Sha256Hex(*index));
+  Overwrite(*store, S3(*store).VersionKey(1, kIndexFileName), *index + " ", Sha256Hex(*index));
   auto manifest = store->ReadManifest(1);
   EXPECT_TRUE(absl::IsDataLoss(manifest.status())) << manifest.status().message();
 }
@@ -367,25 +368,25 @@ TEST_F(S3Test, MaterializeDownloadsTheChainOnce) {
   ASSERT_EQ(chain->size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ((*chain)[i].version, i + 1);
   EXPECT_TRUE((*chain)[2].manifest.is_empty_delta());
-  EXPECT_EQ(store->payload_files_downloaded(), 5);
+  EXPECT_EQ(store->traffic().files_downloaded, 5u);
   EXPECT_EQ(ReadFile((*chain)[3].dir / "delta-1.safetensors"), "delta bytes 4/1");
 
   // Again, and from another store object on the same cache: nothing moves.
   ASSERT_TRUE(MaterializeChain(*store, 4, std::nullopt).ok());
-  EXPECT_EQ(store->payload_files_downloaded(), 5);
+  EXPECT_EQ(store->traffic().files_downloaded, 5u);
   auto fresh = Open("");
   ASSERT_NE(fresh, nullptr);
   auto from_applied = MaterializeChain(*fresh, 4, 2);
   ASSERT_TRUE(from_applied.ok()) << from_applied.status().message();
   ASSERT_EQ(from_applied->size(), 2u);
   EXPECT_EQ((*from_applied)[0].version, 3);
-  EXPECT_EQ(fresh->payload_files_downloaded(), 0);
+  EXPECT_EQ(fresh->traffic().files_downloaded, 0u);
 
   // A damaged cached file is downloaded again, and only that one.
   fs::path damaged = (*chain)[0].dir / TestShardName({}, 1);
   ASSERT_TRUE(WriteFileAtomically(damaged, "garbage").ok());
   ASSERT_TRUE(MaterializeChain(*fresh, 4, std::nullopt).ok());
-  EXPECT_EQ(fresh->payload_files_downloaded(), 1);
+  EXPECT_EQ(fresh->traffic().files_downloaded, 1u);
   EXPECT_EQ(ReadFile(damaged), ReadFile(*v1 / TestShardName({}, 1)));
 
   // A chain with a hole is refused, naming the missing version.
@@ -408,7 +409,7 @@ TEST_F(S3Test, ReplicasSharingACacheDownloadEachVersionOnceBetweenThem) {
   ASSERT_TRUE(publisher->PublishFiles(1, *v1).ok());
   ASSERT_TRUE(publisher->PublishFiles(2, WriteDeltaVersion(tmp() / "src", 2, 2)).ok());
   constexpr int kReplicas = 8;
-  std::vector<std::unique_ptr<S3Store>> replicas;
+  std::vector<std::unique_ptr<CachedStore>> replicas;
   for (int i = 0; i < kReplicas; ++i) {
     replicas.push_back(Open("run-a"));
     ASSERT_NE(replicas.back(), nullptr);
@@ -420,7 +421,7 @@ TEST_F(S3Test, ReplicasSharingACacheDownloadEachVersionOnceBetweenThem) {
     threads.emplace_back([&, i] { chains[i] = MaterializeChain(*replicas[i], 2, std::nullopt); });
   }
   for (std::thread& t : threads) t.join();
-  int64_t downloaded = 0;
+  uint64_t downloaded = 0;
   uint64_t bytes = 0;
   for (int i = 0; i < kReplicas; ++i) {
     ASSERT_TRUE(chains[i].ok()) << i << ": " << chains[i].status().message();
@@ -428,13 +429,11 @@ TEST_F(S3Test, ReplicasSharingACacheDownloadEachVersionOnceBetweenThem) {
     EXPECT_EQ(ReadFile((*chains[i])[0].dir / TestShardName({}, 1)),
               ReadFile(*v1 / TestShardName({}, 1)));
     EXPECT_EQ(ReadFile((*chains[i])[1].dir / "delta-1.safetensors"), "delta bytes 2/1");
-    downloaded += replicas[i]->payload_files_downloaded();
-    EXPECT_EQ(replicas[i]->traffic().files_downloaded,
-              static_cast<uint64_t>(replicas[i]->payload_files_downloaded()));
+    downloaded += replicas[i]->traffic().files_downloaded;
     bytes += replicas[i]->traffic().bytes_downloaded;
   }
   // Two shards of v1 and two delta files of v2: once each, not 8 times.
-  EXPECT_EQ(downloaded, 4);
+  EXPECT_EQ(downloaded, 4u);
   uint64_t published = 0;
   for (const fs::path& f : {*v1 / TestShardName({}, 0), *v1 / TestShardName({}, 1),
                             tmp() / "src" / VersionDirName(2) / "delta-0.safetensors",
@@ -451,8 +450,8 @@ TEST_F(S3Test, UnsafeKeyIsRefused) {
   // that names a file outside the version directory.
   const std::string index =
       R"({"metadata": {"version": "000005"}, "weight_map": {"w": "../../escape.safetensors"}})";
-  Overwrite(*store, store->VersionKey(5, kIndexFileName), index, Sha256Hex(index));
-  Overwrite(*store, store->location().Key("updates/escape.safetensors"), "bytes",
+  Overwrite(*store, S3(*store).VersionKey(5, kIndexFileName), index, Sha256Hex(index));
+  Overwrite(*store, S3(*store).location().Key("updates/escape.safetensors"), "bytes",
             Sha256Hex("bytes"));
   auto dir = store->Materialize(5);
   EXPECT_TRUE(absl::IsDataLoss(dir.status())) << dir.status().message();
@@ -463,9 +462,9 @@ TEST_F(S3Test, UnsafeKeyIsRefused) {
   }
 
   // Uploading under such a name is refused before anything is sent.
-  auto up = store->UploadVersionFiles(6, tmp(), {"../escape.safetensors"});
+  auto up = S3(*store).UploadVersionFiles(6, tmp(), {"../escape.safetensors"});
   EXPECT_TRUE(absl::IsInvalidArgument(up.status())) << up.status().message();
-  auto index_upload = store->UploadVersionFiles(6, tmp(), {"model.safetensors.index.json"});
+  auto index_upload = S3(*store).UploadVersionFiles(6, tmp(), {"model.safetensors.index.json"});
   EXPECT_TRUE(absl::IsInvalidArgument(index_upload.status()));
 }
 
@@ -543,11 +542,11 @@ TEST_F(S3Test, ListingFollowsContinuationTokens) {
   auto v1 = WriteTestVersion(tmp(), 1, {.shards = 3});
   ASSERT_TRUE(v1.ok());
   ASSERT_TRUE(store->PublishFiles(1, *v1).ok());
-  ASSERT_TRUE(store->PutReceipt(1, "rank-000000", "{}").ok());
-  auto listed = store->ListVersionFiles(1);
+  ASSERT_TRUE(S3(*store).PutReceipt(1, "rank-000000", "{}").ok());
+  auto listed = S3(*store).ListVersionFiles(1);
   ASSERT_TRUE(listed.ok()) << listed.status().message();
   EXPECT_EQ(listed->size(), 4u);  // index + 3 shards, never the receipt
-  auto receipt = store->GetReceipt(1, "rank-000000");
+  auto receipt = S3(*store).GetReceipt(1, "rank-000000");
   ASSERT_TRUE(receipt.ok()) << receipt.status().message();
   EXPECT_EQ(*receipt, "{}");
 }

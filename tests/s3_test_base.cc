@@ -56,13 +56,17 @@ S3StoreOptions S3Test::SmallOptions() {
   return o;
 }
 
-std::unique_ptr<S3Store> S3Test::Open(const std::string& run_id, S3StoreOptions options) {
+std::unique_ptr<CachedStore> S3Test::Open(const std::string& run_id, S3StoreOptions options) {
   return OpenAt(Uri(), run_id, server_->Credentials(), std::move(options));
 }
 
-std::unique_ptr<S3Store> S3Test::OpenAt(const std::string& uri, const std::string& run_id,
-                                        const S3Environment& env, S3StoreOptions options) {
-  auto store = S3Store::Open(uri, StoreOptions{run_id, tmp_ / "cache"}, env, std::move(options));
+std::unique_ptr<CachedStore> S3Test::OpenAt(const std::string& uri, const std::string& run_id,
+                                            const S3Environment& env, S3StoreOptions options) {
+  const int parallelism = options.parallelism;
+  auto s3 = S3Store::Open(uri, run_id, env, std::move(options));
+  EXPECT_TRUE(s3.ok()) << s3.status().message();
+  if (!s3.ok()) return nullptr;
+  auto store = CachedStore::Open(*std::move(s3), tmp_ / "cache", {}, nullptr, parallelism);
   EXPECT_TRUE(store.ok()) << store.status().message();
   return store.ok() ? *std::move(store) : nullptr;
 }

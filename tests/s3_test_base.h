@@ -10,11 +10,15 @@
 #include <memory>
 #include <string>
 
-#include "stitch/store/s3_store.h"
+#include "stitch/fetch/cached_store.h"
+#include "stitch/store/s3/s3_store.h"
 #include "tests/s3_moto_server.h"
 #include "tests/support/temp_dir.h"
 
 namespace stitch::testing {
+
+// The S3 store behind `store` (opened by S3Test::Open).
+inline S3Store& S3(Store& store) { return static_cast<S3Store&>(*store.remote()); }
 
 class S3Test : public ::testing::Test {
  protected:
@@ -32,12 +36,14 @@ class S3Test : public ::testing::Test {
   // small files, and retries that do not wait long.
   static S3StoreOptions SmallOptions();
 
-  // Opens this test's store for `run_id` with the server's credentials,
-  // caching under tmp()/cache.
-  std::unique_ptr<S3Store> Open(const std::string& run_id, S3StoreOptions options = SmallOptions());
-  std::unique_ptr<S3Store> OpenAt(const std::string& uri, const std::string& run_id,
-                                  const S3Environment& env,
-                                  S3StoreOptions options = SmallOptions());
+  // Opens this test's store for `run_id` with the server's credentials, as
+  // OpenStore does: the S3 store behind its version cache, under
+  // tmp()/cache. S3() reaches the S3 store itself.
+  std::unique_ptr<CachedStore> Open(const std::string& run_id,
+                                    S3StoreOptions options = SmallOptions());
+  std::unique_ptr<CachedStore> OpenAt(const std::string& uri, const std::string& run_id,
+                                      const S3Environment& env,
+                                      S3StoreOptions options = SmallOptions());
 
  private:
   MotoServer* server_ = nullptr;

@@ -37,6 +37,7 @@
 #include "stitch/delta/delta_encode.h"
 #include "stitch/delta/delta_kernel.h"
 #include "stitch/delta/delta_verify.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/pool/pool.h"

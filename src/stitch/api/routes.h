@@ -24,6 +24,7 @@
 // so the engine reads the very path that was classified.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -99,5 +100,16 @@ struct CanonicalTarget {
 // target, any other character a target may not hold, a decoded path with a
 // control character (NUL included), or ".." above the root.
 [[nodiscard]] absl::StatusOr<CanonicalTarget> CanonicalizeTarget(std::string_view target);
+
+// Between replicas: the route on which a sidecar serves the version files
+// its store verified, GET kPeerFileRoute?version=N&name=FILE[&wait_ms=T]
+// (docs/deploy.md, "Peers before the store"). With wait_ms (at most
+// kPeerMaxWaitMs), a peer that does not hold the file yet waits up to that
+// long for it before answering 404. A request whose kPeerIdHeader is the
+// peer's own id is answered 409 at once: the replica asked itself. The
+// fetch room (fetch/peer_client.h) asks it; the sidecar answers it.
+inline constexpr std::string_view kPeerFileRoute = "/peer/v1/file";
+inline constexpr std::string_view kPeerIdHeader = "X-Stitch-Peer";
+inline constexpr int64_t kPeerMaxWaitMs = 30000;
 
 }  // namespace stitch

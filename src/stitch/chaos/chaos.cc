@@ -43,6 +43,7 @@
 #include "stitch/chaos/trainer.h"
 #include "stitch/core/state.h"
 #include "stitch/demo/supervisor.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/net/prometheus.h"

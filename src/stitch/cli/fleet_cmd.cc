@@ -21,6 +21,7 @@
 #include "stitch/cli/report.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/state.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/pool/pool.h"

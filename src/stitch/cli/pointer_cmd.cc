@@ -4,6 +4,7 @@
 
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/store/store.h"
 
 namespace stitch {

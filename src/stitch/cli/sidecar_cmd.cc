@@ -29,6 +29,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/engine/sglang_engine.h"
 #include "stitch/engine/vllm_engine.h"
+#include "stitch/fetch/open_store.h"
 #include "stitch/format/index.h"
 #include "stitch/net/auth.h"
 #include "stitch/net/clock.h"

@@ -12,8 +12,8 @@
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
 #include "stitch/net/clock.h"
-#include "stitch/store/s3_sigv4.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3/s3_sigv4.h"
+#include "stitch/store/s3/s3_uri.h"
 
 namespace stitch {
 

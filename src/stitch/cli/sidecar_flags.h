@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "stitch/core/version.h"
 #include "stitch/engine/engine.h"
+#include "stitch/fetch/peers.h"
 #include "stitch/net/http.h"
 #include "stitch/net/server.h"
 #include "stitch/replica/reconciler.h"

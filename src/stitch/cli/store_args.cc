@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "stitch/fetch/open_store.h"
 #include "stitch/net/auth.h"
 
 namespace stitch {

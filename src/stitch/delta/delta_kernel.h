@@ -32,6 +32,7 @@
 #include "stitch/format/checksum.h"
 #include "stitch/io/aligned_buffer.h"
 #include "stitch/io/fileio.h"
+#include "stitch/io/parallel.h"
 
 namespace stitch {
 
@@ -75,10 +76,6 @@ inline constexpr int kZeroRunMaxLevel = 1;
   }
   for (; i < n; ++i) out[i] = a[i] ^ b[i];
 }
-
-// Number of workers used when an options struct says 0:
-// std::thread::hardware_concurrency(), at least 1.
-int DefaultThreads();
 
 // Reads one tensor's bytes, chunk by chunk.
 class ChunkSource {
@@ -305,17 +302,6 @@ inline constexpr size_t kMaxFrameHeaderBytes = 18;
 [[nodiscard]] absl::StatusOr<uint64_t> DecodedFrameSize(CodecWorkspace& ws, const FrameRef& frame,
                                                         std::string_view tensor,
                                                         uint64_t max_bytes);
-
-// Runs task(i, worker) for every i in [0, n) on `threads` workers (the
-// calling thread is worker 0; workers are numbered [0, threads)). Tasks
-// start in index order. After a task fails no new task starts, `*cancel`
-// (when given) is set so running tasks can stop early, and the error of the
-// lowest-numbered failed task is returned (a Cancelled error only when no
-// task failed otherwise). Exceptions thrown by a task
-// become errors (ResourceExhausted for std::bad_alloc).
-[[nodiscard]] absl::Status ParallelFor(
-    size_t n, int threads, const std::function<absl::Status(size_t i, int worker)>& task,
-    std::atomic<bool>* cancel = nullptr);
 
 // The order in which to run tasks of these sizes so that workers finish
 // together: largest first.

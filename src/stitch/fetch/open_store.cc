@@ -4,6 +4,8 @@
 // Boost.URL (percent-decoding included); anything else is a plain path. A
 // relative path like "runs:a" is therefore a path, not a URI with scheme
 // "runs".
+#include "stitch/fetch/open_store.h"
+
 #include <boost/url/parse.hpp>
 #include <boost/url/url_view.hpp>
 
@@ -12,10 +14,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
+#include "stitch/fetch/cached_store.h"
 #include "stitch/store/fs_store.h"
 #include "stitch/store/mem_store.h"
-#include "stitch/store/s3_store.h"
-#include "stitch/store/store.h"
+#include "stitch/store/s3/s3_store.h"
 
 namespace stitch {
 namespace {
@@ -34,9 +36,16 @@ absl::StatusOr<std::unique_ptr<Store>> Upcast(absl::StatusOr<std::unique_ptr<Mem
   return std::unique_ptr<Store>(*std::move(s));
 }
 
-absl::StatusOr<std::unique_ptr<Store>> Upcast(absl::StatusOr<std::unique_ptr<S3Store>> s) {
-  if (!s.ok()) return s.status();
-  return std::unique_ptr<Store>(*std::move(s));
+// The S3 store behind its verified version cache.
+absl::StatusOr<std::unique_ptr<Store>> OpenS3(std::string_view uri, const StoreOptions& options) {
+  S3StoreOptions s3;
+  s3.index_bounds = options.index_bounds;
+  auto remote = S3Store::Open(uri, options.run_id, S3Environment::FromProcess(), s3);
+  if (!remote.ok()) return remote.status();
+  auto cached = CachedStore::Open(*std::move(remote), options.cache_dir, options.peers, nullptr,
+                                  s3.parallelism);
+  if (!cached.ok()) return cached.status();
+  return std::unique_ptr<Store>(*std::move(cached));
 }
 
 }  // namespace
@@ -80,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
     if (name.empty()) return bad("has no name (mem://NAME)");
     return Upcast(MemStore::Open(std::move(name), options.run_id, options.cache_dir));
   }
-  if (scheme == "s3") return Upcast(S3Store::Open(uri, options));
+  if (scheme == "s3") return OpenS3(uri, options);
   return bad(absl::StrCat("has an unsupported scheme \"", scheme, "\""));
 }
 

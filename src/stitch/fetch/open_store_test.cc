@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "stitch/fetch/open_store.h"
 #include "stitch/store/fs_store.h"
 #include "stitch/store/store.h"
 #include "tests/support/temp_dir.h"

@@ -1,8 +1,9 @@
-// A file taken from a peer into the version cache (FetchFromPeerToCache)
-// against peers on loopback that lie about the file's length, never stop
-// sending, or trickle: what a replica writes and how long it waits are
-// bounded by the size the store records, whatever the peer does.
-#include "stitch/store/s3_version_cache.h"
+// A file taken from a peer into the version cache (HttpPeerSource into
+// ReceiveIntoCache) against peers on loopback that lie about the file's
+// length, never stop sending, or trickle: what a replica writes and how
+// long it waits are bounded by the size the store records, whatever the
+// peer does.
+#include "stitch/fetch/peer_client.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,7 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_sha256.h"
+#include "stitch/fetch/version_cache.h"
+#include "stitch/io/sha256.h"
 #include "tests/support/loopback_listener.h"
 #include "tests/support/temp_dir.h"
 
@@ -71,8 +73,11 @@ class PeerFetchTest : public ::testing::Test {
     want_ = StoredFile{"model.safetensors", content_.size(), Sha256Hex(content_)};
   }
 
-  absl::StatusOr<S3CachedFile> Fetch(const FakePeer& peer) {
-    return FetchFromPeerToCache(peers_, peer.url(), 1, want_, dir_ / "v1" / want_.name);
+  absl::StatusOr<CachedFile> Fetch(const FakePeer& peer) {
+    HttpPeerSource source(peers_);
+    return ReceiveIntoCache(dir_ / "v1" / want_.name, want_, "the peer", [&](CacheFileSink& sink) {
+      return source.Fetch(peer.url(), 1, want_, 0, sink);
+    });
   }
   // Whether the version's directory holds nothing but what arrived whole.
   bool NothingLeftBehind() const {

@@ -1,8 +1,8 @@
-// The local cache S3Store::Materialize fills (s3_store.h): where each
-// version goes, what the cache already holds, and one verified, durable
-// download into it. Internal to the store library.
+// The verified version cache a remote store (store/remote_store.h) is
+// materialized into (cached_store.h): where each version goes, what the
+// cache already holds, and one verified, durable transfer into it.
 //
-// Layout, under <cache_dir>/s3/<bucket>/<prefix>/:
+// Layout, under <cache_dir>/<the store's CacheSubdir, s3/<bucket>/<prefix>>/:
 //
 //   weight_vNNNNNN/              the version's files, as the store holds them
 //   .weight_vNNNNNN.lock         flocked while the version is being filled
@@ -17,28 +17,29 @@
 //
 // Thread-safety: the functions hold no state of their own. Callers filling
 // one version hold its lock (LockCacheVersion), which excludes other
-// threads and processes; within it DownloadToCache may run for several
+// threads and processes; within it ReceiveIntoCache may run for several
 // files at once.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stitch/io/byte_sink.h"
 #include "stitch/io/fileio.h"
-#include "stitch/store/s3_client.h"
-#include "stitch/store/s3_store.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/io/sha256.h"
+#include "stitch/store/remote_store.h"
 
 namespace stitch {
 
 // The record's entry for one file.
-struct S3CachedFile {
+struct CachedFile {
   uint64_t size = 0;
   std::string sha256;  // hex, as the store recorded it
   int64_t mtime_ns = 0;
@@ -46,20 +47,21 @@ struct S3CachedFile {
 
 // The record of one version: file name (relative to the version directory)
 // to entry.
-struct S3CacheRecord {
-  std::map<std::string, S3CachedFile> files;
+struct CacheRecord {
+  std::map<std::string, CachedFile> files;
 };
 
 // Where one version of one store lives in the cache.
-struct S3VersionCachePaths {
-  std::filesystem::path parent;  // <cache_dir>/s3/<bucket>/<prefix>
+struct CachePaths {
+  std::filesystem::path parent;  // <cache_dir>/<subdir>
   std::filesystem::path target;  // parent/weight_vNNNNNN
   std::filesystem::path lock;    // parent/.weight_vNNNNNN.lock
   std::filesystem::path record;  // parent/.weight_vNNNNNN.files.json
 
-  // REQUIRES: `cache_dir` absolute; `version` valid (ValidateVersionNumber).
-  static S3VersionCachePaths For(const std::filesystem::path& cache_dir, const S3Location& location,
-                                 int64_t version);
+  // REQUIRES: `cache_dir` absolute; `subdir` relative (RemoteStore::
+  // CacheSubdir); `version` valid (ValidateVersionNumber).
+  static CachePaths For(const std::filesystem::path& cache_dir, const std::filesystem::path& subdir,
+                        int64_t version);
 };
 
 // DataLoss, starting with `where`, naming the first of `files` that is not
@@ -71,55 +73,56 @@ struct S3VersionCachePaths {
 // Creates `paths.target` (and its parents) and takes the version's flock,
 // held until the returned descriptor is closed (one per open file
 // description, so it excludes other threads of this process too).
-[[nodiscard]] absl::StatusOr<UniqueFd> LockCacheVersion(const S3VersionCachePaths& paths);
+[[nodiscard]] absl::StatusOr<UniqueFd> LockCacheVersion(const CachePaths& paths);
 
 // The record at `path`; empty when it is absent or damaged (that only
 // costs downloads).
-S3CacheRecord ReadS3CacheRecord(const std::filesystem::path& path);
+CacheRecord ReadCacheRecord(const std::filesystem::path& path);
 
 // Replaces the record at `path` atomically.
-[[nodiscard]] absl::Status WriteS3CacheRecord(const std::filesystem::path& path,
-                                              const S3CacheRecord& record);
+[[nodiscard]] absl::Status WriteCacheRecord(const std::filesystem::path& path,
+                                            const CacheRecord& record);
 
 // The indexes into `stored` of the files `target` does not hold current
 // (see the file comment), in order.
 std::vector<size_t> StaleCacheFiles(const std::filesystem::path& target,
                                     const std::vector<StoredFile>& stored,
-                                    const S3CacheRecord& record);
+                                    const CacheRecord& record);
 
-// How long one transfer of a `size`-byte file from a peer may take in all
-// when the peer is asked to wait up to `wait_ms` for it: the connect
-// timeout, the allowance, the wait, and the size at the floor rate
-// (StorePeers). Saturates rather than overflows.
-std::chrono::milliseconds PeerTransferDeadline(const StorePeers& peers, uint64_t size,
-                                               int64_t wait_ms);
+// A transfer into a temporary file, hashed as it arrives, that never grows
+// past `limit` bytes (the size the store records): whoever sends more, the
+// cache holds at most the file's size (DataLoss, kChecksumMismatch).
+class CacheFileSink final : public ByteSink {
+ public:
+  CacheFileSink(std::filesystem::path path, uint64_t limit);
+  [[nodiscard]] absl::Status Restart() override;
+  [[nodiscard]] absl::Status Write(std::string_view bytes) override;
+  // fsyncs and closes the file; returns what was written.
+  [[nodiscard]] absl::StatusOr<FileDigest> Finish();
 
-// Downloads `key` into `final_path` (creating its directory): into a
-// temporary sibling, hashed as it arrives, fsynced, checked against both
-// the SHA-256 the response records and `want`, then renamed into place and
-// the directory fsynced. Returns the file's record entry. DataLoss
-// (ErrorKind::kChecksumMismatch) when the bytes are not `want`'s (the
-// transfer is cut as soon as more than want.size bytes arrive); the
-// client's errors otherwise. The temporary file never outlives a failure.
-// The same from the peer at `peer_url` (its kPeerFileRoute, waiting up to
-// `wait_ms` for the peer to hold it), checked against `want` only (the
-// store's record; a peer's word counts for nothing). A peer can never make
-// this write more than want.size bytes: a response declaring another
-// Content-Length is refused before its body, and one that sends more is
-// cut at want.size. NotFound when the peer does not hold the file;
-// FailedPrecondition when the peer is this replica (peers.self_id);
-// DataLoss (kChecksumMismatch) when its bytes, or its Content-Length, are
-// not `want`'s; Unavailable when it did not answer, stalled or missed its
-// deadline (PeerTransferDeadline). The temporary file never outlives a
-// failure.
-[[nodiscard]] absl::StatusOr<S3CachedFile> FetchFromPeerToCache(
-    const StorePeers& peers, const std::string& peer_url, int64_t version, const StoredFile& want,
-    const std::filesystem::path& final_path, int64_t wait_ms = 0);
+ private:
+  const std::filesystem::path path_;
+  const uint64_t limit_;
+  UniqueFd fd_;
+  Sha256 hasher_;
+  uint64_t size_ = 0;
+};
 
-[[nodiscard]] absl::StatusOr<S3CachedFile> DownloadToCache(S3Client& client,
-                                                           const S3Location& location,
-                                                           const std::string& key,
-                                                           const StoredFile& want,
-                                                           const std::filesystem::path& final_path);
+// Receives `want` into `final_path` (creating its directory): `receive`
+// writes the bytes into a CacheFileSink on a temporary sibling (already
+// Restart()ed; its errors, which name their source, pass through); they
+// are then checked against `want` (DataLoss, kChecksumMismatch, naming
+// `source`, when they differ), fsynced, renamed into place and the
+// directory fsynced. Returns the file's record entry. The temporary file
+// never outlives a failure.
+[[nodiscard]] absl::StatusOr<CachedFile> ReceiveIntoCache(
+    const std::filesystem::path& final_path, const StoredFile& want, std::string_view source,
+    const std::function<absl::Status(CacheFileSink& sink)>& receive);
+
+// The cached file `name` of the version at `paths`, opened, when the
+// record vouches for it (the store's size and SHA-256, checked when it
+// arrived) and nobody touched it since; NotFound otherwise.
+[[nodiscard]] absl::StatusOr<Store::VerifiedFile> OpenCachedFile(const CachePaths& paths,
+                                                                 const std::string& name);
 
 }  // namespace stitch

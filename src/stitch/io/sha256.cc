@@ -1,4 +1,4 @@
-#include "stitch/store/s3_sha256.h"
+#include "stitch/io/sha256.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>

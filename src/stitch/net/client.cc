@@ -15,6 +15,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/buffer_body.hpp>
@@ -635,6 +636,74 @@ absl::StatusOr<HttpResponse> HttpFetch(std::string_view method, std::string_view
         },
         boost::asio::detached);
     io.run();
+  }
+  return result;
+}
+
+absl::Status HttpFetchStreamed(
+    std::string_view url, const StreamedFetchOptions& options,
+    const std::function<absl::Status(int status, const HttpHeaders& headers)>& on_header,
+    const std::function<absl::Status(std::string_view bytes)>& on_body) {
+  absl::StatusOr<HttpUrl> parsed = ParseHttpUrl(url);
+  if (!parsed.ok()) return parsed.status();
+  HttpRequest request;
+  request.target = std::move(parsed->target);
+  request.headers = options.headers;
+
+  boost::asio::io_context io(1);
+  ClientOptions client_options;
+  client_options.connect_timeout = options.connect_timeout;
+  client_options.request_timeout = options.timeout;
+  client_options.stream_idle_timeout = options.stall_timeout;
+  absl::Status result = absl::InternalError("HttpFetchStreamed did not run");
+  HttpCallAbort abort;
+  // The whole call's deadline: the client's own timeouts bound the header
+  // and each wait for bytes, not a body that trickles.
+  bool expired = false;
+  boost::asio::steady_timer deadline(io, options.timeout);
+  deadline.async_wait([&](boost::system::error_code ec) {
+    if (ec) return;
+    expired = true;
+    abort.Abort();
+  });
+  {
+    HttpClient client(io.get_executor(), client_options);
+    boost::asio::co_spawn(
+        io,
+        [&]() -> boost::asio::awaitable<void> {
+          CallOptions call;
+          call.abort = &abort;
+          absl::StatusOr<HttpResponseStream> stream =
+              co_await client.SendStreamed(parsed->origin, std::move(request), call);
+          if (!stream.ok()) {
+            result = stream.status();
+          } else if (absl::Status s = on_header(stream->status(), stream->headers()); !s.ok()) {
+            stream->Close();
+            result = s;
+          } else {
+            result = absl::OkStatus();
+            while (true) {
+              absl::StatusOr<std::string> bytes = co_await stream->Read();
+              if (!bytes.ok()) {
+                result = bytes.status();
+                break;
+              }
+              if (bytes->empty()) break;
+              if (absl::Status s = on_body(*bytes); !s.ok()) {
+                stream->Close();
+                result = s;
+                break;
+              }
+            }
+          }
+          deadline.cancel();
+        },
+        boost::asio::detached);
+    io.run();
+  }
+  if (expired && !result.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "GET ", AbslView(url), ": no complete answer within ", options.timeout.count(), " ms"));
   }
   return result;
 }

@@ -33,6 +33,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -165,5 +166,26 @@ struct FetchOptions {
 [[nodiscard]] absl::StatusOr<HttpResponse> HttpFetch(std::string_view method, std::string_view url,
                                                      std::string body = {},
                                                      const FetchOptions& options = {});
+
+struct StreamedFetchOptions {
+  HttpHeaders headers;
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(5);
+  // Bounds the whole call: connecting, the header and the whole body.
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // The longest wait for body bytes once the header arrived; zero: none.
+  std::chrono::milliseconds stall_timeout = std::chrono::milliseconds(0);
+};
+
+// Blocking streamed GET for worker threads (never an event-loop thread):
+// the response's status and header go to `on_header` before any of its
+// body is read, then each piece of the body to `on_body` as it arrives. An
+// error from either ends the call with that error and closes the
+// connection, so a sender can be cut off mid-body. DeadlineExceeded when
+// the whole call outlives options.timeout or the body stalls longer than
+// options.stall_timeout; the client's errors otherwise (client.h).
+[[nodiscard]] absl::Status HttpFetchStreamed(
+    std::string_view url, const StreamedFetchOptions& options,
+    const std::function<absl::Status(int status, const HttpHeaders& headers)>& on_header,
+    const std::function<absl::Status(std::string_view bytes)>& on_body);
 
 }  // namespace stitch

@@ -17,11 +17,11 @@
 #include "stitch/format/checksum.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
+#include "stitch/io/sha256.h"
 #include "stitch/publish/publish.h"
 #include "stitch/publish/receipts.h"
 #include "stitch/publish/wake.h"
-#include "stitch/store/s3_sha256.h"
-#include "stitch/store/s3_store.h"
+#include "stitch/store/s3/s3_store.h"
 #include "stitch/store/version_dir.h"
 
 namespace stitch {
@@ -461,7 +461,7 @@ absl::StatusOr<PublishOutcome> PublishFromHosts(Store& store, TrainerComms& comm
                                                 const MultiHostPublishOptions& options) {
   const std::string where = absl::StrCat("store ", store.uri());
   const int rank = comms.rank();
-  auto* s3 = dynamic_cast<S3Store*>(&store);
+  auto* s3 = dynamic_cast<S3Store*>(store.remote());
   const fs::path version_dir = VersionDirOf(dir);
   // Every rank checks the identity on its own.
   const absl::StatusOr<VersionRef> local = NamedVersion(store, dir, where);

@@ -55,7 +55,7 @@
 namespace stitch {
 
 // Files and bytes a store downloaded to materialize versions: from the
-// store itself, and from peers (StorePeers).
+// store itself, and from peers (fetch/peers.h).
 struct StoreTraffic {
   uint64_t files_downloaded = 0;
   uint64_t bytes_downloaded = 0;
@@ -66,50 +66,7 @@ struct StoreTraffic {
   uint64_t peer_rejected = 0;
 };
 
-// The route on which a sidecar serves the version files its store
-// verified: GET kPeerFileRoute?version=N&name=FILE[&wait_ms=T] (docs/deploy.md,
-// "Peers before the store"). With wait_ms, a peer that does not hold the
-// file yet waits up to that long for it before answering 404. A request
-// whose kPeerIdHeader is the peer's own id is answered 409 at once: the
-// replica asked itself.
-inline constexpr std::string_view kPeerFileRoute = "/peer/v1/file";
-inline constexpr std::string_view kPeerIdHeader = "X-Stitch-Peer";
-inline constexpr int64_t kPeerMaxWaitMs = 30000;
-
-// Other replicas a remote store may fetch version files from before asking
-// the store itself. A peer only carries bytes: every file is checked
-// against the size and SHA-256 the store records for it, and a peer that
-// is wrong, lacks the file or does not answer is passed over.
-struct StorePeers {
-  // The peers' base URLs ("http://host:port"), asked once per
-  // materialization (a pool: docs/sidecar.md, "--peers"); unset: none.
-  // Called from the store's threads.
-  std::function<std::vector<std::string>()> discover;
-  std::string token;  // sent as "Authorization: Bearer <token>"; "": none
-  // This replica's id among its peers, sent as kPeerIdHeader: set by the
-  // store (Store::peer_id), not by callers.
-  std::string self_id;
-  // Each file has an owner among the peers (rendezvous hashing of the
-  // peers' URLs with the file: every replica picks the same one), which
-  // fetches it from the store itself; the others ask the owner first and
-  // wait up to this long for it, so that a version every replica wants at
-  // once leaves the store about once. Then up to `extra_tries` more peers
-  // are asked without waiting, then the store.
-  std::chrono::milliseconds owner_wait = std::chrono::seconds(10);
-  int extra_tries = 2;
-  std::chrono::milliseconds connect_timeout = std::chrono::seconds(2);
-  // A peer must keep sending at least 1 KiB/s over this long, or is left.
-  std::chrono::milliseconds stall_timeout = std::chrono::seconds(10);
-  // Every transfer from a peer has a deadline (PeerTransferDeadline in
-  // s3_version_cache.h): the file's size at `min_rate` bytes/s, plus
-  // `allowance`, the connect timeout and any wait asked for. A peer that
-  // trickles (however steadily) or does not answer is left at the deadline
-  // for the next peer or the store, and an owner that did not answer at
-  // once is never waited on: no peer delays a replica by more than one
-  // deadline per file. REQUIRES: min_rate > 0.
-  uint64_t min_rate = uint64_t{4} << 20;
-  std::chrono::milliseconds allowance = std::chrono::seconds(2);
-};
+class RemoteStore;  // remote_store.h
 
 class Store {
  public:
@@ -176,31 +133,17 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<VerifiedFile> OpenVerifiedFile(int64_t version,
                                                                       std::string_view name);
 
-  // This replica's identity among its peers (kPeerIdHeader): one per
+  // This replica's identity among its peers (api/routes.h kPeerIdHeader): one per
   // version cache, so that replicas sharing a cache (one host) are one peer
   // and a host mate's request is answered as the replica's own. "" for a
   // store with nothing to offer peers.
   virtual std::string peer_id() const { return {}; }
-};
 
-// Opens a store for `run_id` from a URI: a plain path or file:///abs/path
-// (filesystem store), mem://NAME (in-memory store shared within a process),
-// s3://bucket/prefix[?endpoint=URL&region=R] where supported. `cache_dir` is
-// where remote (and in-memory) stores materialize versions. An empty
-// `run_id` opens a read-only view: it reads the pointer, manifests and
-// versions, creates nothing, and refuses PublishFiles and AdvancePointer.
-struct StoreOptions {
-  std::string run_id;
-  std::filesystem::path cache_dir;
-  // Where a remote store looks for version files first.
-  StorePeers peers;
-  // How large a version's index may be (the filesystem and S3 stores refuse
-  // a larger one, DataLoss, before reading it). A replica narrows it to what
-  // its base checkpoint can hold (IndexBoundsFor).
-  IndexBounds index_bounds;
+  // The remote store (remote_store.h) that holds this store's versions, or
+  // null for a store read in place. A version cache (fetch/) answers with
+  // the store it caches.
+  virtual RemoteStore* remote() { return nullptr; }
 };
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
-                                                               const StoreOptions& options);
 
 // What the pointer of an existing store names (see "Existence" above). A
 // store that does not exist is FailedPrecondition, one line naming the store

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "stitch/store/s3_client.h"
+#include "stitch/store/s3/s3_client.h"
 
 namespace stitch {
 

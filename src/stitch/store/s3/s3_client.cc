@@ -1,4 +1,4 @@
-#include "stitch/store/s3_client.h"
+#include "stitch/store/s3/s3_client.h"
 
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -17,8 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/io/fileio.h"
-#include "stitch/store/s3_sha256.h"
-#include "stitch/store/s3_xml.h"
+#include "stitch/io/sha256.h"
+#include "stitch/store/s3/s3_credential_chain.h"
+#include "stitch/store/s3/s3_xml.h"
 
 namespace stitch {
 
@@ -123,7 +124,7 @@ HeaderList RequestHeaders(const S3Request& request, const std::string& payload_s
 struct Transfer {
   CURL* curl = nullptr;
   S3Response* response = nullptr;
-  S3BodySink* sink = nullptr;
+  ByteSink* sink = nullptr;
   absl::Status sink_status;
   uint64_t max_buffered_body = 0;
   // The payload: a file descriptor range, or bytes in memory.

@@ -35,8 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "stitch/store/s3_credentials.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/io/byte_sink.h"
+#include "stitch/store/s3/s3_credentials.h"
+#include "stitch/store/s3/s3_uri.h"
 
 namespace stitch {
 
@@ -57,16 +58,6 @@ struct S3ClientOptions {
   std::shared_ptr<AwsCredentialsProvider> credentials;
 };
 
-// Receives the body of a successful (2xx) answer as it arrives, instead of
-// the client buffering it (downloads). Restart() is called before every
-// attempt, so a retried download starts over.
-class S3BodySink {
- public:
-  virtual ~S3BodySink() = default;
-  [[nodiscard]] virtual absl::Status Restart() = 0;
-  [[nodiscard]] virtual absl::Status Write(std::string_view bytes) = 0;
-};
-
 struct S3Request {
   std::string method = "GET";  // GET, HEAD, PUT, POST or DELETE
   std::string key;             // full object key; "" for the bucket
@@ -82,7 +73,7 @@ struct S3Request {
   // REQUIRES: set when `body_file` is.
   std::string payload_sha256;
   // Where a 2xx body goes; buffered into S3Response::body when null.
-  S3BodySink* sink = nullptr;
+  ByteSink* sink = nullptr;
   // The largest body buffered (OutOfRange beyond, before any of it is held
   // when the answer declares its length); 0: the client's own limit, 256 MiB.
   uint64_t max_buffered_body = 0;

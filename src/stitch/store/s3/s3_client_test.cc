@@ -1,7 +1,7 @@
 // S3Client against a scripted loopback server: request shape (signing
 // inputs, encoded and sorted queries), retries and their limits, and the
 // one-line errors.
-#include "stitch/store/s3_client.h"
+#include "stitch/store/s3/s3_client.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_sha256.h"
+#include "stitch/io/sha256.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/loopback_listener.h"
 
@@ -229,7 +229,7 @@ TEST(S3ClientTest, DroppedConnectionsAreRetriedAndDownloadsStartOver) {
   std::string partial = "HTTP/1.1 200 X\r\nContent-Length: 10\r\nConnection: close\r\n\r\nabc";
   ScriptedServer server({"", partial, ScriptedServer::Reply(200, "0123456789")});
   Fixture f = MakeClient(server.url(), 3);
-  struct Sink : S3BodySink {
+  struct Sink : ByteSink {
     std::string data;
     int restarts = 0;
     absl::Status Restart() override {

@@ -1,7 +1,4 @@
-// The chain over the credential sources, with its cache and refresh rules
-// (s3_credentials.h), and where the process environment puts each source.
-// The sources themselves: s3_credential_sources.h.
-#include "stitch/store/s3_credentials.h"
+#include "stitch/store/s3/s3_credential_chain.h"
 
 #include <spdlog/spdlog.h>
 
@@ -13,8 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "stitch/store/s3_credential_io.h"
-#include "stitch/store/s3_credential_sources.h"
+#include "stitch/store/s3/s3_credential_io.h"
 
 namespace stitch {
 namespace {
@@ -160,7 +156,7 @@ std::shared_ptr<AwsCredentialsProvider> MakeCredentialsChain(
   return std::make_shared<CredentialsChain>(std::move(sources), std::move(options));
 }
 
-AwsCredentialSettings AwsCredentialSettings::FromProcess() {
+AwsCredentialSettings AwsCredentialSettingsFromProcess() {
   AwsCredentialSettings s;
   s.web_identity_token_file = GetEnv("AWS_WEB_IDENTITY_TOKEN_FILE");
   s.role_arn = GetEnv("AWS_ROLE_ARN");

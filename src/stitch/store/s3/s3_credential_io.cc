@@ -1,4 +1,4 @@
-#include "stitch/store/s3_credential_io.h"
+#include "stitch/store/s3/s3_credential_io.h"
 
 #include <curl/curl.h>
 
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/curl_handles.h"
+#include "stitch/store/s3/curl_handles.h"
 
 namespace stitch {
 namespace {

@@ -1,6 +1,6 @@
 // The environment, web identity, container and instance metadata sources
 // (s3_credential_sources.h). The profile source: s3_profile_source.cc.
-#include "stitch/store/s3_credential_sources.h"
+#include "stitch/store/s3/s3_credential_sources.h"
 
 #include <boost/url/parse.hpp>
 #include <boost/url/url_view.hpp>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_credential_io.h"
+#include "stitch/store/s3/s3_credential_io.h"
 
 namespace stitch {
 namespace {

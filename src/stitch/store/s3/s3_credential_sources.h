@@ -20,12 +20,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "stitch/store/s3_credentials.h"
-#include "stitch/store/s3_sts.h"
+#include "stitch/store/s3/s3_credentials.h"
+#include "stitch/store/s3/s3_sts.h"
 
 namespace stitch {
 
@@ -149,9 +150,15 @@ class InstanceMetadataCredentialSource final : public AwsCredentialSource {
   const absl::Duration timeout_;
 };
 
-// A provider over `sources`, tried in order, with the default chain's
-// caching and refresh rules (s3_credentials.h; `options`).
-std::shared_ptr<AwsCredentialsProvider> MakeCredentialsChain(
-    std::vector<std::unique_ptr<AwsCredentialSource>> sources, AwsCredentialsOptions options);
+// The region instance metadata reports (placement/region), or "" when the
+// service does not answer within `timeout`.
+std::string InstanceMetadataRegion(std::string_view endpoint,
+                                   absl::Duration timeout = absl::Seconds(1));
+
+// The value of `key` in `profile` of the AWS config file at `path` (section
+// "[default]" or "[profile NAME]"), or "" when the file, the profile or the
+// key is absent.
+std::string ConfigFileValue(const std::string& path, std::string_view profile,
+                            std::string_view key);
 
 }  // namespace stitch

@@ -2,7 +2,7 @@
 // files in a temporary directory and scripted loopback services (STS, a
 // container credentials endpoint, instance metadata); and the chain over
 // scripted sources. The default chain as a whole: s3_credentials_test.cc.
-#include "stitch/store/s3_credential_sources.h"
+#include "stitch/store/s3/s3_credential_sources.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "stitch/store/s3_credential_io.h"
+#include "stitch/store/s3/s3_credential_chain.h"
+#include "stitch/store/s3/s3_credential_io.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/temp_dir.h"
 

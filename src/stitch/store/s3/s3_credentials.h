@@ -38,8 +38,8 @@
 // request starts, so a long transfer never fails because the credentials
 // rotated while it ran.
 //
-// Each source on its own, and the chain over any list of them:
-// s3_credential_sources.h.
+// The types and the provider port only: each source on its own is in
+// s3_credential_sources.h, the chain over them in s3_credential_chain.h.
 #pragma once
 
 #include <functional>
@@ -57,7 +57,8 @@ namespace stitch {
 // Where the credential sources other than the static keys are, as the
 // process environment names them. An AwsCredentialSettings built by hand
 // has every field empty, which turns every such source off;
-// FromProcess() fills in the SDKs' defaults.
+// AwsCredentialSettingsFromProcess() (s3_credential_chain.h) fills in the
+// SDKs' defaults.
 struct AwsCredentialSettings {
   // Web identity (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN,
   // AWS_ROLE_SESSION_NAME).
@@ -85,8 +86,6 @@ struct AwsCredentialSettings {
   // the region its requests go to and are signed for.
   std::string sts_endpoint_url;
   std::string region;
-
-  static AwsCredentialSettings FromProcess();
 };
 
 // One set of keys and where it came from.
@@ -141,24 +140,5 @@ struct AwsCredentialsOptions {
   // STS sessions' length (DurationSeconds); zero leaves it to STS (1 hour).
   absl::Duration sts_session_duration = absl::ZeroDuration();
 };
-
-// The SDKs' default chain over `static_keys` (the environment's keys; an
-// empty access key id skips that source) and the other sources of
-// `settings`. InvalidArgument when only one of the access key id and the
-// secret is set.
-[[nodiscard]] absl::StatusOr<std::shared_ptr<AwsCredentialsProvider>> MakeDefaultCredentialsChain(
-    const AwsCredentials& static_keys, const AwsCredentialSettings& settings,
-    AwsCredentialsOptions options = {});
-
-// The region instance metadata reports (placement/region), or "" when the
-// service does not answer within `timeout`.
-std::string InstanceMetadataRegion(std::string_view endpoint,
-                                   absl::Duration timeout = absl::Seconds(1));
-
-// The value of `key` in `profile` of the AWS config file at `path` (section
-// "[default]" or "[profile NAME]"), or "" when the file, the profile or the
-// key is absent.
-std::string ConfigFileValue(const std::string& path, std::string_view profile,
-                            std::string_view key);
 
 }  // namespace stitch

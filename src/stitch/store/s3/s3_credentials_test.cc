@@ -4,7 +4,7 @@
 // against a real STS and instance metadata service (moto), signing real S3
 // requests: tests/s3_credentials_test.cc. Each source on its own:
 // s3_credential_sources_test.cc.
-#include "stitch/store/s3_credentials.h"
+#include "stitch/store/s3/s3_credentials.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,8 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "stitch/store/s3_client.h"
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3/s3_client.h"
+#include "stitch/store/s3/s3_credential_chain.h"
+#include "stitch/store/s3/s3_credential_sources.h"
+#include "stitch/store/s3/s3_uri.h"
 #include "tests/support/loopback_http.h"
 #include "tests/support/temp_dir.h"
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_credential_sources.h"
+#include "stitch/store/s3/s3_credential_sources.h"
 
 namespace stitch {
 namespace {

@@ -1,4 +1,4 @@
-#include "stitch/store/s3_sigv4.h"
+#include "stitch/store/s3/s3_sigv4.h"
 
 #include <boost/url/encode.hpp>
 #include <boost/url/grammar/lut_chars.hpp>

@@ -1,4 +1,4 @@
-#include "stitch/store/s3_sigv4.h"
+#include "stitch/store/s3/s3_sigv4.h"
 
 #include <gtest/gtest.h>
 

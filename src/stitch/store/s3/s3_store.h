@@ -23,11 +23,10 @@
 // a 412 (or 409 ConditionalRequestConflict) is a kPointerConflict reporting
 // the pointer found on a fresh read.
 //
-// Materialize downloads into `<cache_dir>/s3/<bucket>/<prefix>/weight_vNNNNNN`
-// the version's files (index, payload, other files: config, tokenizer), only
-// those missing there or differing (by size and recorded SHA-256), hashing
-// each download and writing it durably (temporary file, fsync, rename)
-// before it can be used.
+// A remote store (store/remote_store.h): it lists a version's files with
+// their recorded size and SHA-256 and reads one; a replica materializes its
+// versions through the fetch room's verified cache (fetch/cached_store.h),
+// which OpenStore (fetch/open_store.h) puts in front of it.
 //
 // Error messages start with "store s3://bucket/prefix" and name the object.
 //
@@ -46,13 +45,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stitch/store/s3_client.h"
-#include "stitch/store/s3_uri.h"
-#include "stitch/store/store.h"
+#include "stitch/format/index.h"
+#include "stitch/store/remote_store.h"
+#include "stitch/store/s3/s3_client.h"
+#include "stitch/store/s3/s3_uri.h"
 
 namespace stitch {
-
-struct S3CacheRecord;  // s3_version_cache.h
 
 struct S3StoreOptions {
   S3ClientOptions client;
@@ -65,27 +63,19 @@ struct S3StoreOptions {
   uint64_t part_size = uint64_t{16} << 20;
   // Keys per ListObjectsV2 page (1..1000).
   int list_page_size = 1000;
+  // How large a version's index may be: a larger one is refused (DataLoss)
+  // before it is read. A replica narrows it to what its base checkpoint can
+  // hold (IndexBoundsFor).
+  IndexBounds index_bounds;
 };
 
-// One file of a version as a host uploaded it or as the store holds it.
-struct StoredFile {
-  std::string name;  // relative to the version directory
-  uint64_t size = 0;
-  std::string sha256;  // hex
-
-  friend bool operator==(const StoredFile&, const StoredFile&) = default;
-};
-
-struct S3CachedFile;  // s3_version_cache.h
-
-class S3Store final : public Store {
+class S3Store final : public RemoteStore {
  public:
-  // Opens the store at `uri` (see s3_uri.h) for `options.run_id` (validated;
-  // empty for a read-only view that refuses PublishFiles and AdvancePointer).
-  // Nothing is sent until the first call. `options.cache_dir` is where
-  // Materialize writes; without one Materialize fails.
+  // Opens the store at `uri` (see s3_uri.h) for `run_id` (validated; empty
+  // for a read-only view that refuses PublishFiles and AdvancePointer).
+  // Nothing is sent until the first call.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<S3Store>> Open(
-      std::string_view uri, const StoreOptions& options,
+      std::string_view uri, std::string run_id,
       const S3Environment& env = S3Environment::FromProcess(), S3StoreOptions s3 = {});
 
   std::string uri() const override { return location_.uri; }
@@ -112,7 +102,16 @@ class S3Store final : public Store {
   // not match its recorded SHA-256 or does not describe this version.
   [[nodiscard]] absl::StatusOr<VersionManifest> ReadManifest(int64_t version) override;
 
-  [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
+  // The index (verified, within the bounds), then the payload it names and
+  // the version's other files (listed), each HEADed for its size and
+  // recorded SHA-256.
+  [[nodiscard]] absl::StatusOr<RemoteVersion> DescribeVersion(int64_t version) override;
+  // A GET into `sink`; DataLoss when the object records another SHA-256
+  // than `want` (it changed after it was published).
+  [[nodiscard]] absl::Status ReadFile(int64_t version, const StoredFile& want,
+                                      ByteSink& sink) override;
+  // "s3/<bucket>/<prefix>".
+  std::filesystem::path CacheSubdir() const override;
 
   // ---- Pieces of the multi-host protocol (publish/multihost.h) ----
 
@@ -150,16 +149,6 @@ class S3Store final : public Store {
 
   // Counters, for tests and logs.
   int64_t payload_files_uploaded() const { return uploaded_.load(); }
-  int64_t payload_files_downloaded() const { return downloaded_.load(); }
-  StoreTraffic traffic() const override;
-  // A file of the version cache whose record vouches for it (the store's
-  // size and SHA-256, checked when it was downloaded) and that nobody
-  // touched since.
-  [[nodiscard]] absl::StatusOr<VerifiedFile> OpenVerifiedFile(int64_t version,
-                                                              std::string_view name) override;
-  // Kept in the cache directory (.stitch-peer-id), made by the first
-  // replica that opens it.
-  std::string peer_id() const override { return peers_.self_id; }
   S3Client& client() { return *client_; }
 
   // Test hook: runs `hook` inside AdvancePointer after the pointer was read
@@ -173,17 +162,8 @@ class S3Store final : public Store {
   struct Upload;
   // Where multi-host receipts live inside a version directory.
   static constexpr std::string_view kReceiptsDir = ".receipts";
-  S3Store(S3Location location, std::string run_id, std::filesystem::path cache_dir,
-          std::unique_ptr<S3Client> client, S3StoreOptions options, StorePeers peers,
-          IndexBounds index_bounds);
-  // One missing file into `target` from `peers`, in the file's rendezvous
-  // order (StorePeers) from its `from`-th (its owner: 0; waited for
-  // `owner_wait_ms`), within StorePeers::extra_tries; else from the store.
-  [[nodiscard]] absl::StatusOr<S3CachedFile> FetchOne(int64_t version,
-                                                      const std::filesystem::path& target,
-                                                      const StoredFile& want,
-                                                      const std::vector<std::string>& peers,
-                                                      size_t from, int64_t owner_wait_ms);
+  S3Store(S3Location location, std::string run_id, std::unique_ptr<S3Client> client,
+          S3StoreOptions options);
 
   // The pointer's text, parsed, and the ETag it was read with ("" when unset).
   struct PointerRead {
@@ -221,33 +201,14 @@ class S3Store final : public Store {
                                                         uint64_t max_bytes = 0);
   // The index of `version`, verified; NotFound "not published" when absent.
   [[nodiscard]] absl::StatusOr<std::string> ReadIndexText(int64_t version);
-  // Materialize's steps (the cache's own pieces: s3_version_cache.h). The
-  // names it fills the cache with: the payload, then the other files.
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> FilesToMaterialize(
-      int64_t version, const VersionManifest& manifest);
-  // Downloads `missing` (indexes into `stored`) into `target`, recording
-  // each file that arrived in `record`, even when another failed.
-  [[nodiscard]] absl::Status DownloadMissing(int64_t version, const std::filesystem::path& target,
-                                             const std::vector<StoredFile>& stored,
-                                             const std::vector<size_t>& missing,
-                                             S3CacheRecord& record);
   [[nodiscard]] absl::Status RequireRunId(std::string_view action) const;
-  [[nodiscard]] absl::Status ParallelFor(size_t n, const std::function<absl::Status(size_t)>& fn);
 
   const S3Location location_;
   const std::string run_id_;
-  const std::filesystem::path cache_dir_;
   const std::unique_ptr<S3Client> client_;
   const S3StoreOptions options_;
   const std::string where_;  // "store s3://bucket/prefix"
-  const IndexBounds index_bounds_;
   std::atomic<int64_t> uploaded_{0};
-  std::atomic<int64_t> downloaded_{0};
-  std::atomic<uint64_t> bytes_downloaded_{0};
-  const StorePeers peers_;
-  std::atomic<uint64_t> peer_files_{0};
-  std::atomic<uint64_t> peer_bytes_{0};
-  std::atomic<uint64_t> peer_rejected_{0};
 
   std::function<void()> before_pointer_write_;
 };

@@ -17,9 +17,10 @@
 #include "stitch/core/errors.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
-#include "stitch/store/s3_sha256.h"
-#include "stitch/store/s3_store.h"
-#include "stitch/store/s3_xml.h"
+#include "stitch/io/parallel.h"
+#include "stitch/io/sha256.h"
+#include "stitch/store/s3/s3_store.h"
+#include "stitch/store/s3/s3_xml.h"
 #include "stitch/store/version_dir.h"
 
 namespace stitch {
@@ -138,7 +139,7 @@ absl::StatusOr<std::vector<std::string>> S3Store::UploadParts(const Upload& u,
                                                               const std::string& upload_id) {
   const size_t parts = u.part_sha256.size();
   std::vector<std::string> etags(parts);
-  absl::Status status = ParallelFor(parts, [&](size_t i) -> absl::Status {
+  absl::Status status = ParallelFor(parts, options_.parallelism, [&](size_t i) -> absl::Status {
     uint64_t offset = static_cast<uint64_t>(i) * u.part_size;
     S3Request r;
     r.method = "PUT";
@@ -215,7 +216,7 @@ absl::Status S3Store::PutMultipart(Upload& u) {
 }
 
 absl::Status S3Store::VerifyUploaded(const std::vector<Upload>& uploads) {
-  return ParallelFor(uploads.size(), [&](size_t i) -> absl::Status {
+  return ParallelFor(uploads.size(), options_.parallelism, [&](size_t i) -> absl::Status {
     const Upload& u = uploads[i];
     auto info = Head(u.key);
     if (!info.ok()) return Annotate(info.status(), where_);
@@ -250,17 +251,18 @@ absl::Status S3Store::UploadAll(std::vector<Upload>& uploads) {
   // Every object is looked at, so that a refusal names the first file (in
   // the caller's order) that differs, whichever HEAD answered first.
   std::vector<absl::Status> existing(uploads.size());
-  absl::Status status = ParallelFor(uploads.size(), [&](size_t i) -> absl::Status {
-    Upload& u = uploads[i];
-    auto info = Head(u.key);
-    if (!info.ok()) return Annotate(info.status(), where_);
-    if (!*info) {
-      u.needed = true;
-    } else {
-      existing[i] = CompareExisting(u, **info);
-    }
-    return absl::OkStatus();
-  });
+  absl::Status status =
+      ParallelFor(uploads.size(), options_.parallelism, [&](size_t i) -> absl::Status {
+        Upload& u = uploads[i];
+        auto info = Head(u.key);
+        if (!info.ok()) return Annotate(info.status(), where_);
+        if (!*info) {
+          u.needed = true;
+        } else {
+          existing[i] = CompareExisting(u, **info);
+        }
+        return absl::OkStatus();
+      });
   if (!status.ok()) return status;
   for (const absl::Status& s : existing) {
     if (!s.ok()) return s;
@@ -271,7 +273,8 @@ absl::Status S3Store::UploadAll(std::vector<Upload>& uploads) {
     if (!uploads[i].needed) continue;
     (uploads[i].part_sha256.empty() ? single : multipart).push_back(i);
   }
-  status = ParallelFor(single.size(), [&](size_t i) { return PutSingle(uploads[single[i]]); });
+  status = ParallelFor(single.size(), options_.parallelism,
+                       [&](size_t i) { return PutSingle(uploads[single[i]]); });
   if (!status.ok()) return status;
   // Each large file's parts already use every transfer slot.
   for (size_t i : multipart) {
@@ -331,8 +334,8 @@ absl::StatusOr<std::vector<StoredFile>> S3Store::UploadVersionFiles(
   }
   // Hash every file (the parts of large ones in the same pass) before
   // sending anything: the metadata names the hash up front.
-  absl::Status hashed =
-      ParallelFor(uploads.size(), [&](size_t i) { return HashUpload(uploads[i]); });
+  absl::Status hashed = ParallelFor(uploads.size(), options_.parallelism,
+                                    [&](size_t i) { return HashUpload(uploads[i]); });
   if (!hashed.ok()) return Annotate(hashed, where_);
   if (absl::Status s = UploadAll(uploads); !s.ok()) return s;
   std::vector<StoredFile> out;

@@ -1,11 +1,11 @@
-#include "stitch/store/s3_sts.h"
+#include "stitch/store/s3/s3_sts.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_credential_io.h"
-#include "stitch/store/s3_sigv4.h"
-#include "stitch/store/s3_xml.h"
+#include "stitch/store/s3/s3_credential_io.h"
+#include "stitch/store/s3/s3_sigv4.h"
+#include "stitch/store/s3/s3_xml.h"
 
 namespace stitch {
 namespace {

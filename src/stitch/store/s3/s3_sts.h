@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "stitch/store/s3_credentials.h"
+#include "stitch/store/s3/s3_credentials.h"
 
 namespace stitch {
 

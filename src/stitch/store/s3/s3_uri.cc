@@ -1,4 +1,4 @@
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3/s3_uri.h"
 
 #include <algorithm>
 #include <boost/url/parse.hpp>
@@ -13,7 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/s3_sigv4.h"
+#include "stitch/store/s3/s3_credential_chain.h"
+#include "stitch/store/s3/s3_credential_sources.h"
+#include "stitch/store/s3/s3_sigv4.h"
 
 namespace stitch {
 namespace {
@@ -95,7 +97,7 @@ S3Environment S3Environment::FromProcess() {
   env.access_key_id = GetEnv("AWS_ACCESS_KEY_ID");
   env.secret_access_key = GetEnv("AWS_SECRET_ACCESS_KEY");
   env.session_token = GetEnv("AWS_SESSION_TOKEN");
-  env.credentials = AwsCredentialSettings::FromProcess();
+  env.credentials = AwsCredentialSettingsFromProcess();
   env.region = env.credentials.region;
   env.endpoint_url = GetEnv("AWS_ENDPOINT_URL_S3");
   if (env.endpoint_url.empty()) env.endpoint_url = GetEnv("AWS_ENDPOINT_URL");

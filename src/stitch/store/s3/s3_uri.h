@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stitch/store/s3_credentials.h"
+#include "stitch/store/s3/s3_credentials.h"
 
 namespace stitch {
 

@@ -1,4 +1,4 @@
-#include "stitch/store/s3_uri.h"
+#include "stitch/store/s3/s3_uri.h"
 
 #include <gtest/gtest.h>
 

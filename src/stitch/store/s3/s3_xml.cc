@@ -1,4 +1,4 @@
-#include "stitch/store/s3_xml.h"
+#include "stitch/store/s3/s3_xml.h"
 
 #include <expat.h>
 

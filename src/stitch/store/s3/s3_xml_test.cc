@@ -1,9 +1,9 @@
-#include "stitch/store/s3_xml.h"
+#include "stitch/store/s3/s3_xml.h"
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "stitch/store/s3_sha256.h"
+#include "stitch/io/sha256.h"
 
 namespace stitch {
 namespace {
