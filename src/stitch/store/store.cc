@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
-#include "stitch/store/remote_store.h"
 
 namespace stitch {
 
@@ -11,13 +10,6 @@ absl::StatusOr<Store::VerifiedFile> Store::OpenVerifiedFile(int64_t version,
   return absl::NotFoundError(absl::StrCat("store ", uri(), " keeps no verified copy of ",
                                           VersionDirName(version), "/", AbslView(name),
                                           " to give peers"));
-}
-
-absl::StatusOr<std::filesystem::path> RemoteStore::Materialize(int64_t version) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("store ", uri(), ": ", VersionDirName(version),
-                   " cannot be materialized by the remote store alone; open it with OpenStore "
-                   "(fetch/open_store.h), which puts a verified version cache in front of it"));
 }
 
 absl::StatusOr<VersionRef> ReadClaimedPointer(Store& store) {

@@ -1,14 +1,17 @@
-// libcurl handles owned by unique_ptr, for the store library's plain HTTP
-// calls (credential endpoints, peers). Internal to the store library.
+// libcurl's global initialization and handles owned by unique_ptr, for
+// every libcurl user of the S3 adapter (the S3 client, the credential
+// services). Internal to store/s3.
 #pragma once
 
 #include <curl/curl.h>
 
 #include <memory>
 
-#include "stitch/store/s3/s3_client.h"
-
 namespace stitch {
+
+// libcurl's global initialization, once per process, before any handle
+// (every curl user calls it first).
+void CurlGlobalInitOnce();
 
 struct CurlEasyDeleter {
   void operator()(CURL* c) const { curl_easy_cleanup(c); }

@@ -18,17 +18,11 @@
 #include "stitch/core/errors.h"
 #include "stitch/io/fileio.h"
 #include "stitch/io/sha256.h"
+#include "stitch/store/s3/curl_handles.h"
 #include "stitch/store/s3/s3_credential_chain.h"
 #include "stitch/store/s3/s3_xml.h"
 
 namespace stitch {
-
-void CurlGlobalInitOnce() {
-  // curl_global_init is not thread-safe; a function-local static runs it
-  // exactly once, before any handle exists.
-  static const CURLcode init = curl_global_init(CURL_GLOBAL_DEFAULT);
-  (void)init;
-}
 
 namespace {
 

@@ -124,10 +124,6 @@ struct S3ObjectInfo {
   static absl::StatusOr<S3ObjectInfo> FromResponse(const S3Response& response);
 };
 
-// libcurl's global initialization, once per process, before any handle
-// (every curl user in the store library calls it first).
-void CurlGlobalInitOnce();
-
 class S3Client {
  public:
   // REQUIRES: options.max_attempts >= 1. InvalidArgument when only one of
