@@ -58,10 +58,10 @@ class FakeRemote final : public RemoteStore {
     return std::optional<VersionRef>(VersionRef{run_, 1});
   }
   absl::Status AdvancePointer(const std::optional<VersionRef>&, const VersionRef&) override {
-    return absl::UnimplementedError("the fake remote store is read-only");
+    return absl::PermissionDeniedError("the fake remote store is read-only");
   }
   absl::Status PublishFiles(int64_t, const fs::path&) override {
-    return absl::UnimplementedError("the fake remote store is read-only");
+    return absl::PermissionDeniedError("the fake remote store is read-only");
   }
   absl::StatusOr<VersionManifest> ReadManifest(int64_t) override {
     VersionManifest m;

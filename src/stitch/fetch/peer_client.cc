@@ -5,38 +5,23 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/ascii.h"
+#include <boost/url/encode.hpp>
+#include <boost/url/rfc/unreserved_chars.hpp>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "stitch/api/routes.h"
 #include "stitch/core/errors.h"
 #include "stitch/net/client.h"
 
 namespace stitch {
-namespace {
-
-// `text` percent-encoded for a query parameter's value.
-std::string QueryEscaped(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' ||
-        c == '~') {
-      out.push_back(c);
-    } else {
-      absl::StrAppendFormat(&out, "%%%02X", static_cast<unsigned char>(c));
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 absl::Status HttpPeerSource::Fetch(const std::string& peer, int64_t version, const StoredFile& want,
                                    int64_t wait_ms, ByteSink& sink) {
-  const std::string url = absl::StrCat(
-      peer, AbslView(kPeerFileRoute), "?version=", version, "&name=", QueryEscaped(want.name),
-      wait_ms > 0 ? absl::StrCat("&wait_ms=", wait_ms) : std::string());
+  const std::string url =
+      absl::StrCat(peer, AbslView(kPeerFileRoute), "?version=", version,
+                   "&name=", boost::urls::encode(want.name, boost::urls::unreserved_chars),
+                   wait_ms > 0 ? absl::StrCat("&wait_ms=", wait_ms) : std::string());
   const std::string source = absl::StrCat("peer ", url);
   const std::chrono::milliseconds deadline = PeerTransferDeadline(peers_, want.size, wait_ms);
   StreamedFetchOptions options;
