@@ -15,6 +15,7 @@
 #include "stitch/publish/claim.h"
 #include "stitch/publish/publish.h"
 #include "stitch/store/materialize_chain.h"
+#include "stitch/store/retention.h"
 #include "stitch/store/s3/s3_store.h"
 #include "tests/s3_test_base.h"
 #include "tests/support/version_dirs.h"
@@ -549,6 +550,81 @@ TEST_F(S3Test, ListingFollowsContinuationTokens) {
   auto receipt = S3(*store).GetReceipt(1, "rank-000000");
   ASSERT_TRUE(receipt.ok()) << receipt.status().message();
   EXPECT_EQ(*receipt, "{}");
+}
+
+// Retention on S3: chains kept back to their anchors, a held version with
+// its own chain, everything of a deleted version gone (receipts included),
+// and a replica that had materialized a deleted version before it went
+// keeps its verified copy while a fresh one is told it is not published.
+TEST_F(S3Test, RetentionKeepsChainsAndHoldsAndDeletesTheRestWhole) {
+  auto store = Open("run-a");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->AdvancePointer(std::nullopt, {"run-a", 0}).ok());
+  // 1 FULL, 2..5 DELTAs, 6 FULL, 7..8 DELTAs.
+  for (int64_t v = 1; v <= 8; ++v) {
+    fs::path dir = (v == 1 || v == 6) ? *WriteTestVersion(tmp() / "src", v, {.seed = int(v)})
+                                      : WriteDeltaVersion(tmp() / "src", v, 1);
+    ASSERT_TRUE(store->PublishFiles(v, dir).ok()) << v;
+    ASSERT_TRUE(store->AdvancePointer(VersionRef{"run-a", v - 1}, {"run-a", v}).ok()) << v;
+  }
+  ASSERT_TRUE(S3(*store).PutReceipt(4, "host-a", "{}").ok());
+  auto early = MaterializeChain(*store, 4, std::nullopt);  // a replica at v4
+  ASSERT_TRUE(early.ok()) << early.status().message();
+
+  const absl::Time now = absl::Now();
+  ASSERT_TRUE(PutHold(*store, Hold{"eval", 3, now + absl::Hours(1)}, now).ok());
+  auto report = ApplyRetention(*store, {.keep_last = 2}, now);
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->deleted, (std::vector<int64_t>{4, 5}));
+  EXPECT_TRUE(report->failures.empty());
+  EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{1, 2, 3, 6, 7, 8}));
+  const std::string text = DescribeRetention(*report, false);
+  EXPECT_TRUE(absl::StrContains(text, "weight_v000001: chain of weight_v000003")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "weight_v000003: held by eval")) << text;
+  EXPECT_TRUE(
+      absl::StrContains(text, "weight_v000006: chain of weight_v000007, chain of weight_v000008"))
+      << text;
+  // Nothing of v4 is left, its receipt included.
+  auto left = S3(*store).ListVersionFiles(4);
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty());
+  EXPECT_FALSE(S3(*store).GetReceipt(4, "host-a").ok());
+
+  // The replica that held v4 keeps its verified files; a fresh one is told.
+  EXPECT_EQ(ReadFile((*early)[3].dir / "delta-0.safetensors"), "delta bytes 4/0");
+  auto late = MaterializeChain(*Open(""), 5, std::nullopt);
+  EXPECT_TRUE(absl::IsNotFound(late.status())) << late.status().message();
+  // The held chain and the pointer's chain still materialize.
+  EXPECT_TRUE(MaterializeChain(*store, 3, std::nullopt).ok());
+  EXPECT_TRUE(MaterializeChain(*store, 8, std::nullopt).ok());
+
+  // Released, the hold's chain goes at the next gc.
+  ASSERT_TRUE(ReleaseHold(*store, "eval").ok());
+  auto again = ApplyRetention(*store, {.keep_last = 2}, now);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->deleted, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{6, 7, 8}));
+}
+
+// A gc that died after deleting a version's index left its other objects:
+// they still list as a version, and the next gc deletes them.
+TEST_F(S3Test, RetentionFinishesAVersionAnEarlierGcLeftHalfDeleted) {
+  auto store = Open("run-a");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->AdvancePointer(std::nullopt, {"run-a", 0}).ok());
+  for (int64_t v = 1; v <= 3; ++v) {
+    ASSERT_TRUE(store->PublishFiles(v, *WriteTestVersion(tmp() / "src", v, {.seed = int(v)})).ok());
+    ASSERT_TRUE(store->AdvancePointer(VersionRef{"run-a", v - 1}, {"run-a", v}).ok());
+  }
+  S3Request r;
+  r.method = "DELETE";
+  r.key = S3(*store).VersionKey(1, kIndexFileName);
+  ASSERT_TRUE(S3(*store).client().Send(r).ok());
+  EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{1, 2, 3}));
+  auto report = ApplyRetention(*store, {.keep_last = 1}, absl::Now());
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->deleted, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{3}));
 }
 
 }  // namespace

@@ -58,6 +58,28 @@ class CachedStore final : public Store {
   }
 
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
+  // Retention acts on the remote store; the cache keeps what it verified.
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListVersions() override {
+    return remote_->ListVersions();
+  }
+  [[nodiscard]] absl::Status DeleteVersion(int64_t version) override {
+    return remote_->DeleteVersion(version);
+  }
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListRecords(
+      std::string_view kind) override {
+    return remote_->ListRecords(kind);
+  }
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> ReadRecord(
+      std::string_view kind, std::string_view name) override {
+    return remote_->ReadRecord(kind, name);
+  }
+  [[nodiscard]] absl::Status WriteRecord(std::string_view kind, std::string_view name,
+                                         std::string_view text) override {
+    return remote_->WriteRecord(kind, name, text);
+  }
+  [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override {
+    return remote_->DeleteRecord(kind, name);
+  }
   StoreTraffic traffic() const override { return fetcher_.traffic(); }
   // A file of the cache whose record vouches for it and that nobody
   // touched since: what the sidecar serves its peers.

@@ -479,4 +479,111 @@ absl::StatusOr<fs::path> FsStore::Materialize(int64_t version) {
   return dir;
 }
 
+absl::StatusOr<std::vector<int64_t>> FsStore::ListVersions() {
+  const fs::path updates = root_ / kUpdatesDir;
+  std::vector<int64_t> out;
+  std::error_code ec;
+  if (!fs::is_directory(updates, ec)) return out;
+  for (fs::directory_iterator it(updates, ec), end; !ec && it != end; it.increment(ec)) {
+    auto version = ParseVersionDirName(it->path().filename().string());
+    if (version.ok()) out.push_back(*version);  // not staging directories, lock files
+  }
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(where_, ": list ", updates.string(), ": ", ec.message()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status FsStore::DeleteVersion(int64_t version) {
+  auto pointer = ReadPointer();
+  if (!pointer.ok()) return pointer.status();
+  if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
+  const fs::path dir = VersionDir(version);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return absl::OkStatus();
+  auto trash = CreateStagingDir(dir);
+  if (!trash.ok()) return trash.status();
+  // rename(2) replaces the empty staging directory in one step: readers see
+  // the version whole or not at all.
+  if (::rename(dir.c_str(), trash->path.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // another gc took it
+    return Annotate(ErrnoStatus(errno, "rename", dir), where_);
+  }
+  if (absl::Status s = FsyncPath(root_ / kUpdatesDir); !s.ok()) return Annotate(s, where_);
+  fs::remove_all(trash->path, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(where_, ": remove ", trash->path.string(), ": ",
+                                            ec.message(), " (the next publish removes it)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<fs::path> FsStore::RecordPath(std::string_view kind, std::string_view name) const {
+  if (absl::Status s = ValidateRecordWord("record kind", kind); !s.ok()) return Annotate(s, where_);
+  if (absl::Status s = ValidateRecordWord("record name", name); !s.ok()) return Annotate(s, where_);
+  return root_ / fs::path(kind) / fs::path(name);
+}
+
+absl::StatusOr<std::vector<std::string>> FsStore::ListRecords(std::string_view kind) {
+  if (absl::Status s = ValidateRecordWord("record kind", kind); !s.ok()) return Annotate(s, where_);
+  const fs::path dir = root_ / fs::path(kind);
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    // WriteFileAtomically's temporary files start with '.'.
+    if (ValidateRecordWord("record name", name).ok() && it->is_regular_file()) {
+      out.push_back(std::move(name));
+    }
+  }
+  if (ec) {
+    return absl::InternalError(absl::StrCat(where_, ": list ", dir.string(), ": ", ec.message()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<std::optional<std::string>> FsStore::ReadRecord(std::string_view kind,
+                                                               std::string_view name) {
+  auto path = RecordPath(kind, name);
+  if (!path.ok()) return path.status();
+  auto text = ReadFileToString(*path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) return std::nullopt;
+    return Annotate(text.status(), where_);
+  }
+  return *std::move(text);
+}
+
+absl::Status FsStore::WriteRecord(std::string_view kind, std::string_view name,
+                                  std::string_view text) {
+  auto path = RecordPath(kind, name);
+  if (!path.ok()) return path.status();
+  std::error_code ec;
+  if (!fs::is_regular_file(root_ / kPointerFile, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where_, ": no run was claimed here; records are kept in an existing store"));
+  }
+  if (!fs::is_directory(path->parent_path(), ec)) {
+    if (::mkdir(path->parent_path().c_str(), 0755) != 0 && errno != EEXIST) {
+      return Annotate(ErrnoStatus(errno, "create", path->parent_path()), where_);
+    }
+    if (absl::Status s = FsyncPath(root_); !s.ok()) return Annotate(s, where_);
+  }
+  return Annotate(WriteFileAtomically(*path, text), where_);
+}
+
+absl::Status FsStore::DeleteRecord(std::string_view kind, std::string_view name) {
+  auto path = RecordPath(kind, name);
+  if (!path.ok()) return path.status();
+  if (::unlink(path->c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return Annotate(ErrnoStatus(errno, "remove", *path), where_);
+  }
+  return Annotate(FsyncPath(path->parent_path()), where_);
+}
+
 }  // namespace stitch

@@ -9,6 +9,7 @@
 //   <root>/updates/weight_vNNNNNN/     one published version (index + payload)
 //   <root>/updates/.weight_v*.tmp-*    a publisher's staging directory; names
 //                                      starting with '.' are never versions
+//   <root>/holds/<holder>                a hold (retention.h), one per holder
 //   <root>/updates/.weight_v*.tmp-*.lock
 //                                      flock'ed by that publisher for as long
 //                                      as its staging directory exists
@@ -90,6 +91,26 @@ class FsStore final : public Store {
   // The version's own directory, after checking every payload file exists.
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
 
+  // Every `updates/weight_vNNNNNN` directory.
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListVersions() override;
+
+  // Renames the version's directory into a staging directory of its own
+  // (locked, as a publisher's: RemoveAbandonedStaging finishes the job if
+  // this process dies), in one rename, then removes it. A reader that
+  // already opened a file keeps reading its bytes; one that opens a file
+  // afterwards gets NotFound.
+  [[nodiscard]] absl::Status DeleteVersion(int64_t version) override;
+
+  // Records live in `<root>/<kind>/<name>`, written with WriteFileAtomically.
+  // Writing one needs the store to exist.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListRecords(
+      std::string_view kind) override;
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> ReadRecord(
+      std::string_view kind, std::string_view name) override;
+  [[nodiscard]] absl::Status WriteRecord(std::string_view kind, std::string_view name,
+                                         std::string_view text) override;
+  [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override;
+
   // Removes the staging directories under `updates/` that no live publisher
   // holds: those whose lock file's flock it can take (its writer died), and
   // those without a lock file (left by a stitch that did not lock them).
@@ -110,6 +131,9 @@ class FsStore final : public Store {
   [[nodiscard]] absl::Status CheckNoLinks(int64_t version, LinkCheck scope) const;
   FsStore(std::filesystem::path root, std::string run_id, IndexBounds index_bounds);
 
+  // `<root>/<kind>/<name>` after validating both words.
+  [[nodiscard]] absl::StatusOr<std::filesystem::path> RecordPath(std::string_view kind,
+                                                                 std::string_view name) const;
   // "store file:///<root>", the prefix of every message.
   const std::string& where() const { return where_; }
   // Creates `root` and `root/updates` (and missing parents), durably.

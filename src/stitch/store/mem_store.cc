@@ -76,6 +76,9 @@ struct MemStore::State {
   absl::Mutex mu;
   std::optional<std::string> pointer_text ABSL_GUARDED_BY(mu);
   std::map<int64_t, VersionFiles> versions ABSL_GUARDED_BY(mu);
+  // kind -> name -> text.
+  std::map<std::string, std::map<std::string, std::string, std::less<>>, std::less<>> records
+      ABSL_GUARDED_BY(mu);
   // Serializes writes under cache directories, so that two threads
   // materializing the same version never interleave.
   absl::Mutex materialize_mu;
@@ -239,6 +242,70 @@ void MemStore::DropFileForTesting(int64_t version, const std::string& file) {
   absl::MutexLock lock(&state_->mu);
   auto it = state_->versions.find(version);
   if (it != state_->versions.end()) it->second.erase(file);
+}
+
+absl::StatusOr<std::vector<int64_t>> MemStore::ListVersions() {
+  absl::MutexLock lock(&state_->mu);
+  std::vector<int64_t> out;
+  for (const auto& [version, files] : state_->versions) out.push_back(version);
+  return out;
+}
+
+absl::Status MemStore::DeleteVersion(int64_t version) {
+  absl::MutexLock lock(&state_->mu);
+  auto pointer = ParsePointerText(where_, state_->pointer_text.value_or(""));
+  if (!pointer.ok()) return pointer.status();
+  if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
+  state_->versions.erase(version);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> MemStore::ListRecords(std::string_view kind) {
+  if (absl::Status s = ValidateRecordWord("record kind", kind); !s.ok()) return Annotate(s, where_);
+  absl::MutexLock lock(&state_->mu);
+  std::vector<std::string> out;
+  auto it = state_->records.find(kind);
+  if (it == state_->records.end()) return out;
+  for (const auto& [name, text] : it->second) out.push_back(name);
+  return out;
+}
+
+absl::StatusOr<std::optional<std::string>> MemStore::ReadRecord(std::string_view kind,
+                                                                std::string_view name) {
+  if (absl::Status s = ValidateRecordWord("record kind", kind); !s.ok()) return Annotate(s, where_);
+  if (absl::Status s = ValidateRecordWord("record name", name); !s.ok()) return Annotate(s, where_);
+  absl::MutexLock lock(&state_->mu);
+  auto it = state_->records.find(kind);
+  if (it == state_->records.end()) return std::nullopt;
+  auto record = it->second.find(name);
+  if (record == it->second.end()) return std::nullopt;
+  return record->second;
+}
+
+absl::Status MemStore::WriteRecord(std::string_view kind, std::string_view name,
+                                   std::string_view text) {
+  if (absl::Status s = ValidateRecordWord("record kind", kind); !s.ok()) return Annotate(s, where_);
+  if (absl::Status s = ValidateRecordWord("record name", name); !s.ok()) return Annotate(s, where_);
+  absl::MutexLock lock(&state_->mu);
+  if (!state_->pointer_text.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where_, ": no run was claimed here; records are kept in an existing store"));
+  }
+  auto [it, inserted] = state_->records.try_emplace(std::string(kind));
+  it->second.insert_or_assign(std::string(name), std::string(text));
+  return absl::OkStatus();
+}
+
+absl::Status MemStore::DeleteRecord(std::string_view kind, std::string_view name) {
+  if (absl::Status s = ValidateRecordWord("record kind", kind); !s.ok()) return Annotate(s, where_);
+  if (absl::Status s = ValidateRecordWord("record name", name); !s.ok()) return Annotate(s, where_);
+  absl::MutexLock lock(&state_->mu);
+  auto it = state_->records.find(kind);
+  if (it != state_->records.end()) {
+    auto record = it->second.find(name);
+    if (record != it->second.end()) it->second.erase(record);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stitch

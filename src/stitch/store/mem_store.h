@@ -43,6 +43,15 @@ class MemStore final : public Store {
                                           const std::filesystem::path& dir) override;
   [[nodiscard]] absl::StatusOr<VersionManifest> ReadManifest(int64_t version) override;
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListVersions() override;
+  [[nodiscard]] absl::Status DeleteVersion(int64_t version) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListRecords(
+      std::string_view kind) override;
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> ReadRecord(
+      std::string_view kind, std::string_view name) override;
+  [[nodiscard]] absl::Status WriteRecord(std::string_view kind, std::string_view name,
+                                         std::string_view text) override;
+  [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override;
 
   // Test hook: replaces the pointer's stored text, bypassing every rule, as a
   // foreign or broken writer would (nullopt: unset). ReadPointer then parses

@@ -139,6 +139,35 @@ class Store {
   // store with nothing to offer peers.
   virtual std::string peer_id() const { return {}; }
 
+  // --- Retention (store/retention.h) --------------------------------------
+  //
+  // The versions this store holds anything of, ascending: published ones,
+  // and those with files but no index (still uploading, or left by a
+  // publisher or a gc that died; ReadManifest tells them apart). Staging
+  // directories are not versions. The default (a store that cannot list) is
+  // FailedPrecondition.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<int64_t>> ListVersions();
+
+  // Deletes a published version so that a reader either has all of its
+  // bytes already or sees it as not published: the version stops reading
+  // as published first (its directory renamed away in one step; its index
+  // deleted before its other files), then its files go. A version already
+  // gone is OK (another gc got there first). Refuses, FailedPrecondition,
+  // the version the pointer names at the time of the call. Deciding which
+  // versions nothing needs is the caller's business (PlanRetention).
+  [[nodiscard]] virtual absl::Status DeleteVersion(int64_t version);
+
+  // Small named records kept beside the versions (holds: retention.h).
+  // `kind` and `name` are [A-Za-z0-9._-], not starting with '.'. Writing
+  // replaces a record atomically; deleting a missing record is OK; reading
+  // one gives nullopt when it is missing. Listing gives names, sorted.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListRecords(std::string_view kind);
+  [[nodiscard]] virtual absl::StatusOr<std::optional<std::string>> ReadRecord(
+      std::string_view kind, std::string_view name);
+  [[nodiscard]] virtual absl::Status WriteRecord(std::string_view kind, std::string_view name,
+                                                 std::string_view text);
+  [[nodiscard]] virtual absl::Status DeleteRecord(std::string_view kind, std::string_view name);
+
   // The remote store (remote_store.h) that holds this store's versions, or
   // null for a store read in place. A version cache (fetch/) answers with
   // the store it caches.
@@ -150,5 +179,18 @@ class Store {
 // and saying to check its URI or to claim a run in it (`stitch claim`);
 // errors reading the pointer pass through.
 [[nodiscard]] absl::StatusOr<VersionRef> ReadClaimedPointer(Store& store);
+
+// OK when a store whose pointer reads `pointer` may delete `version` of
+// the run `run_id` (the store's own; empty for a view of whatever run the
+// pointer names): the pointer is set, names that run, and is past
+// `version`. Versions at or above the pointer (the pointer's own, and those
+// still being published) are FailedPrecondition, naming `where`.
+[[nodiscard]] absl::Status CheckDeletable(std::string_view where, std::string_view run_id,
+                                          const std::optional<VersionRef>& pointer,
+                                          int64_t version);
+
+// OK when `word` may name a record's kind or name (Store::ListRecords);
+// InvalidArgument naming `what` otherwise.
+[[nodiscard]] absl::Status ValidateRecordWord(std::string_view what, std::string_view word);
 
 }  // namespace stitch

@@ -424,6 +424,69 @@ TEST_P(StoreContractTest, ConcurrentAdvancesFromOnePredecessorHaveOneWinner) {
   EXPECT_EQ(conflicts.load(), kThreads - 1);
 }
 
+// --- Retention (store.h) ------------------------------------------------
+
+// Publishes versions 1..n over a claim at 0 and moves the pointer to n.
+void PublishUpTo(Store& store, int64_t n, const std::function<fs::path(int64_t)>& version) {
+  for (int64_t v = 1; v <= n; ++v) {
+    ASSERT_TRUE(store.PublishFiles(v, version(v)).ok()) << v;
+    ASSERT_TRUE(store.AdvancePointer(A(v - 1), A(v)).ok()) << v;
+  }
+}
+
+TEST_P(StoreContractTest, ListsAndDeletesVersionsBelowThePointerOnly) {
+  Claim();
+  PublishUpTo(*store_, 3, [&](int64_t v) { return Version(v); });
+  ASSERT_TRUE(store_->PublishFiles(4, Version(4)).ok());  // published, pointer not moved yet
+  EXPECT_THAT(*store_->ListVersions(), ::testing::ElementsAre(1, 2, 3, 4));
+
+  for (int64_t v : {3, 4, 9}) {
+    absl::Status s = store_->DeleteVersion(v);
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << v << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("never deleted"));
+  }
+  ASSERT_TRUE(store_->DeleteVersion(2).ok());
+  EXPECT_TRUE(absl::IsNotFound(store_->ReadManifest(2).status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->Materialize(2).status()));
+  // Deleting what is gone is what a second gc does: fine.
+  EXPECT_TRUE(store_->DeleteVersion(2).ok());
+  EXPECT_THAT(*store_->ListVersions(), ::testing::ElementsAre(1, 3, 4));
+  // The rest is untouched.
+  auto dir = store_->Materialize(1);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE(testing::VerifyVersionDir(*dir).ok());
+}
+
+TEST_P(StoreContractTest, DeletingRefusesAStoreWhosePointerNamesAnotherRun) {
+  Claim();
+  PublishUpTo(*store_, 2, [&](int64_t v) { return Version(v); });
+  auto other = Open("run-b");
+  ASSERT_TRUE(other->AdvancePointer(A(2), B(5)).ok());
+  absl::Status s = store_->DeleteVersion(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("run-b"));
+  EXPECT_TRUE(store_->ReadManifest(1).ok());
+}
+
+TEST_P(StoreContractTest, RecordsRoundTripAndRefuseBadNames) {
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->WriteRecord("holds", "eval", "{}")));
+  Claim();
+  ASSERT_TRUE(store_->WriteRecord("holds", "eval", "one").ok());
+  ASSERT_TRUE(store_->WriteRecord("holds", "eval", "two").ok());  // replaces
+  ASSERT_TRUE(store_->WriteRecord("holds", "a-b.c_d", "three").ok());
+  EXPECT_THAT(*store_->ListRecords("holds"), ::testing::ElementsAre("a-b.c_d", "eval"));
+  EXPECT_EQ(*store_->ReadRecord("holds", "eval"), std::optional<std::string>("two"));
+  EXPECT_EQ(*store_->ReadRecord("holds", "none"), std::nullopt);
+  EXPECT_TRUE(store_->ListRecords("gc")->empty());
+  ASSERT_TRUE(store_->DeleteRecord("holds", "eval").ok());
+  EXPECT_TRUE(store_->DeleteRecord("holds", "eval").ok());
+  EXPECT_THAT(*store_->ListRecords("holds"), ::testing::ElementsAre("a-b.c_d"));
+  for (const char* bad : {"", ".hidden", "a/b", "../x", "sp ace"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(store_->WriteRecord("holds", bad, "x"))) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(store_->ReadRecord(bad, "x").status())) << bad;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Adapters, StoreContractTest, ::testing::ValuesIn(Adapters()),
                          [](const auto& info) { return info.param.name; });
 

@@ -185,8 +185,7 @@ absl::StatusOr<std::vector<StoredFile>> S3Store::StatVersionFiles(
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> S3Store::ListVersionFiles(int64_t version) {
-  const std::string prefix = VersionKey(version, "");
+absl::StatusOr<std::vector<std::string>> S3Store::ListKeys(const std::string& prefix) {
   std::vector<std::string> out;
   std::string token;
   while (true) {
@@ -203,16 +202,25 @@ absl::StatusOr<std::vector<std::string>> S3Store::ListVersionFiles(int64_t versi
     }
     auto page = ParseListObjectsV2(response->body);
     if (!page.ok()) return Annotate(page.status(), absl::StrCat(where_, ": list ", prefix));
-    for (const S3ObjectSummary& object : page->objects) {
-      if (!absl::StartsWith(object.key, prefix)) continue;
-      std::string name = object.key.substr(prefix.size());
-      // Receipts, and anything else under a name starting with '.', are not
-      // part of the version (version_dir.h).
-      if (name.empty() || IsHiddenVersionPath(name)) continue;
-      out.push_back(std::move(name));
+    for (S3ObjectSummary& object : page->objects) {
+      if (absl::StartsWith(object.key, prefix)) out.push_back(std::move(object.key));
     }
-    if (!page->truncated) break;
+    if (!page->truncated) return out;
     token = page->next_continuation_token;
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> S3Store::ListVersionFiles(int64_t version) {
+  const std::string prefix = VersionKey(version, "");
+  auto keys = ListKeys(prefix);
+  if (!keys.ok()) return keys.status();
+  std::vector<std::string> out;
+  for (const std::string& key : *keys) {
+    std::string name = key.substr(prefix.size());
+    // Receipts, and anything else under a name starting with '.', are not
+    // part of the version (version_dir.h).
+    if (name.empty() || IsHiddenVersionPath(name)) continue;
+    out.push_back(std::move(name));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -224,20 +232,9 @@ absl::Status S3Store::PutReceipt(int64_t version, std::string_view host, std::st
     return absl::InvalidArgumentError(absl::StrCat(where_, ": receipt host name ", Quoted(host),
                                                    " must be 1-64 characters of [A-Za-z0-9._-]"));
   }
-  S3Request r;
-  r.method = "PUT";
-  r.key = VersionKey(version, absl::StrCat(AbslView(kReceiptsDir), "/", AbslView(host), ".json"));
-  r.body = std::string(json);
-  std::string sha = Sha256Hex(r.body);
-  r.payload_sha256 = sha;
-  r.headers = {{"Content-Type", "application/json"},
-               {S3Response::MetaHeader(kSha256MetadataKey), sha},
-               {S3Response::MetaHeader(kLegacySha256MetadataKey), sha}};
-  auto response = client_->Send(r);
-  if (!response.ok()) return Annotate(response.status(), where_);
-  if (!response->ok())
-    return Annotate(client_->ErrorFor(*response, "write receipt", r.key), where_);
-  return absl::OkStatus();
+  return PutSmall(
+      VersionKey(version, absl::StrCat(AbslView(kReceiptsDir), "/", AbslView(host), ".json")), json,
+      "write receipt");
 }
 
 absl::StatusOr<std::string> S3Store::GetReceipt(int64_t version, std::string_view host) {

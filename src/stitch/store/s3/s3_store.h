@@ -113,6 +113,25 @@ class S3Store final : public RemoteStore {
   // "s3/<bucket>/<prefix>".
   std::filesystem::path CacheSubdir() const override;
 
+  // ---- Retention (store.h; s3_store_retention.cc) ----
+
+  // Lists `updates/`: every version with an object under it.
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListVersions() override;
+  // Deletes the index first (from then on the version reads as not
+  // published, and a replica downloading it fails cleanly), then every
+  // other object of the version, receipts included. A gc that died part
+  // way leaves objects without an index, which the next one deletes.
+  [[nodiscard]] absl::Status DeleteVersion(int64_t version) override;
+  // Records are the objects `<prefix>/<kind>/<name>`, written with their
+  // SHA-256 and read verified.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListRecords(
+      std::string_view kind) override;
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> ReadRecord(
+      std::string_view kind, std::string_view name) override;
+  [[nodiscard]] absl::Status WriteRecord(std::string_view kind, std::string_view name,
+                                         std::string_view text) override;
+  [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override;
+
   // ---- Pieces of the multi-host protocol (publish/multihost.h) ----
 
   // Uploads `files` (payload names relative to `dir`, each a plain file:
@@ -172,6 +191,16 @@ class S3Store final : public RemoteStore {
   };
   [[nodiscard]] absl::StatusOr<PointerRead> ReadPointerWithEtag();
 
+  // Every key under `prefix` (full keys), in the service's order.
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListKeys(const std::string& prefix);
+  // DELETE of one key; a key already gone is OK.
+  [[nodiscard]] absl::Status DeleteKey(const std::string& key);
+  // PUT of a small object with its SHA-256 recorded as GetVerified checks it.
+  [[nodiscard]] absl::Status PutSmall(const std::string& key, std::string_view body,
+                                      std::string_view operation);
+  // The full key of a record, after validating both words.
+  [[nodiscard]] absl::StatusOr<std::string> RecordKey(std::string_view kind,
+                                                      std::string_view name) const;
   // HEAD: nullopt when the object does not exist.
   [[nodiscard]] absl::StatusOr<std::optional<S3ObjectInfo>> Head(const std::string& key);
   // Uploads whatever of `uploads` the store lacks (refusing different bytes
