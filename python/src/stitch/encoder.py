@@ -83,14 +83,30 @@ class DeltaEncoder:
     every core). When a DELTA encode fails after it started to overwrite
     the snapshot (a write error), the next version must be FULL
     (``full=True``); until then delta encodes raise :class:`StitchError`.
+
+    The anchor budget bounds what a replica joining late applies: with
+    ``anchor_every=N`` a version is written FULL once the DELTAs since the
+    last FULL number N, and with ``anchor_bytes=True`` once they weigh as
+    much as one FULL version. ``tensors`` counts as the first anchor; the
+    result says ``"anchor": True`` when the budget chose FULL.
     """
 
     def __init__(self, tensors: Mapping[str, Any], version: int, run_id: str,
-                 level: int = 1, threads: int = 0) -> None:
+                 level: int = 1, threads: int = 0, *, anchor_every: int = 0,
+                 anchor_bytes: bool = False) -> None:
+        if int(anchor_every) < 0:
+            raise _invalid(f"anchor_every must be 0 (no count budget) or positive, "
+                           f"not {anchor_every}")
         self.version = int(version)
         self.run_id = run_id
         self.level = int(level)
         self.threads = int(threads)
+        self.anchor_every = int(anchor_every)
+        self.anchor_bytes = bool(anchor_bytes)
+        # The chain since the last FULL version: how many DELTAs, how many
+        # payload bytes.
+        self.chain_deltas = 0
+        self.chain_bytes = 0
         self._snapshot: Dict[str, _Tensor] = {}
         # Why the snapshot is no version any more (a failed encode had
         # partly advanced it), or None.
@@ -102,6 +118,14 @@ class DeltaEncoder:
             copies.append((data, snapshot))
             self._snapshot[name] = (n, dtype, shape, snapshot)
         _stitch.copy_bytes(copies, self.threads)
+        self._full_bytes = sum(int(t[3].nbytes) for t in self._snapshot.values())
+
+    def anchor_due(self) -> bool:
+        """Whether the anchor budget makes the next version FULL."""
+        if self.anchor_every and self.chain_deltas >= self.anchor_every:
+            return True
+        return self.anchor_bytes and self.chain_deltas > 0 and \
+            self.chain_bytes >= self._full_bytes
 
     def _check_snapshot(self) -> None:
         if self._lost is not None:
@@ -128,6 +152,8 @@ class DeltaEncoder:
         if out_dir is None:
             out_dir = _stitch.VersionRef(self.run_id, version).dir_name
         targets = self._targets(tensors)
+        by_budget = not full and self.anchor_due()
+        full = full or by_budget
         if not full:
             self._check_snapshot()
         _make_parent(out_dir)
@@ -147,7 +173,13 @@ class DeltaEncoder:
                     self._lost = e.message
                 raise
         self.version = version
+        if full:
+            self.chain_deltas, self.chain_bytes = 0, 0
+        else:
+            self.chain_deltas += 1
+            self.chain_bytes += int(result["payload_bytes"])
         result["dir"] = os.fspath(out_dir)
+        result["anchor"] = by_budget
         return result
 
     def write_anchor(self, out_dir: str) -> Dict[str, Any]:

@@ -1,0 +1,163 @@
+#include "stitch/publish/anchor.h"
+
+#include <algorithm>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "stitch/core/errors.h"
+#include "stitch/core/version.h"
+#include "stitch/delta/delta_apply.h"
+#include "stitch/delta/delta_encode.h"
+#include "stitch/io/fileio.h"
+#include "stitch/store/materialize_chain.h"
+#include "stitch/store/remote_store.h"
+#include "stitch/store/version_dir.h"
+
+namespace stitch {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The payload bytes of a published version: the store's records for a
+// remote store, the files' sizes otherwise.
+absl::StatusOr<uint64_t> PayloadBytes(Store& store, int64_t version,
+                                      const VersionManifest& manifest) {
+  uint64_t total = 0;
+  if (RemoteStore* remote = store.remote()) {
+    auto described = remote->DescribeVersion(version);
+    if (!described.ok()) return described.status();
+    for (const StoredFile& f : described->files) {
+      if (std::find(manifest.files.begin(), manifest.files.end(), f.name) != manifest.files.end()) {
+        total += f.size;
+      }
+    }
+    return total;
+  }
+  auto dir = store.Materialize(version);
+  if (!dir.ok()) return dir.status();
+  for (const std::string& name : manifest.files) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(*dir / name, ec);
+    if (ec) return ErrnoStatus(ec.value(), "size of", *dir / name);
+    total += size;
+  }
+  return total;
+}
+
+// A scratch directory removed when this goes out of scope.
+struct Scratch {
+  fs::path path;
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<ChainSinceAnchor> MeasureChain(Store& store, int64_t version) {
+  ChainSinceAnchor chain;
+  for (int64_t v = version;;) {
+    auto manifest = store.ReadManifest(v);
+    if (!manifest.ok()) {
+      // The run's boot version lives outside the store.
+      if (!absl::IsNotFound(manifest.status())) return manifest.status();
+      chain.anchor = v;
+      return chain;
+    }
+    auto bytes = PayloadBytes(store, v, *manifest);
+    if (!bytes.ok()) return bytes.status();
+    if (manifest->kind != VersionKind::kDelta || !manifest->base_version) {
+      chain.anchor = v;
+      chain.anchor_in_store = true;
+      chain.anchor_bytes = *bytes;
+      return chain;
+    }
+    ++chain.deltas;
+    chain.delta_bytes += *bytes;
+    v = *manifest->base_version;
+  }
+}
+
+bool AnchorDue(const ChainSinceAnchor& chain, const AnchorBudget& budget,
+               std::optional<uint64_t> full_bytes) {
+  if (budget.max_deltas > 0 && chain.deltas >= budget.max_deltas) return true;
+  if (!budget.by_bytes || chain.deltas == 0) return false;
+  const uint64_t full = chain.anchor_in_store ? chain.anchor_bytes : full_bytes.value_or(0);
+  return full > 0 && chain.delta_bytes >= full;
+}
+
+absl::StatusOr<fs::path> WriteAnchorFor(Store& store, const fs::path& delta_dir,
+                                        const std::optional<fs::path>& base_checkpoint,
+                                        const fs::path& out_parent, int threads) {
+  const fs::path dir = delta_dir.lexically_normal().has_filename()
+                           ? delta_dir.lexically_normal()
+                           : delta_dir.lexically_normal().parent_path();
+  auto version = ParseVersionDirName(dir.filename().string());
+  if (!version.ok()) return version.status();
+  auto contents = ReadVersionDir(dir, *version);
+  if (!contents.ok()) return contents.status();
+  if (contents->manifest.kind != VersionKind::kDelta) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir.string(), " is a FULL version already: it needs no anchor written"));
+  }
+  // Where the weights come from: the base checkpoint and this DELTA, or the
+  // store's chain and this DELTA.
+  fs::path anchor;
+  std::vector<fs::path> deltas;
+  ApplyOptions apply;
+  apply.run_id = store.run_id();
+  apply.threads = threads;
+  if (base_checkpoint) {
+    anchor = *base_checkpoint;
+    apply.anchor_version = *version - 1;
+  } else {
+    auto chain = MaterializeChain(store, *version - 1, std::nullopt);
+    if (!chain.ok() || chain->empty() || chain->front().manifest.kind != VersionKind::kFull) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot write ", VersionDirName(*version),
+          " as a FULL anchor: the store holds no "
+          "chain from a FULL version to ",
+          VersionDirName(*version - 1),
+          chain.ok() ? "" : absl::StrCat(" (", chain.status().message(), ")"),
+          "; give the complete checkpoint of ", VersionDirName(*version - 1), " (--base)"));
+    }
+    anchor = chain->front().dir;
+    for (size_t i = 1; i < chain->size(); ++i) deltas.push_back((*chain)[i].dir);
+  }
+  deltas.push_back(dir);
+
+  fs::create_directories(out_parent);
+  Scratch scratch{out_parent / absl::StrCat(".anchor-work-", VersionDirName(*version))};
+  fs::remove_all(scratch.path);
+  const fs::path materialized = scratch.path / "materialized";
+  if (auto m = MaterializeCheckpoint(anchor, deltas, materialized, apply); !m.ok()) {
+    return m.status();
+  }
+  const fs::path out = out_parent / VersionDirName(*version);
+  fs::remove_all(out);
+  FullVersionOptions full;
+  full.version = *version;
+  full.run_id = store.run_id();
+  if (auto w = WriteFullVersion(materialized, out, full); !w.ok()) return w.status();
+  for (const std::string& name : contents->other_files) {
+    fs::create_directories((out / name).parent_path());
+    if (absl::Status s = CopyFileDurably(dir / name, out / name); !s.ok()) return s;
+  }
+  auto written = ReadVersionDir(out, *version);
+  if (!written.ok()) return written.status();
+  const std::string& want = contents->manifest.weights_fingerprint;
+  if (!want.empty() && written->manifest.weights_fingerprint != want) {
+    return WithKind(
+        absl::DataLossError(absl::StrCat(
+            "the FULL anchor written for ", VersionDirName(*version), " has weights fingerprint ",
+            written->manifest.weights_fingerprint.empty() ? "(none)"
+                                                          : written->manifest.weights_fingerprint,
+            ", the DELTA records ", want, "; nothing was published")),
+        ErrorKind::kChecksumMismatch);
+  }
+  return out;
+}
+
+}  // namespace stitch
