@@ -8,14 +8,19 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stitch/api/routes.h"
 #include "stitch/api/server_info.h"
+#include "stitch/core/errors.h"
 #include "stitch/net/auth.h"
 
 namespace stitch {
 
 using boost::asio::awaitable;
+namespace json = boost::json;
 
 absl::StatusOr<ReplicaEndpoint> ReplicaEndpoint::Parse(std::string_view url) {
   absl::StatusOr<HttpUrl> parsed = ParseHttpUrl(url);
@@ -116,6 +121,75 @@ std::vector<Result> ForEachReplica(
 std::vector<absl::StatusOr<ReplicaState>> ReadServerInfos(const std::vector<std::string>& urls,
                                                           const ReplicaCallOptions& options) {
   return ForEachReplica<absl::StatusOr<ReplicaState>>(urls, options, &FetchServerInfo);
+}
+
+namespace {
+
+// POST `route` (with its query) on the replica; its /server_info on 200.
+awaitable<absl::StatusOr<ReplicaState>> PostAdmin(HttpClient& client,
+                                                  const ReplicaEndpoint& replica, std::string route,
+                                                  CallOptions options, std::string bearer_token) {
+  HttpRequest request;
+  request.method = "POST";
+  request.target = replica.prefix + route;
+  if (!bearer_token.empty()) request.headers.Set("Authorization", BearerValue(bearer_token));
+  absl::StatusOr<HttpResponse> response =
+      co_await client.Send(replica.origin, std::move(request), options);
+  if (!response.ok()) co_return response.status();
+  if (response->status != 200) {
+    // The sidecar's own words: {"error": {"message": ...}}.
+    std::string why = absl::StrCat("HTTP ", response->status);
+    boost::system::error_code ec;
+    json::value body = json::parse(response->body, ec);
+    if (!ec && body.is_object()) {
+      if (const json::value* e = body.as_object().if_contains("error"); e && e->is_object()) {
+        if (const json::value* m = e->as_object().if_contains("message"); m && m->is_string()) {
+          why = std::string(m->get_string());
+        }
+      }
+    }
+    switch (response->status) {
+      case 400:
+        co_return absl::InvalidArgumentError(why);
+      case 404:
+        co_return absl::NotFoundError(why);
+      case 409:
+        co_return absl::FailedPreconditionError(why);
+      default:
+        co_return absl::UnavailableError(why);
+    }
+  }
+  absl::StatusOr<ReplicaState> state = ParseServerInfo(response->body);
+  if (!state.ok()) {
+    co_return absl::InvalidArgumentError(absl::StrCat(route, ": ", state.status().message()));
+  }
+  co_return state;
+}
+
+std::vector<absl::StatusOr<ReplicaState>> PostAdminEach(const std::vector<std::string>& urls,
+                                                        std::string route,
+                                                        const ReplicaCallOptions& options) {
+  return ForEachReplica<absl::StatusOr<ReplicaState>>(
+      urls, options,
+      [route](HttpClient& client, const ReplicaEndpoint& replica, CallOptions call,
+              std::string token) { return PostAdmin(client, replica, route, call, token); });
+}
+
+}  // namespace
+
+std::vector<absl::StatusOr<ReplicaState>> HoldEach(const std::vector<std::string>& urls,
+                                                   int64_t version, std::string_view holder,
+                                                   const ReplicaCallOptions& options) {
+  return PostAdminEach(
+      urls, absl::StrCat(AbslView(kHoldRoute), "?version=", version, "&holder=", AbslView(holder)),
+      options);
+}
+
+std::vector<absl::StatusOr<ReplicaState>> ReleaseEach(const std::vector<std::string>& urls,
+                                                      std::string_view holder,
+                                                      const ReplicaCallOptions& options) {
+  return PostAdminEach(urls, absl::StrCat(AbslView(kReleaseRoute), "?holder=", AbslView(holder)),
+                       options);
 }
 
 std::vector<absl::Status> WakeEach(const std::vector<std::string>& urls,

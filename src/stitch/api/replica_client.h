@@ -74,4 +74,18 @@ std::vector<absl::StatusOr<ReplicaState>> ReadServerInfos(const std::vector<std:
 std::vector<absl::Status> WakeEach(const std::vector<std::string>& urls,
                                    const ReplicaCallOptions& options);
 
+// Evaluation holds (api/routes.h kHoldRoute, kReleaseRoute) on each of
+// `urls`, in their order: what each replica says about itself after the
+// call. A refusal is the replica's own message: InvalidArgument (400),
+// NotFound (404: a release by a holder that holds nothing there) or
+// FailedPrecondition (409); another status is Unavailable "HTTP <status>".
+// `holder` must be a record word (store.h ValidateRecordWord's alphabet):
+// it goes into the query as it is.
+std::vector<absl::StatusOr<ReplicaState>> HoldEach(const std::vector<std::string>& urls,
+                                                   int64_t version, std::string_view holder,
+                                                   const ReplicaCallOptions& options);
+std::vector<absl::StatusOr<ReplicaState>> ReleaseEach(const std::vector<std::string>& urls,
+                                                      std::string_view holder,
+                                                      const ReplicaCallOptions& options);
+
 }  // namespace stitch

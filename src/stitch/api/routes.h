@@ -109,6 +109,14 @@ struct CanonicalTarget {
 // peer's own id is answered 409 at once: the replica asked itself. The
 // fetch room (fetch/peer_client.h) asks it; the sidecar answers it.
 inline constexpr std::string_view kPeerFileRoute = "/peer/v1/file";
+
+// A sidecar's evaluation holds (docs/deploy.md, "Long runs"), behind the
+// fleet's token: POST kHoldRoute?version=N&holder=NAME keeps the replica on
+// version N of the run it follows instead of the pointer; POST
+// kReleaseRoute?holder=NAME lets it follow the pointer again. Both answer
+// the replica's /server_info, with "held" set while it is held.
+inline constexpr std::string_view kHoldRoute = "/admin/hold";
+inline constexpr std::string_view kReleaseRoute = "/admin/release";
 inline constexpr std::string_view kPeerIdHeader = "X-Stitch-Peer";
 inline constexpr int64_t kPeerMaxWaitMs = 30000;
 

@@ -53,6 +53,14 @@ json::object ReplicaStateObject(const ReplicaState& s) {
     o["pointer_version"] = nullptr;
   }
   o["pointer_notice"] = NullIfEmpty(s.pointer_notice);
+  if (s.held) {
+    json::object held;
+    held["version"] = s.held->version.ToString();
+    held["holder"] = s.held->holder;
+    o["held"] = std::move(held);
+  } else {
+    o["held"] = nullptr;
+  }
   return o;
 }
 
@@ -104,6 +112,17 @@ absl::StatusOr<ReplicaState> ReplicaStateFrom(const json::value& v) {
     auto ref = VersionRef::Parse(text);
     if (!ref.ok()) return Annotate(ref.status(), "server_info.pointer");
     s.pointer = *ref;
+  }
+  if (const json::value* held = o.if_contains("held"); held != nullptr && !held->is_null()) {
+    const json::object* h = held->if_object();
+    const json::value* version = h ? h->if_contains("version") : nullptr;
+    const json::value* holder = h ? h->if_contains("holder") : nullptr;
+    if (version == nullptr || !version->is_string() || holder == nullptr || !holder->is_string()) {
+      return TypeError("held", "null or {\"version\": identity, \"holder\": string}");
+    }
+    auto ref = VersionRef::Parse(version->get_string());
+    if (!ref.ok()) return Annotate(ref.status(), "server_info.held.version");
+    s.held = ReplicaState::Held{*ref, std::string(holder->get_string())};
   }
   text.clear();
   if (absl::Status st = get_string("sync_state", text); !st.ok()) return st;

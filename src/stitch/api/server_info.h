@@ -17,7 +17,9 @@ namespace stitch {
 // "update_destination_ready", "update_destination_error", "terminal_error",
 // "sync_error", "metrics": {name: number}, "pointer" (the store's pointer as
 // the replica last read it: an identity or null; max_staleness is judged
-// against it), "pointer_version", "pointer_notice" (ReplicaState)}.
+// against it), "pointer_version", "pointer_notice", "held" (null, or
+// {"version": identity, "holder": name} while the replica is held for
+// evaluation) (ReplicaState)}.
 // "reason", "update_destination_error", "terminal_error", "sync_error" and
 // "pointer_notice" are null when there is nothing to say (the original
 // Python Stitch's form), never "".

@@ -19,6 +19,7 @@ TEST(ServerInfoTest, JsonRoundTrip) {
   s.update_destination_ready = true;
   s.metrics["stage_s"] = 0.25;
   s.pointer = VersionRef{"run-a", 9};
+  s.held = ReplicaState::Held{VersionRef{"run-a", 7}, "eval-1"};
   auto back = ParseServerInfo(ServerInfoJson(s));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->ready);
@@ -30,6 +31,15 @@ TEST(ServerInfoTest, JsonRoundTrip) {
   EXPECT_TRUE(back->update_destination_ready);
   EXPECT_DOUBLE_EQ(back->metrics.at("stage_s"), 0.25);
   EXPECT_EQ(back->pointer, s.pointer);
+  EXPECT_EQ(back->held, s.held);
+  // Not held: null, read back as nothing.
+  s.held.reset();
+  EXPECT_NE(ServerInfoJson(s).find(R"("held":null)"), std::string::npos) << ServerInfoJson(s);
+  EXPECT_FALSE(ParseServerInfo(ServerInfoJson(s))->held.has_value());
+  // A malformed hold is refused, naming the field.
+  auto bad = ParseServerInfo(R"({"ready":true,"held":{"version":7}})");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("server_info.held"), std::string::npos) << bad.status();
 }
 
 TEST(ServerInfoTest, JsonFieldsFollowTheContract) {

@@ -55,6 +55,15 @@ struct ReplicaState {
   // another run (the replica switched to that run's boot version; said for
   // ten minutes).
   std::string pointer_notice;
+  // Set while the replica is held for evaluation (docs/deploy.md, "Long
+  // runs"): it serves this version, not the pointer's, and the gateway
+  // routes it exact pins at this version only.
+  struct Held {
+    VersionRef version;
+    std::string holder;
+    friend bool operator==(const Held&, const Held&) = default;
+  };
+  std::optional<Held> held;
 
   std::optional<int64_t> pointer_version() const {
     return pointer.has_value() ? std::optional<int64_t>(pointer->version) : std::nullopt;

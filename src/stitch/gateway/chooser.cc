@@ -32,6 +32,7 @@ void ReplicaIndex::Add(const ReplicaPtr& r) {
 
 void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
   routable_.Clear();
+  held_.Clear();
   preferred_.Clear();
   all_preferred_ = true;
   oldest_applied_.reset();
@@ -50,6 +51,10 @@ void RoutingIndex::Rebuild(const ReplicaMap& replicas) {
       oldest_applied_ = applied;
     }
     if (!r->routable()) continue;
+    if (r->held()) {
+      held_.Add(r);
+      continue;
+    }
     routable_.Add(r);
     for (int i = 0; i < kRingPoints; ++i) {
       ring_.emplace_back(StableHash(absl::StrCat(r->url, "#", i)), r);
@@ -107,8 +112,11 @@ ReplicaPtr Chooser::AffineReplica(const RoutingIndex& index, const Affinity& aff
 ReplicaPtr Chooser::Choose(const RoutingIndex& index, const VersionConstraint& c,
                            const ReplicaPtr& home, std::span<const ReplicaPtr> tried,
                            const std::optional<Affinity>& affinity) {
-  if (home != nullptr && home->routable() && home->preferred() && c.SatisfiedBy(home->version()) &&
-      !Tried(tried, home.get())) {
+  if (c.is_exact() && index.held().by_version().contains(*c.exact_version)) {
+    if (ReplicaPtr r = ChooseFrom(index.held(), c, tried); r != nullptr) return r;
+  }
+  if (home != nullptr && home->routable() && !home->held() && home->preferred() &&
+      c.SatisfiedBy(home->version()) && !Tried(tried, home.get())) {
     return home;
   }
   if (affinity.has_value()) {

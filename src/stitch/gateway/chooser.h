@@ -48,6 +48,9 @@ struct ReplicaEntry {
   bool stalled = false;
 
   bool routable() const { return discovered && reachable && state.ready; }
+  // Held for evaluation (ReplicaState::held): routed exact pins at the held
+  // version only.
+  bool held() const { return state.held.has_value(); }
   // Whether new work may go to it while another replica would do: not
   // stalled, or stalled with nothing outstanding (one request at a time then
   // finds out whether it recovered).
@@ -85,7 +88,10 @@ class RoutingIndex {
   // Indexes `replicas` as they are now.
   void Rebuild(const ReplicaMap& replicas);
 
+  // The routable replicas not held for evaluation: what requests go to.
   const ReplicaIndex& routable() const { return routable_; }
+  // The routable replicas held for evaluation, by the version they hold.
+  const ReplicaIndex& held() const { return held_; }
   // The preferred routable replicas; null when that is every one of them.
   const ReplicaIndex* preferred() const { return all_preferred_ ? nullptr : &preferred_; }
   // The newest version a routable replica has applied.
@@ -117,6 +123,7 @@ class RoutingIndex {
 
  private:
   ReplicaIndex routable_;
+  ReplicaIndex held_;
   ReplicaIndex preferred_;
   bool all_preferred_ = true;
   std::optional<VersionRef> oldest_applied_;
@@ -142,7 +149,9 @@ class Chooser {
   explicit Chooser(uint32_t seed) : rng_(seed) {}
 
   // The replica for a request with constraint `c`, or null when none
-  // satisfies it (or all that do are in `tried`, which holds its replicas
+  // satisfies it. An exact pin goes first to a replica held for evaluation
+  // at that version (the less loaded of two, as below); held replicas take
+  // nothing else. Then (or when all that satisfy it are in `tried`, which holds its replicas
   // alive so that one dropped from the pool during a retry cannot lend its
   // address to a new one): the session's `home` (may be null) while it is
   // routable, preferred and satisfies `c`; else a choice among the

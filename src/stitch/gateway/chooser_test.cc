@@ -63,6 +63,27 @@ TEST_F(ChooserTest, ConstraintsLandOnlyOnSatisfyingReplicas) {
   EXPECT_EQ(Choose(VersionConstraint::AtLeast(4)), nullptr);
 }
 
+// A replica held for evaluation takes the exact pins at its version, first,
+// and nothing else; a session homed on it does not keep it.
+TEST_F(ChooserTest, AHeldReplicaTakesExactPinsAtItsVersionOnly) {
+  Add("a", 5);
+  Add("b", 5);
+  ReplicaPtr held = Add("h", 3);
+  held->state.held = ReplicaState::Held{VersionRef{"r", 3}, "eval"};
+  Add("old", 3);
+  EXPECT_EQ(Spread(VersionConstraint::Exact(3)), std::set<std::string>{"http://h"});
+  EXPECT_EQ(Spread(VersionConstraint{}),
+            (std::set<std::string>{"http://a", "http://b", "http://old"}));
+  EXPECT_EQ(Spread(VersionConstraint::AtLeast(2)),
+            (std::set<std::string>{"http://a", "http://b", "http://old"}));
+  EXPECT_NE(Choose(VersionConstraint{}, held), held);
+  // Tried already, the exact pin goes to an unheld replica at the version.
+  EXPECT_EQ(Choose(VersionConstraint::Exact(3), nullptr, {held})->url, "http://old");
+  // The held replica is not counted among those for general traffic.
+  EXPECT_EQ(Index().routable().all().size(), 3u);
+  EXPECT_EQ(Index().held().all().size(), 1u);
+}
+
 TEST_F(ChooserTest, MaxStalenessRoutesByTheNewestPointerThePoolRead) {
   Add("v1", 1);
   Add("v2", 2)->state.pointer = VersionRef{"r1", 3};

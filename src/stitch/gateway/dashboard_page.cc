@@ -59,7 +59,7 @@ thead th{position:sticky;top:0;background:#fff}
 </main>
 <script>
 "use strict";
-const COLORS={joined:"#5b8def",serving:"#2e9b57",staging:"#d9a72b",committing:"#e07b1f",paused:"#8a8f99",stalled:"#b0457a",error:"#c23030",unreachable:"#55585e",gone:"#cfd3da"};
+const COLORS={joined:"#5b8def",serving:"#2e9b57",held:"#2b8fa8",staging:"#d9a72b",committing:"#e07b1f",paused:"#8a8f99",stalled:"#b0457a",error:"#c23030",unreachable:"#55585e",gone:"#cfd3da"};
 const PALETTE=["#2f6fdf","#2e9b57","#d9822b","#7157d9","#c23030","#1f9fb0","#b0457a","#6b8e23"];
 const NS="http://www.w3.org/2000/svg";
 let selected=null, last=null, updates=0;

@@ -6,6 +6,8 @@
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/str_cat.h"
+
 namespace stitch {
 
 namespace json = boost::json;
@@ -50,6 +52,10 @@ std::pair<std::string, std::string> FleetHistory::Label(const ReplicaEntry& r) {
   }
   if (s.sync_state == SyncState::kCommitting) return {"committing", ""};
   if (!s.ready) return {"paused", s.reason};
+  if (s.held.has_value()) {
+    return {"held", absl::StrCat("held by ", s.held->holder, " on ", s.held->version.ToString(),
+                                 ": serves exact pins at it")};
+  }
   return {"serving", ""};
 }
 

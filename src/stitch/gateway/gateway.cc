@@ -86,6 +86,8 @@ struct Gateway::Impl {
 
   // --- own routes ---------------------------------------------------------------
   awaitable<void> Health(HttpExchange& exchange) {
+    // Replicas held for evaluation serve their exact pins only: a pool of
+    // nothing else is not ready for general traffic.
     const size_t ready = table.index().routable().all().size();
     json::object body;
     body["ready"] = ready > 0;

@@ -289,7 +289,8 @@ awaitable<void> ReplicaTable::Probe(ReplicaPtr r) {
                 " ms"));
   if (state.ok()) {
     const bool changed = !r->reachable || r->state.ready != state->ready ||
-                         r->state.applied != state->applied || r->state.pointer != state->pointer;
+                         r->state.applied != state->applied || r->state.pointer != state->pointer ||
+                         r->state.held != state->held;
     r->reachable = true;
     r->state = *std::move(state);
     r->last_error = r->state.ready ? "" : r->state.reason;

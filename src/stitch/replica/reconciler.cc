@@ -183,7 +183,48 @@ ReplicaState Reconciler::State() const {
   s.metrics = last_pass_;
   s.pointer = gate_.pointer();
   s.pointer_notice = PointerNotice();
+  s.held = eval_hold_;
   return s;
+}
+
+absl::Status Reconciler::HoldForEvaluation(const VersionRef& version, std::string holder) {
+  if (holder.empty()) return absl::InvalidArgumentError("a hold needs a holder's name");
+  if (eval_hold_.has_value() && eval_hold_->holder != holder) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this replica is held by '", eval_hold_->holder, "' on ",
+                     eval_hold_->version.ToString(), "; release that hold first"));
+  }
+  const std::string& run = gate_.trusted() ? gate_.serving().run_id : run_id_;
+  if (version.run_id != run) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot hold ", version.ToString(), ": this replica follows run ", run));
+  }
+  const std::optional<VersionRef> pointer = gate_.pointer();
+  if (pointer.has_value() && pointer->run_id == version.run_id &&
+      version.version > pointer->version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot hold ", version.ToString(), ": the store's pointer is at ", pointer->ToString()));
+  }
+  spdlog::info("held for evaluation by '{}' on {}: the pointer is no longer followed", holder,
+               version.ToString());
+  eval_hold_ = ReplicaState::Held{version, std::move(holder)};
+  Wake();
+  return absl::OkStatus();
+}
+
+absl::Status Reconciler::ReleaseEvaluationHold(std::string_view holder) {
+  if (!eval_hold_.has_value() || eval_hold_->holder != holder) {
+    return absl::NotFoundError(absl::StrCat(
+        "this replica is not held by '", AbslView(holder), "'",
+        eval_hold_.has_value() ? absl::StrCat(" (it is held by '", eval_hold_->holder, "')")
+                               : std::string()));
+  }
+  spdlog::info("released by '{}' (held on {}): out of rotation until caught up with the pointer",
+               eval_hold_->holder, eval_hold_->version.ToString());
+  eval_hold_.reset();
+  ready_ = false;
+  Wake();
+  return absl::OkStatus();
 }
 
 // Watching the engine ----------------------------------------------------------
@@ -467,6 +508,11 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     co_return PassResult::kError;
   }
   const VersionRef pointer = **head;
+  if (eval_hold_.has_value() && eval_hold_->version.run_id != pointer.run_id) {
+    spdlog::warn("the pointer names run {}: the hold by '{}' on {} ends", pointer.run_id,
+                 eval_hold_->holder, eval_hold_->version.ToString());
+    eval_hold_.reset();
+  }
 
   if (PlanFollow(applied(), pointer) == FollowAction::kRunReset) {
     absl::Status switched = co_await SwitchRun(pointer.run_id, /*force_reset=*/false);
@@ -477,6 +523,7 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     }
   }
   if (!gate_.trusted()) co_return PassResult::kMore;
+  if (eval_hold_.has_value()) co_return co_await FollowHold(pass_start);
   NotePointer(pointer);
   if (PlanFollow(applied(), pointer) != FollowAction::kAdvance) co_return CaughtUp();
   if (refused_.has_value() && refused_->version == pointer &&
@@ -485,6 +532,19 @@ awaitable<Reconciler::PassResult> Reconciler::Pass() {
     co_return PassResult::kError;
   }
   co_return co_await Advance(pointer, pass_start);
+}
+
+awaitable<Reconciler::PassResult> Reconciler::FollowHold(
+    std::chrono::steady_clock::time_point pass_start) {
+  const VersionRef target = eval_hold_->version;
+  const VersionRef serving = applied();
+  if (serving == target) co_return CaughtUp();
+  if (serving.run_id == target.run_id && serving.version < target.version) {
+    co_return co_await Advance(target, pass_start);
+  }
+  // Past the held version: its weights come from its chain, as when the
+  // engine's are unknown.
+  co_return co_await LoadVersion(target);
 }
 
 void Reconciler::NotePointer(const VersionRef& pointer) {
@@ -601,6 +661,7 @@ awaitable<Reconciler::PassResult> Reconciler::Advance(
 // a version that is already stale. Only once, so continuous publishing
 // cannot starve commits; a failed re-read commits what was staged.
 awaitable<bool> Reconciler::StageNewerHead(PassRecord& record) {
+  if (eval_hold_.has_value()) co_return true;  // the held version is the target
   auto newer = co_await ReadHead();
   if (!newer.ok()) {
     spdlog::warn("reconcile: re-reading the pointer after staging {} failed ({}); committing it",

@@ -203,6 +203,20 @@ class Reconciler {
   // trust and establish them again. No-op while already untrusted.
   void Distrust(std::string why);
 
+  // Evaluation holds (docs/deploy.md, "Long runs"): from the next pass on,
+  // the replica serves `version` instead of following the pointer, loading
+  // it from its chain if it has moved past it, until the hold is released.
+  // InvalidArgument for an empty holder; FailedPrecondition for a version of
+  // another run than the one followed, one above the pointer last read, or
+  // while another holder holds the replica (release it first). Holding
+  // again under the same holder moves the hold.
+  absl::Status HoldForEvaluation(const VersionRef& version, std::string holder);
+  // Lets the replica follow the pointer again: it leaves rotation until a
+  // pass has caught up with the pointer. NotFound when `holder` does not
+  // hold it (another holder's hold stays).
+  absl::Status ReleaseEvaluationHold(std::string_view holder);
+  const std::optional<ReplicaState::Held>& evaluation_hold() const { return eval_hold_; }
+
   bool ready() const {
     return ready_ && terminal_.ok() && gate_.trusted() && !gate_.held() && !StoreLost();
   }
@@ -251,6 +265,9 @@ class Reconciler {
   PassResult CaughtUp();
   boost::asio::awaitable<PassResult> Advance(const VersionRef& pointer,
                                              std::chrono::steady_clock::time_point pass_start);
+  // A pass while held for evaluation: at the held version already, ahead
+  // of it (load it from its chain) or behind it (advance to it).
+  boost::asio::awaitable<PassResult> FollowHold(std::chrono::steady_clock::time_point pass_start);
   boost::asio::awaitable<bool> StageNewerHead(PassRecord& record);
   void Record(PassRecord record);
   boost::asio::awaitable<PassResult> Establish();
@@ -315,6 +332,7 @@ class Reconciler {
   std::unique_ptr<Task[]> tasks_;
 
   bool ready_ = false;
+  std::optional<ReplicaState::Held> eval_hold_;
   // Since when the pointer cannot be read: the first failed read of the
   // current streak, and the start of the read in flight.
   std::optional<Clock::TimePoint> reads_failing_since_;

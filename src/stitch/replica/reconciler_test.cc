@@ -345,6 +345,94 @@ TEST_F(ReconcilerTest, CatchUpAppliesOneChainWithOneCommit) {
   });
 }
 
+// Held for evaluation on an older version, a replica loads it from its
+// chain, reports the hold, stays ready on it while the pointer moves on,
+// and, released, leaves rotation until it has caught up again.
+TEST_F(ReconcilerTest, AHeldReplicaServesTheHeldVersionAndCatchesUpWhenReleased) {
+  Full(3);
+  Delta(4, 1);
+  Delta(5, 1);
+  SetPointer(Ref("r1", 5));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(5); }));
+    EXPECT_TRUE(reconciler_->HoldForEvaluation(Ref("r1", 4), "eval").ok());
+    CO_ASSERT(co_await Until([&] { return SettledAt(4); }));
+    // Back to 4: staged from its anchor, not undone from 5.
+    const StagePlan& plan = engine_->plans.back();
+    CO_ASSERT(plan.chain.size() == 2u);
+    EXPECT_EQ(plan.chain[0].version, 3);
+    EXPECT_EQ(plan.chain[1].version, 4);
+    ReplicaState state = reconciler_->State();
+    CO_ASSERT(state.held.has_value());
+    EXPECT_EQ(state.held->version, Ref("r1", 4));
+    EXPECT_EQ(state.held->holder, "eval");
+    EXPECT_EQ(state.pointer, Ref("r1", 5));
+
+    // The trainer moves on; the held replica does not.
+    Delta(6, 1);
+    SetPointer(Ref("r1", 6));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return gate_->pointer() == Ref("r1", 6); }));
+    CO_ASSERT(co_await Until([&] { return SettledAt(4); }));
+    EXPECT_EQ(engine_->committed, (std::vector<int64_t>{5, 4}));
+
+    // Another holder cannot take it; a hold above the pointer is refused.
+    EXPECT_TRUE(absl::IsFailedPrecondition(reconciler_->HoldForEvaluation(Ref("r1", 3), "b")));
+    EXPECT_TRUE(absl::IsFailedPrecondition(reconciler_->HoldForEvaluation(Ref("r1", 9), "eval")));
+    EXPECT_TRUE(absl::IsFailedPrecondition(reconciler_->HoldForEvaluation(Ref("r2", 4), "eval")));
+    EXPECT_TRUE(absl::IsNotFound(reconciler_->ReleaseEvaluationHold("b")));
+
+    EXPECT_TRUE(reconciler_->ReleaseEvaluationHold("eval").ok());
+    EXPECT_FALSE(reconciler_->ready());  // out of rotation until caught up
+    EXPECT_FALSE(reconciler_->State().held.has_value());
+    CO_ASSERT(co_await Until([&] { return SettledAt(6); }));
+    EXPECT_EQ(engine_->committed, (std::vector<int64_t>{5, 4, 6}));
+  });
+}
+
+// Held on a version ahead of what it serves, a replica advances to it and
+// stops there, even when the pointer is further on.
+TEST_F(ReconcilerTest, AHoldAheadOfTheServedVersionAdvancesToItAndNoFurther) {
+  Full(1);
+  SetPointer(Ref("r1", 1));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    Delta(2, 1);
+    Delta(3, 1);
+    SetPointer(Ref("r1", 3));
+    // The hold is taken before the replica heard of 3 (no wake was sent).
+    gate_->SetPointer(Ref("r1", 3));
+    EXPECT_TRUE(reconciler_->HoldForEvaluation(Ref("r1", 2), "eval").ok());
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_EQ(engine_->committed, (std::vector<int64_t>{1, 2}));
+    // Coalescing did not carry it past the hold.
+    EXPECT_EQ(engine_->staged.back(), 2);
+  });
+}
+
+// A claim that moves the pointer to another run ends the hold: the run it
+// held is gone from the store's point of view.
+TEST_F(ReconcilerTest, ARunSwitchEndsAHold) {
+  Full(1);
+  Full(2);
+  SetPointer(Ref("r1", 2));
+  Build(NoBackstop());
+  Run([&]() -> awaitable<void> {
+    reconciler_->Start();
+    CO_ASSERT(co_await Until([&] { return SettledAt(2); }));
+    EXPECT_TRUE(reconciler_->HoldForEvaluation(Ref("r1", 1), "eval").ok());
+    CO_ASSERT(co_await Until([&] { return SettledAt(1); }));
+    SetPointer(Ref("r2", 0));
+    reconciler_->Wake();
+    CO_ASSERT(co_await Until([&] { return SettledAt(0, "r2"); }));
+    EXPECT_FALSE(reconciler_->State().held.has_value());
+  });
+}
+
 TEST_F(ReconcilerTest, NewerHeadDuringStagingIsCoalescedBeforeCommit) {
   ReconcilerOptions options = NoBackstop();
   options.boot_version = 6;

@@ -83,6 +83,10 @@ awaitable<absl::StatusOr<std::unique_ptr<Sidecar>>> Sidecar::Start(Settings sett
        data_token},
       {"GET", "/metrics", [self](HttpExchange& ex) { return self->MetricsRoute(ex); }, ""},
       {"POST", "/wake", [self](HttpExchange& ex) { return self->Wake(ex); }, settings.auth_token},
+      {"POST", std::string(kHoldRoute), [self](HttpExchange& ex) { return self->HoldRoute(ex); },
+       settings.auth_token},
+      {"POST", std::string(kReleaseRoute),
+       [self](HttpExchange& ex) { return self->ReleaseRoute(ex); }, settings.auth_token},
   };
   if (settings.serve_peers) {
     own.push_back({"GET", std::string(kPeerFileRoute),
@@ -174,6 +178,48 @@ awaitable<void> Sidecar::ServerInfo(HttpExchange& exchange) {
 
 awaitable<void> Sidecar::Wake(HttpExchange& exchange) {
   reconciler_->Wake();
+  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
+  (void)co_await exchange.Respond(std::move(response));
+}
+
+awaitable<void> Sidecar::HoldRoute(HttpExchange& exchange) {
+  const std::string& target = exchange.request().target;
+  const std::optional<int64_t> version = DecimalParam(TargetQueryParam(target, "version"));
+  const std::optional<std::string> holder = TargetQueryParam(target, "holder");
+  absl::Status held = absl::InvalidArgumentError(
+      "give ?version=N (plain digits: a version of the run this replica follows) and "
+      "&holder=NAME");
+  if (version.has_value() && holder.has_value() && !holder->empty()) {
+    const std::string run =
+        gate_->trusted() ? gate_->serving().run_id : reconciler_->State().run_id;
+    held = reconciler_->HoldForEvaluation(VersionRef{run, *version}, *holder);
+  }
+  if (!held.ok()) {
+    const int status = absl::IsInvalidArgument(held) ? 400 : 409;
+    HttpResponse response = JsonResponse(
+        status,
+        JsonErrorBody(status == 400 ? "BadRequest" : "Conflict", std::string(held.message())));
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
+  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
+  (void)co_await exchange.Respond(std::move(response));
+}
+
+awaitable<void> Sidecar::ReleaseRoute(HttpExchange& exchange) {
+  const std::optional<std::string> holder = TargetQueryParam(exchange.request().target, "holder");
+  absl::Status released = absl::InvalidArgumentError("give ?holder=NAME");
+  if (holder.has_value() && !holder->empty()) {
+    released = reconciler_->ReleaseEvaluationHold(*holder);
+  }
+  if (!released.ok()) {
+    const int status = absl::IsInvalidArgument(released) ? 400 : 404;
+    HttpResponse response = JsonResponse(
+        status,
+        JsonErrorBody(status == 400 ? "BadRequest" : "NotFound", std::string(released.message())));
+    (void)co_await exchange.Respond(std::move(response));
+    co_return;
+  }
   HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
   (void)co_await exchange.Respond(std::move(response));
 }

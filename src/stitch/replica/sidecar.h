@@ -109,6 +109,11 @@ class Sidecar {
   boost::asio::awaitable<void> ServerInfo(HttpExchange& exchange);
   boost::asio::awaitable<void> Wake(HttpExchange& exchange);
   boost::asio::awaitable<void> MetricsRoute(HttpExchange& exchange);
+  // kHoldRoute and kReleaseRoute (api/routes.h): 200 with /server_info's
+  // body; 400 for malformed parameters; 409 for a hold the reconciler
+  // refuses; 404 for a release by a holder that holds nothing here.
+  boost::asio::awaitable<void> HoldRoute(HttpExchange& exchange);
+  boost::asio::awaitable<void> ReleaseRoute(HttpExchange& exchange);
   // GET kPeerFileRoute?version=N&name=FILE[&wait_ms=T]: a version file the
   // store verified (Store::OpenVerifiedFile), streamed; 404 when it holds
   // none (after waiting up to wait_ms for it); 409 when the request is this
