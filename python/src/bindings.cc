@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "stitch/core/constraint.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/pointer.h"
@@ -46,6 +47,7 @@
 #include "stitch/publish/publish.h"
 #include "stitch/publish/request.h"
 #include "stitch/publish/trainer_comms.h"
+#include "stitch/store/retention.h"
 #include "stitch/store/store.h"
 
 namespace nb = nanobind;
@@ -564,6 +566,19 @@ NB_MODULE(_stitch, m) {
       },
       "store"_a, "version_dir"_a, "pool"_a = nb::none(), "base_dir"_a = nb::none(),
       "(published identity, already_published)");
+
+  m.def(
+      "apply_retention",
+      [](Store& store, int64_t keep_last, int64_t keep_every) {
+        RetentionRule rule;
+        rule.keep_last = keep_last;
+        rule.keep_every = keep_every;
+        RetentionReport report =
+            CheckReleased("StoreError", [&] { return ApplyRetention(store, rule, absl::Now()); });
+        return std::make_pair(report.deleted, DescribeRetention(report, /*dry_run=*/false));
+      },
+      "store"_a, "keep_last"_a, "keep_every"_a = 0,
+      "Deletes the versions nothing needs (store/retention.h); (deleted versions, report text)");
 
   nb::class_<TrainerComms, PyTrainerComms>(m, "TrainerComms")
       .def(nb::init<>())

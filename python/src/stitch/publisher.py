@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence
 
 from stitch import _stitch
 from stitch._stitch import VersionRef
+from stitch.errors import InvalidArgument, StitchError
 
 logger = logging.getLogger("stitch")
 
@@ -98,7 +99,8 @@ class Publisher:
     """
 
     def __init__(self, store: Any, pool: Any = None, run_id: Optional[str] = None,
-                 comms: Any = None) -> None:
+                 comms: Any = None, *, keep_last: Optional[int] = None,
+                 keep_every: int = 0) -> None:
         import stitch
         from stitch.pools.base import as_pool
         from stitch.stores.base import core_store
@@ -111,6 +113,17 @@ class Publisher:
         self._pool = None if self._spec is not None else as_pool(pool)
         self.run_id = self._core.run_id
         self.comms = comms
+        # Retention after each publish (``stitch gc``'s rule): keep the last
+        # ``keep_last`` versions and every ``keep_every``-th, with the
+        # pointer's, the held ones and their chains. None: keep everything.
+        if keep_last is not None and int(keep_last) < 1:
+            raise InvalidArgument(f"stitch: keep_last must be at least 1, not {keep_last}",
+                                  "INVALID_ARGUMENT")
+        if int(keep_every) < 0:
+            raise InvalidArgument(f"stitch: keep_every must be 0 or positive, not {keep_every}",
+                                  "INVALID_ARGUMENT")
+        self.keep_last = None if keep_last is None else int(keep_last)
+        self.keep_every = int(keep_every)
 
     def _local(self) -> bool:
         return self.comms is None or self.comms.rank() is None
@@ -153,4 +166,20 @@ class Publisher:
             stitch._log_already_published(self._core, ref)
         if self._local() or self.comms.rank() == 0:
             wake_pool(self._pool, ref)
+            self._retain()
         return ref
+
+    def _retain(self) -> None:
+        """Applies the retention rule, if any. The version is published
+        whatever happens here: a failure is logged, and the next publish's
+        retention tries again."""
+        if self.keep_last is None:
+            return
+        try:
+            deleted, report = _stitch.apply_retention(self._core, self.keep_last,
+                                                      self.keep_every)
+        except StitchError as e:
+            logger.warning("stitch: retention after publish failed: %s", e)
+            return
+        if deleted:
+            logger.info("stitch: retention deleted %d version(s):\n%s", len(deleted), report)

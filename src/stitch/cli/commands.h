@@ -13,6 +13,8 @@ namespace stitch {
 void AddClaimCommand(CLI::App& app, int* exit_code);
 void AddPublishCommand(CLI::App& app, int* exit_code);
 void AddPointerCommand(CLI::App& app, int* exit_code);
+// gc, hold and release.
+void AddRetentionCommands(CLI::App& app, int* exit_code);
 void AddDeltaCommand(CLI::App& app, int* exit_code);
 void AddEngineCommand(CLI::App& app, int* exit_code);
 void AddSidecarCommand(CLI::App& app, int* exit_code);

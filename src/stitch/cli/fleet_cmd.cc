@@ -2,6 +2,9 @@
 // operators and launch scripts looking at a pool of replicas, directly or
 // through a gateway.
 #include <CLI/CLI.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "stitch/api/replica_client.h"
 #include "stitch/api/response.h"
 #include "stitch/api/server_info.h"
@@ -25,6 +30,7 @@
 #include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/pool/pool.h"
+#include "stitch/store/retention.h"
 #include "stitch/store/store.h"
 
 namespace stitch {
@@ -137,18 +143,47 @@ std::string ReplicaNote(const ReplicaStatus& r) {
   return "";
 }
 
+// The holds of a store (store/retention.h), as `status` prints them.
+boost::json::array HoldsJson(const std::vector<Hold>& holds, absl::Time now) {
+  boost::json::array out;
+  for (const Hold& h : holds) {
+    boost::json::object o;
+    o["holder"] = h.holder;
+    o["version"] = h.version;
+    o["expires_unix"] = absl::ToUnixSeconds(h.expires);
+    o["live"] = h.live(now);
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+void PrintHolds(const std::vector<Hold>& holds, absl::Time now) {
+  if (holds.empty()) {
+    std::printf("no holds\n");
+    return;
+  }
+  std::printf("%-24s %-16s %s\n", "HOLDER", "VERSION", "EXPIRES");
+  for (const Hold& h : holds) {
+    std::printf("%-24s %-16s %s%s\n", h.holder.c_str(), VersionDirName(h.version).c_str(),
+                absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", h.expires, absl::UTCTimeZone()).c_str(),
+                h.live(now) ? "" : " (expired)");
+  }
+}
+
 int RunStatus(const StatusFlags& flags) {
-  if (flags.gateway.empty() == flags.pool.empty()) {
-    ReportFailure(absl::InvalidArgumentError("status: give exactly one of --gateway or --pool"));
+  if (!flags.gateway.empty() && !flags.pool.empty()) {
+    ReportFailure(absl::InvalidArgumentError("status: give one of --gateway or --pool, not both"));
     return 2;
   }
-  auto token = FleetToken(flags.auth_token_file, "status");
-  if (!token.ok()) return ReportFailure(token.status());
-  absl::StatusOr<PoolState> state =
-      flags.gateway.empty() ? FromPool(flags.pool, *token) : FromGateway(flags.gateway, *token);
-  if (!state.ok()) return ReportFailure(Annotate(state.status(), "status"));
-
+  if (flags.gateway.empty() && flags.pool.empty() && flags.store.empty()) {
+    ReportFailure(absl::InvalidArgumentError(
+        "status: give --gateway or --pool (the replicas), --store (its pointer and holds), or "
+        "both"));
+    return 2;
+  }
+  const absl::Time now = absl::Now();
   std::optional<std::string> pointer;
+  std::vector<Hold> holds;
   if (!flags.store.empty()) {
     const auto cache = std::filesystem::temp_directory_path() / "stitch-status-cache";
     auto store = OpenStore(flags.store, StoreOptions{{}, cache});
@@ -156,10 +191,37 @@ int RunStatus(const StatusFlags& flags) {
     auto p = ReadClaimedPointer(**store);
     if (!p.ok()) return ReportFailure(Annotate(p.status(), "status: --store"));
     pointer = p->ToString();
+    auto listed = ListHolds(**store);
+    if (!listed.ok()) return ReportFailure(Annotate(listed.status(), "status: --store"));
+    holds = *std::move(listed);
+  }
+  if (flags.gateway.empty() && flags.pool.empty()) {
+    if (flags.json) {
+      boost::json::object o;
+      o["pointer"] = *pointer;
+      o["holds"] = HoldsJson(holds, now);
+      std::cout << boost::json::serialize(o) << "\n";
+    } else {
+      std::printf("store pointer %s\n", pointer->c_str());
+      PrintHolds(holds, now);
+    }
+    return 0;
   }
 
+  auto token = FleetToken(flags.auth_token_file, "status");
+  if (!token.ok()) return ReportFailure(token.status());
+  absl::StatusOr<PoolState> state =
+      flags.gateway.empty() ? FromPool(flags.pool, *token) : FromGateway(flags.gateway, *token);
+  if (!state.ok()) return ReportFailure(Annotate(state.status(), "status"));
+
   if (flags.json) {
-    std::cout << ReplicasJson(*state, pointer.value_or("")) << "\n";
+    if (!pointer.has_value()) {
+      std::cout << ReplicasJson(*state) << "\n";
+      return 0;
+    }
+    boost::json::value v = boost::json::parse(ReplicasJson(*state, *pointer));
+    v.as_object()["holds"] = HoldsJson(holds, now);
+    std::cout << boost::json::serialize(v) << "\n";
     return 0;
   }
   std::printf("%-32s %-5s %-26s %-10s %9s %10s %10s  %s\n", "URL", "READY", "APPLIED", "STATE",
@@ -176,6 +238,7 @@ int RunStatus(const StatusFlags& flags) {
   std::printf("%d of %zu replicas ready", state->ready_count(), state->replicas.size());
   if (pointer.has_value()) std::printf("; store pointer %s", pointer->c_str());
   std::printf("\n");
+  if (pointer.has_value()) PrintHolds(holds, now);
   return 0;
 }
 
@@ -337,7 +400,8 @@ void AddFleetCommands(CLI::App& app, int* exit_code) {
       "last stage and commit times) and the store's pointer");
   s->add_option("--gateway", status.gateway, "A gateway's URL: show what it knows");
   s->add_option("--pool", status.pool, "A pool spec: ask each replica's /server_info");
-  s->add_option("--store", status.store, "Store URI, to show its pointer");
+  s->add_option("--store", status.store,
+                "Store URI, to show its pointer and its holds (alone: only those)");
   s->add_flag("--json", status.json, "Print JSON instead of a table");
   s->add_option("--auth-token-file", status.auth_token_file,
                 "File holding the fleet's bearer token (default: $STITCH_AUTH_TOKEN when set)");

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   stitch::AddClaimCommand(app, &exit_code);
   stitch::AddPublishCommand(app, &exit_code);
   stitch::AddPointerCommand(app, &exit_code);
+  stitch::AddRetentionCommands(app, &exit_code);
   stitch::AddDeltaCommand(app, &exit_code);
   stitch::AddEngineCommand(app, &exit_code);
   stitch::AddSidecarCommand(app, &exit_code);
