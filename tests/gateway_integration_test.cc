@@ -19,6 +19,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 
+#include "absl/strings/match.h"
 #include "stitch/api/server_info.h"
 #include "stitch/core/state.h"
 #include "stitch/core/version.h"
@@ -39,6 +40,7 @@ using ::stitch::testing::RunStitch;
 using ::stitch::testing::ServerProcess;
 using ::stitch::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 constexpr auto kStartTimeout = std::chrono::seconds(60);
@@ -124,12 +126,21 @@ class GatewayIntegrationTest : public ::testing::Test {
              "publish");
   }
 
-  // Starts replica `i` and brings it to `version`.
+  // Starts replica `i` on its own store and brings it to `version`.
   Replica& StartReplica(int i, int64_t version) {
-    auto r = std::make_unique<Replica>();
-    r->store = (tmp_ / ("store" + std::to_string(i))).string();
-    ExpectOk(RunStitch({"claim", "--store", r->store, "--run-id", "r1", "--boot-version", "0"}),
+    const std::string store = (tmp_ / ("store" + std::to_string(i))).string();
+    ExpectOk(RunStitch({"claim", "--store", store, "--run-id", "r1", "--boot-version", "0"}),
              "claim");
+    Replica& r = StartReplicaOn(i, store);
+    for (int64_t v = 1; v <= version; ++v) Publish(r, v);
+    EXPECT_TRUE(Serves(r, version)) << r.sidecar->err();
+    return r;
+  }
+
+  // Starts replica `i` (an engine and its sidecar) following `store`.
+  Replica& StartReplicaOn(int i, const std::string& store) {
+    auto r = std::make_unique<Replica>();
+    r->store = store;
     r->engine = std::make_unique<ServerProcess>(std::vector<std::string>{
         testing::StitchBinary(), "engine", "--model", base_, "--port", "0", "--run-id", "r1"});
     auto engine_url = r->engine->WaitForUrl(kStartTimeout);
@@ -161,8 +172,6 @@ class GatewayIntegrationTest : public ::testing::Test {
     auto url = r->sidecar->WaitForUrl(kStartTimeout);
     EXPECT_TRUE(url.has_value()) << r->sidecar->err();
     r->url = url.value_or("");
-    for (int64_t v = 1; v <= version; ++v) Publish(*r, v);
-    EXPECT_TRUE(Serves(*r, version)) << r->sidecar->err();
     replicas_.push_back(std::move(r));
     return *replicas_.back();
   }
@@ -326,6 +335,80 @@ TEST_F(GatewayIntegrationTest, RoutesByVersionKeepsSessionsWaitsAndRetries) {
   EXPECT_NE(survived.replica, v1.url);
   EXPECT_NE(Metric("stitch_gateway_retried_total"), "0");
   ASSERT_TRUE(Eventually([&] { return GatewayReady() == 2; }));
+}
+
+// Two replicas of one store; an evaluator holds one on version 1 while the
+// trainer moves on. Exact pins at 1 go to the held replica, everything else
+// to the other; gc keeps the held version; released, the replica catches
+// up with the pointer.
+TEST_F(GatewayIntegrationTest, AReplicaHeldForEvaluationAnswersItsVersionWhileTheRestFollow) {
+  const std::string store = (tmp_ / "shared").string();
+  ExpectOk(RunStitch({"claim", "--store", store, "--run-id", "r1", "--boot-version", "0"}),
+           "claim");
+  Replica& a = StartReplicaOn(0, store);
+  Replica& b = StartReplicaOn(1, store);
+  const std::string pool = "static:" + a.url + "," + b.url;
+  auto publish = [&](int64_t v) {
+    ExpectOk(RunStitch({"publish", "--store", store, "--run-id", "r1", "--pool", pool,
+                        (tmp_ / "out" / VersionDirName(v)).string()}),
+             "publish");
+  };
+  publish(1);
+  publish(2);
+  ASSERT_TRUE(Serves(a, 2) && Serves(b, 2));
+
+  ProcessResult hold = RunStitch({"hold", "--store", store, "--version", "1", "--ttl", "3600",
+                                  "--holder", "eval", "--pool", pool, "--replicas", "1"});
+  ExpectOk(hold, "hold --pool");
+  const bool a_held = absl::StrContains(hold.out, "replica " + a.url + " serves weight_v000001");
+  const bool b_held = absl::StrContains(hold.out, "replica " + b.url + " serves weight_v000001");
+  ASSERT_NE(a_held, b_held) << hold.out;
+  Replica& held = a_held ? a : b;
+  Replica& free = a_held ? b : a;
+  // Taking more than the pool has free is refused before anything moves.
+  ProcessResult greedy = RunStitch({"hold", "--store", store, "--version", "1", "--ttl", "60",
+                                    "--holder", "other", "--pool", pool, "--replicas", "2"});
+  EXPECT_EQ(greedy.exit_code, 1);
+  EXPECT_THAT(greedy.err, HasSubstr("not held by another holder"));
+  EXPECT_THAT(RunStitch({"status", "--store", store}).out, Not(HasSubstr("other")));
+
+  publish(3);
+  ASSERT_TRUE(Serves(free, 3)) << free.sidecar->err();
+  ASSERT_TRUE(Serves(held, 1)) << held.sidecar->err();
+  WritePool({&a, &b});
+  StartGateway();
+  ASSERT_TRUE(Eventually([&] { return GatewayReady() == 1; }));
+  for (int i = 0; i < 6; ++i) {
+    Reply pinned = Post(gateway_url_, R"({"exact_version":1})");
+    EXPECT_EQ(pinned.status, 200) << pinned.body;
+    EXPECT_EQ(pinned.end, 1);
+    EXPECT_EQ(pinned.replica, held.url);
+    Reply any = Post(gateway_url_, "");
+    EXPECT_EQ(any.status, 200) << any.body;
+    EXPECT_EQ(any.end, 3);
+    EXPECT_EQ(any.replica, free.url);
+  }
+  ProcessResult status = RunStitch({"status", "--gateway", gateway_url_, "--json"});
+  ExpectOk(status, "status --json");
+  EXPECT_THAT(status.out, HasSubstr(R"("held":{"version":"r1/weight_v000001","holder":"eval"})"));
+
+  // The held version and nothing else behind the pointer survives gc.
+  ProcessResult gc = RunStitch({"gc", "--store", store, "--keep-last", "1"});
+  ExpectOk(gc, "gc");
+  EXPECT_THAT(gc.out, HasSubstr("kept    weight_v000001: held by eval"));
+  EXPECT_THAT(gc.out, HasSubstr("deleted weight_v000002"));
+
+  ProcessResult release =
+      RunStitch({"release", "--store", store, "--holder", "eval", "--pool", pool});
+  ExpectOk(release, "release --pool");
+  EXPECT_THAT(release.out, HasSubstr("1 replica(s) released"));
+  ASSERT_TRUE(Serves(held, 3)) << held.sidecar->err();
+  ASSERT_TRUE(Eventually([&] { return GatewayReady() == 2; }));
+  ProcessResult gc_after = RunStitch({"gc", "--store", store, "--keep-last", "1"});
+  ExpectOk(gc_after, "gc after release");
+  EXPECT_THAT(gc_after.out, HasSubstr("deleted weight_v000001"));
+  EXPECT_FALSE(
+      std::filesystem::exists(std::filesystem::path(store) / "updates" / VersionDirName(1)));
 }
 
 TEST_F(GatewayIntegrationTest, FleetToolsReportWaitAndSmoke) {

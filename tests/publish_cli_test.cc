@@ -13,11 +13,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/core/version.h"
 #include "stitch/format/index.h"
 #include "stitch/format/safetensors.h"
 #include "stitch/io/fileio.h"
+#include "stitch/store/fs_store.h"
 #include "tests/support/cli_expect.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
@@ -227,6 +229,69 @@ TEST_F(PublishCliTest, AGoodDeltaWithBaseIsVerifiedAndPublished) {
   ProcessResult r = Publish(Encode(base, Checkpoint(1, 2), 1), {"--base", base.string()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Pointer(), "run-a/weight_v000001\n");
+}
+
+// A run of weeks from the command line: DELTAs published with an anchor
+// budget of 3 and retention keeping the last 2. Every fourth version is
+// written as a FULL anchor of the DELTA's weights, the store keeps only the
+// pointer's chain and the last versions, a held version survives gc with
+// its chain, and `status` lists the hold until it is released.
+TEST_F(PublishCliTest, AnchorBudgetRetentionAndHoldsFromTheCommandLine) {
+  fs::path base = Checkpoint(0, 1);
+  ASSERT_EQ(Publish(Full(base, 1)).exit_code, 0);
+  fs::path previous = Checkpoint(1, 1);
+  for (int64_t v = 2; v <= 9; ++v) {
+    fs::path next = Checkpoint(v, int(v));
+    ProcessResult r = Publish(Encode(previous, next, v),
+                              {"--anchor-every", "3", "--keep-last", "2", "--keep-every", "0"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // 1 is FULL; 2, 3, 4 are DELTAs; 5 is the anchor; 6, 7, 8; 9 anchors.
+    const bool anchored = v == 5 || v == 9;
+    EXPECT_EQ(absl::StrContains(r.out, "as a FULL anchor (3 DELTAs"), anchored) << v << r.out;
+    previous = next;
+    if (v == 6) {
+      ProcessResult hold = RunStitch(
+          {"hold", "--store", Store(), "--version", "6", "--ttl", "3600", "--holder", "eval-6"});
+      ASSERT_EQ(hold.exit_code, 0) << hold.err;
+      EXPECT_THAT(hold.out, HasSubstr("held weight_v000006"));
+    }
+  }
+  EXPECT_EQ(Pointer(), "run-a/weight_v000009\n");
+  auto store = FsStore::Open(Store(), "run-a");
+  ASSERT_TRUE(store.ok());
+  // Kept: 9 (pointer, an anchor), 8 (last 2) with its chain 5..7, and 6
+  // (held) whose chain is inside that.
+  EXPECT_EQ(*(*store)->ListVersions(), (std::vector<int64_t>{5, 6, 7, 8, 9}));
+  EXPECT_EQ((*store)->ReadManifest(9)->kind, VersionKind::kFull);
+  EXPECT_EQ((*store)->ReadManifest(8)->kind, VersionKind::kDelta);
+
+  ProcessResult status = RunStitch({"status", "--store", Store()});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_THAT(status.out, HasSubstr("store pointer run-a/weight_v000009"));
+  EXPECT_THAT(status.out, HasSubstr("eval-6"));
+  ProcessResult dry = RunStitch({"gc", "--store", Store(), "--keep-last", "1", "--dry-run"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_THAT(dry.out, HasSubstr("kept    weight_v000006: held by eval-6"));
+  EXPECT_THAT(dry.out, HasSubstr("would delete weight_v000007"));
+  EXPECT_THAT(dry.out, HasSubstr("would delete weight_v000008"));
+
+  ProcessResult release = RunStitch({"release", "--store", Store(), "--holder", "eval-6"});
+  ASSERT_EQ(release.exit_code, 0) << release.err;
+  ProcessResult gc = RunStitch({"gc", "--store", Store(), "--keep-last", "1"});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_THAT(gc.out, HasSubstr("1 kept, 4 deleted"));
+  EXPECT_EQ(*(*store)->ListVersions(), (std::vector<int64_t>{9}));
+  EXPECT_THAT(RunStitch({"status", "--store", Store()}).out, HasSubstr("no holds"));
+
+  // What cannot be done is one clear line.
+  ProcessResult gone =
+      RunStitch({"hold", "--store", Store(), "--version", "7", "--ttl", "60", "--holder", "late"});
+  EXPECT_EQ(gone.exit_code, 1);
+  EXPECT_THAT(gone.err, IsOneFailureLine());
+  EXPECT_THAT(gone.err, HasSubstr("not published"));
+  ProcessResult bad = RunStitch({"gc", "--store", Store(), "--keep-last", "0"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--keep-last must be at least 1"));
 }
 
 TEST_F(PublishCliTest, ADeltaOnAnotherBaseIsRefused) {

@@ -170,6 +170,20 @@ int RunHold(const HoldArgs& args) {
   }
   auto store = OpenForRetention(args);
   if (!store.ok()) return ReportFailure(Annotate(store.status(), "hold"));
+  // Which replicas, decided before anything is written: a pool that cannot
+  // give them leaves no hold behind.
+  std::string token;
+  std::vector<std::string> chosen;
+  if (!args.pool.empty()) {
+    auto loaded = LoadBearerToken(args.auth_token_file, kAuthTokenEnv, "--auth-token-file");
+    if (!loaded.ok()) return ReportFailure(Annotate(loaded.status(), "hold"));
+    token = *loaded;
+    auto urls = DiscoverPool(args.pool);
+    if (!urls.ok()) return ReportFailure(Annotate(urls.status(), "hold"));
+    auto picked = ChooseHeld(*urls, token, args.version, args.holder, args.replicas);
+    if (!picked.ok()) return ReportFailure(Annotate(picked.status(), "hold"));
+    chosen = *std::move(picked);
+  }
   const absl::Time now = absl::Now();
   Hold hold;
   hold.holder = args.holder;
@@ -181,24 +195,18 @@ int RunHold(const HoldArgs& args) {
   std::cout << "held " << VersionDirName(hold.version) << " in " << (*store)->uri() << " for '"
             << hold.holder << "' until " << absl::FormatTime(hold.expires, absl::UTCTimeZone())
             << "\n";
-  if (args.pool.empty()) return 0;
+  if (chosen.empty()) return 0;
   // The store keeps the chain; now the replicas.
-  auto token = LoadBearerToken(args.auth_token_file, kAuthTokenEnv, "--auth-token-file");
-  if (!token.ok()) return ReportFailure(Annotate(token.status(), "hold"));
-  auto urls = DiscoverPool(args.pool);
-  if (!urls.ok()) return ReportFailure(Annotate(urls.status(), "hold"));
-  auto chosen = ChooseHeld(*urls, *token, hold.version, hold.holder, args.replicas);
-  if (!chosen.ok()) return ReportFailure(Annotate(chosen.status(), "hold"));
-  const auto answers = HoldEach(*chosen, hold.version, hold.holder, PoolCallOptions(*token));
-  for (size_t i = 0; i < chosen->size(); ++i) {
+  const auto answers = HoldEach(chosen, hold.version, hold.holder, PoolCallOptions(token));
+  for (size_t i = 0; i < chosen.size(); ++i) {
     if (!answers[i].ok()) {
-      return ReportFailure(Annotate(answers[i].status(), absl::StrCat("hold: ", (*chosen)[i])));
+      return ReportFailure(Annotate(answers[i].status(), absl::StrCat("hold: ", chosen[i])));
     }
   }
-  if (absl::Status s = WaitHeld(*chosen, *token, hold.version, hold.holder, args.wait_s); !s.ok()) {
+  if (absl::Status s = WaitHeld(chosen, token, hold.version, hold.holder, args.wait_s); !s.ok()) {
     return ReportFailure(Annotate(s, "hold"));
   }
-  for (const std::string& url : *chosen) {
+  for (const std::string& url : chosen) {
     std::cout << "replica " << url << " serves " << VersionDirName(hold.version) << " for '"
               << hold.holder << "'\n";
   }
