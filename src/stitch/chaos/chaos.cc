@@ -331,7 +331,8 @@ absl::Status Run::SetUp() {
 
   std::vector<FaultKind> kinds = {FaultKind::kEngineKill,    FaultKind::kEngineStop,
                                   FaultKind::kSidecarKill,   FaultKind::kGatewayKill,
-                                  FaultKind::kPublisherKill, FaultKind::kClientDisconnect};
+                                  FaultKind::kPublisherKill, FaultKind::kClientDisconnect,
+                                  FaultKind::kStoreGc};
   fleet_ = std::make_unique<ChaosFleet>(supervisor_, FleetOptions(), &stop_);
   if (absl::Status s = PrepareStore(kinds); !s.ok()) return s;
   for (const std::string& line : run_.left_out) Say(absl::StrCat("left out: ", line));
@@ -434,6 +435,7 @@ absl::Status Run::Load() {
   faults.trainer = trainer_.get();
   faults.load = load_.get();
   faults.store_root = store_root_;
+  faults.store = store_.get();
   if (store_mounted_) faults.store_mount = store_mount_;
   const double origin = Now();
   injector_ = std::make_unique<FaultInjector>(run_.schedule, faults, *history_, now, origin);

@@ -4,12 +4,15 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "stitch/store/retention.h"
 
 namespace stitch {
 namespace {
@@ -17,6 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kFillFile = "chaos-fill";
+// store_gc: seconds between two retention passes.
+constexpr double kGcPassEveryS = 0.25;
 
 fs::path Away(const fs::path& root) { return fs::path(root.string() + ".away"); }
 
@@ -180,6 +185,26 @@ std::string FaultInjector::Apply(const Fault& fault, bool* skipped) {
       if (ec) return fail(absl::InternalError(absl::StrCat("rename: ", ec.message())));
       return "the store's root renamed away";
     }
+    case FaultKind::kStoreGc: {
+      if (targets_.store == nullptr) return fail(absl::FailedPreconditionError("no store"));
+      // Pass after pass until the fault ends: whatever a replica is
+      // materializing below the pointer's chain goes under it.
+      int passes = 0;
+      size_t deleted = 0;
+      std::string failed;
+      do {
+        auto report = ApplyRetention(*targets_.store, RetentionRule{1, 0}, absl::Now());
+        ++passes;
+        if (report.ok()) {
+          deleted += report->deleted.size();
+        } else if (failed.empty()) {
+          failed = std::string(report.status().message());
+        }
+      } while (WaitUntil(std::min(now_() + kGcPassEveryS, origin_ + fault.end_s())) &&
+               now_() < origin_ + fault.end_s());
+      return absl::StrCat(passes, " gc passes deleted ", deleted, " versions",
+                          failed.empty() ? "" : absl::StrCat(" (a pass failed: ", failed, ")"));
+    }
     case FaultKind::kStoreFull: {
       auto [bytes, why] = Fill(targets_.store_mount / kFillFile);
       return absl::StrFormat("filled with %.1f MiB (%s)", static_cast<double>(bytes) / (1 << 20),
@@ -234,6 +259,8 @@ std::string FaultInjector::Undo(const Fault& fault) {
       fs::rename(Away(targets_.store_root), targets_.store_root, ec);
       return ec ? absl::StrCat("renaming back failed: ", ec.message()) : note;
     }
+    case FaultKind::kStoreGc:
+      return "";
     case FaultKind::kStoreFull: {
       std::error_code ec;
       fs::remove(targets_.store_mount / kFillFile, ec);

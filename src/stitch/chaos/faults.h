@@ -13,6 +13,10 @@
 //   store_full                   the store's file system, a small tmpfs, is
 //                                filled with one file, deleted at the end
 //   client_disconnect            rollout clients leave their requests midway
+//   store_gc                     retention (`stitch gc --keep-last 1`) runs
+//                                over the store again and again while
+//                                replicas materialize, deleting every version
+//                                but the pointer's chain
 //
 // Each fault runs on its own thread from its start to its end, so faults
 // overlap as the schedule says.
@@ -32,6 +36,7 @@
 #include "stitch/chaos/history.h"
 #include "stitch/chaos/schedule.h"
 #include "stitch/chaos/trainer.h"
+#include "stitch/store/store.h"
 
 namespace stitch {
 
@@ -43,6 +48,8 @@ struct InjectorTargets {
   // the tmpfs it lives on (store_full); empty when not used.
   std::filesystem::path store_root;
   std::filesystem::path store_mount;
+  // The store's own view, for store_gc; null when not used.
+  Store* store = nullptr;
 };
 
 class FaultInjector {

@@ -31,6 +31,8 @@ std::string Resource(FaultKind kind, int replica) {
       return "s3";
     case FaultKind::kClientDisconnect:
       return "clients";
+    case FaultKind::kStoreGc:
+      return "store-versions";
   }
   return "?";
 }
@@ -63,6 +65,8 @@ std::string_view FaultKindName(FaultKind kind) {
       return "s3_stall";
     case FaultKind::kClientDisconnect:
       return "client_disconnect";
+    case FaultKind::kStoreGc:
+      return "store_gc";
   }
   return "?";
 }

@@ -47,18 +47,19 @@ enum class FaultKind {
   kS3Kill,            // kill -9 the S3 server; restarted (its data kept) at the end
   kS3Stall,           // SIGSTOP the S3 server (every store call hangs): a slow store
   kClientDisconnect,  // rollout clients leave their requests and streams midway
+  kStoreGc,           // retention keeping only the pointer's chain, pass after pass
 };
 
 inline constexpr FaultKind kAllFaultKinds[] = {
     FaultKind::kEngineKill,       FaultKind::kEngineStop,    FaultKind::kSidecarKill,
     FaultKind::kGatewayKill,      FaultKind::kPublisherKill, FaultKind::kStoreUnreadable,
     FaultKind::kStoreFull,        FaultKind::kS3Kill,        FaultKind::kS3Stall,
-    FaultKind::kClientDisconnect,
+    FaultKind::kClientDisconnect, FaultKind::kStoreGc,
 };
 
 // "engine_kill", "engine_stop", "sidecar_kill", "gateway_kill",
 // "publisher_kill", "store_unreadable", "store_full", "s3_kill", "s3_stall",
-// "client_disconnect".
+// "client_disconnect", "store_gc".
 std::string_view FaultKindName(FaultKind kind);
 std::optional<FaultKind> ParseFaultKind(std::string_view name);
 

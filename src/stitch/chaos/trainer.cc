@@ -304,6 +304,7 @@ void PointerWatcher::Loop() {
   // persists while the pointer reads fine, or corrupt bytes, count.
   constexpr int kPersistentFailures = 5;
   int64_t seen = -1;
+  int64_t failing = -1;  // the version the failures below are of
   int failures = 0;
   while (!stop_.load()) {
     auto pointer =
@@ -319,6 +320,10 @@ void PointerWatcher::Loop() {
       entry.complete = verified.ok();
       entry.detail = std::string(verified.message());
       const bool corrupt = absl::IsDataLoss(verified) || absl::IsInvalidArgument(verified);
+      // A version that retention deleted as the pointer moved past it
+      // (store_gc) fails once; what counts is one version failing on.
+      if (failing != entry.version) failures = 0;
+      failing = entry.version;
       if (verified.ok() || corrupt || ++failures >= kPersistentFailures) {
         history_.Write(entry);
         seen = entry.version;
