@@ -592,6 +592,14 @@ TEST_F(S3Test, RetentionKeepsChainsAndHoldsAndDeletesTheRestWhole) {
 
   // The replica that held v4 keeps its verified files; a fresh one is told.
   EXPECT_EQ(ReadFile((*early)[3].dir / "delta-0.safetensors"), "delta bytes 4/0");
+  // Once it has moved past them, its copies of what the store deleted go;
+  // the held chain's stay.
+  auto pruned = store->PruneLocalCopies(8);
+  ASSERT_TRUE(pruned.ok()) << pruned.status().message();
+  EXPECT_EQ(*pruned, 1);  // v4 (v5 was never cached)
+  EXPECT_FALSE(fs::exists((*early)[3].dir));
+  EXPECT_TRUE(fs::exists((*early)[2].dir / "delta-0.safetensors"));
+  EXPECT_EQ(*store->PruneLocalCopies(8), 0);
   auto late = MaterializeChain(*Open(""), 5, std::nullopt);
   EXPECT_TRUE(absl::IsNotFound(late.status())) << late.status().message();
   // The held chain and the pointer's chain still materialize.

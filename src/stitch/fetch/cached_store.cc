@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <random>
+#include <set>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -145,6 +146,38 @@ absl::StatusOr<Store::VerifiedFile> CachedStore::OpenVerifiedFile(int64_t versio
   auto opened = OpenCachedFile(paths, file);
   if (!opened.ok()) return not_held();
   return opened;
+}
+
+absl::StatusOr<int> CachedStore::PruneLocalCopies(int64_t below) {
+  if (cache_dir_.empty()) return 0;
+  const fs::path parent = cache_dir_ / remote_->CacheSubdir();
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return 0;
+  std::vector<int64_t> cached;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    auto version = ParseVersionDirName(it->path().filename().string());
+    if (version.ok() && *version < below) cached.push_back(*version);
+  }
+  if (cached.empty()) return 0;
+  auto listed = remote_->ListVersions();
+  if (!listed.ok()) return listed.status();
+  const std::set<int64_t> held(listed->begin(), listed->end());
+  int dropped = 0;
+  for (int64_t version : cached) {
+    if (held.contains(version)) continue;
+    const CachePaths paths = CachePaths::For(cache_dir_, remote_->CacheSubdir(), version);
+    auto lock = LockCacheVersion(paths);
+    if (!lock.ok()) return Annotate(lock.status(), where_);
+    std::error_code rm;
+    fs::remove(paths.record, rm);
+    fs::remove_all(paths.target, rm);
+    if (rm) {
+      return absl::InternalError(
+          absl::StrCat(where_, ": remove ", paths.target.string(), ": ", rm.message()));
+    }
+    ++dropped;
+  }
+  return dropped;
 }
 
 }  // namespace stitch

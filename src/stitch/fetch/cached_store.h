@@ -58,7 +58,11 @@ class CachedStore final : public Store {
   }
 
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
-  // Retention acts on the remote store; the cache keeps what it verified.
+  // Removes `<cache>/<subdir>/weight_vN` (and its record) for every N below
+  // `below` that the remote store no longer lists, each under its version
+  // lock; the lock files stay.
+  [[nodiscard]] absl::StatusOr<int> PruneLocalCopies(int64_t below) override;
+  // Retention acts on the remote store.
   [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListVersions() override {
     return remote_->ListVersions();
   }

@@ -653,7 +653,18 @@ awaitable<Reconciler::PassResult> Reconciler::Advance(
   ++counters_.commits;
   spdlog::info("committed {} (stage {:.3f} s, commit {:.3f} s)", record.target.ToString(),
                record.stage_s, record.commit_s);
+  // What retention deleted from the store below the new version is needed
+  // by nobody: its local copies go too.
+  const int64_t committed_version = record.target.version;
   Record(std::move(record));
+  absl::StatusOr<int> pruned = co_await RunBlocking(
+      pool_, [this, committed_version] { return store_.PruneLocalCopies(committed_version); });
+  if (!pruned.ok()) {
+    spdlog::warn("dropping cached versions the store deleted: {}",
+                 std::string(pruned.status().message()));
+  } else if (*pruned > 0) {
+    spdlog::info("dropped {} cached version(s) the store no longer holds", *pruned);
+  }
   co_return PassResult::kMore;
 }
 

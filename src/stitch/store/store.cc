@@ -65,6 +65,8 @@ absl::Status CheckDeletable(std::string_view where, std::string_view run_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> Store::PruneLocalCopies(int64_t) { return 0; }
+
 absl::Status ValidateRecordWord(std::string_view what, std::string_view word) {
   const bool ok = !word.empty() && word.size() <= 128 && word.front() != '.' &&
                   std::all_of(word.begin(), word.end(), [](char c) {

@@ -157,6 +157,12 @@ class Store {
   // versions nothing needs is the caller's business (PlanRetention).
   [[nodiscard]] virtual absl::Status DeleteVersion(int64_t version);
 
+  // Drops this store's local copies (a remote store's version cache) of
+  // versions below `below` that the store no longer holds (retention
+  // deleted them): nothing can need them again. Returns how many it
+  // dropped; 0 for a store read in place (the default).
+  [[nodiscard]] virtual absl::StatusOr<int> PruneLocalCopies(int64_t below);
+
   // Small named records kept beside the versions (holds: retention.h).
   // `kind` and `name` are [A-Za-z0-9._-], not starting with '.'. Writing
   // replaces a record atomically; deleting a missing record is OK; reading
