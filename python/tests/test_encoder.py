@@ -289,3 +289,174 @@ def test_a_refused_encode_leaves_the_snapshot_usable(tmp_path):
     stitch.DeltaEncoder(v0, version=0, run_id=RUN).write_anchor(str(anchor))
     stitch.apply_chain(str(anchor), [d1["dir"]], str(tmp_path / "out"))
     expect_checkpoint(tmp_path / "out", v1)
+
+
+# The anchor budget: a version written FULL once the chain since the last
+# FULL is long (anchor_every) or heavy (anchor_bytes) enough.
+
+def index_metadata(directory):
+    return delta_reference.read_index(str(directory))["metadata"]
+
+
+def expect_kind(directory, kind, version):
+    """The directory holds `version` as a `kind` ("FULL" / "DELTA") version,
+    by its index and by stitch.verify."""
+    metadata = index_metadata(directory)
+    assert ("delta_encoding" in metadata) == (kind == "DELTA"), (directory, metadata)
+    assert int(metadata["version"]) == version
+    report = stitch.verify(str(directory))
+    assert report["kind"] == kind and report["version"] == version
+
+
+def test_anchor_every_writes_every_fourth_version_full(tmp_path):
+    steps = [weights(0)]
+    for step in range(1, 9):
+        steps.append(perturb(steps[-1], step))
+    enc = stitch.DeltaEncoder(steps[0], version=0, run_id=RUN, anchor_every=3)
+    assert enc.anchor_every == 3 and not enc.anchor_due()
+    anchor = tmp_path / "weight_v000000"
+    enc.write_anchor(str(anchor))
+    results = {}
+    for version in range(1, 9):
+        due = enc.anchor_due()
+        result = enc.encode(steps[version], str(tmp_path / f"weight_v{version:06d}"))
+        assert result["version"] == version and enc.version == version
+        assert result["anchor"] is due, version
+        results[version] = result
+    # Version 0 is the first anchor: three DELTAs, then a FULL, twice.
+    assert [v for v, r in results.items() if r["anchor"]] == [4, 8]
+    assert (enc.chain_deltas, enc.chain_bytes) == (0, 0)
+    for version, result in results.items():
+        kind = "FULL" if version in (4, 8) else "DELTA"
+        expect_kind(result["dir"], kind, version)
+        if kind == "DELTA":
+            assert result["base_version"] == version - 1
+    # A budget FULL holds exactly the weights given, and the DELTAs after it
+    # apply to it.
+    expect_checkpoint(results[4]["dir"], steps[4])
+    expect_checkpoint(results[8]["dir"], steps[8])
+    stitch.apply_chain(results[4]["dir"], [results[v]["dir"] for v in (5, 6, 7)],
+                       str(tmp_path / "out7"))
+    expect_checkpoint(tmp_path / "out7", steps[7])
+    stitch.apply_chain(str(anchor), [results[v]["dir"] for v in (1, 2, 3)], str(tmp_path / "out3"))
+    expect_checkpoint(tmp_path / "out3", steps[3])
+
+
+def test_anchor_every_counts_from_an_explicit_full_version(tmp_path):
+    v = [weights(0)]
+    for step in range(1, 6):
+        v.append(perturb(v[-1], step))
+    enc = stitch.DeltaEncoder(v[0], version=0, run_id=RUN, anchor_every=2)
+    assert not enc.encode(v[1], str(tmp_path / "weight_v000001"))["anchor"]
+    assert enc.chain_deltas == 1
+    # full=True is the caller's FULL, not the budget's, and restarts the count.
+    forced = enc.encode(v[2], str(tmp_path / "weight_v000002"), full=True)
+    assert forced["anchor"] is False and (enc.chain_deltas, enc.chain_bytes) == (0, 0)
+    expect_kind(forced["dir"], "FULL", 2)
+    got = [enc.encode(v[n], str(tmp_path / f"weight_v{n:06d}"))["anchor"] for n in (3, 4, 5)]
+    assert got == [False, False, True]
+    expect_kind(tmp_path / "weight_v000005", "FULL", 5)
+
+
+def test_without_a_budget_every_version_is_a_delta(tmp_path):
+    v = weights(0)
+    enc = stitch.DeltaEncoder(v, version=0, run_id=RUN)
+    for version in range(1, 7):
+        v = perturb(v, version)
+        result = enc.encode(v, str(tmp_path / f"weight_v{version:06d}"))
+        assert result["anchor"] is False and not enc.anchor_due()
+        expect_kind(result["dir"], "DELTA", version)
+    assert enc.chain_deltas == 6
+
+
+def dense(seed):
+    """Weights whose every byte is random: a DELTA between two of them is
+    as large as a FULL version."""
+    rng = np.random.default_rng(seed)
+    return {
+        "a": rng.integers(0, 1 << 32, size=(64, 64), dtype=np.uint32),
+        # Random float32 bit patterns (NaNs included: only the bytes matter).
+        "b": rng.integers(0, 1 << 32, size=300, dtype=np.uint32).view(np.float32),
+    }
+
+
+def test_anchor_bytes_writes_full_once_the_deltas_weigh_a_full_version(tmp_path):
+    steps = [dense(s) for s in range(7)]
+    full_bytes = sum(t.nbytes for t in steps[0].values())
+    enc = stitch.DeltaEncoder(steps[0], version=0, run_id=RUN, anchor_bytes=True)
+    assert not enc.anchor_due()  # the first anchor has no chain behind it
+    anchor = tmp_path / "weight_v000000"
+    enc.write_anchor(str(anchor))
+    chain, anchors, last_full = 0, [], 0
+    for version in range(1, 7):
+        due = enc.anchor_due()
+        assert due == (chain >= full_bytes and chain > 0), version
+        result = enc.encode(steps[version], str(tmp_path / f"weight_v{version:06d}"))
+        assert result["anchor"] is due
+        if due:
+            anchors.append(version)
+            expect_kind(result["dir"], "FULL", version)
+            expect_checkpoint_dense(result["dir"], steps[version])
+            chain, last_full = 0, version
+        else:
+            # Every value changed: the DELTA rewrites every tensor.
+            assert result["changed_tensors"] == 2
+            expect_kind(result["dir"], "DELTA", version)
+            chain += result["payload_bytes"]
+            base = tmp_path / f"weight_v{last_full:06d}"
+            out = tmp_path / f"out{version}"
+            stitch.apply_chain(str(base), [str(tmp_path / f"weight_v{n:06d}")
+                                           for n in range(last_full + 1, version + 1)], str(out))
+            expect_checkpoint_dense(out, steps[version])
+        assert (enc.chain_bytes, enc.chain_deltas) == (chain, version - last_full)
+    # Random bytes do not compress: one DELTA weighs a FULL version, so
+    # every second version is FULL.
+    assert anchors == [2, 4, 6]
+
+
+def expect_checkpoint_dense(directory, tensors):
+    got = delta_reference.read_checkpoint(str(directory))
+    assert set(got) == set(tensors)
+    for name, value in tensors.items():
+        assert np.array_equal(got[name][2], raw(value)), name
+    assert got["a"][0] == "U32" and got["b"][0] == "F32"
+
+
+def test_anchor_bytes_keeps_small_deltas_chained(tmp_path):
+    rng = np.random.default_rng(7)
+    v = {"w": rng.standard_normal((256, 256), dtype=np.float32)}
+    enc = stitch.DeltaEncoder(v, version=0, run_id=RUN, anchor_bytes=True)
+    total = 0
+    for version in range(1, 7):
+        v = perturb(v, version)
+        assert not enc.anchor_due()
+        result = enc.encode(v, str(tmp_path / f"weight_v{version:06d}"))
+        total += result["payload_bytes"]
+        assert result["anchor"] is False
+        expect_kind(result["dir"], "DELTA", version)
+    assert enc.chain_bytes == total < v["w"].nbytes and enc.chain_deltas == 6
+
+
+def test_anchor_every_and_anchor_bytes_together_take_whichever_comes_first(tmp_path):
+    steps = [dense(s) for s in range(4)]
+    # The count budget is far away; the byte budget decides.
+    enc = stitch.DeltaEncoder(steps[0], version=0, run_id=RUN, anchor_every=100, anchor_bytes=True)
+    kinds = []
+    for version in range(1, 4):
+        due = enc.anchor_due()
+        kinds.append(enc.encode(steps[version], str(tmp_path / f"a{version}"))["anchor"])
+        assert kinds[-1] is due
+    assert True in kinds
+    # The byte budget is never met by empty deltas; the count budget decides.
+    w = weights(0)
+    enc = stitch.DeltaEncoder(w, version=0, run_id=RUN, anchor_every=2, anchor_bytes=True)
+    got = [enc.encode(w, str(tmp_path / f"b{n}"))["anchor"] for n in range(1, 7)]
+    assert got == [False, False, True, False, False, True]
+
+
+def test_a_negative_anchor_every_is_refused():
+    with pytest.raises(stitch.InvalidArgument, match="anchor_every") as info:
+        stitch.DeltaEncoder(weights(0), version=0, run_id=RUN, anchor_every=-1)
+    assert info.value.code == "INVALID_ARGUMENT"
+    # 0 is no count budget.
+    assert not stitch.DeltaEncoder(weights(0), version=0, run_id=RUN, anchor_every=0).anchor_due()

@@ -1,10 +1,13 @@
 """Publisher, alone and with two simulated ranks over threads."""
 
+import logging
+import os
 import threading
 
 import numpy as np
 import pytest
 
+import delta_reference
 import stitch
 
 RUN = "run-1"
@@ -111,3 +114,104 @@ def test_a_failing_all_gather_fails_the_publish(tmp_path):
     pub = stitch.Publisher(stitch.open_store(uri, RUN), comms=Broken(group(1), 0, 1))
     with pytest.raises(stitch.StoreError, match="network down"):
         pub.publish(d["dir"])
+
+
+# Retention after each publish (keep_last / keep_every).
+
+def full_version(tmp_path, version, seed=0):
+    rng = np.random.default_rng(seed + version)
+    w = {"w": rng.standard_normal((8, 16), dtype=np.float32)}
+    enc = stitch.DeltaEncoder(w, version=version - 1, run_id=RUN)
+    return enc.encode(w, str(tmp_path / "work" / f"weight_v{version:06d}"), full=True)["dir"]
+
+
+def stored_versions(root):
+    updates = root / "updates"
+    return sorted(n for n in os.listdir(updates) if n.startswith("weight_v"))
+
+
+def publish_fulls(tmp_path, versions, **retention):
+    root = tmp_path / "store"
+    store = stitch.open_store(str(root), RUN)
+    pub = stitch.Publisher(store, run_id=RUN, **retention)
+    assert pub.claim(0).moved
+    for v in versions:
+        assert pub.publish(full_version(tmp_path, v)) == stitch.VersionRef(RUN, v)
+    return root, store
+
+
+def test_publisher_with_keep_last_deletes_what_no_version_needs(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="stitch")
+    root, store = publish_fulls(tmp_path, range(1, 6), keep_last=2)
+    assert stored_versions(root) == ["weight_v000004", "weight_v000005"]
+    assert store.read_pointer() == stitch.VersionRef(RUN, 5)
+    assert "retention deleted" in caplog.text
+    # What is left is whole: the pointer's version materializes.
+    assert os.path.isdir(store.materialize(5))
+    assert stitch.verify(store.materialize(4))["kind"] == "FULL"
+
+
+def test_publisher_without_keep_last_keeps_every_version(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="stitch")
+    root, store = publish_fulls(tmp_path, range(1, 6))
+    assert stored_versions(root) == [f"weight_v{v:06d}" for v in range(1, 6)]
+    assert store.read_pointer() == stitch.VersionRef(RUN, 5)
+    assert "retention" not in caplog.text
+
+
+def test_publisher_keep_every_keeps_milestones(tmp_path):
+    root, store = publish_fulls(tmp_path, range(1, 6), keep_last=1, keep_every=2)
+    assert stored_versions(root) == ["weight_v000002", "weight_v000004", "weight_v000005"]
+    assert store.read_pointer() == stitch.VersionRef(RUN, 5)
+
+
+def test_publisher_retention_keeps_the_chains_of_kept_versions(tmp_path):
+    """FULL 1, DELTA 2 3, FULL 4 (the anchor budget), DELTA 5: the last two
+    are 4 and 5, whose chain starts at 4; versions 1-3 go."""
+    root = tmp_path / "store"
+    store = stitch.open_store(str(root), RUN)
+    pub = stitch.Publisher(store, run_id=RUN, keep_last=2)
+    pub.claim(0)
+    rng = np.random.default_rng(0)
+    w = {"w": rng.standard_normal((16, 16), dtype=np.float32)}
+    enc = stitch.DeltaEncoder(w, version=0, run_id=RUN, anchor_every=2)
+    steps = {}
+    for v in range(1, 6):
+        w = {"w": w["w"] + np.float32(v)}
+        steps[v] = w
+        result = enc.encode(w, str(tmp_path / "work" / f"weight_v{v:06d}"), full=(v == 1))
+        assert result["anchor"] is (v == 4)
+        pub.publish(result["dir"])
+        if v == 3:
+            # The last two (2, 3) need their chain back to 1: nothing goes.
+            assert stored_versions(root) == [f"weight_v{n:06d}" for n in (1, 2, 3)]
+    assert stored_versions(root) == ["weight_v000004", "weight_v000005"]
+    assert store.read_pointer() == stitch.VersionRef(RUN, 5)
+    stitch.apply_chain(store.materialize(4), [store.materialize(5)], str(tmp_path / "out"))
+    got = delta_reference.read_checkpoint(str(tmp_path / "out"))
+    assert np.array_equal(got["w"][2], steps[5]["w"].reshape(-1).view(np.uint8))
+
+
+def test_a_failing_retention_is_logged_and_the_version_stays_published(tmp_path, caplog,
+                                                                       monkeypatch):
+    from stitch import publisher
+
+    def broken(store, keep_last, keep_every):
+        raise stitch.StoreError("stitch: cannot list the store", "UNAVAILABLE")
+
+    monkeypatch.setattr(publisher._stitch, "apply_retention", broken)
+    caplog.set_level(logging.WARNING, logger="stitch")
+    root, store = publish_fulls(tmp_path, range(1, 4), keep_last=1)
+    assert store.read_pointer() == stitch.VersionRef(RUN, 3)
+    assert stored_versions(root) == [f"weight_v{v:06d}" for v in range(1, 4)]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3 and all("cannot list the store" in r.getMessage() for r in warnings)
+
+
+def test_publisher_refuses_a_bad_retention_rule(tmp_path):
+    store = stitch.open_store(str(tmp_path / "store"), RUN)
+    for bad in ({"keep_last": 0}, {"keep_last": -3}, {"keep_last": 2, "keep_every": -1}):
+        with pytest.raises(stitch.InvalidArgument) as info:
+            stitch.Publisher(store, run_id=RUN, **bad)
+        assert info.value.code == "INVALID_ARGUMENT"
+    assert not (tmp_path / "store").exists()
