@@ -12,7 +12,7 @@ SOURCES = $(shell git ls-files --cached --others --exclude-standard -- '*.cc' '*
 
 .PHONY: all deps build test test-asan test-multihost test-engines fuzz format format-check lint
 .PHONY: thread-safety
-.PHONY: bench bench-activation bench-fleet bench-trl clean demo demo-vllm demo-trl chaos chaos-short
+.PHONY: bench bench-activation bench-fleet bench-soak bench-trl clean demo demo-vllm demo-trl chaos chaos-short
 .PHONY: python-install python-test trl-install test-trainers
 
 all: build
@@ -149,7 +149,7 @@ bench-activation: build
 
 bench: deps build python-install
 	@for b in $(BUILD)/bench/*_bench; do \
-	  case $$b in */fleet_bench) continue;; esac; echo "== $$b"; "$$b" || exit 1; done
+	  case $$b in */fleet_bench|*/soak_bench) continue;; esac; echo "== $$b"; "$$b" || exit 1; done
 	@echo "== bench/python_encode_bench.py"; $(PYTHON_VENV)/bin/python bench/python_encode_bench.py \
 	  --floor-lib $(BUILD)/bench/libencode_floor.so
 
@@ -159,6 +159,15 @@ bench: deps build python-install
 FLEET_BENCH_FLAGS ?=
 bench-fleet: build
 	$(BUILD)/bench/fleet_bench --stitch $(BUILD)/src/stitch/cli/stitch $(FLEET_BENCH_FLAGS)
+
+# A run of weeks, compressed (bench/soak_bench.cc): 1000 publishes with
+# retention and the anchor budget, a replica joining every 100 versions, a
+# hold taken and released; the store's size, join times against the join at
+# v10, wrong labels. About 5 minutes on two cores. SOAK_BENCH_FLAGS passes
+# options through (--versions 200 for a quick look).
+SOAK_BENCH_FLAGS ?=
+bench-soak: build
+	$(BUILD)/bench/soak_bench --stitch $(BUILD)/src/stitch/cli/stitch $(SOAK_BENCH_FLAGS)
 
 format:
 	$(CLANG_FORMAT) -i $(SOURCES)
