@@ -654,16 +654,20 @@ awaitable<Reconciler::PassResult> Reconciler::Advance(
   spdlog::info("committed {} (stage {:.3f} s, commit {:.3f} s)", record.target.ToString(),
                record.stage_s, record.commit_s);
   // What retention deleted from the store below the new version is needed
-  // by nobody: its local copies go too.
+  // by nobody: its local copies go too. It takes a listing of the store,
+  // so at most once per kPruneEvery.
   const int64_t committed_version = record.target.version;
   Record(std::move(record));
-  absl::StatusOr<int> pruned = co_await RunBlocking(
-      pool_, [this, committed_version] { return store_.PruneLocalCopies(committed_version); });
-  if (!pruned.ok()) {
-    spdlog::warn("dropping cached versions the store deleted: {}",
-                 std::string(pruned.status().message()));
-  } else if (*pruned > 0) {
-    spdlog::info("dropped {} cached version(s) the store no longer holds", *pruned);
+  if (!last_prune_.has_value() || clock_.Now() - *last_prune_ >= kPruneEvery) {
+    last_prune_ = clock_.Now();
+    absl::StatusOr<int> pruned = co_await RunBlocking(
+        pool_, [this, committed_version] { return store_.PruneLocalCopies(committed_version); });
+    if (!pruned.ok()) {
+      spdlog::warn("dropping cached versions the store deleted: {}",
+                   std::string(pruned.status().message()));
+    } else if (*pruned > 0) {
+      spdlog::info("dropped {} cached version(s) the store no longer holds", *pruned);
+    }
   }
   co_return PassResult::kMore;
 }

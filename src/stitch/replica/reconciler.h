@@ -333,6 +333,10 @@ class Reconciler {
 
   bool ready_ = false;
   std::optional<ReplicaState::Held> eval_hold_;
+  // When a commit last dropped the cached copies of deleted versions
+  // (Store::PruneLocalCopies), at most once per kPruneEvery.
+  static constexpr Clock::Duration kPruneEvery = std::chrono::minutes(5);
+  std::optional<Clock::TimePoint> last_prune_;
   // Since when the pointer cannot be read: the first failed read of the
   // current streak, and the start of the read in flight.
   std::optional<Clock::TimePoint> reads_failing_since_;
