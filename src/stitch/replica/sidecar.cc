@@ -194,16 +194,7 @@ awaitable<void> Sidecar::HoldRoute(HttpExchange& exchange) {
         gate_->trusted() ? gate_->serving().run_id : reconciler_->State().run_id;
     held = reconciler_->HoldForEvaluation(VersionRef{run, *version}, *holder);
   }
-  if (!held.ok()) {
-    const int status = absl::IsInvalidArgument(held) ? 400 : 409;
-    HttpResponse response = JsonResponse(
-        status,
-        JsonErrorBody(status == 400 ? "BadRequest" : "Conflict", std::string(held.message())));
-    (void)co_await exchange.Respond(std::move(response));
-    co_return;
-  }
-  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
-  (void)co_await exchange.Respond(std::move(response));
+  (void)co_await exchange.Respond(AdminAnswer(held));
 }
 
 awaitable<void> Sidecar::ReleaseRoute(HttpExchange& exchange) {
@@ -212,16 +203,14 @@ awaitable<void> Sidecar::ReleaseRoute(HttpExchange& exchange) {
   if (holder.has_value() && !holder->empty()) {
     released = reconciler_->ReleaseEvaluationHold(*holder);
   }
-  if (!released.ok()) {
-    const int status = absl::IsInvalidArgument(released) ? 400 : 404;
-    HttpResponse response = JsonResponse(
-        status,
-        JsonErrorBody(status == 400 ? "BadRequest" : "NotFound", std::string(released.message())));
-    (void)co_await exchange.Respond(std::move(response));
-    co_return;
-  }
-  HttpResponse response = JsonResponse(200, ServerInfoJson(reconciler_->State()));
-  (void)co_await exchange.Respond(std::move(response));
+  (void)co_await exchange.Respond(AdminAnswer(released));
+}
+
+HttpResponse Sidecar::AdminAnswer(const absl::Status& done) const {
+  if (done.ok()) return JsonResponse(200, ServerInfoJson(reconciler_->State()));
+  const int status = absl::IsInvalidArgument(done) ? 400 : absl::IsNotFound(done) ? 404 : 409;
+  const char* type = status == 400 ? "BadRequest" : status == 404 ? "NotFound" : "Conflict";
+  return JsonResponse(status, JsonErrorBody(type, std::string(done.message())));
 }
 
 awaitable<void> Sidecar::PeerFile(HttpExchange& exchange) {

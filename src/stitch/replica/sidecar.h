@@ -114,6 +114,9 @@ class Sidecar {
   // refuses; 404 for a release by a holder that holds nothing here.
   boost::asio::awaitable<void> HoldRoute(HttpExchange& exchange);
   boost::asio::awaitable<void> ReleaseRoute(HttpExchange& exchange);
+  // /server_info's body when `done` is OK; else 400 (InvalidArgument), 404
+  // (NotFound) or 409 with its message.
+  HttpResponse AdminAnswer(const absl::Status& done) const;
   // GET kPeerFileRoute?version=N&name=FILE[&wait_ms=T]: a version file the
   // store verified (Store::OpenVerifiedFile), streamed; 404 when it holds
   // none (after waiting up to wait_ms for it); 409 when the request is this
