@@ -443,6 +443,33 @@ TEST_F(SidecarIntegrationTest, OwnRoutesMatchOnlyAsSpelledAndThePeerRouteParsesS
   auto absent = HttpFetch("GET", route + "?version=1&name=x&wait_ms=0", "", with_token);
   ASSERT_TRUE(absent.ok());
   EXPECT_EQ(absent->status, 404) << absent->body;
+
+  // The evaluation hold's routes: the token, plain digits, a holder; a
+  // version above the pointer is a 409, a release by nobody a 404.
+  auto stranger = Call("POST", "/admin/hold?version=0&holder=eval", "");
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_EQ(stranger->status, 401);
+  for (std::string query :
+       {"?version=+0&holder=eval", "?version=0", "?holder=eval", "?version=0&holder="}) {
+    auto r = HttpFetch("POST", url_ + "/admin/hold" + query, "", with_token);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 400) << query << ": " << r->body;
+  }
+  auto ahead = HttpFetch("POST", url_ + "/admin/hold?version=7&holder=eval", "", with_token);
+  ASSERT_TRUE(ahead.ok());
+  EXPECT_EQ(ahead->status, 409) << ahead->body;
+  EXPECT_THAT(ahead->body, HasSubstr("the store's pointer is at"));
+  auto nobody = HttpFetch("POST", url_ + "/admin/release?holder=eval", "", with_token);
+  ASSERT_TRUE(nobody.ok());
+  EXPECT_EQ(nobody->status, 404) << nobody->body;
+  auto held = HttpFetch("POST", url_ + "/admin/hold?version=0&holder=eval", "", with_token);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->status, 200) << held->body;
+  EXPECT_THAT(held->body, HasSubstr(R"("holder":"eval")"));
+  auto released = HttpFetch("POST", url_ + "/admin/release?holder=eval", "", with_token);
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(released->status, 200) << released->body;
+  EXPECT_THAT(released->body, HasSubstr(R"("held":null)"));
 }
 
 TEST_F(SidecarIntegrationTest, RequestBodiesAreBoundedByTheFlags) {
