@@ -248,6 +248,9 @@ absl::StatusOr<RetentionPlan> PlanRetention(const VersionRef& pointer,
       const VersionManifest& m = it->second;
       if (m.kind != VersionKind::kDelta || !m.base_version) break;
       const int64_t base = *m.base_version;
+      // Below every version the store holds: the run's boot checkpoint,
+      // which replicas start from and the store never held.
+      if (!present.contains(base) && base < *present.begin()) break;
       if (!present.contains(base)) {
         plan.warnings.push_back(absl::StrCat(
             VersionDirName(root), " (", why, ") has a broken chain: its link ", VersionDirName(v),
@@ -308,10 +311,14 @@ absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule
     (void)store.DeleteRecord(kGcRecordKind, record);
     return again.status();
   }
-  const std::set<int64_t> still(again->deleted.begin(), again->deleted.end());
+  // Only what the record announced, and the second look still finds
+  // unneeded: a version that became deletable in between (a hold released)
+  // was never announced, so a hold taken on it now could not see it; the
+  // next gc deletes it.
+  const std::set<int64_t> announced(report.plan.deleted.begin(), report.plan.deleted.end());
   report.plan = *std::move(again);
-  for (int64_t v : std::vector<int64_t>(report.plan.deleted)) {
-    if (!still.contains(v)) continue;
+  std::erase_if(report.plan.deleted, [&](int64_t v) { return !announced.contains(v); });
+  for (int64_t v : report.plan.deleted) {
     if (absl::Now() >= expires) {
       report.failures.push_back(absl::StrCat(VersionDirName(v),
                                              ": not deleted, this gc ran past its window; run "

@@ -136,6 +136,18 @@ TEST(PlanRetention, AnIncompleteVersionIsDeletedUnlessNeededAndABrokenChainIsSai
   EXPECT_THAT(plan->warnings[0], HasSubstr("broken chain"));
 }
 
+// A run whose first versions are DELTAs on its boot checkpoint (which the
+// store never holds): the chain ends there, and that is no broken chain.
+TEST(PlanRetention, AChainThatStartsAtTheBootCheckpointIsWhole) {
+  Lineage l = Range(1, 6, {4});
+  auto plan =
+      PlanRetention({"r", 6}, l.versions, {HoldOn("h", 2)}, kNow, {.keep_last = 1}, l.Reader());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(Kept(*plan), ElementsAre(1, 2, 4, 5, 6));
+  EXPECT_THAT(plan->deleted, ElementsAre(3));
+  EXPECT_THAT(plan->warnings, IsEmpty());
+}
+
 TEST(PlanRetention, AnErrorReadingANeededVersionStopsThePlan) {
   Lineage l = Range(0, 4, {0});
   ManifestReader reader = [&](int64_t v) -> absl::StatusOr<VersionManifest> {
