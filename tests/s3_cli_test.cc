@@ -116,6 +116,37 @@ TEST_F(S3CliTest, ClaimPublishAndPointerWorkOnAnS3Store) {
   EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
 }
 
+// Retention and holds through the binary on an S3 store.
+TEST_F(S3CliTest, GcHoldReleaseAndStatusWorkOnAnS3Store) {
+  const std::string store = Uri();
+  ASSERT_EQ(RunStitch({"claim", "--store", store, "--run-id", "run-a"}).exit_code, 0);
+  for (int64_t v = 1; v <= 4; ++v) {
+    auto dir = WriteTestVersion(tmp() / "src" / std::to_string(v), v, {.seed = int(v)});
+    ASSERT_TRUE(dir.ok());
+    ProcessResult p = RunStitch({"publish", "--store", store, "--run-id", "run-a", "--cache-dir",
+                                 (tmp() / "cache").string(), dir->string()});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+  }
+  ProcessResult hold =
+      RunStitch({"hold", "--store", store, "--version", "2", "--ttl", "600", "--holder", "eval"});
+  ASSERT_EQ(hold.exit_code, 0) << hold.err;
+  ProcessResult status = RunStitch({"status", "--store", store, "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_TRUE(absl::StrContains(status.out, R"("holder":"eval","version":2)")) << status.out;
+  ProcessResult gc = RunStitch({"gc", "--store", store, "--keep-last", "1"});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_TRUE(absl::StrContains(gc.out, "deleted weight_v000001")) << gc.out;
+  EXPECT_TRUE(absl::StrContains(gc.out, "deleted weight_v000003")) << gc.out;
+  EXPECT_TRUE(absl::StrContains(gc.out, "kept    weight_v000002: held by eval")) << gc.out;
+  ASSERT_EQ(RunStitch({"release", "--store", store, "--holder", "eval"}).exit_code, 0);
+  gc = RunStitch({"gc", "--store", store, "--keep-last", "1"});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_TRUE(absl::StrContains(gc.out, "1 kept, 1 deleted")) << gc.out;
+  auto reader = Open("");
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(*reader->ListVersions(), std::vector<int64_t>{4});
+}
+
 TEST_F(S3CliTest, TemporaryCredentialsWork) {
   SetCredentials(server().SessionCredentials());
   ProcessResult claim = RunStitch({"claim", "--store", Uri(), "--run-id", "run-s"});

@@ -4,6 +4,7 @@
 
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/store_args.h"
 #include "stitch/fetch/open_store.h"
 #include "stitch/store/store.h"
 
@@ -28,10 +29,7 @@ void AddPointerCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "pointer",
       "Print the version the store's pointer names (exit 1 if the store does not exist)");
-  cmd->add_option("--store", store_uri,
-                  "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
-      ->required();
+  cmd->add_option("--store", store_uri, kStoreUriHelp)->required();
   cmd->add_option("--cache-dir", cache_dir,
                   "Where remote (s3://) stores download versions (unused by local stores)");
   cmd->callback([exit_code] { *exit_code = RunPointer(store_uri, cache_dir); });

@@ -16,6 +16,7 @@
 #include "stitch/api/replica_client.h"
 #include "stitch/cli/commands.h"
 #include "stitch/cli/report.h"
+#include "stitch/cli/store_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/fetch/open_store.h"
 #include "stitch/net/auth.h"
@@ -25,25 +26,20 @@
 namespace stitch {
 namespace {
 
+// Retention reads indexes and lists objects; it downloads no version, so
+// it needs no cache directory.
 struct StoreFlag {
   std::string store;
-  std::string cache_dir;
 };
 
 void AddStoreFlag(CLI::App* cmd, StoreFlag* flag) {
-  cmd->add_option("--store", flag->store,
-                  "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
-      ->required();
-  cmd->add_option("--cache-dir", flag->cache_dir,
-                  "Where remote (s3://) stores download versions (unused here but by a hold's "
-                  "check of its chain)");
+  cmd->add_option("--store", flag->store, kStoreUriHelp)->required();
 }
 
 // Retention acts on the run the pointer names: the store is opened without
 // a run id, so that every check is against the pointer.
 absl::StatusOr<std::unique_ptr<Store>> OpenForRetention(const StoreFlag& flag) {
-  auto store = OpenStore(flag.store, StoreOptions{{}, flag.cache_dir});
+  auto store = OpenStore(flag.store, StoreOptions{});
   if (!store.ok()) return store.status();
   if (auto pointer = ReadClaimedPointer(**store); !pointer.ok()) return pointer.status();
   return store;

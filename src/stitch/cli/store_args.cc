@@ -8,10 +8,7 @@
 namespace stitch {
 
 void AddStoreOptions(CLI::App* cmd, StoreArgs* args, const std::string& run_id_help) {
-  cmd->add_option("--store", args->store,
-                  "Store URI: a path, file:///abs/path, mem://NAME or "
-                  "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]")
-      ->required();
+  cmd->add_option("--store", args->store, kStoreUriHelp)->required();
   cmd->add_option("--run-id", args->run_id, run_id_help)->required();
   cmd->add_option("--pool", args->pool,
                   "Replicas to wake: static:URL,URL,..., file:PATH or dns:NAME:PORT");

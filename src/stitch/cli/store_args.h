@@ -11,6 +11,11 @@
 
 namespace stitch {
 
+// What --store takes, for every command's help.
+inline constexpr char kStoreUriHelp[] =
+    "Store URI: a path, file:///abs/path, mem://NAME or "
+    "s3://BUCKET/PREFIX[?endpoint=URL&region=R&anonymous=true]";
+
 struct StoreArgs {
   std::string store;
   std::string run_id;
