@@ -272,7 +272,8 @@ absl::StatusOr<RetentionPlan> PlanRetention(const VersionRef& pointer,
 }
 
 absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule& rule,
-                                               absl::Time now, bool dry_run) {
+                                               absl::Time now, bool dry_run,
+                                               const std::function<void()>& between_looks) {
   if (absl::Status s = store.Refresh(); !s.ok()) return s;
   auto pointer = ReadClaimedPointer(store);
   if (!pointer.ok()) return pointer.status();
@@ -304,6 +305,7 @@ absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule
       !s.ok()) {
     return s;
   }
+  if (between_looks) between_looks();
   holds = ListHolds(store);
   absl::StatusOr<RetentionPlan> again =
       holds.ok() ? plan_with(*holds) : absl::StatusOr<RetentionPlan>(holds.status());

@@ -108,9 +108,11 @@ struct RetentionReport {
 // plans), by the protocol in the header comment. Deleting goes on past a
 // version that fails; the report says which. Errors: the store does not
 // exist, cannot list or delete, or a needed version could not be read.
-[[nodiscard]] absl::StatusOr<RetentionReport> ApplyRetention(Store& store,
-                                                             const RetentionRule& rule,
-                                                             absl::Time now, bool dry_run = false);
+// `between_looks` (tests only) runs after the gc record is written and
+// before the holds are read the second time.
+[[nodiscard]] absl::StatusOr<RetentionReport> ApplyRetention(
+    Store& store, const RetentionRule& rule, absl::Time now, bool dry_run = false,
+    const std::function<void()>& between_looks = nullptr);
 
 // Lines for people: what was deleted, and why each kept version was kept.
 std::string DescribeRetention(const RetentionReport& report, bool dry_run);
