@@ -14,7 +14,6 @@
 #include "stitch/cli/store_args.h"
 #include "stitch/core/errors.h"
 #include "stitch/format/index.h"
-#include "stitch/io/fileio.h"
 #include "stitch/publish/anchor.h"
 #include "stitch/publish/publish.h"
 #include "stitch/store/retention.h"
@@ -39,13 +38,7 @@ absl::StatusOr<uint64_t> CheckpointBytes(const fs::path& dir) {
   if (!index.ok()) return index.status();
   std::set<std::string> files;
   for (const auto& [tensor, file] : index->weight_map) files.insert(file);
-  uint64_t total = 0;
-  for (const std::string& file : files) {
-    std::error_code ec;
-    total += fs::file_size(dir / file, ec);
-    if (ec) return ErrnoStatus(ec.value(), "size of", dir / file);
-  }
-  return total;
+  return FilesBytes(dir, std::vector<std::string>(files.begin(), files.end()));
 }
 
 // With an anchor budget, the directory to publish in place of `dir`: a FULL

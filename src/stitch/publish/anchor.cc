@@ -36,13 +36,7 @@ absl::StatusOr<uint64_t> PayloadBytes(Store& store, int64_t version,
   }
   auto dir = store.Materialize(version);
   if (!dir.ok()) return dir.status();
-  for (const std::string& name : manifest.files) {
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(*dir / name, ec);
-    if (ec) return ErrnoStatus(ec.value(), "size of", *dir / name);
-    total += size;
-  }
-  return total;
+  return FilesBytes(*dir, manifest.files);
 }
 
 // A scratch directory removed when this goes out of scope.
@@ -55,6 +49,17 @@ struct Scratch {
 };
 
 }  // namespace
+
+absl::StatusOr<uint64_t> FilesBytes(const fs::path& dir, const std::vector<std::string>& files) {
+  uint64_t total = 0;
+  for (const std::string& name : files) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(dir / name, ec);
+    if (ec) return ErrnoStatus(ec.value(), "size of", dir / name);
+    total += size;
+  }
+  return total;
+}
 
 absl::StatusOr<ChainSinceAnchor> MeasureChain(Store& store, int64_t version) {
   ChainSinceAnchor chain;

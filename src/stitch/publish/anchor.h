@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "stitch/store/store.h"
@@ -34,6 +36,10 @@ struct ChainSinceAnchor {
   uint64_t delta_bytes = 0;   // their payload bytes
   uint64_t anchor_bytes = 0;  // the anchor's payload bytes; 0 when not in the store
 };
+
+// The sizes of `files` in `dir`, added up.
+[[nodiscard]] absl::StatusOr<uint64_t> FilesBytes(const std::filesystem::path& dir,
+                                                  const std::vector<std::string>& files);
 
 // Walks back from `version` (published in `store`). Payload sizes come
 // from the store's records (a remote store: no download) or its files.

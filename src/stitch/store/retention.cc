@@ -40,19 +40,13 @@ std::string GcRecordJson(const std::vector<int64_t>& versions, absl::Time expire
 // The versions a live gc record says are being deleted; an unreadable or
 // expired record says nothing (it cannot be acted on: its gc stops at its
 // expiry).
-std::set<int64_t> BeingDeleted(Store& store, absl::Time now, absl::Status* error) {
+absl::StatusOr<std::set<int64_t>> BeingDeleted(Store& store, absl::Time now) {
   std::set<int64_t> out;
   auto names = store.ListRecords(kGcRecordKind);
-  if (!names.ok()) {
-    *error = names.status();
-    return out;
-  }
+  if (!names.ok()) return names.status();
   for (const std::string& name : *names) {
     auto text = store.ReadRecord(kGcRecordKind, name);
-    if (!text.ok()) {
-      *error = text.status();
-      return out;
-    }
+    if (!text.ok()) return text.status();
     if (!text->has_value()) continue;  // its gc finished
     boost::system::error_code ec;
     json::value v = json::parse(**text, ec);
@@ -135,11 +129,10 @@ absl::Status PutHold(Store& store, const Hold& hold, absl::Time now) {
     (void)store.DeleteRecord(kHoldRecordKind, hold.holder);
     return why;
   };
-  absl::Status error;
-  const std::set<int64_t> deleting = BeingDeleted(store, now, &error);
-  if (!error.ok()) return refuse(error);
+  const absl::StatusOr<std::set<int64_t>> deleting = BeingDeleted(store, now);
+  if (!deleting.ok()) return refuse(deleting.status());
   for (int64_t v = hold.version;;) {
-    if (deleting.contains(v)) {
+    if (deleting->contains(v)) {
       return refuse(absl::FailedPreconditionError(
           absl::StrCat("store ", store.uri(), ": retention is deleting ", VersionDirName(v),
                        ", on the chain of ", VersionDirName(hold.version),
