@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -200,10 +201,16 @@ def run(argv: Optional[Sequence[str]] = None, keep_fleet: bool = False) -> Dict[
 
 def kill_while_serving(fleet: LocalFleet, index: int, step: int, timeout: float = 60.0) -> None:
     """SIGKILL to a replica's engine and sidecar once it has requests of the
-    next rollouts in flight (or after `timeout`)."""
+    next rollouts in flight (or after `timeout`). The engine is stopped
+    (SIGSTOP) while its sidecar is asked, so that what the sidecar counts
+    in flight is still in flight when the kill lands."""
     replica = fleet.replicas[index]
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not replica.info().get("active_requests"):
+    while time.monotonic() < deadline:
+        replica.engine.kill_group(signal.SIGSTOP)
+        if replica.info().get("active_requests"):
+            break
+        replica.engine.kill_group(signal.SIGCONT)
         time.sleep(0.001)
     fleet.kill(index)
     print(f"trl_grpo: SIGKILL to replica {replica.name} while it served the rollouts after "

@@ -80,17 +80,55 @@ class VersionWeights:
             self._models[version] = m
         return self._models[version]
 
-    def gap(self, version, sample):
+    def gap(self, versions, sample):
         """The largest difference between the served tokens'
-        log-probabilities and those `version`'s weights give them."""
+        log-probabilities and those the weights of each token's version
+        (`versions`, one per completion token) give them. Where the version
+        changes inside an answer, the new weights either took over the keys
+        and values the old ones computed or recomputed them: the smaller
+        difference of the two, run by run."""
         import torch
 
-        ids = sample.prompt_ids + sample.completion_ids
-        with torch.no_grad():
-            logits = self.model(version)(torch.tensor([ids])).logits[0].float()
-        logp = logits[len(sample.prompt_ids) - 1:-1].log_softmax(-1)
-        mine = logp.gather(1, torch.tensor(sample.completion_ids)[:, None])[:, 0]
-        return float((mine - torch.tensor(sample.logprobs)).abs().max())
+        prompt, completion = sample.prompt_ids, sample.completion_ids
+        ids = prompt + completion
+        served = torch.tensor(sample.logprobs)
+
+        def differences(logits, first, end):
+            logp = logits.float().log_softmax(-1)
+            mine = logp.gather(1, torch.tensor(completion[first:end])[:, None])[:, 0]
+            return float((mine - served[first:end]).abs().max())
+
+        runs = [i for i in range(len(versions)) if i == 0 or versions[i] != versions[i - 1]]
+        past, fed, worst = None, 0, 0.0
+        for n, first in enumerate(runs):
+            end = runs[n + 1] if n + 1 < len(runs) else len(versions)
+            model = self.model(versions[first])
+            # The inputs whose logits choose tokens [first, end).
+            lo, hi = len(prompt) + first - 1, len(prompt) + end - 1
+            with torch.no_grad():
+                out = model(torch.tensor([ids[fed:hi]]), past_key_values=past, use_cache=True)
+                kept = differences(out.logits[0][-(hi - lo):], first, end)
+                whole = model(torch.tensor([ids[:hi]])).logits[0][lo:hi]
+            past, fed = out.past_key_values, hi
+            worst = max(worst, min(kept, differences(whole, first, end)))
+        return worst
+
+
+def token_versions(sample):
+    """The version that generated each completion token: from the answer's
+    spans ([first token, version] pairs) when it reports them, else its
+    one version; a sample stamped across a commit without spans has no
+    answer, and the judge refuses it."""
+    n = len(sample.completion_ids)
+    if isinstance(sample.spans, list) and sample.spans:
+        out = []
+        for i, (first, version) in enumerate(sample.spans):
+            end = sample.spans[i + 1][0] if i + 1 < len(sample.spans) else n
+            out += [version] * (end - first)
+        assert len(out) == n and sample.spans[0][0] == 0, sample
+        return out
+    assert sample.version_start == sample.version_end, ("unknown spans", sample)
+    return [sample.version_start] * n
 
 
 def judge(out, steps, tolerance, judged=24, killed_step=None, learned=True):
@@ -123,7 +161,7 @@ def judge(out, steps, tolerance, judged=24, killed_step=None, learned=True):
             assert all(s.version_start <= v <= s.version_end for _, v in s.spans)
 
     # transformers' judgement, on a sample of answers spread over the run:
-    # each matches the weights of the version it is stamped with, and the
+    # each token matches the weights of the version that generated it, and the
     # judgement tells versions apart.
     weights = VersionWeights(fleet.store, fleet.run_id, fleet.base,
                              os.path.join(out["dir"], "judge"), sg_dtype(fleet))
@@ -131,10 +169,13 @@ def judge(out, steps, tolerance, judged=24, killed_step=None, learned=True):
     pool = [s for _, s, _ in sg.samples if s.completion_ids]
     distinct = 0
     for s in rng.sample(pool, min(judged, len(pool))):
-        stamped = s.version_start
+        # A sample generated across a commit is judged token by token,
+        # each under the version its spans name.
+        stamped = token_versions(s)
         assert weights.gap(stamped, s) <= tolerance, (stamped, s)
-        others = [v for v in (stamped - 1, stamped + 1) if 0 <= v <= steps]
-        if others and all(weights.gap(v, s) > tolerance for v in others):
+        others = [[v + shift for v in stamped] for shift in (-1, 1)]
+        others = [o for o in others if all(0 <= v <= steps for v in o)]
+        if others and all(weights.gap(o, s) > tolerance for o in others):
             distinct += 1
     assert distinct >= min(judged, len(pool)) // 2, "the oracle cannot tell versions apart"
 
