@@ -614,6 +614,56 @@ TEST_F(S3Test, RetentionKeepsChainsAndHoldsAndDeletesTheRestWhole) {
   EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{6, 7, 8}));
 }
 
+// Anchors written after the fact live under `<prefix>/anchors`: a chain
+// starts from one, downloaded into the same cache, and retention deletes
+// the chain behind it; its deletions obey the store's pointer.
+TEST_F(S3Test, AnAnchorShortensTheChainAndRetentionDeletesWhatIsBehindIt) {
+  auto store = Open("run-a");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->AdvancePointer(std::nullopt, {"run-a", 0}).ok());
+  for (int64_t v = 1; v <= 4; ++v) {
+    fs::path dir = v == 1 ? *WriteTestVersion(tmp() / "src", v, {.seed = 1})
+                          : WriteDeltaVersion(tmp() / "src", v, 1);
+    ASSERT_TRUE(store->PublishFiles(v, dir).ok()) << v;
+    ASSERT_TRUE(store->AdvancePointer(VersionRef{"run-a", v - 1}, {"run-a", v}).ok()) << v;
+  }
+  Store* anchors = store->anchors();
+  ASSERT_NE(anchors, nullptr);
+  EXPECT_TRUE(absl::StrContains(anchors->uri(), "/anchors")) << anchors->uri();
+  for (int64_t v : {3, 4}) {
+    auto dir = WriteTestVersion(tmp() / "anchor" / std::to_string(v), v, {.seed = int(v) + 10});
+    ASSERT_TRUE(dir.ok());
+    ASSERT_TRUE(anchors->PublishFiles(v, *dir).ok());
+  }
+  EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{1, 2, 3, 4}));  // apart
+  EXPECT_TRUE(absl::IsFailedPrecondition(anchors->DeleteVersion(4)));
+
+  auto chain = MaterializeChain(*Open(""), 4, std::nullopt);
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  ASSERT_EQ(chain->size(), 1u);  // v4's own anchor
+  chain = MaterializeChain(*store, 3, std::nullopt);
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  ASSERT_EQ(chain->size(), 1u);
+  EXPECT_TRUE(chain->front().anchor);
+  EXPECT_EQ(chain->front().manifest.kind, VersionKind::kFull);
+  EXPECT_TRUE(absl::StrContains(chain->front().dir.string(), "anchors")) << chain->front().dir;
+  EXPECT_EQ(ReadFile(chain->front().dir / TestShardName({}, 0)),
+            ReadFile(tmp() / "anchor" / "3" / VersionDirName(3) / TestShardName({}, 0)));
+
+  auto report = ApplyRetention(*store, {.keep_last = 2}, absl::Now());
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->deleted, (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(report->anchors_deleted.empty());
+  EXPECT_EQ(*store->ListVersions(), (std::vector<int64_t>{3, 4}));
+  auto again = ApplyRetention(*store, {.keep_last = 1}, absl::Now());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->deleted, (std::vector<int64_t>{3}));
+  EXPECT_EQ(again->anchors_deleted, (std::vector<int64_t>{3}));
+  EXPECT_EQ(*anchors->ListVersions(), (std::vector<int64_t>{4}));
+  // The anchor's cached copy goes with it.
+  EXPECT_EQ(*store->PruneLocalCopies(4), 1);
+}
+
 // A gc that died after deleting a version's index left its other objects:
 // they still list as a version, and the next gc deletes them.
 TEST_F(S3Test, RetentionFinishesAVersionAnEarlierGcLeftHalfDeleted) {

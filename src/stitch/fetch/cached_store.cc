@@ -78,7 +78,23 @@ CachedStore::CachedStore(std::unique_ptr<RemoteStore> remote, fs::path cache_dir
       peer_id_(std::move(peer_id)),
       where_(absl::StrCat("store ", remote_->uri())),
       source_(std::move(source)),
+      parallelism_(parallelism),
       fetcher_(*remote_, std::move(peers), *source_, parallelism) {}
+
+Store* CachedStore::anchors() {
+  absl::MutexLock lock(&anchors_mu_);
+  if (!anchors_opened_) {
+    anchors_opened_ = true;
+    if (std::unique_ptr<RemoteStore> remote = remote_->OpenAnchors(); remote != nullptr) {
+      StorePeers none;
+      none.self_id = peer_id_;
+      auto source = std::make_unique<HttpPeerSource>(none);
+      anchors_.reset(new CachedStore(std::move(remote), cache_dir_, peer_id_, std::move(none),
+                                     std::move(source), parallelism_));
+    }
+  }
+  return anchors_.get();
+}
 
 absl::StatusOr<fs::path> CachedStore::Materialize(int64_t version) {
   if (cache_dir_.empty()) {
@@ -149,6 +165,16 @@ absl::StatusOr<Store::VerifiedFile> CachedStore::OpenVerifiedFile(int64_t versio
 }
 
 absl::StatusOr<int> CachedStore::PruneLocalCopies(int64_t below) {
+  auto dropped = PruneCache(below);
+  if (!dropped.ok()) return dropped.status();
+  Store* anchors = this->anchors();
+  if (anchors == nullptr) return dropped;
+  auto anchors_dropped = anchors->PruneLocalCopies(below);
+  if (!anchors_dropped.ok()) return anchors_dropped.status();
+  return *dropped + *anchors_dropped;
+}
+
+absl::StatusOr<int> CachedStore::PruneCache(int64_t below) {
   if (cache_dir_.empty()) return 0;
   const fs::path parent = cache_dir_ / remote_->CacheSubdir();
   std::error_code ec;

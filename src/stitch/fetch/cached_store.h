@@ -19,7 +19,9 @@
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/fetch/fetcher.h"
 #include "stitch/fetch/peer_client.h"
 #include "stitch/fetch/peers.h"
@@ -60,7 +62,7 @@ class CachedStore final : public Store {
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
   // Removes `<cache>/<subdir>/weight_vN` (and its record) for every N below
   // `below` that the remote store no longer lists, each under its version
-  // lock; the lock files stay.
+  // lock (the lock files stay), and the same of its anchors.
   [[nodiscard]] absl::StatusOr<int> PruneLocalCopies(int64_t below) override;
   // Retention acts on the remote store.
   [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListVersions() override {
@@ -91,18 +93,28 @@ class CachedStore final : public Store {
                                                               std::string_view name) override;
   std::string peer_id() const override { return peer_id_; }
   RemoteStore* remote() override { return remote_.get(); }
+  // The remote store's anchors behind the same cache directory (their own
+  // subdirectory), asking no peers: peers serve versions, not anchors.
+  Store* anchors() override;
 
  private:
   CachedStore(std::unique_ptr<RemoteStore> remote, std::filesystem::path cache_dir,
               std::string peer_id, StorePeers peers, std::unique_ptr<PeerSource> source,
               int parallelism);
+  // PruneLocalCopies of this cache's own versions.
+  [[nodiscard]] absl::StatusOr<int> PruneCache(int64_t below);
 
   const std::unique_ptr<RemoteStore> remote_;
   const std::filesystem::path cache_dir_;
   const std::string peer_id_;
   const std::string where_;  // "store <uri>"
   const std::unique_ptr<PeerSource> source_;
+  const int parallelism_;
   VersionFetcher fetcher_;
+  absl::Mutex anchors_mu_;
+  // Null until first asked for; stays null for a remote store without anchors.
+  std::unique_ptr<CachedStore> anchors_ ABSL_GUARDED_BY(anchors_mu_);
+  bool anchors_opened_ ABSL_GUARDED_BY(anchors_mu_) = false;
 };
 
 }  // namespace stitch

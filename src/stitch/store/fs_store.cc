@@ -33,6 +33,7 @@ constexpr std::string_view kPointerFile = "latest";
 constexpr std::string_view kLockFile = ".latest.lock";
 constexpr std::string_view kStagingLockFile = ".staging.lock";
 constexpr std::string_view kUpdatesDir = "updates";
+constexpr std::string_view kAnchorsDir = "anchors";
 // A staging directory's name contains this (fileio.h TempSiblingPath), its
 // lock file adds kStagingLockSuffix.
 constexpr absl::string_view kStagingMarker = ".tmp-";
@@ -219,6 +220,14 @@ absl::Status FsStore::PublishFiles(int64_t version, const fs::path& dir) {
 
 absl::Status FsStore::RequireUpdatesDir() {
   std::error_code ec;
+  if (parent_ != nullptr && fs::is_directory(parent_->root(), ec)) {
+    // An anchors store: made inside the store it belongs to, durably.
+    if (::mkdir(root_.c_str(), 0755) == 0) {
+      if (absl::Status s = FsyncPath(parent_->root()); !s.ok()) return Annotate(s, where_);
+    } else if (errno != EEXIST) {
+      return Annotate(ErrnoStatus(errno, "create", root_), where_);
+    }
+  }
   if (!fs::is_directory(root_, ec)) {
     return absl::FailedPreconditionError(
         absl::StrCat(where_, ": the store does not exist (", root_.string(),
@@ -496,8 +505,22 @@ absl::StatusOr<std::vector<int64_t>> FsStore::ListVersions() {
   return out;
 }
 
+absl::StatusOr<std::optional<VersionRef>> FsStore::GuardPointer() {
+  return parent_ != nullptr ? parent_->ReadPointer() : ReadPointer();
+}
+
+Store* FsStore::anchors() {
+  if (parent_ != nullptr) return nullptr;
+  absl::MutexLock lock(&anchors_mu_);
+  if (anchors_ == nullptr) {
+    anchors_.reset(new FsStore(root_ / kAnchorsDir, run_id_, index_bounds_));
+    anchors_->parent_ = this;
+  }
+  return anchors_.get();
+}
+
 absl::Status FsStore::DeleteVersion(int64_t version) {
-  auto pointer = ReadPointer();
+  auto pointer = GuardPointer();
   if (!pointer.ok()) return pointer.status();
   if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
   const fs::path dir = VersionDir(version);

@@ -9,7 +9,10 @@
 //   <root>/updates/weight_vNNNNNN/     one published version (index + payload)
 //   <root>/updates/.weight_v*.tmp-*    a publisher's staging directory; names
 //                                      starting with '.' are never versions
-//   <root>/holds/<holder>                a hold (retention.h), one per holder
+//   <root>/holds/<holder>              a hold (retention.h), one per holder
+//   <root>/anchors/updates/weight_vNNNNNN/
+//                                      an anchor of version N (store.h
+//                                      anchors()), laid out as a version
 //   <root>/updates/.weight_v*.tmp-*.lock
 //                                      flock'ed by that publisher for as long
 //                                      as its staging directory exists
@@ -39,7 +42,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/io/fileio.h"
 #include "stitch/store/store.h"
 #include "stitch/store/version_dir.h"
@@ -111,6 +116,10 @@ class FsStore final : public Store {
                                          std::string_view text) override;
   [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override;
 
+  // The filesystem store rooted at `<root>/anchors`, opened on first use;
+  // publishing to it creates its root when this store exists.
+  Store* anchors() override;
+
   // Removes the staging directories under `updates/` that no live publisher
   // holds: those whose lock file's flock it can take (its writer died), and
   // those without a lock file (left by a stitch that did not lock them).
@@ -130,6 +139,8 @@ class FsStore final : public Store {
   // kWholeVersion anywhere in that directory.
   [[nodiscard]] absl::Status CheckNoLinks(int64_t version, LinkCheck scope) const;
   FsStore(std::filesystem::path root, std::string run_id, IndexBounds index_bounds);
+  // The pointer that guards deletion: the parent's for an anchors store.
+  [[nodiscard]] absl::StatusOr<std::optional<VersionRef>> GuardPointer();
 
   // `<root>/<kind>/<name>` after validating both words.
   [[nodiscard]] absl::StatusOr<std::filesystem::path> RecordPath(std::string_view kind,
@@ -171,6 +182,10 @@ class FsStore final : public Store {
   const std::string where_;
   const IndexBounds index_bounds_;
   std::function<void()> before_rename_;
+  // Set for an anchors store: the store whose anchors it keeps.
+  FsStore* parent_ = nullptr;
+  absl::Mutex anchors_mu_;
+  std::unique_ptr<FsStore> anchors_ ABSL_GUARDED_BY(anchors_mu_);
 };
 
 // "file:///abs/path" for an absolute path, percent-encoding what a URI path

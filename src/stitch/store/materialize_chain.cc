@@ -1,12 +1,19 @@
 #include "stitch/store/materialize_chain.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
 
 namespace stitch {
+
+absl::StatusOr<std::vector<int64_t>> ListAnchors(Store& store) {
+  Store* anchors = store.anchors();
+  if (anchors == nullptr) return std::vector<int64_t>();
+  return anchors->ListVersions();
+}
 
 absl::StatusOr<std::vector<ChainLink>> MaterializeChain(Store& store, int64_t target,
                                                         std::optional<int64_t> have) {
@@ -15,8 +22,25 @@ absl::StatusOr<std::vector<ChainLink>> MaterializeChain(Store& store, int64_t ta
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": cannot go back from ", VersionDirName(*have), " to ", VersionDirName(target)));
   }
+  auto anchored = ListAnchors(store);
+  if (!anchored.ok()) return anchored.status();
+  const std::set<int64_t> anchors(anchored->begin(), anchored->end());
   std::vector<ChainLink> chain;
   for (int64_t version = target; !have || version > *have;) {
+    if (anchors.contains(version)) {
+      auto anchor = store.anchors()->ReadManifest(version);
+      if (anchor.ok()) {
+        if (anchor->kind != VersionKind::kFull || anchor->version != version) {
+          return absl::DataLossError(absl::StrCat(where, ": the anchor of ",
+                                                  VersionDirName(version),
+                                                  " is not a FULL copy of that version"));
+        }
+        chain.push_back(ChainLink{version, *anchor, {}, true});
+        break;
+      }
+      // Deleted since it was listed: the chain goes on without it.
+      if (!absl::IsNotFound(anchor.status())) return anchor.status();
+    }
     auto manifest = store.ReadManifest(version);
     if (!manifest.ok()) {
       if (absl::IsNotFound(manifest.status()) && version != target) {
@@ -44,7 +68,8 @@ absl::StatusOr<std::vector<ChainLink>> MaterializeChain(Store& store, int64_t ta
   }
   std::reverse(chain.begin(), chain.end());
   for (ChainLink& link : chain) {
-    auto dir = store.Materialize(link.version);
+    auto dir =
+        link.anchor ? store.anchors()->Materialize(link.version) : store.Materialize(link.version);
     if (!dir.ok()) return dir.status();
     link.dir = *std::move(dir);
   }

@@ -19,13 +19,20 @@ struct ChainLink {
   int64_t version = 0;
   VersionManifest manifest;
   std::filesystem::path dir;  // Store::Materialize's directory
+  bool anchor = false;        // from the store's anchors (then FULL)
 };
 
+// The versions `store` holds anchors of (Store::anchors()), ascending; none
+// for a store that keeps no anchors or whose anchors store does not exist.
+[[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListAnchors(Store& store);
+
 // Walks back from `target` through each DELTA's base version until a FULL
-// version or `have` (a version the caller already holds: its boot
-// checkpoint or the version it applied; nullopt when it holds none), then
-// materializes the versions after that point, oldest first: the last link
-// is `target`. A FULL target gives one link; target == have gives none.
+// version, an anchor written after the fact (Store::anchors(): that link
+// is the anchor, materialized from the anchors store), or `have` (a
+// version the caller already holds: its boot checkpoint or the version it
+// applied; nullopt when it holds none), then materializes the versions
+// after that point, oldest first: the last link is `target`, or its anchor.
+// A FULL target gives one link; target == have gives none.
 // Errors: InvalidArgument when target < have; NotFound naming the version
 // the chain needs but the store lacks; DataLoss for a DELTA whose base is
 // not the version just below it; the store's own errors.

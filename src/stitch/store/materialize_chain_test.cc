@@ -96,5 +96,56 @@ TEST_F(MaterializeChainTest, RefusesABrokenChain) {
   EXPECT_TRUE(absl::IsNotFound(missing.status()));
 }
 
+TEST_F(MaterializeChainTest, StartsFromAnAnchorWrittenAfterTheFact) {
+  for (int64_t v = 1; v <= 5; ++v) Publish(v, v - 1);  // DELTAs from the boot version 0
+  Store* anchors = store_->anchors();
+  ASSERT_NE(anchors, nullptr);
+  EXPECT_EQ(anchors->anchors(), nullptr);
+  const fs::path anchor_src = WriteVersion(tmp_ / "anchor", 3, -1);
+  ASSERT_TRUE(WriteFileAtomically(anchor_src / "part.safetensors", "anchor of v3").ok());
+  ASSERT_TRUE(anchors->PublishFiles(3, anchor_src).ok());
+  auto listed = ListAnchors(*store_);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(*listed, std::vector<int64_t>{3});
+
+  auto chain = MaterializeChain(*store_, 5, std::nullopt);
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  ASSERT_EQ(chain->size(), 3u);
+  EXPECT_EQ((*chain)[0].version, 3);
+  EXPECT_TRUE((*chain)[0].anchor);
+  EXPECT_EQ((*chain)[0].manifest.kind, VersionKind::kFull);
+  EXPECT_FALSE((*chain)[1].anchor);
+  auto bytes = ReadFileToString((*chain)[0].dir / "part.safetensors");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(*bytes, "anchor of v3");
+  // The anchored version itself is its anchor; what the caller holds past
+  // the anchor needs no anchor.
+  auto itself = MaterializeChain(*store_, 3, std::nullopt);
+  ASSERT_TRUE(itself.ok());
+  ASSERT_EQ(itself->size(), 1u);
+  EXPECT_TRUE(itself->front().anchor);
+  auto past = MaterializeChain(*store_, 5, 3);
+  ASSERT_TRUE(past.ok());
+  ASSERT_EQ(past->size(), 2u);
+  EXPECT_EQ(past->front().version, 4);
+
+  // Deleting an anchor obeys the store's pointer; once gone, the chain
+  // walks back as before (here to the boot version, which no store holds).
+  EXPECT_TRUE(absl::IsFailedPrecondition(anchors->DeleteVersion(3)));
+  ASSERT_TRUE(store_->AdvancePointer(std::nullopt, VersionRef{"run-a", 5}).ok());
+  ASSERT_TRUE(anchors->DeleteVersion(3).ok());
+  EXPECT_TRUE(absl::IsNotFound(MaterializeChain(*store_, 5, std::nullopt).status()));
+  auto from_boot = MaterializeChain(*store_, 5, 0);
+  ASSERT_TRUE(from_boot.ok());
+  EXPECT_EQ(from_boot->size(), 5u);
+}
+
+TEST_F(MaterializeChainTest, RefusesAnAnchorThatIsNotAFullCopyOfItsVersion) {
+  for (int64_t v = 1; v <= 3; ++v) Publish(v, v - 1);
+  ASSERT_TRUE(store_->anchors()->PublishFiles(2, WriteVersion(tmp_ / "anchor", 2, 1)).ok());
+  auto chain = MaterializeChain(*store_, 3, std::nullopt);
+  EXPECT_TRUE(absl::IsDataLoss(chain.status())) << chain.status().message();
+}
+
 }  // namespace
 }  // namespace stitch

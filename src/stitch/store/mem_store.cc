@@ -251,9 +251,24 @@ absl::StatusOr<std::vector<int64_t>> MemStore::ListVersions() {
   return out;
 }
 
+Store* MemStore::anchors() {
+  if (parent_ != nullptr) return nullptr;
+  absl::MutexLock lock(&anchors_mu_);
+  if (anchors_ == nullptr) {
+    std::string name = absl::StrCat(name_, "/anchors");
+    State* state = &SharedState(name);
+    anchors_.reset(new MemStore(std::move(name), run_id_, cache_dir_, state));
+    anchors_->parent_ = this;
+  }
+  return anchors_.get();
+}
+
 absl::Status MemStore::DeleteVersion(int64_t version) {
+  std::optional<absl::StatusOr<std::optional<VersionRef>>> guard;
+  if (parent_ != nullptr) guard = parent_->ReadPointer();
   absl::MutexLock lock(&state_->mu);
-  auto pointer = ParsePointerText(where_, state_->pointer_text.value_or(""));
+  auto pointer =
+      guard ? *std::move(guard) : ParsePointerText(where_, state_->pointer_text.value_or(""));
   if (!pointer.ok()) return pointer.status();
   if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
   state_->versions.erase(version);

@@ -17,7 +17,9 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/store/store.h"
 
 namespace stitch {
@@ -53,6 +55,9 @@ class MemStore final : public Store {
                                          std::string_view text) override;
   [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override;
 
+  // The store named `<name>/anchors`, opened on first use.
+  Store* anchors() override;
+
   // Test hook: replaces the pointer's stored text, bypassing every rule, as a
   // foreign or broken writer would (nullopt: unset). ReadPointer then parses
   // it exactly as FsStore parses its `latest` file.
@@ -73,6 +78,10 @@ class MemStore final : public Store {
   const std::filesystem::path cache_dir_;
   const std::string where_;
   State* const state_;  // owned by the process-wide registry; never freed
+  // Set for an anchors store: the store whose pointer guards its deletions.
+  MemStore* parent_ = nullptr;
+  absl::Mutex anchors_mu_;
+  std::unique_ptr<MemStore> anchors_ ABSL_GUARDED_BY(anchors_mu_);
 };
 
 }  // namespace stitch

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ class RemoteStore : public Store {
   [[nodiscard]] absl::StatusOr<std::filesystem::path> Materialize(int64_t version) override;
 
   RemoteStore* remote() override { return this; }
+
+  // A new remote store of this store's anchors (Store::anchors()), whose
+  // deletions obey this store's pointer; this store must outlive it. Null
+  // for a store that keeps none (the default).
+  virtual std::unique_ptr<RemoteStore> OpenAnchors() { return nullptr; }
 };
 
 }  // namespace stitch

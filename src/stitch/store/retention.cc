@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "stitch/core/errors.h"
 #include "stitch/core/version.h"
+#include "stitch/store/materialize_chain.h"
 
 namespace stitch {
 namespace {
@@ -131,6 +132,8 @@ absl::Status PutHold(Store& store, const Hold& hold, absl::Time now) {
   };
   const absl::StatusOr<std::set<int64_t>> deleting = BeingDeleted(store, now);
   if (!deleting.ok()) return refuse(deleting.status());
+  const absl::StatusOr<std::vector<int64_t>> anchors = ListAnchors(store);
+  if (!anchors.ok()) return refuse(anchors.status());
   for (int64_t v = hold.version;;) {
     if (deleting->contains(v)) {
       return refuse(absl::FailedPreconditionError(
@@ -148,6 +151,7 @@ absl::Status PutHold(Store& store, const Hold& hold, absl::Time now) {
       }
       return refuse(manifest.status());
     }
+    if (std::binary_search(anchors->begin(), anchors->end(), v)) break;
     if (manifest->kind != VersionKind::kDelta || !manifest->base_version) break;
     v = *manifest->base_version;
   }
@@ -189,11 +193,13 @@ absl::StatusOr<RetentionPlan> PlanRetention(const VersionRef& pointer,
                                             const std::vector<int64_t>& versions,
                                             const std::vector<Hold>& holds, absl::Time now,
                                             const RetentionRule& rule,
-                                            const ManifestReader& manifest) {
+                                            const ManifestReader& manifest,
+                                            const std::vector<int64_t>& anchors) {
   if (absl::Status s = ValidateRetentionRule(rule); !s.ok()) return s;
   RetentionPlan plan;
   plan.pointer = pointer;
   const std::set<int64_t> present(versions.begin(), versions.end());
+  const std::set<int64_t> anchored(anchors.begin(), anchors.end());
   std::map<int64_t, std::vector<std::string>> kept;
   // Each needed version, then its chain back to an anchor.
   std::map<int64_t, std::string> roots;
@@ -238,6 +244,10 @@ absl::StatusOr<RetentionPlan> PlanRetention(const VersionRef& pointer,
         it = read.emplace(v, *std::move(m)).first;
       }
       if (v != root) kept[v].push_back(absl::StrCat("chain of ", VersionDirName(root)));
+      if (anchored.contains(v)) {
+        kept[v].push_back("anchored");
+        break;
+      }
       const VersionManifest& m = it->second;
       if (m.kind != VersionKind::kDelta || !m.base_version) break;
       const int64_t base = *m.base_version;
@@ -261,6 +271,9 @@ absl::StatusOr<RetentionPlan> PlanRetention(const VersionRef& pointer,
   for (int64_t v : versions) {
     if (!kept.contains(v)) plan.deleted.push_back(v);
   }
+  for (int64_t v : anchors) {
+    if (!kept.contains(v) && v < pointer.version) plan.anchors_deleted.push_back(v);
+  }
   return plan;
 }
 
@@ -277,9 +290,12 @@ absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule
   }
   auto versions = store.ListVersions();
   if (!versions.ok()) return versions.status();
+  auto anchors = ListAnchors(store);
+  if (!anchors.ok()) return anchors.status();
   auto plan_with = [&](const std::vector<Hold>& holds) {
-    return PlanRetention(*pointer, *versions, holds, now, rule,
-                         [&](int64_t v) { return store.ReadManifest(v); });
+    return PlanRetention(
+        *pointer, *versions, holds, now, rule, [&](int64_t v) { return store.ReadManifest(v); },
+        *anchors);
   };
   auto holds = ListHolds(store);
   if (!holds.ok()) return holds.status();
@@ -287,7 +303,9 @@ absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule
   if (!plan.ok()) return plan.status();
   RetentionReport report;
   report.plan = *std::move(plan);
-  if (dry_run || report.plan.deleted.empty()) return report;
+  if (dry_run || (report.plan.deleted.empty() && report.plan.anchors_deleted.empty())) {
+    return report;
+  }
 
   // Say what is about to go, then read the holds again: a hold written
   // before this record is seen here; one written after it sees the record.
@@ -311,8 +329,12 @@ absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule
   // was never announced, so a hold taken on it now could not see it; the
   // next gc deletes it.
   const std::set<int64_t> announced(report.plan.deleted.begin(), report.plan.deleted.end());
+  const std::set<int64_t> announced_anchors(report.plan.anchors_deleted.begin(),
+                                            report.plan.anchors_deleted.end());
   report.plan = *std::move(again);
   std::erase_if(report.plan.deleted, [&](int64_t v) { return !announced.contains(v); });
+  std::erase_if(report.plan.anchors_deleted,
+                [&](int64_t v) { return !announced_anchors.contains(v); });
   for (int64_t v : report.plan.deleted) {
     if (absl::Now() >= expires) {
       report.failures.push_back(absl::StrCat(VersionDirName(v),
@@ -325,6 +347,22 @@ absl::StatusOr<RetentionReport> ApplyRetention(Store& store, const RetentionRule
       continue;
     }
     report.deleted.push_back(v);
+  }
+  // An anchor after its version: a reader that listed it finds either the
+  // anchor or, failing cleanly, no chain through a deleted version.
+  const std::set<int64_t> failed = [&] {
+    std::set<int64_t> out(report.plan.deleted.begin(), report.plan.deleted.end());
+    for (int64_t v : report.deleted) out.erase(v);
+    return out;
+  }();
+  for (int64_t v : report.plan.anchors_deleted) {
+    if (failed.contains(v)) continue;  // its version stays, and so does it
+    if (absl::Status s = store.anchors()->DeleteVersion(v); !s.ok()) {
+      report.failures.push_back(
+          absl::StrCat("the anchor of ", VersionDirName(v), ": ", s.message()));
+      continue;
+    }
+    report.anchors_deleted.push_back(v);
   }
   if (absl::Status s = store.DeleteRecord(kGcRecordKind, record); !s.ok()) {
     report.failures.push_back(absl::StrCat("record ", record, ": ", s.message()));
@@ -343,6 +381,10 @@ std::string DescribeRetention(const RetentionReport& report, bool dry_run) {
   const std::vector<int64_t>& gone = dry_run ? plan.deleted : report.deleted;
   for (int64_t v : gone) {
     absl::StrAppend(&out, dry_run ? "would delete " : "deleted ", VersionDirName(v), "\n");
+  }
+  for (int64_t v : dry_run ? plan.anchors_deleted : report.anchors_deleted) {
+    absl::StrAppend(&out, dry_run ? "would delete " : "deleted ", "the anchor of ",
+                    VersionDirName(v), "\n");
   }
   for (const std::string& w : plan.warnings) absl::StrAppend(&out, "warning ", w, "\n");
   for (const std::string& f : report.failures) absl::StrAppend(&out, "failed  ", f, "\n");

@@ -6,8 +6,9 @@
 //   - a milestone: a multiple of M (RetentionRule);
 //   - held: a live hold (below) names it;
 // and so is every version on the chain behind a needed one, back to its
-// anchor (a FULL version): a replica materializes a version from its
-// chain. Every other version is deleted.
+// anchor (a FULL version, or a version with an anchor written after the
+// fact: Store::anchors()): a replica materializes a version from its
+// chain. Every other version is deleted, with its anchor if it has one.
 //
 // Holds are records in the store (Store::WriteRecord, kind "holds", one per
 // holder): a version to keep until an expiry.
@@ -81,13 +82,17 @@ struct RetentionPlan {
   VersionRef pointer;
   std::vector<Kept> kept;        // ascending
   std::vector<int64_t> deleted;  // ascending: what nothing needs
+  // Anchors (Store::anchors()) of deleted versions, and of versions below
+  // the pointer the store no longer holds, ascending.
+  std::vector<int64_t> anchors_deleted;
   // A needed version whose chain is broken (a link missing or incomplete):
   // what was found is kept, and said here.
   std::vector<std::string> warnings;
 };
 
 // The plan for `versions` (Store::ListVersions) under `rule`, the pointer
-// and the live holds among `holds`. `manifest` reads a version's index;
+// and the live holds among `holds`; a chain ends at a version among
+// `anchors` (the versions with an anchor). `manifest` reads a version's index;
 // NotFound there means the version is incomplete. Reading is limited to
 // the needed versions and their chains. Any other error reading a needed
 // version stops the plan: nothing is deleted on uncertainty.
@@ -96,12 +101,14 @@ using ManifestReader = std::function<absl::StatusOr<VersionManifest>(int64_t ver
                                                           const std::vector<int64_t>& versions,
                                                           const std::vector<Hold>& holds,
                                                           absl::Time now, const RetentionRule& rule,
-                                                          const ManifestReader& manifest);
+                                                          const ManifestReader& manifest,
+                                                          const std::vector<int64_t>& anchors = {});
 
 struct RetentionReport {
   RetentionPlan plan;
-  std::vector<int64_t> deleted;       // what this run deleted
-  std::vector<std::string> failures;  // versions it could not delete, why
+  std::vector<int64_t> deleted;          // what this run deleted
+  std::vector<int64_t> anchors_deleted;  // the anchors it deleted
+  std::vector<std::string> failures;     // versions it could not delete, why
 };
 
 // Plans under `rule` and deletes what nothing needs (with `dry_run`, only

@@ -97,6 +97,19 @@ TEST(PlanRetention, KeepsTheLastKWithTheirChainBackToTheAnchor) {
   }
 }
 
+TEST(PlanRetention, AChainEndsAtAnAnchorWrittenAfterTheFact) {
+  Lineage l = Range(0, 12, {0});
+  auto plan = PlanRetention({"r", 12}, l.versions, {}, kNow, {.keep_last = 2}, l.Reader(),
+                            /*anchors=*/{3, 7, 12});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // 12's chain is 12 itself (anchored): 11's goes back to 7.
+  EXPECT_THAT(Kept(*plan), ElementsAre(7, 8, 9, 10, 11, 12));
+  EXPECT_THAT(Reasons(*plan, 7), HasSubstr("anchored"));
+  EXPECT_THAT(plan->deleted, ElementsAre(0, 1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(plan->anchors_deleted, ElementsAre(3));
+  EXPECT_FALSE(l.reads.contains(6));
+}
+
 TEST(PlanRetention, MilestonesAndHoldsKeepTheirOwnChains) {
   Lineage l = Range(0, 30, {0, 10, 20});
   std::vector<Hold> holds = {HoldOn("eval", 13), HoldOn("old", 3, -absl::Seconds(1))};
@@ -233,6 +246,29 @@ TEST_P(ApplyRetentionTest, DeletesWhatNothingNeedsAndSaysWhy) {
   EXPECT_THAT(dry->plan.deleted, ElementsAre(4, 7, 8, 9, 10, 11));
   EXPECT_THAT(dry->deleted, IsEmpty());
   EXPECT_THAT(*store_->ListVersions(), ElementsAre(4, 7, 8, 9, 10, 11, 12));
+}
+
+TEST_P(ApplyRetentionTest, AnAnchorGoesWithItsVersionAndStaysWithIt) {
+  PublishTo(6);
+  Store* anchors = store_->anchors();
+  ASSERT_NE(anchors, nullptr);
+  for (int64_t v : {3, 5}) {
+    auto dir = testing::WriteTestVersion(tmp_ / "anchor" / std::to_string(v), v, {.seed = int(v)});
+    ASSERT_TRUE(dir.ok());
+    ASSERT_TRUE(anchors->PublishFiles(v, *dir).ok());
+  }
+  ASSERT_TRUE(PutHold(*store_, HoldOn("eval", 5), kNow).ok());
+  auto report = ApplyRetention(*store_, {.keep_last = 1}, kNow);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_THAT(report->deleted, ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(report->anchors_deleted, ElementsAre(3));
+  EXPECT_THAT(*anchors->ListVersions(), ElementsAre(5));
+  EXPECT_THAT(DescribeRetention(*report, false), HasSubstr("deleted the anchor of weight_v000003"));
+  // The anchor of the pointer's version is never deleted.
+  auto dir = testing::WriteTestVersion(tmp_ / "anchor" / "6", 6, {.seed = 6});
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(anchors->PublishFiles(6, *dir).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(anchors->DeleteVersion(6)));
 }
 
 TEST_P(ApplyRetentionTest, AHeldVersionStaysUntilItsHoldIsReleasedOrExpires) {

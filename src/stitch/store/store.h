@@ -10,6 +10,7 @@
 //   updates/weight_vNNNNNN/model.safetensors.index.json
 //   updates/weight_vNNNNNN/<payload files>
 //   updates/weight_vNNNNNN/<other files: config.json, tokenizer files, ...>
+//   anchors/updates/weight_vNNNNNN/          a FULL anchor of version N (anchors())
 //
 // Invariant: version bytes are complete and durable before the pointer can
 // name them. PublishFiles makes them so; AdvancePointer moves the pointer
@@ -173,6 +174,17 @@ class Store {
   [[nodiscard]] virtual absl::Status WriteRecord(std::string_view kind, std::string_view name,
                                                  std::string_view text);
   [[nodiscard]] virtual absl::Status DeleteRecord(std::string_view kind, std::string_view name);
+
+  // --- Anchors written after the fact (publish/anchor.h, `stitch compact`)
+  //
+  // The store of this store's anchors: FULL copies of DELTA versions,
+  // written after those were published, that a chain may start from instead
+  // of walking further back (MaterializeChain, retention). It is a store of
+  // the same kind under `<root>/anchors` (its version N: the anchor of
+  // version N), with no pointer of its own: deleting one of its versions
+  // obeys this store's pointer (CheckDeletable). Null for a store that keeps
+  // none (the default), and for an anchors store itself.
+  virtual Store* anchors() { return nullptr; }
 
   // The remote store (remote_store.h) that holds this store's versions, or
   // null for a store read in place. A version cache (fetch/) answers with

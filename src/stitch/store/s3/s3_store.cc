@@ -41,7 +41,7 @@ bool ValidHostName(std::string_view host) {
 
 }  // namespace
 
-S3Store::S3Store(S3Location location, std::string run_id, std::unique_ptr<S3Client> client,
+S3Store::S3Store(S3Location location, std::string run_id, std::shared_ptr<S3Client> client,
                  S3StoreOptions options)
     : location_(std::move(location)),
       run_id_(std::move(run_id)),

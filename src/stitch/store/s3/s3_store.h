@@ -4,6 +4,8 @@
 //   <prefix>/latest                                  the pointer (text)
 //   <prefix>/updates/weight_vNNNNNN/<payload files>  one version
 //   <prefix>/updates/weight_vNNNNNN/model.safetensors.index.json
+//   <prefix>/anchors/updates/weight_vNNNNNN/...      an anchor of version N
+//                                                    (store.h anchors())
 //   <prefix>/updates/weight_vNNNNNN/.receipts/<host>.json
 //                                                    multi-host upload receipts
 //                                                    (never part of the payload)
@@ -44,7 +46,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "stitch/format/index.h"
 #include "stitch/store/remote_store.h"
 #include "stitch/store/s3/s3_client.h"
@@ -132,6 +136,10 @@ class S3Store final : public RemoteStore {
                                          std::string_view text) override;
   [[nodiscard]] absl::Status DeleteRecord(std::string_view kind, std::string_view name) override;
 
+  // The S3 store at `<prefix>/anchors`, sharing this one's client.
+  Store* anchors() override;
+  std::unique_ptr<RemoteStore> OpenAnchors() override;
+
   // ---- Pieces of the multi-host protocol (publish/multihost.h) ----
 
   // Uploads `files` (payload names relative to `dir`, each a plain file:
@@ -181,7 +189,7 @@ class S3Store final : public RemoteStore {
   struct Upload;
   // Where multi-host receipts live inside a version directory.
   static constexpr std::string_view kReceiptsDir = ".receipts";
-  S3Store(S3Location location, std::string run_id, std::unique_ptr<S3Client> client,
+  S3Store(S3Location location, std::string run_id, std::shared_ptr<S3Client> client,
           S3StoreOptions options);
 
   // The pointer's text, parsed, and the ETag it was read with ("" when unset).
@@ -234,10 +242,14 @@ class S3Store final : public RemoteStore {
 
   const S3Location location_;
   const std::string run_id_;
-  const std::unique_ptr<S3Client> client_;
+  const std::shared_ptr<S3Client> client_;
   const S3StoreOptions options_;
   const std::string where_;  // "store s3://bucket/prefix"
   std::atomic<int64_t> uploaded_{0};
+  // Set for an anchors store: the store whose pointer guards its deletions.
+  S3Store* parent_ = nullptr;
+  absl::Mutex anchors_mu_;
+  std::unique_ptr<RemoteStore> anchors_ ABSL_GUARDED_BY(anchors_mu_);
 
   std::function<void()> before_pointer_write_;
 };

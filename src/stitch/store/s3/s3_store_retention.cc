@@ -54,8 +54,27 @@ absl::StatusOr<std::vector<int64_t>> S3Store::ListVersions() {
   return std::vector<int64_t>(out.begin(), out.end());
 }
 
+std::unique_ptr<RemoteStore> S3Store::OpenAnchors() {
+  if (parent_ != nullptr) return nullptr;
+  S3Location location = location_;
+  location.prefix = location.prefix.empty() ? "anchors" : absl::StrCat(location.prefix, "/anchors");
+  const size_t query = location.uri.find('?');
+  location.uri.insert(query == std::string::npos ? location.uri.size() : query, "/anchors");
+  auto store =
+      std::unique_ptr<S3Store>(new S3Store(std::move(location), run_id_, client_, options_));
+  store->parent_ = this;
+  return store;
+}
+
+Store* S3Store::anchors() {
+  if (parent_ != nullptr) return nullptr;
+  absl::MutexLock lock(&anchors_mu_);
+  if (anchors_ == nullptr) anchors_ = OpenAnchors();
+  return anchors_.get();
+}
+
 absl::Status S3Store::DeleteVersion(int64_t version) {
-  auto pointer = ReadPointer();
+  auto pointer = parent_ != nullptr ? parent_->ReadPointer() : ReadPointer();
   if (!pointer.ok()) return pointer.status();
   if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
   // The index first: without it the version is not published, and a
