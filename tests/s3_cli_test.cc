@@ -310,6 +310,39 @@ TEST_F(S3FleetTest, SidecarFollowsThePointerThroughS3) {
   EXPECT_EQ(Generate(r.url, R"({"exact_version":1})").status, 409);
 }
 
+// `stitch compact` on S3: the anchor of v2 is written under the store's
+// prefix, gc deletes v1 behind it, and a replica joining afterwards loads
+// the anchor and the DELTA after it through its cache.
+TEST_F(S3FleetTest, AReplicaJoiningAfterCompactAndGcStartsFromTheAnchor) {
+  PublishFullV1("");
+  PublishDeltaV2("");
+  ProcessResult init =
+      RunStitch({"engine", "init-model", (tmp() / "ckpt3").string(), "--layers", "1", "--hidden",
+                 "32", "--heads", "2", "--seed", "4", "--max-positions", "256"});
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  const std::string v3 = (out_ / "weight_v000003").string();
+  ProcessResult encode = RunStitch({"delta", "encode", "--base", (tmp() / "ckpt2").string(),
+                                    "--target", (tmp() / "ckpt3").string(), "--out", v3,
+                                    "--version", "3", "--base-version", "2", "--run-id", "r1"});
+  ASSERT_EQ(encode.exit_code, 0) << encode.err;
+  Publish(v3, "");
+
+  ProcessResult compact = RunStitch({"compact", "--store", Uri(), "--version", "2", "--cache-dir",
+                                     (tmp() / "compact-cache").string()});
+  ASSERT_EQ(compact.exit_code, 0) << compact.err;
+  EXPECT_TRUE(absl::StrContains(compact.out, "wrote the anchor of weight_v000002")) << compact.out;
+  ProcessResult gc = RunStitch({"gc", "--store", Uri(), "--keep-last", "1"});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_TRUE(absl::StrContains(gc.out, "deleted weight_v000001")) << gc.out;
+  EXPECT_TRUE(absl::StrContains(gc.out, "kept    weight_v000002: anchored")) << gc.out;
+
+  Replica r;
+  StartReplica("r", {"--cache-dir", (tmp() / "r" / "cache").string()}, r);
+  ASSERT_TRUE(Serves(r.url, 3)) << r.sidecar->err();
+  EXPECT_EQ(Generate(r.url, R"({"exact_version":3})").start, 3);
+  EXPECT_TRUE(fs::exists(tmp() / "r" / "cache"));
+}
+
 // A sidecar's value of one metric, or -1.
 double Metric(const std::string& url, std::string_view name) {
   auto r = HttpFetch("GET", url + "/metrics");

@@ -306,6 +306,45 @@ TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheEngine
   FollowsFullAndDeltaVersions(options);
 }
 
+// `stitch compact` anchors a chain of DELTAs after the fact and gc deletes
+// what is behind the anchor: a replica that joins then can only have
+// started from the anchor, and serves the pointer's weights.
+TEST_F(SidecarIntegrationTest, AReplicaJoiningAfterCompactAndGcStartsFromTheAnchor) {
+  ExpectOk(RunStitch({"claim", "--store", store_, "--run-id", "r1", "--boot-version", "0"}),
+           "claim");
+  std::string previous = base_;
+  for (int v = 1; v <= 4; ++v) {
+    const std::string next = (tmp_ / absl::StrCat("ckpt", v)).string();
+    InitModel(next, v + 1);
+    PublishDelta(v, previous, next);
+    previous = next;
+  }
+  ProcessResult unanchored = RunStitch({"compact", "--store", store_, "--version", "3"});
+  EXPECT_EQ(unanchored.exit_code, 1);
+  EXPECT_THAT(unanchored.err, HasSubstr("--base"));
+  ProcessResult compact = RunStitch(
+      {"compact", "--store", store_, "--version", "3", "--base", base_, "--boot-version", "0"});
+  ASSERT_EQ(compact.exit_code, 0) << compact.err;
+  EXPECT_THAT(compact.out, HasSubstr("wrote the anchor of weight_v000003"));
+  ProcessResult again = RunStitch({"compact", "--store", store_, "--version", "3"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_THAT(again.out, HasSubstr("has an anchor already"));
+  EXPECT_THAT(RunStitch({"status", "--store", store_}).out,
+              HasSubstr("anchors (stitch compact): weight_v000003"));
+  ProcessResult gc = RunStitch({"gc", "--store", store_, "--keep-last", "1"});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_THAT(gc.out, HasSubstr("kept    weight_v000003: anchored, chain of weight_v000004"));
+  EXPECT_THAT(gc.out, HasSubstr("2 kept, 2 deleted"));
+  EXPECT_FALSE(fs::exists(tmp_ / "store/updates" / VersionDirName(1)));
+
+  StartEngine(FleetOptions{}, "0");
+  StartSidecar(FleetOptions{});
+  ASSERT_TRUE(ServesVersion(4)) << sidecar_->err();
+  Generation g = Generate(url_, R"({"exact_version":4})");
+  ASSERT_EQ(g.status, 200) << g.body;
+  EXPECT_EQ(g.output, ReferenceOutput(previous));
+}
+
 TEST_F(SidecarIntegrationTest, FleetFollowsFullAndDeltaVersionsStagedByTheSidecar) {
   FleetOptions options;
   options.engine = "sglang-stock";

@@ -5,6 +5,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
+#include <boost/json/value_from.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "stitch/api/replica_client.h"
@@ -30,6 +32,7 @@
 #include "stitch/net/auth.h"
 #include "stitch/net/client.h"
 #include "stitch/pool/pool.h"
+#include "stitch/store/materialize_chain.h"
 #include "stitch/store/retention.h"
 #include "stitch/store/store.h"
 
@@ -184,6 +187,7 @@ int RunStatus(const StatusFlags& flags) {
   const absl::Time now = absl::Now();
   std::optional<std::string> pointer;
   std::vector<Hold> holds;
+  std::vector<int64_t> anchors;  // versions with an anchor written after the fact
   if (!flags.store.empty()) {
     const auto cache = std::filesystem::temp_directory_path() / "stitch-status-cache";
     auto store = OpenStore(flags.store, StoreOptions{{}, cache});
@@ -194,16 +198,25 @@ int RunStatus(const StatusFlags& flags) {
     auto listed = ListHolds(**store);
     if (!listed.ok()) return ReportFailure(Annotate(listed.status(), "status: --store"));
     holds = *std::move(listed);
+    auto anchored = ListAnchors(**store);
+    if (!anchored.ok()) return ReportFailure(Annotate(anchored.status(), "status: --store"));
+    anchors = *std::move(anchored);
   }
   if (flags.gateway.empty() && flags.pool.empty()) {
     if (flags.json) {
       boost::json::object o;
       o["pointer"] = *pointer;
       o["holds"] = HoldsJson(holds, now);
+      o["anchors"] = boost::json::value_from(anchors);
       std::cout << boost::json::serialize(o) << "\n";
     } else {
       std::printf("store pointer %s\n", pointer->c_str());
       PrintHolds(holds, now);
+      if (!anchors.empty()) {
+        std::vector<std::string> names;
+        for (int64_t v : anchors) names.push_back(VersionDirName(v));
+        std::printf("anchors (stitch compact): %s\n", absl::StrJoin(names, ", ").c_str());
+      }
     }
     return 0;
   }
@@ -221,6 +234,7 @@ int RunStatus(const StatusFlags& flags) {
     }
     boost::json::value v = boost::json::parse(ReplicasJson(*state, *pointer));
     v.as_object()["holds"] = HoldsJson(holds, now);
+    v.as_object()["anchors"] = boost::json::value_from(anchors);
     std::cout << boost::json::serialize(v) << "\n";
     return 0;
   }

@@ -1,9 +1,14 @@
-// `stitch gc`, `stitch hold` and `stitch release`: what a run of weeks keeps
-// of its versions (store/retention.h).
+// `stitch gc`, `stitch hold`, `stitch release` and `stitch compact`: what a
+// run of weeks keeps of its versions (store/retention.h), and anchors
+// written after the fact (publish/anchor.h).
+#include <unistd.h>
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -21,6 +26,7 @@
 #include "stitch/fetch/open_store.h"
 #include "stitch/net/auth.h"
 #include "stitch/pool/pool.h"
+#include "stitch/publish/anchor.h"
 #include "stitch/store/retention.h"
 
 namespace stitch {
@@ -264,9 +270,88 @@ void AddPoolFlags(CLI::App* cmd, PoolFlag* flag, bool hold) {
                   "File holding the fleet's bearer token (default: $STITCH_AUTH_TOKEN when set)");
 }
 
+struct CompactArgs : StoreFlag {
+  int64_t version = -1;  // -1: the pointer's
+  std::string cache_dir;
+  std::string work_dir;
+  std::string base;
+  int64_t boot_version = 0;
+};
+
+int RunCompact(const CompactArgs& args) {
+  auto fail = [](const absl::Status& s) { return ReportFailure(Annotate(s, "compact")); };
+  StoreOptions options;
+  options.cache_dir = args.cache_dir;
+  auto view = OpenStore(args.store, options);
+  if (!view.ok()) return fail(view.status());
+  auto pointer = ReadClaimedPointer(**view);
+  if (!pointer.ok()) return fail(pointer.status());
+  // The anchor is written as the pointer's run's.
+  options.run_id = pointer->run_id;
+  auto store = OpenStore(args.store, options);
+  if (!store.ok()) return fail(store.status());
+  const int64_t version = args.version < 0 ? pointer->version : args.version;
+  if (version > pointer->version) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(VersionDirName(version), " is past the pointer (", pointer->ToString(),
+                     "); compact versions the pointer has reached")));
+  }
+  Store* anchors = (*store)->anchors();
+  if (anchors == nullptr) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("store ", (*store)->uri(), " keeps no anchors")));
+  }
+  std::optional<BootCheckpoint> boot;
+  if (!args.base.empty()) boot = BootCheckpoint{args.base, args.boot_version};
+  const std::filesystem::path work =
+      std::filesystem::path(args.work_dir.empty() ? std::filesystem::temp_directory_path()
+                                                  : std::filesystem::path(args.work_dir)) /
+      absl::StrCat(".stitch-compact-", ::getpid());
+  struct Cleanup {
+    std::filesystem::path path;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{work};
+  auto written = WriteAnchorOf(**store, version, boot, work);
+  if (absl::IsAlreadyExists(written.status())) {
+    std::cout << written.status().message() << ": nothing to do\n";
+    return 0;
+  }
+  if (!written.ok()) return fail(written.status());
+  if (absl::Status s = anchors->PublishFiles(version, *written); !s.ok()) return fail(s);
+  auto bytes = MeasureChain(*anchors, version);
+  std::cout << "wrote the anchor of " << VersionDirName(version) << " in " << anchors->uri();
+  if (bytes.ok()) std::cout << " (" << bytes->anchor_bytes << " bytes)";
+  std::cout << ": a replica joining at or after it starts there\n";
+  spdlog::info("compact {}: anchored {}", (*store)->uri(), VersionDirName(version));
+  return 0;
+}
+
 }  // namespace
 
 void AddRetentionCommands(CLI::App& app, int* exit_code) {
+  static CompactArgs compact;
+  CLI::App* c = app.add_subcommand(
+      "compact",
+      "Write an anchor after the fact: a FULL copy of a DELTA version (default: the pointer's), "
+      "built from its chain, that later joins start from and that lets gc delete the chain "
+      "behind it");
+  AddStoreFlag(c, &compact);
+  c->add_option("--version", compact.version, "The version to anchor (default: the pointer's)");
+  c->add_option("--cache-dir", compact.cache_dir,
+                "Where a remote store's versions are downloaded to build the anchor");
+  c->add_option("--work-dir", compact.work_dir,
+                "Where the anchor is built before it is published; needs room for two copies of "
+                "the weights (default: the system's temporary directory)");
+  c->add_option("--base", compact.base,
+                "The run's boot checkpoint, when the chain reaches it (no FULL version or anchor "
+                "in the store before)");
+  c->add_option("--boot-version", compact.boot_version, "The boot checkpoint's version")
+      ->capture_default_str();
+  c->callback([exit_code] { *exit_code = RunCompact(compact); });
+
   static GcArgs gc;
   CLI::App* g = app.add_subcommand(
       "gc",

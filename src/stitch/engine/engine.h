@@ -66,7 +66,8 @@ struct StagePlan {
   int64_t base_version = 0;
   // Oldest first; the last one is `target`. The first is a FULL version (the
   // anchor) or a DELTA whose base is `base_version`. Every directory sits in
-  // `source_dir`.
+  // `source_dir`, but a first link that is an anchor written after the fact
+  // (store.h Store::anchors()), which sits in the anchors store's.
   std::vector<StagedVersion> chain;
   // The directory holding the chain's version directories (weight_vNNNNNN):
   // a filesystem store's `updates/`, or a remote store's local cache.

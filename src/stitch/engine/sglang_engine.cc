@@ -184,9 +184,14 @@ absl::StatusOr<std::unique_ptr<SglangEngine>> SglangEngine::Make(
 
 awaitable<absl::Status> SglangEngine::StageRequest(const std::string& run_id, int64_t base_version,
                                                    int64_t target_version,
-                                                   const std::filesystem::path* source_dir) {
+                                                   const std::filesystem::path* source_dir,
+                                                   const StagedVersion* anchor) {
   json::object body;
   body["base_checkpoint_dir"] = PathString(options_.base_checkpoint_dir);
+  if (anchor != nullptr) {
+    body["anchor_dir"] = PathString(anchor->dir);
+    body["anchor_version"] = anchor->version;
+  }
   body["base_version"] = base_version;
   body["target_version"] = target_version;
   if (!run_id.empty()) body["run_id"] = run_id;
@@ -204,6 +209,13 @@ awaitable<absl::Status> SglangEngine::InitializeDestination(const VersionRef& bo
 }
 
 awaitable<absl::Status> SglangEngine::Stage(const StagePlan& plan) {
+  // A chain starting from an anchor outside `source_dir` (written after the
+  // fact) names it: the engine's walk back from the target stops there.
+  if (!plan.chain.empty() && plan.chain.front().manifest.kind == VersionKind::kFull &&
+      plan.chain.front().dir.parent_path() != plan.source_dir) {
+    co_return co_await StageRequest(plan.target.run_id, plan.base_version, plan.target.version,
+                                    &plan.source_dir, &plan.chain.front());
+  }
   co_return co_await StageRequest(plan.target.run_id, plan.base_version, plan.target.version,
                                   &plan.source_dir);
 }

@@ -167,7 +167,8 @@ class SglangEngine final : public SglangHttpEngine {
   using SglangHttpEngine::SglangHttpEngine;
   boost::asio::awaitable<absl::Status> StageRequest(const std::string& run_id, int64_t base_version,
                                                     int64_t target_version,
-                                                    const std::filesystem::path* source_dir);
+                                                    const std::filesystem::path* source_dir,
+                                                    const StagedVersion* anchor = nullptr);
 };
 
 // Checks `options`: a URL that parses, a base checkpoint, a local checkpoint,

@@ -100,6 +100,34 @@ class SglangEngineTest : public ::testing::Test {
   EventLoop loop_;
 };
 
+TEST_F(SglangEngineTest, AChainFromAnAnchorWrittenAfterTheFactNamesIt) {
+  auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  StagePlan plan = Plan(tmp_ / "store/updates");
+  StagedVersion anchor;
+  anchor.version = 2;
+  anchor.manifest.version = 2;
+  anchor.manifest.kind = VersionKind::kFull;
+  anchor.dir = tmp_ / "store/anchors/updates" / VersionDirName(2);
+  StagedVersion delta;
+  delta.version = 3;
+  delta.manifest.version = 3;
+  delta.manifest.kind = VersionKind::kDelta;
+  delta.manifest.base_version = 2;
+  delta.dir = tmp_ / "store/updates" / VersionDirName(3);
+  plan.chain = {anchor, delta};
+  EXPECT_TRUE(Await((*engine)->Stage(plan)).ok());
+  auto stages = fake_.RequestsTo("/stage_weight_update");
+  ASSERT_EQ(stages.size(), 1u);
+  json::object stage = ParseObject(stages[0].body);
+  EXPECT_EQ(stage.at("base_checkpoint_dir").as_string(), (tmp_ / "base").string());
+  EXPECT_EQ(stage.at("base_version").as_int64(), 0);
+  EXPECT_EQ(stage.at("anchor_dir").as_string(), anchor.dir.string());
+  EXPECT_EQ(stage.at("anchor_version").as_int64(), 2);
+  EXPECT_EQ(stage.at("target_version").as_int64(), 3);
+  EXPECT_EQ(stage.at("checkpoint_source_dir").as_string(), (tmp_ / "store/updates").string());
+}
+
 TEST_F(SglangEngineTest, DiskDestinationStagesAndCommitsThroughTheEngine) {
   auto engine = SglangEngine::Make(loop_.executor(), Options(UpdateDestination::kDisk));
   ASSERT_TRUE(engine.ok()) << engine.status();

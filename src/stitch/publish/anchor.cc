@@ -63,7 +63,22 @@ absl::StatusOr<uint64_t> FilesBytes(const fs::path& dir, const std::vector<std::
 
 absl::StatusOr<ChainSinceAnchor> MeasureChain(Store& store, int64_t version) {
   ChainSinceAnchor chain;
+  auto anchored = ListAnchors(store);
+  if (!anchored.ok()) return anchored.status();
   for (int64_t v = version;;) {
+    if (std::binary_search(anchored->begin(), anchored->end(), v)) {
+      // An anchor written after the fact: the chain starts there.
+      auto anchor = store.anchors()->ReadManifest(v);
+      if (anchor.ok()) {
+        auto bytes = PayloadBytes(*store.anchors(), v, *anchor);
+        if (!bytes.ok()) return bytes.status();
+        chain.anchor = v;
+        chain.anchor_in_store = true;
+        chain.anchor_bytes = *bytes;
+        return chain;
+      }
+      if (!absl::IsNotFound(anchor.status())) return anchor.status();
+    }
     auto manifest = store.ReadManifest(v);
     if (!manifest.ok()) {
       // The run's boot version lives outside the store.
@@ -93,6 +108,60 @@ bool AnchorDue(const ChainSinceAnchor& chain, const AnchorBudget& budget,
   return full > 0 && chain.delta_bytes >= full;
 }
 
+namespace {
+
+// Folds `deltas` onto `anchor` into `<out_parent>/weight_vNNNNNN`, a FULL
+// version of `contents`' weights with its other files (from `dir`), and
+// checks the fingerprint against the DELTA's.
+absl::StatusOr<fs::path> FoldToFull(Store& store, const fs::path& dir,
+                                    const VersionDirContents& contents, const fs::path& anchor,
+                                    const std::vector<fs::path>& deltas, const ApplyOptions& apply,
+                                    const fs::path& out_parent) {
+  const int64_t version = contents.manifest.version;
+  fs::create_directories(out_parent);
+  Scratch scratch{out_parent / absl::StrCat(".anchor-work-", VersionDirName(version))};
+  fs::remove_all(scratch.path);
+  const fs::path materialized = scratch.path / "materialized";
+  if (auto m = MaterializeCheckpoint(anchor, deltas, materialized, apply); !m.ok()) {
+    return m.status();
+  }
+  const fs::path out = out_parent / VersionDirName(version);
+  fs::remove_all(out);
+  FullVersionOptions full;
+  full.version = version;
+  full.run_id = store.run_id();
+  if (auto w = WriteFullVersion(materialized, out, full); !w.ok()) return w.status();
+  for (const std::string& name : contents.other_files) {
+    fs::create_directories((out / name).parent_path());
+    if (absl::Status s = CopyFileDurably(dir / name, out / name); !s.ok()) return s;
+  }
+  auto written = ReadVersionDir(out, version);
+  if (!written.ok()) return written.status();
+  const std::string& want = contents.manifest.weights_fingerprint;
+  if (!want.empty() && written->manifest.weights_fingerprint != want) {
+    return WithKind(
+        absl::DataLossError(absl::StrCat(
+            "the FULL anchor written for ", VersionDirName(version), " has weights fingerprint ",
+            written->manifest.weights_fingerprint.empty() ? "(none)"
+                                                          : written->manifest.weights_fingerprint,
+            ", the DELTA records ", want, "; nothing was published")),
+        ErrorKind::kChecksumMismatch);
+  }
+  return out;
+}
+
+absl::StatusOr<VersionDirContents> ReadDelta(const fs::path& dir, int64_t version) {
+  auto contents = ReadVersionDir(dir, version);
+  if (!contents.ok()) return contents.status();
+  if (contents->manifest.kind != VersionKind::kDelta) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir.string(), " is a FULL version already: it needs no anchor written"));
+  }
+  return contents;
+}
+
+}  // namespace
+
 absl::StatusOr<fs::path> WriteAnchorFor(Store& store, const fs::path& delta_dir,
                                         const std::optional<fs::path>& base_checkpoint,
                                         const fs::path& out_parent, int threads) {
@@ -101,12 +170,8 @@ absl::StatusOr<fs::path> WriteAnchorFor(Store& store, const fs::path& delta_dir,
                            : delta_dir.lexically_normal().parent_path();
   auto version = ParseVersionDirName(dir.filename().string());
   if (!version.ok()) return version.status();
-  auto contents = ReadVersionDir(dir, *version);
+  auto contents = ReadDelta(dir, *version);
   if (!contents.ok()) return contents.status();
-  if (contents->manifest.kind != VersionKind::kDelta) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir.string(), " is a FULL version already: it needs no anchor written"));
-  }
   // Where the weights come from: the base checkpoint and this DELTA, or the
   // store's chain and this DELTA.
   fs::path anchor;
@@ -132,37 +197,55 @@ absl::StatusOr<fs::path> WriteAnchorFor(Store& store, const fs::path& delta_dir,
     for (size_t i = 1; i < chain->size(); ++i) deltas.push_back((*chain)[i].dir);
   }
   deltas.push_back(dir);
+  return FoldToFull(store, dir, *contents, anchor, deltas, apply, out_parent);
+}
 
-  fs::create_directories(out_parent);
-  Scratch scratch{out_parent / absl::StrCat(".anchor-work-", VersionDirName(*version))};
-  fs::remove_all(scratch.path);
-  const fs::path materialized = scratch.path / "materialized";
-  if (auto m = MaterializeCheckpoint(anchor, deltas, materialized, apply); !m.ok()) {
-    return m.status();
+absl::StatusOr<fs::path> WriteAnchorOf(Store& store, int64_t version,
+                                       const std::optional<BootCheckpoint>& boot,
+                                       const fs::path& out_parent, int threads) {
+  auto chain =
+      MaterializeChain(store, version, boot ? std::optional<int64_t>(boot->version) : std::nullopt);
+  if (!chain.ok()) {
+    if (absl::IsNotFound(chain.status()) && !boot) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot compact ", VersionDirName(version), ": ", chain.status().message(),
+                       "; when its chain starts at the run's boot checkpoint, give that (--base, "
+                       "--boot-version)"));
+    }
+    return Annotate(chain.status(), absl::StrCat("compacting ", VersionDirName(version)));
   }
-  const fs::path out = out_parent / VersionDirName(*version);
-  fs::remove_all(out);
-  FullVersionOptions full;
-  full.version = *version;
-  full.run_id = store.run_id();
-  if (auto w = WriteFullVersion(materialized, out, full); !w.ok()) return w.status();
-  for (const std::string& name : contents->other_files) {
-    fs::create_directories((out / name).parent_path());
-    if (absl::Status s = CopyFileDurably(dir / name, out / name); !s.ok()) return s;
+  if (chain->empty() || chain->back().version != version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        VersionDirName(version), " is the boot version: it is its own anchor, outside the store"));
   }
-  auto written = ReadVersionDir(out, *version);
-  if (!written.ok()) return written.status();
-  const std::string& want = contents->manifest.weights_fingerprint;
-  if (!want.empty() && written->manifest.weights_fingerprint != want) {
-    return WithKind(
-        absl::DataLossError(absl::StrCat(
-            "the FULL anchor written for ", VersionDirName(*version), " has weights fingerprint ",
-            written->manifest.weights_fingerprint.empty() ? "(none)"
-                                                          : written->manifest.weights_fingerprint,
-            ", the DELTA records ", want, "; nothing was published")),
-        ErrorKind::kChecksumMismatch);
+  if (chain->size() == 1 && chain->front().manifest.kind == VersionKind::kFull) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        VersionDirName(version),
+        chain->front().anchor ? " has an anchor already" : " is a FULL version already"));
   }
-  return out;
+  auto contents = ReadDelta(chain->back().dir, version);
+  if (!contents.ok()) return contents.status();
+  fs::path anchor;
+  std::vector<fs::path> deltas;
+  ApplyOptions apply;
+  apply.run_id = store.run_id();
+  apply.threads = threads;
+  size_t first = 0;
+  if (chain->front().manifest.kind == VersionKind::kFull) {
+    anchor = chain->front().dir;
+    first = 1;
+  } else if (boot) {
+    anchor = boot->dir;
+    apply.anchor_version = boot->version;
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot compact ", VersionDirName(version), ": its chain reaches ",
+        VersionDirName(chain->front().version - 1),
+        ", which the store does not hold (the run's boot checkpoint); give it (--base, "
+        "--boot-version)"));
+  }
+  for (size_t i = first; i < chain->size(); ++i) deltas.push_back((*chain)[i].dir);
+  return FoldToFull(store, chain->back().dir, *contents, anchor, deltas, apply, out_parent);
 }
 
 }  // namespace stitch

@@ -41,7 +41,9 @@ struct ChainSinceAnchor {
 [[nodiscard]] absl::StatusOr<uint64_t> FilesBytes(const std::filesystem::path& dir,
                                                   const std::vector<std::string>& files);
 
-// Walks back from `version` (published in `store`). Payload sizes come
+// Walks back from `version` (published in `store`) to a FULL version, an
+// anchor written after the fact (Store::anchors()) or the boot version
+// outside the store. Payload sizes come
 // from the store's records (a remote store: no download) or its files.
 [[nodiscard]] absl::StatusOr<ChainSinceAnchor> MeasureChain(Store& store, int64_t version);
 
@@ -62,6 +64,22 @@ bool AnchorDue(const ChainSinceAnchor& chain, const AnchorBudget& budget,
 [[nodiscard]] absl::StatusOr<std::filesystem::path> WriteAnchorFor(
     Store& store, const std::filesystem::path& delta_dir,
     const std::optional<std::filesystem::path>& base_checkpoint,
+    const std::filesystem::path& out_parent, int threads = 0);
+
+// A run's boot checkpoint: the anchor of the first DELTAs, outside the store.
+struct BootCheckpoint {
+  std::filesystem::path dir;
+  int64_t version = 0;
+};
+
+// `stitch compact`: writes `version` (a DELTA published in `store`) as a
+// FULL version of the same weights, `<out_parent>/weight_vNNNNNN`, from its
+// chain (back to a FULL version, an anchor, or `boot`), for the store's
+// anchors (Store::anchors()). AlreadyExists when the version is FULL or
+// has an anchor; FailedPrecondition when the chain reaches the boot
+// checkpoint and none was given; DataLoss as WriteAnchorFor.
+[[nodiscard]] absl::StatusOr<std::filesystem::path> WriteAnchorOf(
+    Store& store, int64_t version, const std::optional<BootCheckpoint>& boot,
     const std::filesystem::path& out_parent, int threads = 0);
 
 }  // namespace stitch

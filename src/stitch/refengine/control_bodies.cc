@@ -102,7 +102,13 @@ absl::StatusOr<StageRequest> ParseStageRequest(std::string_view body) {
   std::optional<std::string> source = r.String("checkpoint_source_dir");
   std::optional<std::string> local = r.String("local_checkpoint_dir");
   std::optional<std::string> run = r.String("run_id");
+  std::optional<std::string> anchor_dir = r.String("anchor_dir");
+  std::optional<VersionRef> anchor = ReadVersion(r, "anchor_version");
   if (!r.ok()) return r.status();
+  if (anchor_dir.has_value() != anchor.has_value()) {
+    return absl::InvalidArgumentError(
+        "\"anchor_dir\" and \"anchor_version\" come together, or not at all");
+  }
   for (auto [name, present] :
        {std::pair<std::string_view, bool>{"base_checkpoint_dir", base_dir.has_value()},
         {"base_version", base.has_value()},
@@ -120,6 +126,7 @@ absl::StatusOr<StageRequest> ParseStageRequest(std::string_view body) {
   }
   MergeRun(r, "base_version", base->run_id, &out.run_id);
   MergeRun(r, "target_version", target->run_id, &out.run_id);
+  if (anchor.has_value()) MergeRun(r, "anchor_version", anchor->run_id, &out.run_id);
   if (!r.ok()) return r.status();
   absl::StatusOr<UpdateDestination> dest = ParseUpdateDestination(*destination);
   if (!dest.ok()) return Annotate(dest.status(), "field \"destination\"");
@@ -131,6 +138,16 @@ absl::StatusOr<StageRequest> ParseStageRequest(std::string_view body) {
   out.base_version = base->version;
   out.target_version = target->version;
   if (source.has_value()) out.checkpoint_source_dir = std::filesystem::path(*source);
+  if (anchor.has_value()) {
+    if (anchor_dir->empty() || !source.has_value() || anchor->version <= base->version ||
+        anchor->version > target->version) {
+      return absl::InvalidArgumentError(
+          "\"anchor_dir\" needs \"checkpoint_source_dir\" and an \"anchor_version\" after "
+          "\"base_version\", at most \"target_version\"");
+    }
+    out.anchor_dir = std::filesystem::path(*anchor_dir);
+    out.anchor_version = anchor->version;
+  }
   if (out.destination == UpdateDestination::kDisk) {
     if (!local.has_value() || local->empty()) {
       return absl::InvalidArgumentError(

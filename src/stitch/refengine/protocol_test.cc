@@ -312,6 +312,14 @@ TEST(ProtocolTest, ParsesControlBodies) {
   EXPECT_EQ(stage->target_version, 5);
   EXPECT_EQ(stage->destination, UpdateDestination::kDisk);
   EXPECT_EQ(stage->checkpoint_source_dir, std::filesystem::path("/store/updates"));
+  EXPECT_FALSE(stage->anchor_dir.has_value());
+  absl::StatusOr<StageRequest> anchored = ParseStageRequest(R"({
+    "base_checkpoint_dir": "/boot", "base_version": 0, "target_version": 5,
+    "destination": "cpu", "checkpoint_source_dir": "/store/updates",
+    "anchor_dir": "/store/anchors/updates/weight_v000003", "anchor_version": 3})");
+  ASSERT_TRUE(anchored.ok()) << anchored.status();
+  EXPECT_EQ(anchored->anchor_dir, std::filesystem::path("/store/anchors/updates/weight_v000003"));
+  EXPECT_EQ(anchored->anchor_version, 3);
 
   auto stage_refusal = [](std::string_view body) {
     absl::StatusOr<StageRequest> r = ParseStageRequest(body);
@@ -320,6 +328,15 @@ TEST(ProtocolTest, ParsesControlBodies) {
   };
   EXPECT_THAT(stage_refusal(R"({"base_version": 0, "target_version": 1, "destination": "cpu"})"),
               HasSubstr("base_checkpoint_dir"));
+  EXPECT_THAT(stage_refusal(R"({"base_checkpoint_dir": "/b", "base_version": 0,
+                                "target_version": 1, "destination": "cpu",
+                                "anchor_dir": "/a"})"),
+              HasSubstr("come together"));
+  EXPECT_THAT(stage_refusal(R"({"base_checkpoint_dir": "/b", "base_version": 0,
+                                "target_version": 4, "destination": "cpu",
+                                "checkpoint_source_dir": "/s", "anchor_dir": "/a",
+                                "anchor_version": 5})"),
+              HasSubstr("at most \"target_version\""));
   EXPECT_THAT(stage_refusal(R"({"base_checkpoint_dir": "/b", "base_version": 0,
                                 "target_version": 1, "destination": "gpu"})"),
               HasSubstr("destination"));

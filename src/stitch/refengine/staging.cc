@@ -67,7 +67,8 @@ absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
       plan.anchor_version = base;
       break;
     }
-    const fs::path dir = source / VersionDirName(v);
+    const bool anchored = request.anchor_dir.has_value() && v == request.anchor_version;
+    const fs::path dir = anchored ? *request.anchor_dir : source / VersionDirName(v);
     if (!IsDirectory(dir)) {
       return absl::NotFoundError(absl::StrCat(
           "checkpoint_source_dir ", source.string(), " has no ", VersionDirName(v),
@@ -94,6 +95,10 @@ absl::StatusOr<WeightStagePlan> PlanStage(const StageRequest& request,
       plan.anchor_dir = dir;
       plan.anchor_version = v;
       break;
+    }
+    if (anchored) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("anchor_dir ", dir.string(), " is not a FULL version"));
     }
     if (manifest->base_version != v - 1) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -60,6 +60,11 @@ struct StageRequest {
   UpdateDestination destination = UpdateDestination::kDisk;
   // A store's updates/ directory; nullopt initializes at the base version.
   std::optional<std::filesystem::path> checkpoint_source_dir;
+  // An anchor written after the fact (store.h Store::anchors()): a FULL copy
+  // of version `anchor_version` that the walk back from the target stops
+  // at, in place of that version's DELTA. nullopt: none.
+  std::optional<std::filesystem::path> anchor_dir;
+  int64_t anchor_version = 0;
   // disk only: the directory to materialize into.
   std::filesystem::path local_checkpoint_dir;
   // cpu only: the version the engine serves (a patch starts from it);

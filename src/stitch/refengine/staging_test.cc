@@ -97,6 +97,30 @@ TEST_F(StagingTest, PlansFromTheNewestAnchorAtOrBelowTheTarget) {
   EXPECT_EQ(held->deltas.size(), 1u);
 }
 
+TEST_F(StagingTest, AnAnchorWrittenAfterTheFactEndsTheWalkAndMustBeFull) {
+  // A FULL copy of v2, outside updates/: the walk from v2 stops there.
+  const fs::path anchors = tmp_ / "store" / "anchors" / "updates";
+  ASSERT_TRUE(testing::PublishFull(anchors, 2, versions_[2], "run-a").ok());
+  StageRequest r = Request(2, UpdateDestination::kCpu);
+  r.anchor_dir = anchors / "weight_v000002";
+  r.anchor_version = 2;
+  absl::StatusOr<WeightStagePlan> plan = PlanStage(r, std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->anchor_dir, anchors / "weight_v000002");
+  EXPECT_EQ(plan->anchor_version, 2);
+  EXPECT_TRUE(plan->deltas.empty());
+  WeightStager stager(config_, 1);
+  absl::StatusOr<StageResult> staged = stager.Stage(r);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->anchor_version, 2);
+  absl::StatusOr<PreparedWeights> p = stager.TakePrepared(2, "run-a");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(SameWeights(*p->weights, *Expected(2)));
+  // A DELTA named as the anchor is refused.
+  r.anchor_dir = updates_ / "weight_v000002";
+  EXPECT_THAT(PlanStage(r, std::nullopt).status().message(), HasSubstr("not a FULL version"));
+}
+
 TEST_F(StagingTest, CpuStagesADeltaChainThenContinuesFromTheHeldImage) {
   WeightStager stager(config_, 1);
   absl::StatusOr<StageResult> two = stager.Stage(Request(2, UpdateDestination::kCpu));

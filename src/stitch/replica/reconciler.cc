@@ -468,7 +468,10 @@ awaitable<absl::StatusOr<Reconciler::Plan>> Reconciler::MakePlan(const VersionRe
     plan.stage.base_version = boot;
     plan.stage.source_dir = chain->back().dir.parent_path();
     for (ChainLink& link : *chain) {
-      if (link.dir.parent_path() != plan.stage.source_dir) {
+      // An anchor written after the fact lives in the anchors store's
+      // directory; every other link in the store's.
+      const bool outside_ok = link.anchor && &link == &chain->front();
+      if (!outside_ok && link.dir.parent_path() != plan.stage.source_dir) {
         return absl::InternalError(absl::StrCat(store_.uri(), ": versions of ", target.ToString(),
                                                 "'s chain are materialized in different "
                                                 "directories (",
