@@ -110,19 +110,32 @@ bool AnchorDue(const ChainSinceAnchor& chain, const AnchorBudget& budget,
 
 namespace {
 
-// Folds `deltas` onto `anchor` into `<out_parent>/weight_vNNNNNN`, a FULL
+// Folds `fold` into `<out_parent>/weight_vNNNNNN`, a FULL
 // version of `contents`' weights with its other files (from `dir`), and
 // checks the fingerprint against the DELTA's.
+// Where a FULL version's weights come from: an anchor and the DELTAs after it.
+struct Fold {
+  fs::path anchor;
+  std::vector<fs::path> deltas;
+  ApplyOptions apply;
+};
+
+Fold StartFold(Store& store, int threads) {
+  Fold fold;
+  fold.apply.run_id = store.run_id();
+  fold.apply.threads = threads;
+  return fold;
+}
+
 absl::StatusOr<fs::path> FoldToFull(Store& store, const fs::path& dir,
-                                    const VersionDirContents& contents, const fs::path& anchor,
-                                    const std::vector<fs::path>& deltas, const ApplyOptions& apply,
+                                    const VersionDirContents& contents, const Fold& fold,
                                     const fs::path& out_parent) {
   const int64_t version = contents.manifest.version;
   fs::create_directories(out_parent);
   Scratch scratch{out_parent / absl::StrCat(".anchor-work-", VersionDirName(version))};
   fs::remove_all(scratch.path);
   const fs::path materialized = scratch.path / "materialized";
-  if (auto m = MaterializeCheckpoint(anchor, deltas, materialized, apply); !m.ok()) {
+  if (auto m = MaterializeCheckpoint(fold.anchor, fold.deltas, materialized, fold.apply); !m.ok()) {
     return m.status();
   }
   const fs::path out = out_parent / VersionDirName(version);
@@ -174,14 +187,10 @@ absl::StatusOr<fs::path> WriteAnchorFor(Store& store, const fs::path& delta_dir,
   if (!contents.ok()) return contents.status();
   // Where the weights come from: the base checkpoint and this DELTA, or the
   // store's chain and this DELTA.
-  fs::path anchor;
-  std::vector<fs::path> deltas;
-  ApplyOptions apply;
-  apply.run_id = store.run_id();
-  apply.threads = threads;
+  Fold fold = StartFold(store, threads);
   if (base_checkpoint) {
-    anchor = *base_checkpoint;
-    apply.anchor_version = *version - 1;
+    fold.anchor = *base_checkpoint;
+    fold.apply.anchor_version = *version - 1;
   } else {
     auto chain = MaterializeChain(store, *version - 1, std::nullopt);
     if (!chain.ok() || chain->empty() || chain->front().manifest.kind != VersionKind::kFull) {
@@ -193,11 +202,11 @@ absl::StatusOr<fs::path> WriteAnchorFor(Store& store, const fs::path& delta_dir,
           chain.ok() ? "" : absl::StrCat(" (", chain.status().message(), ")"),
           "; give the complete checkpoint of ", VersionDirName(*version - 1), " (--base)"));
     }
-    anchor = chain->front().dir;
-    for (size_t i = 1; i < chain->size(); ++i) deltas.push_back((*chain)[i].dir);
+    fold.anchor = chain->front().dir;
+    for (size_t i = 1; i < chain->size(); ++i) fold.deltas.push_back((*chain)[i].dir);
   }
-  deltas.push_back(dir);
-  return FoldToFull(store, dir, *contents, anchor, deltas, apply, out_parent);
+  fold.deltas.push_back(dir);
+  return FoldToFull(store, dir, *contents, fold, out_parent);
 }
 
 absl::StatusOr<fs::path> WriteAnchorOf(Store& store, int64_t version,
@@ -225,18 +234,14 @@ absl::StatusOr<fs::path> WriteAnchorOf(Store& store, int64_t version,
   }
   auto contents = ReadDelta(chain->back().dir, version);
   if (!contents.ok()) return contents.status();
-  fs::path anchor;
-  std::vector<fs::path> deltas;
-  ApplyOptions apply;
-  apply.run_id = store.run_id();
-  apply.threads = threads;
+  Fold fold = StartFold(store, threads);
   size_t first = 0;
   if (chain->front().manifest.kind == VersionKind::kFull) {
-    anchor = chain->front().dir;
+    fold.anchor = chain->front().dir;
     first = 1;
   } else if (boot) {
-    anchor = boot->dir;
-    apply.anchor_version = boot->version;
+    fold.anchor = boot->dir;
+    fold.apply.anchor_version = boot->version;
   } else {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot compact ", VersionDirName(version), ": its chain reaches ",
@@ -244,8 +249,8 @@ absl::StatusOr<fs::path> WriteAnchorOf(Store& store, int64_t version,
         ", which the store does not hold (the run's boot checkpoint); give it (--base, "
         "--boot-version)"));
   }
-  for (size_t i = first; i < chain->size(); ++i) deltas.push_back((*chain)[i].dir);
-  return FoldToFull(store, chain->back().dir, *contents, anchor, deltas, apply, out_parent);
+  for (size_t i = first; i < chain->size(); ++i) fold.deltas.push_back((*chain)[i].dir);
+  return FoldToFull(store, chain->back().dir, *contents, fold, out_parent);
 }
 
 }  // namespace stitch
