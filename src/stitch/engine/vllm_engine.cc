@@ -61,11 +61,11 @@ awaitable<absl::Status> VllmEngine::Stage(const StagePlan& plan) {
   absl::Status s = co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
   if (!s.ok() || !options_.patch) co_return s;
   reload_reason_ = co_await StagePatch(plan);
-  if (reload_reason_.code.empty()) {
+  if (reload_reason_.blocker == PatchBlocker::kNone) {
     patch_staged_ = plan.target;
   } else {
     spdlog::info("{} will be committed by a full reload ({}): {}", plan.target.ToString(),
-                 reload_reason_.code, reload_reason_.detail);
+                 PatchBlockerName(reload_reason_.blocker), reload_reason_.detail);
     // An earlier target's patch will not be applied: free it while serving.
     co_await DiscardPatch();
   }
@@ -79,34 +79,48 @@ awaitable<void> VllmEngine::DiscardPatch() {
                             options_.control_timeout);
 }
 
-VllmEngine::ReloadReason VllmEngine::PatchBlocker(
+VllmEngine::ReloadReason VllmEngine::FindPatchBlocker(
     const StagePlan& plan, std::vector<std::filesystem::path>& deltas) const {
-  if (!live_.has_value()) return {"unknown-base", "what the engine holds is not known"};
-  if (live_->run_id != plan.target.run_id) return {"other-run", "the engine holds another run"};
-  if (live_->version >= plan.target.version) {
-    return {"not-after", "the target is not after what the engine holds"};
+  const bool failed_before = patch_failed_.has_value() && *patch_failed_ == plan.target;
+  const PatchBlocker before = PatchBlockerBefore(true, live_, plan.target, failed_before);
+  switch (before) {
+    case PatchBlocker::kNone:
+      break;
+    case PatchBlocker::kUnknownBase:
+      return {before, "what the engine holds is not known"};
+    case PatchBlocker::kOtherRun:
+      return {before, "the engine holds another run"};
+    case PatchBlocker::kNotAfter:
+      return {before, "the target is not after what the engine holds"};
+    case PatchBlocker::kPatchFailed:
+      return {before, "its patch failed and was undone"};
+    default:
+      return {before, std::string(PatchBlockerName(before))};
   }
-  if (patch_failed_.has_value() && *patch_failed_ == plan.target) {
-    return {"patch-failed", "its patch failed and was undone"};
-  }
+  std::vector<PatchChainLink> links;
   for (const StagedVersion& v : plan.chain) {
-    if (v.version <= live_->version) continue;
-    if (v.manifest.kind == VersionKind::kFull) {
-      return {"full-version",
-              absl::StrCat("a FULL version (", v.version, ") since what the engine holds")};
-    }
-    deltas.push_back(v.dir);
+    links.push_back({v.version, v.manifest.kind});
+    if (v.version > live_->version) deltas.push_back(v.dir);
   }
-  if (static_cast<int64_t>(deltas.size()) != plan.target.version - live_->version) {
-    return {"chain-gap",
-            absl::StrCat("the chain does not hold every DELTA since ", live_->ToString())};
+  switch (PatchBlockerOfChain(links, *live_, plan.target)) {
+    case PatchBlocker::kNone:
+      return {};
+    case PatchBlocker::kFullVersion:
+      return {PatchBlocker::kFullVersion,
+              "a FULL version lies between what the engine holds and "
+              "the target"};
+    default:
+      return {PatchBlocker::kChainGap,
+              absl::StrCat("the chain does not hold every DELTA since ", live_->ToString())};
   }
-  return {};
 }
 
 awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
   std::vector<std::filesystem::path> deltas;
-  if (ReloadReason blocker = PatchBlocker(plan, deltas); !blocker.code.empty()) co_return blocker;
+  if (ReloadReason blocker = FindPatchBlocker(plan, deltas);
+      blocker.blocker != PatchBlocker::kNone) {
+    co_return blocker;
+  }
   // A patch is exact only on the weights it was made from: the engine must
   // still say it holds them (a restarted vLLM holds its boot weights, a
   // sidecar that restarted beside a running vLLM starts from the boot
@@ -114,7 +128,7 @@ awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan
   auto report = co_await Report(options_.control_timeout);
   if (!report.ok() || report->held != live_) {
     co_return ReloadReason{
-        "engine-label",
+        PatchBlocker::kEngineLabel,
         absl::StrCat("the engine reports ",
                      report.ok() ? absl::StrCat("\"", report->label, "\"")
                                  : std::string(report.status().message()),
@@ -129,7 +143,7 @@ awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan
   });
   if (!written.ok()) {
     const bool dense = written.status().code() == absl::StatusCode::kFailedPrecondition;
-    co_return ReloadReason{dense ? "dense" : "patch-error",
+    co_return ReloadReason{dense ? PatchBlocker::kDense : PatchBlocker::kPatchError,
                            std::string(written.status().message())};
   }
   json::object rpc;
@@ -141,7 +155,7 @@ awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan
   if (absl::Status s =
           co_await http_.Post("/collective_rpc", std::move(body), options_.commit_timeout);
       !s.ok()) {
-    co_return ReloadReason{"engine-refused",
+    co_return ReloadReason{PatchBlocker::kEngineRefused,
                            absl::StrCat("the engine did not stage the patch: ", s.message())};
   }
   engine_holds_patch_ = true;
@@ -193,7 +207,11 @@ awaitable<absl::Status> VllmEngine::Commit(const VersionRef& target, CommitOptio
       co_return held;
     }
     committed = co_await Reload(local, target, options.flush_cache);
-    if (committed.ok()) commit_paths_.Count("reload", options_.patch ? reload_reason_.code : "off");
+    if (committed.ok()) {
+      commit_paths_.Count("reload",
+                          std::string(PatchBlockerName(options_.patch ? reload_reason_.blocker
+                                                                      : PatchBlocker::kOff)));
+    }
   }
   if (committed.ok()) live_ = target;
   co_return committed;

@@ -57,6 +57,7 @@
 #include <boost/asio/any_io_executor.hpp>
 
 #include "absl/status/statusor.h"
+#include "stitch/delta/patch_rules.h"
 #include "stitch/engine/engine.h"
 #include "stitch/engine/engine_http.h"
 #include "stitch/net/worker_pool.h"
@@ -152,13 +153,13 @@ class VllmEngine final : public Engine {
   // code (a /metrics label) and the details (for the log); empty code: it
   // patches.
   struct ReloadReason {
-    std::string code;
+    PatchBlocker blocker = PatchBlocker::kNone;  // delta/patch_rules.h
     std::string detail;
   };
   // Why `plan` cannot be committed as a patch from what the engine holds,
   // or nothing with the DELTA directories after it in `deltas`.
-  ReloadReason PatchBlocker(const StagePlan& plan,
-                            std::vector<std::filesystem::path>& deltas) const;
+  ReloadReason FindPatchBlocker(const StagePlan& plan,
+                                std::vector<std::filesystem::path>& deltas) const;
   // Writes and stages the patch to `plan.target`: nothing once the engine
   // holds it, else why the commit will reload instead.
   boost::asio::awaitable<ReloadReason> StagePatch(const StagePlan& plan);
@@ -180,7 +181,7 @@ class VllmEngine final : public Engine {
   // Whether the engine holds a staged patch not yet applied or discarded
   // (its memory is freed by stitch_patch_discard).
   bool engine_holds_patch_ = false;
-  ReloadReason reload_reason_{"no-patch-staged", "no patch was staged"};
+  ReloadReason reload_reason_{PatchBlocker::kNoPatchStaged, "no patch was staged"};
   // A target whose patch failed: it reloads.
   std::optional<VersionRef> patch_failed_;
   CommitPathCounter commit_paths_;

@@ -12,6 +12,7 @@
 #include "stitch/core/manifest.h"
 #include "stitch/delta/delta_apply.h"
 #include "stitch/delta/delta_version.h"
+#include "stitch/delta/patch_rules.h"
 #include "stitch/format/index.h"
 #include "stitch/io/fileio.h"
 
@@ -283,29 +284,24 @@ std::shared_ptr<const WeightPatch> WeightStager::PatchFromServing(const StageReq
     absl::MutexLock lock(&mu_);
     failed_before = patch_failed_.has_value() && *patch_failed_ == target;
   }
-  if (patch_max_density_ <= 0) {
-    reason = "off";
-  } else if (!request.serving.has_value()) {
-    reason = "unknown-base";
-  } else if (request.serving->run_id != target.run_id) {
-    reason = "other-run";
-  } else if (request.serving->version >= target.version) {
-    reason = "not-after";
-  } else if (failed_before) {
-    reason = "patch-failed";
+  auto blocked = [&reason](PatchBlocker blocker) {
+    reason = std::string(PatchBlockerName(blocker));
+    return nullptr;
+  };
+  if (const PatchBlocker before =
+          PatchBlockerBefore(patch_max_density_ > 0, request.serving, target, failed_before);
+      before != PatchBlocker::kNone) {
+    return blocked(before);
   }
-  if (!reason.empty()) return nullptr;
   absl::StatusOr<WeightStagePlan> chain = PlanStage(request, request.serving->version);
   if (!chain.ok()) {
-    reason = "chain";
     spdlog::warn("no patch from {} to {}: {}", request.serving->ToString(), target.ToString(),
                  std::string(chain.status().message()));
-    return nullptr;
+    return blocked(PatchBlocker::kChainGap);
   }
-  if (!chain->anchor_is_held) {
-    reason = "full-version";
-    return nullptr;
-  }
+  // The walk stopped at a FULL version (or the boot checkpoint) before it
+  // reached the served one.
+  if (!chain->anchor_is_held) return blocked(PatchBlocker::kFullVersion);
   std::vector<PatchTargetTensor> tensors;
   for (const auto& [name, t] : image_.tensors()) {
     const ImageTensor* held = &t;
@@ -321,10 +317,10 @@ std::shared_ptr<const WeightPatch> WeightStager::PatchFromServing(const StageReq
   absl::StatusOr<WeightPatch> patch =
       BuildWeightPatch(chain->deltas, tensors, "the staged image", options);
   if (!patch.ok()) {
-    reason = absl::IsFailedPrecondition(patch.status()) ? "dense" : "patch-error";
     spdlog::info("no patch from {} to {}: {}", request.serving->ToString(), target.ToString(),
                  std::string(patch.status().message()));
-    return nullptr;
+    return blocked(absl::IsFailedPrecondition(patch.status()) ? PatchBlocker::kDense
+                                                              : PatchBlocker::kPatchError);
   }
   return std::make_shared<const WeightPatch>(*std::move(patch));
 }

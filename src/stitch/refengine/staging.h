@@ -110,13 +110,9 @@ struct PreparedWeights {
   std::shared_ptr<const ModelWeights> weights;  // null for a patch
   std::shared_ptr<const WeightPatch> patch;     // null for whole weights
   VersionRef version;
-  // Why whole weights: "off" (patches disabled), "unknown-base" (the
-  // serving version was not given), "other-run", "not-after" (the target
-  // is not after the serving version), "patch-failed" (a patch to this
-  // target was undone), "full-version" (a FULL version or the boot
-  // checkpoint lies between), "chain" (the deltas could not be planned),
-  // "dense" (over the maximum density), "patch-error" (building it
-  // failed); "" for a patch.
+  // Why whole weights: a PatchBlocker's name (delta/patch_rules.h; "off",
+  // "unknown-base", "other-run", "not-after", "patch-failed",
+  // "full-version", "chain-gap", "dense", "patch-error"); "" for a patch.
   std::string reason;
 };
 
