@@ -30,7 +30,14 @@ absl::StatusOr<std::vector<ChainLink>> MaterializeChain(Store& store, int64_t ta
     if (anchors.contains(version)) {
       auto anchor = store.anchors()->ReadManifest(version);
       if (anchor.ok()) {
-        if (anchor->kind != VersionKind::kFull || anchor->version != version) {
+        // It stands for the published version: the same version, FULL,
+        // with the weights fingerprint the version records (if it records
+        // one: compact checked the anchor's against it).
+        auto published = store.ReadManifest(version);
+        if (!published.ok()) return published.status();
+        if (anchor->kind != VersionKind::kFull || anchor->version != version ||
+            (!published->weights_fingerprint.empty() &&
+             anchor->weights_fingerprint != published->weights_fingerprint)) {
           return absl::DataLossError(absl::StrCat(where, ": the anchor of ",
                                                   VersionDirName(version),
                                                   " is not a FULL copy of that version"));

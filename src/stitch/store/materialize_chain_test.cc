@@ -147,5 +147,24 @@ TEST_F(MaterializeChainTest, RefusesAnAnchorThatIsNotAFullCopyOfItsVersion) {
   EXPECT_TRUE(absl::IsDataLoss(chain.status())) << chain.status().message();
 }
 
+TEST_F(MaterializeChainTest, RefusesAnAnchorOfOtherWeightsThanItsVersionRecords) {
+  auto with_fingerprint = [&](const fs::path& dir, const std::string& fingerprint) {
+    auto index = ReadIndex(dir);
+    ASSERT_TRUE(index.ok());
+    index->metadata[std::string(kWeightsFingerprintKey)] = fingerprint;
+    ASSERT_TRUE(WriteIndex(dir, *index).ok());
+  };
+  Publish(1, 0);
+  const fs::path two = WriteVersion(tmp_ / "src", 2, 1);
+  with_fingerprint(two, std::string(32, 'a'));
+  ASSERT_TRUE(store_->PublishFiles(2, two).ok());
+  Publish(3, 2);
+  const fs::path anchor = WriteVersion(tmp_ / "anchor", 2, -1);
+  with_fingerprint(anchor, std::string(32, 'b'));
+  ASSERT_TRUE(store_->anchors()->PublishFiles(2, anchor).ok());
+  auto chain = MaterializeChain(*store_, 3, std::nullopt);
+  EXPECT_TRUE(absl::IsDataLoss(chain.status())) << chain.status().message();
+}
+
 }  // namespace
 }  // namespace stitch
