@@ -211,13 +211,11 @@ awaitable<absl::Status> SglangEngine::InitializeDestination(const VersionRef& bo
 awaitable<absl::Status> SglangEngine::Stage(const StagePlan& plan) {
   // A chain starting from an anchor outside `source_dir` (written after the
   // fact) names it: the engine's walk back from the target stops there.
-  if (!plan.chain.empty() && plan.chain.front().manifest.kind == VersionKind::kFull &&
-      plan.chain.front().dir.parent_path() != plan.source_dir) {
-    co_return co_await StageRequest(plan.target.run_id, plan.base_version, plan.target.version,
-                                    &plan.source_dir, &plan.chain.front());
-  }
+  const bool anchored = !plan.chain.empty() &&
+                        plan.chain.front().manifest.kind == VersionKind::kFull &&
+                        plan.chain.front().dir.parent_path() != plan.source_dir;
   co_return co_await StageRequest(plan.target.run_id, plan.base_version, plan.target.version,
-                                  &plan.source_dir);
+                                  &plan.source_dir, anchored ? &plan.chain.front() : nullptr);
 }
 
 awaitable<absl::Status> SglangEngine::Commit(const VersionRef& target, CommitOptions options) {

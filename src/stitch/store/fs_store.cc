@@ -505,10 +505,6 @@ absl::StatusOr<std::vector<int64_t>> FsStore::ListVersions() {
   return out;
 }
 
-absl::StatusOr<std::optional<VersionRef>> FsStore::GuardPointer() {
-  return parent_ != nullptr ? parent_->ReadPointer() : ReadPointer();
-}
-
 Store* FsStore::anchors() {
   if (parent_ != nullptr) return nullptr;
   absl::MutexLock lock(&anchors_mu_);
@@ -520,7 +516,8 @@ Store* FsStore::anchors() {
 }
 
 absl::Status FsStore::DeleteVersion(int64_t version) {
-  auto pointer = GuardPointer();
+  // An anchors store obeys its parent's pointer.
+  auto pointer = parent_ != nullptr ? parent_->ReadPointer() : ReadPointer();
   if (!pointer.ok()) return pointer.status();
   if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
   const fs::path dir = VersionDir(version);

@@ -139,8 +139,6 @@ class FsStore final : public Store {
   // kWholeVersion anywhere in that directory.
   [[nodiscard]] absl::Status CheckNoLinks(int64_t version, LinkCheck scope) const;
   FsStore(std::filesystem::path root, std::string run_id, IndexBounds index_bounds);
-  // The pointer that guards deletion: the parent's for an anchors store.
-  [[nodiscard]] absl::StatusOr<std::optional<VersionRef>> GuardPointer();
 
   // `<root>/<kind>/<name>` after validating both words.
   [[nodiscard]] absl::StatusOr<std::filesystem::path> RecordPath(std::string_view kind,

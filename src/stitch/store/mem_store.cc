@@ -264,12 +264,10 @@ Store* MemStore::anchors() {
 }
 
 absl::Status MemStore::DeleteVersion(int64_t version) {
-  std::optional<absl::StatusOr<std::optional<VersionRef>>> guard;
-  if (parent_ != nullptr) guard = parent_->ReadPointer();
-  absl::MutexLock lock(&state_->mu);
-  auto pointer =
-      guard ? *std::move(guard) : ParsePointerText(where_, state_->pointer_text.value_or(""));
+  // An anchors store obeys its parent's pointer.
+  auto pointer = parent_ != nullptr ? parent_->ReadPointer() : ReadPointer();
   if (!pointer.ok()) return pointer.status();
+  absl::MutexLock lock(&state_->mu);
   if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
   state_->versions.erase(version);
   return absl::OkStatus();

@@ -74,6 +74,7 @@ Store* S3Store::anchors() {
 }
 
 absl::Status S3Store::DeleteVersion(int64_t version) {
+  // An anchors store obeys its parent's pointer.
   auto pointer = parent_ != nullptr ? parent_->ReadPointer() : ReadPointer();
   if (!pointer.ok()) return pointer.status();
   if (absl::Status s = CheckDeletable(where_, run_id_, *pointer, version); !s.ok()) return s;
