@@ -448,8 +448,9 @@ class Env:
         `open_stream(old)` opens the stream (harness.Stream); `read(events)`
         gives (tokens, stamps of the last event). On a loaded machine the
         generation may end before the engine is held (this model makes 400
-        tokens in about a second): such an answer must be the old version's
-        alone, and another attempt is made."""
+        tokens in about a second; a stream with exact spans, judged in one
+        pass, can ask for thousands): such an answer must be the old
+        version's alone, and another attempt is made."""
         for _ in range(attempts):
             old = max(self.fleet.published)
             stream = open_stream(old)
@@ -470,14 +471,23 @@ class Env:
     def _assert_switched_inside(self, old, prompt, output, seen, stamped):
         new = old + 1
         assert stamped["weight_version_start"] == old, stamped
+        spans = stamped["weight_version_spans"]
+        if spans != "unknown":
+            # Exact spans name the switch: judged there alone (one pass, so
+            # that a generation of thousands of tokens stays cheap to judge).
+            assert len(spans) == 2 and spans[0] == [0, old] and spans[1][1] == new, spans
+            assert seen <= spans[1][0] < len(output), (spans, seen, len(output))
+            gap = self.oracle.spans_gap([(0, self.fleet.published[old]),
+                                         (spans[1][0], self.fleet.published[new])],
+                                        prompt, output)
+            assert gap <= LOGIT_TIE, (spans, gap)
+            assert not self.oracle.made_by(self.fleet.published[old], prompt, output), (
+                "the new weights made none of it: no switch inside")
+            return
         points = self.oracle.switch_points(self.fleet.published[old], self.fleet.published[new],
                                            prompt, output, lowest=seen)
         assert points, "the answer is neither version's, nor a switch from one to the other"
         assert len(output) not in points, "the new weights made none of it: no switch inside"
-        spans = stamped["weight_version_spans"]
-        if spans != "unknown":
-            assert len(spans) == 2 and spans[0] == [0, old] and spans[1][1] == new, spans
-            assert spans[1][0] in points, (spans, points)
 
     def close(self):
         if self.fleet is not None:

@@ -268,7 +268,7 @@ def test_vllms_token_route_carries_its_own_exact_spans_across_an_in_place_commit
     def open_stream(old):
         return harness.Stream(f.fleet.url + "/inference/v1/generate", {
             "token_ids": prompt, "stream": True, "weight_version": {"min_version": old},
-            "sampling_params": {"max_tokens": 400, "temperature": 0, "ignore_eos": True}})
+            "sampling_params": {"max_tokens": 1800, "temperature": 0, "ignore_eos": True}})
     stamped = f.commit_inside(frozen, open_stream, read_stream, prompt)
     assert stamped["weight_version_spans"] != "unknown", stamped
 
