@@ -16,88 +16,12 @@ import types
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 import harness
+from patch_models import Model, versions, with_wrong_checksum  # noqa: F401: a fixture
 
 sys.path.insert(0, harness.PATCH_EXTENSION_PATH)
 import stitch_vllm  # noqa: E402
-
-HIDDEN, KV, INTER, VOCAB, PADDED = 32, 16, 48, 40, 64
-
-
-def checkpoint(path, seed):
-    """A Llama-shaped checkpoint (one layer), bf16, as a lone model.safetensors."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
-    tensors = {
-        "model.embed_tokens.weight": rand(VOCAB, HIDDEN),
-        "model.layers.0.self_attn.q_proj.weight": rand(HIDDEN, HIDDEN),
-        "model.layers.0.self_attn.k_proj.weight": rand(KV, HIDDEN),
-        "model.layers.0.self_attn.v_proj.weight": rand(KV, HIDDEN),
-        "model.layers.0.mlp.gate_proj.weight": rand(INTER, HIDDEN),
-        "model.layers.0.mlp.up_proj.weight": rand(INTER, HIDDEN),
-        "model.layers.0.input_layernorm.weight": rand(HIDDEN),
-    }
-    os.makedirs(path)
-    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    return tensors
-
-
-def nudged(tensors, fraction, seed):
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, t in tensors.items():
-        bits = t.clone().view(torch.int16).view(-1)
-        picked = torch.randperm(bits.numel(), generator=gen)[:max(1, int(bits.numel() * fraction))]
-        bits[picked] ^= torch.randint(1, 128, (picked.numel(),), generator=gen, dtype=torch.int16)
-        out[name] = bits.view(torch.bfloat16).view(t.shape)
-    return out
-
-
-class Model(torch.nn.Module):
-    """vLLM's parameter layout for the checkpoint above."""
-
-    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
-                              "gate_up_proj": ["gate_proj", "up_proj"]}
-
-    def __init__(self, ckpt):
-        super().__init__()
-
-        def param(t):
-            return torch.nn.Parameter(t.clone(), requires_grad=False)
-        pre = "model.layers.0."
-        embed = torch.zeros(PADDED, HIDDEN, dtype=torch.bfloat16)
-        embed[:VOCAB] = ckpt["model.embed_tokens.weight"]
-        self.params = {
-            "model.embed_tokens.weight": param(embed),
-            pre + "self_attn.qkv_proj.weight": param(torch.cat(
-                [ckpt[pre + f"self_attn.{p}_proj.weight"] for p in "qkv"])),
-            pre + "mlp.gate_up_proj.weight": param(torch.cat(
-                [ckpt[pre + "mlp.gate_proj.weight"], ckpt[pre + "mlp.up_proj.weight"]])),
-            pre + "input_layernorm.weight": param(ckpt[pre + "input_layernorm.weight"]),
-        }
-        for i, p in enumerate(self.params.values()):
-            self.register_parameter(f"p{i}", p)
-
-    def named_parameters(self, *args, **kwargs):
-        return iter(self.params.items())
-
-    def holds(self, ckpt):
-        """Whether the parameters are `ckpt`'s tensors, padding untouched."""
-        pre = "model.layers.0."
-        p = self.params
-        return (torch.equal(p["model.embed_tokens.weight"][:VOCAB], ckpt["model.embed_tokens.weight"])
-                and torch.equal(p["model.embed_tokens.weight"][VOCAB:],
-                                torch.zeros(PADDED - VOCAB, HIDDEN, dtype=torch.bfloat16))
-                and torch.equal(p[pre + "self_attn.qkv_proj.weight"], torch.cat(
-                    [ckpt[pre + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
-                and torch.equal(p[pre + "mlp.gate_up_proj.weight"], torch.cat(
-                    [ckpt[pre + "mlp.gate_proj.weight"], ckpt[pre + "mlp.up_proj.weight"]]))
-                and torch.equal(p[pre + "input_layernorm.weight"], ckpt[pre + "input_layernorm.weight"]))
 
 
 class Worker(stitch_vllm.WeightPatchExtension):
@@ -107,24 +31,6 @@ class Worker(stitch_vllm.WeightPatchExtension):
 
 class FaultyWorker(Worker, stitch_vllm.FaultInjectingExtension):
     """A worker with the extension the suites' vLLM is started with."""
-
-
-@pytest.fixture
-def versions(tmp_path):
-    """v0 and v1 (5% of every tensor's values nudged), and the patch from v0 to v1."""
-    v0 = checkpoint(str(tmp_path / "v0"), 1)
-    v1 = nudged(v0, 0.05, 2)
-    os.makedirs(tmp_path / "v1")
-    save_file(v1, str(tmp_path / "v1" / "model.safetensors"), metadata={"format": "pt"})
-    delta, local, patch = tmp_path / "delta", tmp_path / "local", tmp_path / "patch.safetensors"
-    harness.stitch("delta", "encode", "--base", str(tmp_path / "v0"), "--target",
-                   str(tmp_path / "v1"), "--out", str(delta), "--version", "1",
-                   "--base-version", "0", "--run-id", "r")
-    harness.stitch("delta", "apply", "--anchor", str(tmp_path / "v0"), "--anchor-version", "0",
-                   "--run-id", "r", "--out", str(local), str(delta))
-    harness.stitch("delta", "patch", "--target", str(local), "--out", str(patch), "--from", "0",
-                   str(delta))
-    return v0, v1, str(patch)
 
 
 def test_a_patch_brings_the_fused_parameters_to_the_new_version_exactly(versions):
@@ -157,13 +63,8 @@ def test_a_failure_part_way_is_undone(versions, after):
 
 def test_a_checksum_that_disagrees_is_undone(versions, tmp_path):
     v0, _, patch = versions
-    with safe_open(patch, framework="pt") as f:
-        meta = json.loads(f.metadata()["stitch_patch"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
     name = "model.layers.0.mlp.up_proj.weight"
-    meta["tensors"][name]["checksum"] = "0" * 32
-    wrong = str(tmp_path / "wrong.safetensors")
-    save_file(tensors, wrong, metadata={"stitch_patch": json.dumps(meta)})
+    wrong = with_wrong_checksum(patch, str(tmp_path / "wrong.safetensors"), name)
     model = Model(v0)
     worker = Worker(model)
     worker.stitch_patch_stage(wrong)

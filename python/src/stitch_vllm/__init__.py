@@ -8,7 +8,8 @@ next by patching only the values that changed, through vLLM's
 
 ``stitch_patch_stage(path)``
     While the engine serves: reads a patch file (written by the sidecar,
-    format in ``src/stitch/delta/weight_patch.h``) into the device's memory,
+    format in ``src/stitch/delta/weight_patch.h``; the engine-independent
+    work is ``stitch_patch``'s) into the device's memory,
     places every checkpoint tensor it changes inside vLLM's parameters (q/k/v
     rows inside ``qkv_proj``, gate/up rows inside ``gate_up_proj``) and
     checks that the values there are the old version's.
@@ -42,18 +43,13 @@ vLLM is started with has no method that makes a patch fail.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
 import torch
 
-PATCH_FORMAT = "stitch-weight-patch/1"
-METADATA_KEY = "stitch_patch"
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# What stitch_patch_apply(verify=...) accepts: the sidecar's --patch-verify.
-VERIFY = ("checksums", "values")
+import stitch_patch
+from stitch_patch import PatchError, VERIFY  # noqa: F401: part of this module's API
 
 
 def _keep_cpu_weights_patchable() -> None:
@@ -71,66 +67,6 @@ def _keep_cpu_weights_patchable() -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = plain_gemm
 
 
-class PatchError(Exception):
-    """A patch that cannot be applied to the weights this engine holds."""
-
-
-class _Slot:
-    """One checkpoint tensor's patch, placed inside a vLLM parameter."""
-
-    def __init__(self, name: str, flat: torch.Tensor, idx, xor, new, checksum: str):
-        self.name = name
-        self.flat = flat  # the integer view of the parameter's slice, flattened
-        self.idx = idx
-        self.new = new
-        self.old = torch.bitwise_xor(new, xor)
-        self.checksum = checksum
-
-
-def _packed_mapping(model) -> Dict[str, List[str]]:
-    mapping = getattr(model, "packed_modules_mapping", None) or {}
-    return {k: list(v) for k, v in mapping.items()}
-
-
-def _place(model, params: Dict[str, torch.nn.Parameter], name: str, shape: List[int],
-           shapes: Dict[str, List[int]]) -> torch.Tensor:
-    """The slice of vLLM's parameters that holds checkpoint tensor `name`."""
-    pname, offset = name, 0
-    for fused, parts in _packed_mapping(model).items():
-        for i, part in enumerate(parts):
-            needle = "." + part + "."
-            if needle not in name:
-                continue
-            pname = name.replace(needle, "." + fused + ".")
-            for earlier in parts[:i]:
-                sibling = name.replace(needle, "." + earlier + ".")
-                if sibling not in shapes:
-                    raise PatchError(f"{name}: the checkpoint has no {sibling} to place it after")
-                offset += shapes[sibling][0]
-            break
-        if pname != name:
-            break
-    param = params.get(pname)
-    if param is None:
-        raise PatchError(f"{name}: the engine has no parameter {pname} to patch")
-    data = param.data
-    if list(data.shape[1:]) != list(shape[1:]) or offset + shape[0] > data.shape[0]:
-        raise PatchError(
-            f"{name} {shape} does not fit {pname} {list(data.shape)} at row {offset}")
-    if not data.is_contiguous():
-        raise PatchError(f"{pname} is not contiguous")
-    return data.narrow(0, offset, shape[0]) if shape else data
-
-
-def _xxh3_128_hex(view: torch.Tensor) -> str:
-    import xxhash
-
-    host = view.detach().contiguous()
-    if host.device.type != "cpu":
-        host = host.cpu()
-    return xxhash.xxh3_128_hexdigest(host.view(torch.uint8).numpy())
-
-
 class WeightPatchExtension:
     """Mixed into vLLM's worker class by --worker-extension-cls."""
 
@@ -142,51 +78,18 @@ class WeightPatchExtension:
         return state
 
     def stitch_patch_stage(self, path: str) -> Dict[str, Any]:
-        from safetensors import safe_open
-
         start = time.monotonic()
         state = self._stitch_state()
         state["staged"] = None
         if _tensor_parallel_size() != 1:
             raise PatchError("patches place unsharded tensors: tensor parallelism must be 1")
-        model = self.model_runner.model
-        params = dict(model.named_parameters())
-        device = next(iter(params.values())).device
-        slots: List[_Slot] = []
-        with safe_open(path, framework="pt", device=str(device)) as f:
-            meta_text = (f.metadata() or {}).get(METADATA_KEY)
-            if meta_text is None:
-                raise PatchError(f"{path} is not a Stitch weight patch")
-            meta = json.loads(meta_text)
-            if meta.get("format") != PATCH_FORMAT:
-                raise PatchError(f"{path}: unknown patch format {meta.get('format')!r}")
-            shapes = meta["shapes"]
-            for name, info in sorted(meta["tensors"].items()):
-                region = _place(model, params, name, info["shape"], shapes)
-                width = region.element_size()
-                if str(region.dtype).replace("torch.", "") != _torch_dtype_name(info["dtype"]):
-                    raise PatchError(
-                        f"{name}: the engine holds {region.dtype}, the patch {info['dtype']}")
-                flat = region.view(_BITS[width]).reshape(-1)
-                slot = _Slot(name, flat, f.get_tensor(name + "::idx"),
-                             f.get_tensor(name + "::xor"), f.get_tensor(name + "::new"),
-                             info["checksum"])
-                if not torch.equal(torch.take(flat, slot.idx), slot.old):
-                    raise PatchError(
-                        f"{name}: the engine does not hold {meta['from']}'s values there")
-                slots.append(slot)
-        state["staged"] = {"from": meta["from"], "to": meta["to"], "slots": slots}
-        return {"staged": meta["to"], "tensors": len(slots),
-                "values": int(sum(s.idx.numel() for s in slots)),
+        staged = stitch_patch.stage(self.model_runner.model, path)
+        state["staged"] = staged
+        return {"staged": staged.target, "tensors": len(staged.slots), "values": staged.values(),
                 "threads": torch.get_num_threads(), "seconds": time.monotonic() - start}
 
     def stitch_patch_apply(self, verify: str = "checksums") -> Dict[str, Any]:
-        # Any other word would skip the checksums as silently as "values":
-        # refused before the staged patch or a weight is touched.
-        if verify not in VERIFY:
-            raise ValueError(f"verify must be one of {', '.join(map(repr, VERIFY))}, "
-                             f"not {verify!r}: nothing was patched")
-        start = time.monotonic()
+        stitch_patch.check_verify(verify)
         state = self._stitch_state()
         staged = state["staged"]
         if staged is None:
@@ -194,32 +97,7 @@ class WeightPatchExtension:
         state["staged"] = None
         # Only FaultInjectingExtension arms a fault.
         fail_after, state["fail_after"] = state["fail_after"], None
-        done: List[_Slot] = []
-        try:
-            for slot in staged["slots"]:
-                if fail_after is not None and len(done) >= fail_after:
-                    raise PatchError(f"a fault armed to fail after {fail_after} tensors")
-                if not torch.equal(torch.take(slot.flat, slot.idx), slot.old):
-                    raise PatchError(f"{slot.name}: the values to patch changed since staging")
-                done.append(slot)
-                slot.flat.put_(slot.idx, slot.new)
-            if verify == "checksums":
-                for slot in staged["slots"]:
-                    got = _xxh3_128_hex(slot.flat)
-                    if got != slot.checksum:
-                        raise PatchError(f"{slot.name}: xxh3-128 {got} after patching, "
-                                         f"the version records {slot.checksum}")
-        except Exception as e:  # noqa: BLE001: whatever failed, the old version is restored
-            for slot in reversed(done):
-                slot.flat.put_(slot.idx, slot.old)
-            for slot in done:
-                if not torch.equal(torch.take(slot.flat, slot.idx), slot.old):
-                    raise RuntimeError(f"undoing the patch to {staged['to']} failed at "
-                                       f"{slot.name}: the weights are neither version") from e
-            return {"applied": False, "undone": True, "error": str(e), "from": staged["from"],
-                    "seconds": time.monotonic() - start}
-        return {"applied": True, "to": staged["to"], "tensors": len(staged["slots"]),
-                "verified": verify, "seconds": time.monotonic() - start}
+        return stitch_patch.apply(staged, verify, fail_after)
 
     def stitch_patch_discard(self) -> None:
         self._stitch_state()["staged"] = None
@@ -262,10 +140,3 @@ def _tensor_parallel_size() -> int:
         return 1
     except AssertionError:  # vLLM without a parallel group: one process
         return 1
-
-
-def _torch_dtype_name(safetensors_dtype: str) -> str:
-    return {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
-            "I8": "int8", "U8": "uint8", "I16": "int16", "I32": "int32",
-            "I64": "int64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
-            "F8_E5M2": "float8_e5m2"}.get(safetensors_dtype, safetensors_dtype)
