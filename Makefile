@@ -115,8 +115,11 @@ CHAOS_FLAGS ?=
 # once by scripts/install-engines; vLLM through VLLM_ENGINE_CMD below), its
 # answers judged by transformers in the engine's environment.
 CHAOS_ENGINE ?= reference
-CHAOS_SGLANG_CMD = bash $(CURDIR)/tests/engines/sglang_serve.sh {model} {port} \
-  --served-model-name {served_model_name} --weight-version chaos/weight_v000000 --enable-metrics
+# Stitch's custom weight loader (python/src/stitch_sglang) lets its sidecar
+# commit sparse versions as in-place patches.
+CHAOS_SGLANG_CMD = PYTHONPATH=$(CURDIR)/python/src bash $(CURDIR)/tests/engines/sglang_serve.sh \
+  {model} {port} --served-model-name {served_model_name} --weight-version chaos/weight_v000000 \
+  --enable-metrics --custom-weight-loader stitch_sglang.apply_patch
 CHAOS_ENGINE_FLAGS_reference =
 CHAOS_ENGINE_FLAGS_vllm = --engine vllm --engine-cmd '$(VLLM_ENGINE_CMD)' \
   --judge-python $(ENGINES_DIR)/vllm/bin/python
@@ -137,14 +140,16 @@ chaos-short: build
 	$(STITCH_CHAOS) --seed 1 --minutes 0.75 --store fs
 	$(STITCH_CHAOS) --seed random --minutes 0.75 --store s3
 
-# The activation pause inside a real vLLM (bench/activation_bench.py): a full
-# reload against an in-place patch of the values that changed, and the floor,
-# for two model sizes (ACTIVATION_BENCH_FLAGS passes options through; about
-# 15 minutes on two cores). Not part of `make bench`: it needs vLLM.
+# The activation pause inside a real engine, ENGINE=vllm (the default) or
+# sglang (bench/activation_bench.py): a full reload against an in-place patch
+# of the values that changed, and the floor, for two model sizes
+# (ACTIVATION_BENCH_FLAGS passes options through; about 15 minutes each on
+# two cores). Not part of `make bench`: it needs the engine.
 ACTIVATION_BENCH_FLAGS ?=
+ENGINE ?= vllm
 bench-activation: build
-	scripts/install-engines vllm
-	$(ENGINES_DIR)/vllm/bin/python bench/activation_bench.py \
+	scripts/install-engines $(ENGINE)
+	$(ENGINES_DIR)/$(ENGINE)/bin/python bench/activation_bench.py --engine $(ENGINE) \
 	  --stitch $(BUILD)/src/stitch/cli/stitch $(ACTIVATION_BENCH_FLAGS)
 
 bench: deps build python-install

@@ -1,30 +1,39 @@
-"""The activation pause of a real vLLM: a full reload against an in-place
-patch of the values that changed, with the floor measured in the same run.
+"""The activation pause of a real engine (vLLM or stock SGLang): a full
+reload against an in-place patch of the values that changed, with the floor
+measured in the same run.
 
-Run with the Python of the vLLM environment scripts/install-engines makes
-(`make bench-activation` does):
+Run with the Python of the engine's environment that scripts/install-engines
+makes (`make bench-activation ENGINE=vllm|sglang` does):
 
     <engines dir>/vllm/bin/python bench/activation_bench.py --stitch build/src/stitch/cli/stitch
+    <engines dir>/sglang/bin/python bench/activation_bench.py --engine sglang --stitch ...
 
 For each model size (random-weight Llamas written by `stitch engine
-init-model`, bf16) one vLLM starts with Stitch's worker extension
-(python/src/stitch_vllm). For each share of values changed, a version is made
-from the boot weights (that share of every tensor's values nudged in the low
-mantissa bits), encoded as a DELTA, materialized, and turned into a weight
-patch (`stitch delta patch`). Then, each repeated and the median taken:
+init-model`, bf16) one engine starts with Stitch's patch code (vLLM with the
+worker extension python/src/stitch_vllm, SGLang with the custom weight
+loader python/src/stitch_sglang). For each share of values changed, a
+version is made from the boot weights (that share of every tensor's values
+nudged in the low mantissa bits), encoded as a DELTA, materialized, and
+turned into a weight patch (`stitch delta patch`). Then, each repeated and
+the median taken:
 
-  reload   POST /pause?mode=keep, /collective_rpc reload_weights (the
-           materialized checkpoint), /update_weight_version, /resume: what a
-           commit costs without the extension;
-  patch    the same pause around /collective_rpc stitch_patch_apply, after
-           stitch_patch_stage outside it; with verify=checksums (every
-           patched tensor hashed in the engine, the default) and
-           verify=values (the patched values read back);
+  reload   the engine's pause, its reload of the materialized checkpoint
+           (vLLM: /pause?mode=keep, /collective_rpc reload_weights; SGLang:
+           /pause_generation in_place, /update_weights_from_disk), the label
+           (/update_weight_version) and the resume: a commit without patches;
+  patch    the same pause around the patch (vLLM: /collective_rpc
+           stitch_patch_apply, after stitch_patch_stage outside the pause;
+           SGLang: /begin_weight_update, /update_weights_from_tensor naming
+           the loader, /end_weight_update, the loader reading the patch
+           inside the pause), with verify=checksums (every patched tensor
+           hashed in the engine, the default) and verify=values;
   floor    in this process, the same changed values XORed into tensors of the
            model's shapes in memory (torch index ops, no engine, no HTTP).
 
-The pause is timed from sending /pause to /resume's answer. Between
-measurements the engine reloads the boot weights (not timed).
+The pause is timed from the pause request to the resume's answer. "Reading
+the patch" is vLLM's staging (outside the pause) or SGLang's loader reading
+and checking the patch (inside it). Between measurements the engine reloads
+the boot weights (not timed).
 """
 
 import argparse
@@ -69,25 +78,26 @@ def nudged_copy(base, path, fraction, seed):
 
 
 class Engine:
-    def __init__(self, model, work):
+    """One engine serving `model`; `pause_around(action, label)` times the
+    paused moment of a commit: from the pause request to the answer that
+    the engine runs again, `action()` and the label inside it."""
+
+    name = "engine"
+
+    def __init__(self, command, env, work):
         self.port = harness.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = harness.Process(
-            [sys.executable, os.path.join(REPO, "scripts", "vllm_serve.py"), "serve", model,
-             "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "policy",
-             "--dtype", "bfloat16", "--max-model-len", "256", "--enforce-eager",
-             "--max-num-seqs", "4", "--worker-extension-cls", harness.PATCH_EXTENSION],
-            os.path.join(work, f"vllm-{self.port}.log"),
-            env={"PYTHONPATH": harness.PATCH_EXTENSION_PATH})
+        self.process = harness.Process(command(self.port),
+                                       os.path.join(work, f"{self.name}-{self.port}.log"), env=env)
 
         def healthy():
             if not self.process.alive():
-                raise SystemExit(f"vLLM exited:\n{self.process.tail()}")
+                raise SystemExit(f"{self.name} exited:\n{self.process.tail()}")
             try:
                 return http("GET", self.url + "/health", timeout=10)[0] == 200
             except OSError:
                 return False
-        harness.wait_until(healthy, 1800, "vLLM's /health", every=1)
+        harness.wait_until(healthy, 1800, f"{self.name}'s /health", every=1)
 
     def post(self, path, body=None, timeout=1800):
         status, answer, _ = http("POST", self.url + path, body, timeout=timeout)
@@ -95,11 +105,27 @@ class Engine:
             raise SystemExit(f"POST {path}: {status} {answer}")
         return answer
 
+    def close(self):
+        self.process.close()
+
+
+class Vllm(Engine):
+    """vLLM with Stitch's worker extension (python/src/stitch_vllm)."""
+
+    name = "vllm"
+
+    def __init__(self, model, work):
+        super().__init__(lambda port: [
+            sys.executable, os.path.join(REPO, "scripts", "vllm_serve.py"), "serve", model,
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "policy",
+            "--dtype", "bfloat16", "--max-model-len", "256", "--enforce-eager",
+            "--max-num-seqs", "4", "--worker-extension-cls", harness.PATCH_EXTENSION],
+            {"PYTHONPATH": harness.PATCH_EXTENSION_PATH}, work)
+
     def rpc(self, method, **kwargs):
         return self.post("/collective_rpc", {"method": method, "kwargs": kwargs})
 
-    def paused(self, action, label):
-        """Seconds from /pause to /resume's answer around `action()`."""
+    def pause_around(self, action, label):
         start = time.perf_counter()
         self.post("/pause?mode=keep")
         answer = action()
@@ -107,8 +133,70 @@ class Engine:
         self.post("/resume")
         return time.perf_counter() - start, answer
 
-    def close(self):
-        self.process.close()
+    def load(self, path):
+        self.rpc("reload_weights", weights_path=path)
+
+    def patch(self, patch, verify, label):
+        """(pause seconds, staging seconds outside the pause, the engine's
+        apply seconds, its threads)."""
+        staged = self.post("/collective_rpc", {"method": "stitch_patch_stage", "args": [patch]})
+        s, answer = self.pause_around(lambda: self.rpc("stitch_patch_apply", verify=verify), label)
+        result = answer["results"][0]
+        if not result["applied"]:
+            raise SystemExit(f"the patch failed: {answer}")
+        staged = staged["results"][0]
+        return s, staged["seconds"], result["seconds"], staged["threads"]
+
+
+class Sglang(Engine):
+    """Stock SGLang with Stitch's custom weight loader (python/src/stitch_sglang)."""
+
+    name = "sglang"
+
+    def __init__(self, model, work):
+        super().__init__(lambda port: [
+            "bash", os.path.join(REPO, "tests", "engines", "sglang_serve.sh"), model, str(port),
+            "--served-model-name", "policy", "--custom-weight-loader",
+            harness.SGLANG_PATCH_LOADER], {"PYTHONPATH": harness.PATCH_EXTENSION_PATH}, work)
+
+    def pause_around(self, action, label):
+        start = time.perf_counter()
+        self.post("/pause_generation", {"mode": "in_place"})
+        answer = action()
+        self.post("/update_weight_version", {"new_version": label, "abort_all_requests": False})
+        self.post("/continue_generation", {})
+        return time.perf_counter() - start, answer
+
+    def load(self, path):
+        self.post("/update_weights_from_disk", {"model_path": path, "flush_cache": False})
+
+    def patch(self, patch, verify, label):
+        """As Vllm.patch; nothing is staged outside the pause (SGLang has no
+        way in while it serves), so the staging time is the loader's reading
+        of the patch inside it."""
+        import json
+
+        answer_file = patch + ".answer.json"
+        request = {"patch": patch, "answer": answer_file, "verify": verify,
+                   "from": "bench/weight_v000000", "to": "bench/weight_v000001"}
+
+        def apply():
+            self.post("/begin_weight_update", {})
+            self.post("/update_weights_from_tensor", {
+                "serialized_named_tensors": [harness.sglang_named_bytes(
+                    "stitch_sglang.request", json.dumps(request).encode())],
+                "load_format": harness.SGLANG_PATCH_LOADER, "flush_cache": False})
+            self.post("/end_weight_update", {})
+            with open(answer_file) as f:
+                return json.load(f)
+        s, answer = self.pause_around(apply, label)
+        os.remove(answer_file)
+        if not answer["applied"]:
+            raise SystemExit(f"the patch failed: {answer}")
+        return s, answer["read_seconds"], answer["seconds"], None
+
+
+ENGINES = {"vllm": Vllm, "sglang": Sglang}
 
 
 def floor_seconds(patch_path, reps):
@@ -144,8 +232,8 @@ def measure_size(args, hidden, layers, work):
     model_bytes = sum(os.path.getsize(os.path.join(base, n)) for n in os.listdir(base)
                       if n.endswith(".safetensors"))
     print(f"\nmodel hidden {hidden}, {layers} layers: {model_bytes / 2**30:.2f} GiB of bf16 "
-          f"weights; starting vLLM", flush=True)
-    engine = Engine(base, work)
+          f"weights; starting {args.engine}", flush=True)
+    engine = ENGINES[args.engine](base, work)
     rows = []
     try:
         for fraction in args.fractions:
@@ -165,27 +253,20 @@ def measure_size(args, hidden, layers, work):
                           "--from", "0", "--max-density", "1", delta)
                 changed = int(out.split(": ", 1)[1].split(" of ")[0])
             reload_s, patch_s, values_s, stage_s, apply_s = [], [], [], [], []
+            label = "bench/weight_v000001"
             for _ in range(args.reps):
-                s, _ = engine.paused(lambda: engine.rpc("reload_weights", weights_path=local),
-                                     "bench/weight_v000001")
+                s, _ = engine.pause_around(lambda: engine.load(local), label)
                 reload_s.append(s)
-                engine.rpc("reload_weights", weights_path=base)
+                engine.load(base)
                 if dense:
                     continue
                 for verify, into in (("checksums", patch_s), ("values", values_s)):
-                    staged = engine.post("/collective_rpc",
-                                         {"method": "stitch_patch_stage", "args": [patch]})
-                    stage_s.append(staged["results"][0]["seconds"])
-                    s, answer = engine.paused(lambda: engine.rpc("stitch_patch_apply",
-                                                                 verify=verify),
-                                              "bench/weight_v000001")
-                    if not answer["results"][0]["applied"]:
-                        raise SystemExit(f"the patch failed: {answer}")
+                    s, staged, applied, threads = engine.patch(patch, verify, label)
                     into.append(s)
+                    stage_s.append(staged)
                     if verify == "values":
-                        apply_s.append(answer["results"][0]["seconds"])
-                    threads = staged["results"][0]["threads"]
-                    engine.rpc("reload_weights", weights_path=base)
+                        apply_s.append(applied)
+                    engine.load(base)
             row = {"size": f"{hidden}x{layers}", "gib": model_bytes / 2**30, "fraction": fraction,
                    "reload": statistics.median(reload_s)}
             if not dense:
@@ -205,7 +286,8 @@ def measure_size(args, hidden, layers, work):
 
 
 HEADER = ("| model | changed | values changed | reload pause | patch pause (checksums) | "
-          "patch pause (values) | of which the engine's apply | floor | checksums / reload | "
+          "patch pause (values) | of which the engine's apply | reading the patch | floor | "
+          "checksums / reload | "
           "checksums / floor | values / reload | values / floor |")
 
 
@@ -213,11 +295,13 @@ def print_row(row, flush=False):
     model = f"{row['size']} ({row['gib']:.2f} GiB)"
     if "patch" not in row:
         print(f"| {model} | {row['fraction'] * 100:g}% | all | {row['reload'] * 1e3:.0f} ms | "
-              "dense: reloads | | | | | | | |", flush=flush)
+              "dense: reloads | | | | | | | | |", flush=flush)
         return
+    threads = f" ({row['threads']} threads)" if row["threads"] else ""
     print(f"| {model} | {row['fraction'] * 100:g}% | {row['changed']} | "
           f"{row['reload'] * 1e3:.0f} ms | {row['patch'] * 1e3:.1f} ms | "
-          f"{row['values'] * 1e3:.1f} ms | {row['apply'] * 1e3:.1f} ms ({row['threads']} threads) | "
+          f"{row['values'] * 1e3:.1f} ms | {row['apply'] * 1e3:.1f} ms{threads} | "
+          f"{row['stage'] * 1e3:.1f} ms | "
           f"{row['floor'] * 1e3:.1f} ms | "
           f"{row['patch'] / row['reload']:.3f} | {row['patch'] / row['floor']:.2f} | "
           f"{row['values'] / row['reload']:.3f} | {row['values'] / row['floor']:.2f} |",
@@ -227,9 +311,11 @@ def print_row(row, flush=False):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stitch", required=True, help="the stitch binary")
+    p.add_argument("--engine", choices=sorted(ENGINES), default="vllm",
+                   help="the engine (run this script with that engine's Python)")
     p.add_argument("--sizes", default="1024x16,2048x16",
                    help="models as HIDDENxLAYERS, comma-separated")
-    p.add_argument("--fractions", default="0.001,0.01,0.05,1",
+    p.add_argument("--fractions", default="0.001,0.01,0.1,1",
                    type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--max-patch-fraction", type=float, default=0.3,
                    help="shares above this take the reload only (as the sidecar does)")
@@ -239,6 +325,7 @@ def main():
     work = args.work or tempfile.mkdtemp(prefix="stitch-activation-")
     rows = []
     try:
+        print(f"engine: {args.engine}")
         print(HEADER)
         print("|" + " --- |" * HEADER.count(" |"))
         for size in args.sizes.split(","):

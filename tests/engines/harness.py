@@ -6,8 +6,11 @@ Everything runs on 127.0.0.1 with ports picked free, in temporary
 directories; every process started here is stopped by its owner's close().
 """
 
+import base64
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 import threading
@@ -39,6 +42,8 @@ LOGIT_TIE = 0.05
 PATCH_EXTENSION = "stitch_vllm.WeightPatchExtension"
 FAULT_EXTENSION = "stitch_vllm.FaultInjectingExtension"
 PATCH_EXTENSION_PATH = os.path.join(REPO, "python", "src")
+SGLANG_PATCH_LOADER = "stitch_sglang.apply_patch"
+SGLANG_FAULT_LOADER = "stitch_sglang.arm_fault"
 
 
 def http(method, url, body=None, headers=None, timeout=120):
@@ -237,14 +242,20 @@ class Vllm(EngineServer):
 
 class Sglang(EngineServer):
     """Stock SGLang on CPU, through sglang_serve.sh, labelled with the boot
-    version so that the sidecar verifies it instead of reloading."""
+    version so that the sidecar verifies it instead of reloading, with
+    Stitch's custom weight loader (python/src/stitch_sglang) for in-place
+    patches and the test-only loader that arms a fault."""
 
     name = "sglang"
 
     def command(self):
         return ["bash", os.path.join(HERE, "sglang_serve.sh"), self.model, str(self.port),
                 "--served-model-name", "policy", "--weight-version", f"{RUN}/weight_v000000",
-                "--enable-metrics", *self.extra]
+                "--enable-metrics", "--custom-weight-loader", SGLANG_PATCH_LOADER,
+                SGLANG_FAULT_LOADER, *self.extra]
+
+    def environment(self):
+        return {"PYTHONPATH": PATCH_EXTENSION_PATH}
 
 
 class Fleet:
@@ -430,14 +441,20 @@ class Env:
         self.fleet = None
 
     def assert_made_by(self, version, prompt, output):
-        """The answer is version `version`'s greedy output, and no other set
-        of weights in play could have made it (the oracle tells them apart)."""
+        """The answer is version `version`'s greedy output, and, when those
+        are one of the suite's unrelated checkpoints, no other of them could
+        have made it (the oracle tells them apart; a sparse variant of one
+        may answer as it does)."""
         weights = self.fleet.published[version]
+        if weights not in self.ckpt.values():
+            assert self.oracle.made_by(weights, prompt, output), (
+                f"tokens {output} should be v{version}'s ({weights})")
+            return
         makers = [self.ckpt[s] for s in self.oracle.which(self.ckpt, prompt, output)]
         assert makers == [weights], (
             f"tokens {output} should be v{version}'s ({weights}) alone: {makers}")
 
-    def commit_inside(self, frozen, open_stream, read, prompt, attempts=3):
+    def commit_inside(self, frozen, open_stream, read, prompt, attempts=3, new_weights=None):
         """Publishes the next version (a DELTA to other weights) while a
         long generation streams, the engine held (`frozen(env)`, a context)
         so that the commit lands inside it, and checks the answer: made by
@@ -446,7 +463,8 @@ class Env:
         exact or "unknown". Returns the last event's stamps.
 
         `open_stream(old)` opens the stream (harness.Stream); `read(events)`
-        gives (tokens, stamps of the last event). On a loaded machine the
+        gives (tokens, stamps of the last event); `new_weights(old)`, the
+        checkpoint the DELTA goes to (default: another seed's weights). On a loaded machine the
         generation may end before the engine is held (this model makes 400
         tokens in about a second; a stream with exact spans, judged in one
         pass, can ask for thousands): such an answer must be the old
@@ -456,7 +474,8 @@ class Env:
             stream = open_stream(old)
             first = stream.next()
             seen = len(read([first])[0])
-            target = next(c for c in self.ckpt.values() if c != self.fleet.published[old])
+            target = (new_weights(old) if new_weights else
+                      next(c for c in self.ckpt.values() if c != self.fleet.published[old]))
             with frozen(self):
                 self.fleet.publish_delta(old + 1, target)
                 self.fleet.wait_serving(old + 1)
@@ -467,6 +486,21 @@ class Env:
             assert stamped["weight_version_spans"] == [[0, old]], stamped
             self.assert_made_by(old, prompt, tokens)
         raise AssertionError(f"no commit landed inside a generation in {attempts} attempts")
+
+    def wrong_answers(self, prompt, answers):
+        """Of `answers` [(start version, end version, tokens)], those that the
+        weights their stamps name did not make (a switch from start to end
+        somewhere inside for answers stamped with two)."""
+        wrong = []
+        for start, end, tokens in answers:
+            if start == end:
+                ok = self.oracle.made_by(self.fleet.published[start], prompt, tokens)
+            else:
+                ok = bool(self.oracle.switch_points(self.fleet.published[start],
+                                                    self.fleet.published[end], prompt, tokens))
+            if not ok:
+                wrong.append((start, end, tokens))
+        return wrong
 
     def _assert_switched_inside(self, old, prompt, output, seen, stamped):
         new = old + 1
@@ -494,6 +528,41 @@ class Env:
             self.fleet.close()
         if self.engine is not None:
             self.engine.close()
+
+
+def commit_paths(env):
+    """The sidecar's engine_commits_total, as {(path, reason): count}."""
+    _, text, _ = http("GET", env.fleet.url + "/metrics")
+    paths = {}
+    for line in text.splitlines():
+        if line.startswith("stitch_sidecar_engine_commits_total{"):
+            labels, value = line.rsplit(" ", 1)
+            key = (re.search(r'path="([^"]*)"', labels).group(1),
+                   re.search(r'reason="([^"]*)"', labels).group(1))
+            paths[key] = float(value)
+    return paths
+
+
+def sparse_versions(env, count, fraction=0.02):
+    """`count` checkpoints, each changing `fraction` of the values of the one
+    before, from the weights of the latest version published."""
+    latest = max(env.fleet.published)
+    checkpoints, last = [], env.fleet.published[latest]
+    for i in range(count):
+        last = make_sparse_variant(
+            last, os.path.join(env.work, f"sparse-v{latest + i + 1}-{fraction}"), fraction,
+            seed=latest + i)
+        checkpoints.append(last)
+    return checkpoints
+
+
+def sglang_named_bytes(name, data):
+    """SGLang's `serialized_named_tensors` entry for [(name, uint8 tensor of
+    `data`)], as the sidecar writes it (SglangNamedBytesPayload): a protocol
+    2 pickle that names only torch.ByteTensor, base64."""
+    p = b"\x80\x02](X" + struct.pack("<I", len(name.encode())) + name.encode()
+    p += b"ctorch\nByteTensor\n](" + b"".join(b"K" + bytes([c]) for c in data)
+    return base64.b64encode(p + b"e\x85R\x86e.").decode()
 
 
 def sidecar_counter(env, name):

@@ -4,7 +4,9 @@ serves the module; the tests run in order.
 """
 
 import contextlib
+import json
 import socket
+import threading
 
 import pytest
 
@@ -197,6 +199,99 @@ def test_an_in_place_commit_inside_a_streamed_generation(f):
     status, body, _ = generate(f, {"exact_version": version})
     assert status == 200, body
     f.assert_made_by(version, prompt_ids(PROMPT), body["output_ids"])
+
+
+def engine_label(f):
+    _, info, _ = f.engine.http("GET", "/model_info")
+    return info.get("weight_version")
+
+
+def test_sparse_deltas_are_committed_in_place_by_stitchs_weight_loader(f):
+    """DELTAs that change 2% of the values become in-place patches applied
+    by Stitch's custom weight loader inside SGLang: SGLang's label moves to
+    each version with its weights, and transformers agrees with the answers.
+    The DELTAs between unrelated models earlier in this module were too
+    dense to patch, and FULL versions reload."""
+    before = harness.commit_paths(f)
+    assert before.get(("reload", "dense"), 0) >= 1, before
+    assert before.get(("reload", "full-version"), 0) >= 1, before
+    old = max(f.fleet.published)
+    for i, target in enumerate(harness.sparse_versions(f, 2)):
+        version = old + 1 + i
+        f.fleet.publish_delta(version, target)
+        f.fleet.wait_serving(version)
+        assert engine_label(f) == f"{harness.RUN}/weight_v{version:06d}"
+        status, body, _ = generate(f, {"exact_version": version})
+        assert status == 200, body
+        assert f.oracle.made_by(target, prompt_ids(PROMPT), body["output_ids"])
+    after = harness.commit_paths(f)
+    assert after.get(("patch", ""), 0) == before.get(("patch", ""), 0) + 2, after
+
+
+def test_a_stream_across_an_in_place_patch_is_judged_by_transformers(f):
+    """A patch (10% of the values) committed while a generation streams: the
+    answer is the old weights' up to a switch and the new ones' after it,
+    stamped with both versions."""
+    patched = harness.commit_paths(f).get(("patch", ""), 0)
+    text = "Once upon a time"
+    f.commit_inside(frozen, lambda old: long_generation(f, text), read_generation,
+                    prompt_ids(text),
+                    new_weights=lambda old: harness.sparse_versions(f, 1, fraction=0.1)[0])
+    assert harness.commit_paths(f).get(("patch", ""), 0) > patched
+
+
+def arm_fault(f, after_tensors):
+    """Has Stitch's test-only loader (stitch_sglang.arm_fault, which this
+    suite's SGLang was started with) make the next patch fail part-way."""
+    request = json.dumps({"after_tensors": after_tensors}).encode()
+    for path, body in [
+            ("/begin_weight_update", {}),
+            ("/update_weights_from_tensor", {
+                "serialized_named_tensors": [harness.sglang_named_bytes("stitch_sglang.request",
+                                                                        request)],
+                "load_format": harness.SGLANG_FAULT_LOADER, "flush_cache": False}),
+            ("/end_weight_update", {})]:
+        status, answer, _ = f.engine.http("POST", path, body)
+        assert status == 200, (path, answer)
+
+
+def test_a_patch_that_fails_part_way_is_undone_and_the_old_version_serves_on(f):
+    """A fault armed in the loader fails the next patch after five tensors:
+    the loader restores them, the sidecar resumes SGLang on the old version
+    with its label, and the version is then committed by a full reload.
+    Every answer served meanwhile is made by the weights its stamps name."""
+    old, prompt = max(f.fleet.published), prompt_ids(PROMPT)
+    [target] = harness.sparse_versions(f, 1)
+    before, undone = harness.commit_paths(f), harness.sidecar_counter(f, "commits_undone_total")
+    arm_fault(f, 5)
+    answers, stop = [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            answers.append(generate(f, max_new_tokens=8))
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    f.fleet.publish_delta(old + 1, target)
+    f.fleet.wait_serving(old + 1)
+    harness.wait_until(lambda: any(b["meta_info"].get("weight_version_start") == old + 1
+                                   for s, b, _ in answers if s == 200), 60,
+                       "an answer of the new version")
+    stop.set()
+    thread.join(60)
+
+    after = harness.commit_paths(f)
+    assert after.get(("patch-undone", ""), 0) == before.get(("patch-undone", ""), 0) + 1, after
+    assert after.get(("reload", "patch-failed"), 0) == before.get(("reload", "patch-failed"), 0) + 1
+    assert harness.sidecar_counter(f, "commits_undone_total") == undone + 1
+    assert "after 5 tensors" in f.fleet.sidecar.tail(400)
+    assert engine_label(f) == f"{harness.RUN}/weight_v{old + 1:06d}"
+    assert all(s in (200, 503) for s, _, _ in answers), [a for a in answers if a[0] not in (200, 503)]
+    served = [b for s, b, _ in answers if s == 200]
+    assert any(b["meta_info"]["weight_version_start"] == old for b in served)
+    assert not f.wrong_answers(prompt, [(b["meta_info"]["weight_version_start"],
+                                         b["meta_info"]["weight_version_end"], b["output_ids"])
+                                        for b in served])
 
 
 def test_a_client_that_leaves_is_aborted_in_sglang_and_no_other(f):

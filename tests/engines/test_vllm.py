@@ -6,7 +6,6 @@ each states what the fleet holds when it ends.
 
 import contextlib
 import os
-import re
 import socket
 import threading
 
@@ -273,31 +272,6 @@ def test_vllms_token_route_carries_its_own_exact_spans_across_an_in_place_commit
     assert stamped["weight_version_spans"] != "unknown", stamped
 
 
-def commit_paths(f):
-    """The sidecar's engine_commits_total, as {(path, reason): count}."""
-    _, text, _ = http("GET", f.fleet.url + "/metrics")
-    paths = {}
-    for line in text.splitlines():
-        if line.startswith("stitch_sidecar_engine_commits_total{"):
-            labels, value = line.rsplit(" ", 1)
-            key = (re.search(r'path="([^"]*)"', labels).group(1),
-                   re.search(r'reason="([^"]*)"', labels).group(1))
-            paths[key] = float(value)
-    return paths
-
-
-def sparse_versions(f, count, fraction=0.02):
-    """`count` checkpoints, each changing `fraction` of the values of the one
-    before, from the weights of the latest version published."""
-    latest = max(f.fleet.published)
-    checkpoints, last = [], f.fleet.published[latest]
-    for i in range(count):
-        last = harness.make_sparse_variant(
-            last, os.path.join(f.work, f"sparse-v{latest + i + 1}"), fraction, seed=latest + i)
-        checkpoints.append(last)
-    return checkpoints
-
-
 def engine_holds(f, version):
     """vLLM labels `version` and runs (the sidecar's commit resumed it)."""
     _, info, _ = f.engine.http("GET", "/weight_info")
@@ -319,12 +293,12 @@ def test_three_patched_versions_commit_inside_one_streamed_generation(f):
     generation (1800 tokens, a few seconds here). On a loaded machine the
     generation can still end first: that answer's spans are checked all the
     same, and the test tries again (at most three times)."""
-    assert commit_paths(f).get(("reload", "dense"), 0) >= 1, commit_paths(f)
+    assert harness.commit_paths(f).get(("reload", "dense"), 0) >= 1, harness.commit_paths(f)
     prompt = prompt_ids("Once upon a time")
     for _ in range(3):
         old = max(f.fleet.published)
-        targets = sparse_versions(f, 3)
-        patched = commit_paths(f).get(("patch", ""), 0)
+        targets = harness.sparse_versions(f, 3)
+        patched = harness.commit_paths(f).get(("patch", ""), 0)
         stream = harness.Stream(f.fleet.url + "/inference/v1/generate", {
             "token_ids": prompt, "stream": True, "weight_version": {"min_version": old},
             "sampling_params": {"max_tokens": 1800, "temperature": 0, "ignore_eos": True}})
@@ -339,7 +313,7 @@ def test_three_patched_versions_commit_inside_one_streamed_generation(f):
         finally:
             f.engine.http("POST", "/resume")
         tokens, last = read_stream(events + stream.rest())
-        assert commit_paths(f).get(("patch", ""), 0) == patched + 3, commit_paths(f)
+        assert harness.commit_paths(f).get(("patch", ""), 0) == patched + 3, harness.commit_paths(f)
         spans = last["weight_version_spans"]
         assert spans != "unknown" and spans[0] == [0, old], spans
         assert [v for _, v in spans] == sorted({v for _, v in spans}), spans
@@ -365,8 +339,8 @@ def test_a_patch_that_fails_part_way_is_undone_and_the_old_version_serves_on(f):
     full reload. Every answer served meanwhile is made by the weights its
     label names."""
     old, prompt = max(f.fleet.published), prompt_ids(PROMPT)
-    [target] = sparse_versions(f, 1)
-    before, undone = commit_paths(f), harness.sidecar_counter(f, "commits_undone_total")
+    [target] = harness.sparse_versions(f, 1)
+    before, undone = harness.commit_paths(f), harness.sidecar_counter(f, "commits_undone_total")
     status, body, _ = f.engine.http("POST", "/collective_rpc", {
         "method": "stitch_patch_arm_fault", "kwargs": {"after_tensors": 5}})
     assert status == 200, body
@@ -385,24 +359,15 @@ def test_a_patch_that_fails_part_way_is_undone_and_the_old_version_serves_on(f):
     stop.set()
     thread.join(60)
 
-    after = commit_paths(f)
+    after = harness.commit_paths(f)
     assert after.get(("patch-undone", ""), 0) == before.get(("patch-undone", ""), 0) + 1, after
     assert after.get(("reload", "patch-failed"), 0) == before.get(("reload", "patch-failed"), 0) + 1
     assert harness.sidecar_counter(f, "commits_undone_total") == undone + 1
     assert "undone" in f.fleet.sidecar.tail(400)
     served = [b for s, b, _ in answers if s == 200]
     assert all(s in (200, 503) for s, _, _ in answers), [a for a in answers if a[0] not in (200, 503)]
-    wrong = []
-    for body in served:
-        start, end = body["weight_version_start"], body["weight_version_end"]
-        tokens = body["choices"][0]["token_ids"]
-        if start == end:
-            ok = f.oracle.made_by(f.fleet.published[start], prompt, tokens)
-        else:
-            ok = bool(f.oracle.switch_points(f.fleet.published[start], f.fleet.published[end],
-                                             prompt, tokens))
-        if not ok:
-            wrong.append(body)
+    wrong = f.wrong_answers(prompt, [(b["weight_version_start"], b["weight_version_end"],
+                                      b["choices"][0]["token_ids"]) for b in served])
     assert any(b["weight_version_start"] == old for b in served)
     assert not wrong, wrong
 

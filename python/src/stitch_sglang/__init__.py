@@ -26,7 +26,8 @@ The one "tensor" the sidecar sends is a uint8 tensor named
 
 SGLang's own answer only says that the loader returned, so the loader writes
 its answer to ``answer`` (written whole, then renamed into place): the
-``stitch_patch.apply`` answer, or ``{"applied": false, "undone": true,
+``stitch_patch.apply`` answer (with ``read_seconds``, the time it took to
+read, place and check the patch before applying it), or ``{"applied": false, "undone": true,
 "error": ...}`` when the patch was refused before any write. The loader
 never raises for a patch that does not apply (an exception in a loader ends
 SGLang's scheduler, and the whole server with it), with one exception: when
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import stitch_patch
@@ -83,13 +85,17 @@ def _patch(model, request: Dict[str, Any]) -> Dict[str, Any]:
     if _tensor_parallel_size() != 1:
         raise stitch_patch.PatchError(
             "patches place unsharded tensors: tensor parallelism must be 1")
+    start = time.monotonic()
     staged = stitch_patch.stage(model, request["patch"])
+    read_seconds = time.monotonic() - start
     if (staged.source, staged.target) != (request.get("from"), request.get("to")):
         raise stitch_patch.PatchError(
             f"the patch file goes from {staged.source} to {staged.target}, the request from "
             f"{request.get('from')} to {request.get('to')}")
     fail_after, _fault["after_tensors"] = _fault["after_tensors"], None
-    return stitch_patch.apply(staged, request["verify"], fail_after)
+    answer = stitch_patch.apply(staged, request["verify"], fail_after)
+    answer["read_seconds"] = read_seconds
+    return answer
 
 
 def apply_patch(model, named_tensors) -> None:

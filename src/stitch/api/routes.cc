@@ -21,8 +21,10 @@ namespace {
 constexpr std::string_view kBlockedRoutes[] = {
     "/abort_request",
     "/abort_requests",
+    "/begin_weight_update",
     "/collective_rpc",
     "/continue_generation",
+    "/end_weight_update",
     "/finish_weight_update",
     "/flush_cache",
     "/inference/v1/abort_requests",

@@ -115,6 +115,8 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const SidecarConfig& config,
   engine_options.destination = config.update_mode;
   engine_options.load_format = config.disk_load_format;
   engine_options.api_key = engine_token;
+  engine_options.patch_max_density = config.patch_max_density;
+  engine_options.patch_verify = config.patch_verify;
   if (config.engine == EngineKind::kSglangStock) {
     auto made = StockSglangEngine::Make(executor, engine_options, pool);
     if (!made.ok()) return made.status();
@@ -383,14 +385,16 @@ void AddCommitFlags(CLI::App* cmd, SidecarFlags* flags) {
   cmd->add_flag("--patch-commits", flags->patch_commits,
                 "vLLM started with --worker-extension-cls stitch_vllm.WeightPatchExtension: commit "
                 "DELTAs by patching the values that changed in place (staged while serving, "
-                "undone if they fail), reloading the whole checkpoint when a patch does not fit");
+                "undone if they fail), reloading the whole checkpoint when a patch does not fit. "
+                "--engine sglang-stock does so without it, when SGLang was started with "
+                "--custom-weight-loader stitch_sglang.apply_patch");
   cmd->add_option("--patch-max-density", flags->patch_max_density,
-                  "With --patch-commits: reload instead when more than this share of the values "
-                  "change")
+                  "In-place patches (vLLM's, stock SGLang's): reload instead when more than "
+                  "this share of the values change")
       ->capture_default_str();
   cmd->add_option("--patch-verify", flags->patch_verify,
-                  "With --patch-commits: checksums (hash every patched tensor in the engine) or "
-                  "values (read the patched values back)")
+                  "In-place patches (vLLM's, stock SGLang's): checksums (hash every patched "
+                  "tensor in the engine) or values (read the patched values back)")
       ->capture_default_str();
   cmd->add_option("--commit-mode", flags->commit_mode,
                   "in_place (exact pins drain) or quiesce (everything drains)")

@@ -218,7 +218,9 @@ absl::Status CheckCommitFlags(const SidecarFlags& flags, SidecarConfig& config) 
   if (flags.patch_commits && config.engine != EngineKind::kVllm) {
     return Refuse(
         "--patch-commits needs --engine vllm (started with --worker-extension-cls "
-        "stitch_vllm.WeightPatchExtension); other engines commit by loading the whole checkpoint");
+        "stitch_vllm.WeightPatchExtension); --engine sglang-stock patches without it when SGLang "
+        "was started with --custom-weight-loader stitch_sglang.apply_patch, and other engines "
+        "decide for themselves");
   }
   if (!(flags.patch_max_density > 0 && flags.patch_max_density <= 1)) {
     return Refuse(

@@ -102,4 +102,77 @@ awaitable<absl::Status> CheckLocalCheckpointHolds(WorkerPool& pool,
   co_return absl::OkStatus();
 }
 
+namespace {
+
+// Why `plan` cannot be a patch from `request.live`, or nothing with the
+// DELTA directories after it in `deltas`.
+ReloadReason FindPatchBlocker(const StagePlan& plan, const LocalPatchRequest& request,
+                              std::vector<std::filesystem::path>& deltas) {
+  const PatchBlocker before =
+      PatchBlockerBefore(true, request.live, plan.target, request.failed_before);
+  switch (before) {
+    case PatchBlocker::kNone:
+      break;
+    case PatchBlocker::kUnknownBase:
+      return {before, "what the engine holds is not known"};
+    case PatchBlocker::kOtherRun:
+      return {before, "the engine holds another run"};
+    case PatchBlocker::kNotAfter:
+      return {before, "the target is not after what the engine holds"};
+    case PatchBlocker::kPatchFailed:
+      return {before, "its patch failed and was undone"};
+    default:
+      return {before, std::string(PatchBlockerName(before))};
+  }
+  const VersionRef& live = *request.live;
+  std::vector<PatchChainLink> links;
+  for (const StagedVersion& v : plan.chain) {
+    links.push_back({v.version, v.manifest.kind});
+    if (v.version > live.version) deltas.push_back(v.dir);
+  }
+  switch (PatchBlockerOfChain(links, live, plan.target)) {
+    case PatchBlocker::kNone:
+      return {};
+    case PatchBlocker::kFullVersion:
+      return {PatchBlocker::kFullVersion,
+              "a FULL version lies between what the engine holds and the target"};
+    default:
+      return {PatchBlocker::kChainGap,
+              absl::StrCat("the chain does not hold every DELTA since ", live.ToString())};
+  }
+}
+
+}  // namespace
+
+awaitable<ReloadReason> WriteLocalPatch(WorkerPool& pool, Engine& engine, const StagePlan& plan,
+                                        const LocalPatchRequest& request, WeightPatchStats& stats) {
+  std::vector<std::filesystem::path> deltas;
+  if (ReloadReason blocker = FindPatchBlocker(plan, request, deltas);
+      blocker.blocker != PatchBlocker::kNone) {
+    co_return blocker;
+  }
+  auto report = co_await engine.Report(request.report_timeout);
+  if (!report.ok() || report->held != request.live) {
+    co_return ReloadReason{
+        PatchBlocker::kEngineLabel,
+        absl::StrCat("the engine reports ",
+                     report.ok() ? absl::StrCat("\"", report->label, "\"")
+                                 : std::string(report.status().message()),
+                     ", not ", request.live->ToString(), ", the weights the patch starts from")};
+  }
+  WeightPatchOptions patch;
+  patch.from = *request.live;
+  patch.to = plan.target;
+  patch.max_density = request.max_density;
+  auto written = co_await RunBlocking(
+      pool, [&] { return WriteWeightPatch(deltas, request.local, request.patch_file, patch); });
+  if (!written.ok()) {
+    const bool dense = written.status().code() == absl::StatusCode::kFailedPrecondition;
+    co_return ReloadReason{dense ? PatchBlocker::kDense : PatchBlocker::kPatchError,
+                           std::string(written.status().message())};
+  }
+  stats = *written;
+  co_return ReloadReason{};
+}
+
 }  // namespace stitch

@@ -1,15 +1,19 @@
 #include "stitch/engine/sglang_engine.h"
 
+#include <system_error>
 #include <utility>
 
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/engine/local_checkpoint.h"
+#include "stitch/io/fileio.h"
 
 namespace stitch {
 
@@ -34,7 +38,34 @@ absl::Status RequireDir(const std::filesystem::path& dir, std::string_view flag)
   return absl::OkStatus();
 }
 
+// A file beside the local checkpoint: ".<checkpoint name><suffix>".
+std::filesystem::path BesideLocal(const SglangEngineOptions& options, std::string_view suffix) {
+  const std::filesystem::path& local = options.local_checkpoint_dir;
+  return local.parent_path() / absl::StrCat(".", local.filename().string(), AbslView(suffix));
+}
+
 }  // namespace
+
+std::string SglangNamedBytesPayload(std::string_view name, std::string_view bytes) {
+  auto u32 = [](std::string& out, uint32_t n) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  };
+  std::string p = "\x80\x02";  // PROTO 2
+  p += "](";                   // EMPTY_LIST, MARK
+  p += 'X';                    // BINUNICODE: the name
+  u32(p, static_cast<uint32_t>(name.size()));
+  p.append(name);
+  p += "ctorch\nByteTensor\n";  // GLOBAL torch.ByteTensor
+  p += "](";                    // its argument: a list of the bytes
+  for (unsigned char c : bytes) {
+    p += 'K';  // BININT1
+    p.push_back(static_cast<char>(c));
+  }
+  p += "e\x85R";  // APPENDS, TUPLE1, REDUCE: torch.ByteTensor([...])
+  p += "\x86"
+       "e.";  // TUPLE2 (name, tensor), APPENDS, STOP
+  return absl::Base64Escape(AbslView(p));
+}
 
 SglangHttpEngine::SglangHttpEngine(boost::asio::any_io_executor executor,
                                    SglangEngineOptions options, HttpUrl url)
@@ -95,6 +126,14 @@ awaitable<absl::StatusOr<EngineReport>> SglangHttpEngine::Report(
     const json::value* off =
         !ec && doc.is_object() ? doc.get_object().if_contains("disable_overlap_schedule") : nullptr;
     overlap_disabled_ = off != nullptr && off->is_bool() && off->get_bool();
+    const json::value* loaders =
+        !ec && doc.is_object() ? doc.get_object().if_contains("custom_weight_loader") : nullptr;
+    has_patch_loader_ = false;
+    if (loaders != nullptr && loaders->is_array()) {
+      for (const json::value& l : loaders->get_array()) {
+        has_patch_loader_ |= l.is_string() && l.get_string() == kSglangPatchLoader;
+      }
+    }
   }
   co_return report;
 }
@@ -263,7 +302,10 @@ awaitable<absl::Status> SglangEngine::ResetToBoot(const VersionRef& boot) {
 
 StockSglangEngine::StockSglangEngine(boost::asio::any_io_executor executor,
                                      SglangEngineOptions options, HttpUrl url, WorkerPool& pool)
-    : SglangHttpEngine(std::move(executor), std::move(options), std::move(url)), pool_(pool) {}
+    : SglangHttpEngine(std::move(executor), std::move(options), std::move(url)),
+      pool_(pool),
+      patch_file_(BesideLocal(options_, ".patch.safetensors")),
+      answer_file_(BesideLocal(options_, ".patch-answer.json")) {}
 
 absl::StatusOr<std::unique_ptr<StockSglangEngine>> StockSglangEngine::Make(
     boost::asio::any_io_executor executor, SglangEngineOptions options, WorkerPool& pool) {
@@ -287,23 +329,140 @@ absl::StatusOr<std::unique_ptr<StockSglangEngine>> StockSglangEngine::Make(
 }
 
 awaitable<absl::Status> StockSglangEngine::InitializeDestination(const VersionRef& boot) {
-  co_return co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
-                                         options_.local_checkpoint_dir, boot);
+  absl::Status s = co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
+                                                options_.local_checkpoint_dir, boot);
+  if (s.ok()) live_ = boot;
+  co_return s;
 }
 
 awaitable<absl::Status> StockSglangEngine::Stage(const StagePlan& plan) {
-  co_return co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
+  patch_staged_.reset();
+  absl::Status s = co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
+  if (!s.ok() || !options_.patch) co_return s;
+  LocalPatchRequest request;
+  request.live = live_;
+  request.failed_before = patch_failed_.has_value() && *patch_failed_ == plan.target;
+  request.local = options_.local_checkpoint_dir;
+  request.patch_file = patch_file_;
+  request.max_density = options_.patch_max_density;
+  request.report_timeout = options_.control_timeout;
+  WeightPatchStats written;
+  reload_reason_ = co_await WriteLocalPatch(pool_, *this, plan, request, written);
+  if (reload_reason_.blocker == PatchBlocker::kNone && !has_patch_loader_) {
+    // Reported by WriteLocalPatch's look at the engine, just now.
+    reload_reason_ = {PatchBlocker::kEngineRefused,
+                      absl::StrCat("SGLang was not started with --custom-weight-loader ",
+                                   AbslView(kSglangPatchLoader))};
+  }
+  if (reload_reason_.blocker != PatchBlocker::kNone) {
+    spdlog::info("{} will be committed by a full reload ({}): {}", plan.target.ToString(),
+                 PatchBlockerName(reload_reason_.blocker), reload_reason_.detail);
+    co_return absl::OkStatus();
+  }
+  patch_staged_ = plan.target;
+  spdlog::info("wrote the in-place patch {} -> {}: {} of {} values ({:.4f}%) in {} tensors",
+               live_->ToString(), plan.target.ToString(), written.values_changed,
+               written.values_total, written.density() * 100, written.tensors);
+  co_return absl::OkStatus();
 }
 
 awaitable<absl::Status> StockSglangEngine::Commit(const VersionRef& target, CommitOptions options) {
-  const std::filesystem::path local = options_.local_checkpoint_dir;
-  if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
-    co_return held;
+  absl::Status committed;
+  if (patch_staged_.has_value() && *patch_staged_ == target) {
+    patch_staged_.reset();
+    committed = co_await ApplyPatch(target, options.flush_cache);
+    if (committed.ok()) commit_paths_.Count("patch", "");
+  } else {
+    const std::filesystem::path local = options_.local_checkpoint_dir;
+    if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
+      co_return held;
+    }
+    committed = co_await LoadFromDisk(local, target, options.flush_cache);
+    if (committed.ok()) {
+      commit_paths_.Count("reload",
+                          std::string(PatchBlockerName(options_.patch ? reload_reason_.blocker
+                                                                      : PatchBlocker::kOff)));
+    }
   }
-  co_return co_await LoadFromDisk(local, target, options.flush_cache);
+  if (committed.ok()) live_ = target;
+  co_return committed;
+}
+
+awaitable<absl::Status> StockSglangEngine::ApplyPatch(const VersionRef& target, bool flush_cache) {
+  const std::string what = absl::StrCat("patching ", live_->ToString(), " to ", target.ToString());
+  std::error_code ec;
+  std::filesystem::remove(answer_file_, ec);
+  json::object request;
+  request["patch"] = PathString(patch_file_);
+  request["answer"] = PathString(answer_file_);
+  request["verify"] = options_.patch_verify;
+  request["from"] = live_->ToString();
+  request["to"] = target.ToString();
+  json::object body;
+  body["serialized_named_tensors"] = json::array{
+      json::value(SglangNamedBytesPayload(kSglangPatchRequestName, json::serialize(request)))};
+  body["load_format"] = std::string(kSglangPatchLoader);
+  // The cache is flushed after the label check below, as for a reload; the
+  // label moves by itself once the loader says the weights did.
+  body["flush_cache"] = false;
+  if (absl::Status begun = co_await Call("/begin_weight_update", "{}", options_.control_timeout);
+      !begun.ok()) {
+    // Nothing was called in the engine's model: the old weights serve on.
+    patch_failed_ = target;
+    commit_paths_.Count("patch-undone", "");
+    co_return absl::AbortedError(absl::StrCat(what, ": the engine opened no weight update (",
+                                              begun.message(), "): it serves ", live_->ToString(),
+                                              " as before"));
+  }
+  const absl::Status loaded =
+      co_await Call("/update_weights_from_tensor", json::serialize(body), options_.commit_timeout);
+  const absl::Status ended = co_await Call("/end_weight_update", "{}", options_.control_timeout);
+  if (!loaded.ok()) co_return Annotate(loaded, what);
+  if (!ended.ok()) co_return Annotate(ended, what);
+  if (absl::Status answer = LoaderAnswer(target, what); !answer.ok()) co_return answer;
+  if (flush_cache) {
+    if (absl::Status s = co_await FlushCache(); !s.ok()) co_return s;
+  }
+  json::object label;
+  label["new_version"] = target.ToString();
+  label["abort_all_requests"] = false;  // SGLang's default aborts them
+  co_return co_await Call("/update_weight_version", json::serialize(label),
+                          options_.control_timeout);
+}
+
+absl::Status StockSglangEngine::LoaderAnswer(const VersionRef& target, const std::string& what) {
+  auto text = ReadFileToString(answer_file_, 1 << 20);
+  if (!text.ok()) {
+    // The weights may have changed or not: nobody can say.
+    return absl::InternalError(
+        absl::StrCat(what, ": the engine's loader left no answer (", text.status().message(), ")"));
+  }
+  boost::system::error_code ec;
+  const json::value doc = json::parse(*text, ec);
+  const json::object* o = ec ? nullptr : doc.if_object();
+  auto flag = [o](std::string_view key) {
+    const json::value* v = o != nullptr ? o->if_contains(key) : nullptr;
+    return v != nullptr && v->is_bool() && v->get_bool();
+  };
+  if (flag("applied")) return absl::OkStatus();
+  if (!flag("undone")) {
+    return absl::InternalError(absl::StrCat(what,
+                                            ": the loader's answer is neither applied nor "
+                                            "undone: ",
+                                            *text));
+  }
+  const json::value* error = o->if_contains("error");
+  patch_failed_ = target;
+  commit_paths_.Count("patch-undone", "");
+  return absl::AbortedError(absl::StrCat(
+      what, " failed and was undone (",
+      error != nullptr && error->is_string() ? std::string(error->get_string()) : *text,
+      "): the engine serves ", live_->ToString(), " as before"));
 }
 
 awaitable<absl::Status> StockSglangEngine::ResetToBoot(const VersionRef& boot) {
+  live_.reset();
+  patch_staged_.reset();
   absl::Status s = co_await LoadFromDisk(options_.base_checkpoint_dir, boot, false);
   if (!s.ok()) co_return s;
   co_return co_await InitializeDestination(boot);

@@ -10,7 +10,14 @@
 //   StockSglangEngine  an unmodified SGLang: the sidecar stages itself, on a
 //                      worker pool, materializing the target into the local
 //                      checkpoint directory with the delta codec, then asks
-//                      the engine to load it with /update_weights_from_disk.
+//                      the engine to load it with /update_weights_from_disk;
+//                      or, for a DELTA that fits and an engine started with
+//                      --custom-weight-loader stitch_sglang.apply_patch
+//                      (python/src/stitch_sglang), writes the in-place patch
+//                      while the engine serves and has that loader apply it
+//                      inside the pause (/begin_weight_update,
+//                      /update_weights_from_tensor, /end_weight_update), then
+//                      labels the weights with /update_weight_version.
 //
 // Both pause with /pause_generation {"mode": "in_place"}, resume with
 // /continue_generation, flush with /flush_cache, probe /health, read what
@@ -26,6 +33,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "stitch/engine/engine.h"
 #include "stitch/engine/engine_http.h"
+#include "stitch/engine/local_checkpoint.h"
 #include "stitch/net/client.h"
 #include "stitch/net/http.h"
 #include "stitch/net/worker_pool.h"
@@ -56,7 +65,23 @@ inline constexpr std::string_view kSglangEngineRoutes[] = {
     "POST /update_weights_from_disk",
     "POST /update_weights_from_cpu",
     "POST /stage_weight_update",
+    "POST /begin_weight_update",
+    "POST /update_weights_from_tensor",
+    "POST /end_weight_update",
+    "POST /update_weight_version",
 };
+
+// The custom weight loader stock SGLang must be started with for in-place
+// patches (--custom-weight-loader), and the name of the one "tensor" it is
+// sent: the request, as UTF-8 JSON (python/src/stitch_sglang).
+inline constexpr std::string_view kSglangPatchLoader = "stitch_sglang.apply_patch";
+inline constexpr std::string_view kSglangPatchRequestName = "stitch_sglang.request";
+
+// SGLang's `serialized_named_tensors` entry for [(name, uint8 tensor of
+// `bytes`)]: a pickle (protocol 2) of that list, base64. Built by hand, so
+// that it names only torch.ByteTensor, which SGLang's restricted unpickler
+// allows, and carries no file descriptors or shared memory.
+std::string SglangNamedBytesPayload(std::string_view name, std::string_view bytes);
 
 struct SglangEngineOptions {
   // The engine's base URL, "http://host:port".
@@ -79,6 +104,14 @@ struct SglangEngineOptions {
   // Sent as "Authorization: Bearer <api_key>" on every call, for an engine
   // started with one (SGLang's --api-key); empty: none.
   std::string api_key;
+  // The stock engine only: commit DELTAs as in-place patches where they fit
+  // and the engine has the loader (kSglangPatchLoader); a patch changing
+  // more of the model's values than `patch_max_density` reloads, and
+  // `patch_verify` is "checksums" (every patched tensor hashed in the
+  // engine) or "values" (old values checked, new ones written).
+  bool patch = true;
+  double patch_max_density = 0.3;
+  std::string patch_verify = "checksums";
 };
 
 // The HTTP control surface both adapters share. Not instantiable by itself.
@@ -91,7 +124,8 @@ class SglangHttpEngine : public Engine {
   boost::asio::awaitable<absl::Status> FlushCache() override;
   boost::asio::awaitable<absl::Status> Health(std::chrono::milliseconds timeout) override;
   // GET /model_info (/get_model_info on engines that predate it), then
-  // /server_info for whether its overlap scheduler is off.
+  // /server_info for whether its overlap scheduler is off and which custom
+  // weight loaders it was started with.
   boost::asio::awaitable<absl::StatusOr<EngineReport>> Report(
       std::chrono::milliseconds timeout) override;
   // Only with the overlap scheduler off (`disable_overlap_schedule` in
@@ -129,6 +163,9 @@ class SglangHttpEngine : public Engine {
   EngineHttp http_;
   std::string_view model_info_route_ = "/model_info";
   CommitPathCounter commit_paths_;
+  // Whether the engine listed kSglangPatchLoader in /server_info's
+  // `custom_weight_loader`, as last reported.
+  bool has_patch_loader_ = false;
 
  private:
   // Whether `name` is a directory the sidecar loads from (SGLang's name
@@ -184,9 +221,14 @@ class StockSglangEngine final : public SglangHttpEngine {
   boost::asio::awaitable<absl::Status> InitializeDestination(const VersionRef& boot) override;
   // Materializes the target into the local checkpoint (delta codec): only
   // the deltas after what it holds when it holds an earlier version of the
-  // run, else from the chain's anchor.
+  // run, else from the chain's anchor. With patches on, then writes the
+  // in-place patch from what the engine holds, or logs why not.
   boost::asio::awaitable<absl::Status> Stage(const StagePlan& plan) override;
-  // /update_weights_from_disk of the local checkpoint.
+  // The staged patch applied by the engine's loader, or
+  // /update_weights_from_disk of the local checkpoint; counted in
+  // CommitPaths with the reason for a reload. A patch the loader undid
+  // answers Aborted (the old version serves on, labelled as before) and
+  // that target reloads at its next Stage.
   boost::asio::awaitable<absl::Status> Commit(const VersionRef& target,
                                               CommitOptions options) override;
   // Loads the base checkpoint, then re-seeds the local checkpoint.
@@ -195,7 +237,25 @@ class StockSglangEngine final : public SglangHttpEngine {
  private:
   StockSglangEngine(boost::asio::any_io_executor executor, SglangEngineOptions options, HttpUrl url,
                     WorkerPool& pool);
+  // Has the loader apply the staged patch, flushes when asked, and labels
+  // the weights `target`.
+  boost::asio::awaitable<absl::Status> ApplyPatch(const VersionRef& target, bool flush_cache);
+  // Reads what the loader wrote to answer_file_ for `what`.
+  absl::Status LoaderAnswer(const VersionRef& target, const std::string& what);
+
   WorkerPool& pool_;
+  // Beside the local checkpoint: the patch the sidecar writes, and the
+  // loader's answer.
+  const std::filesystem::path patch_file_;
+  const std::filesystem::path answer_file_;
+  // What the engine holds by this adapter's last commit or reset.
+  std::optional<VersionRef> live_;
+  // The target whose patch is written, and why the last staged target
+  // reloads instead when none is.
+  std::optional<VersionRef> patch_staged_;
+  ReloadReason reload_reason_{PatchBlocker::kNoPatchStaged, "no patch was staged"};
+  // A target whose patch was undone: it reloads.
+  std::optional<VersionRef> patch_failed_;
 };
 
 }  // namespace stitch

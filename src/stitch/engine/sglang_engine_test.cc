@@ -9,6 +9,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "stitch/delta/delta_apply.h"
 #include "stitch/delta/delta_encode.h"
@@ -383,6 +384,28 @@ TEST_F(SglangEngineTest, InconsistentOptionsAreRefused) {
   EXPECT_FALSE(SglangEngine::Make(loop_.executor(), bad_url).ok());
 }
 
+// The loader's request reaches SGLang as a pickle of [(name, ByteTensor)]
+// that names nothing but torch.ByteTensor (protocol 2, built by hand).
+TEST(SglangNamedBytesPayloadTest, IsAProtocolTwoPickleOfOneNamedByteTensor) {
+  std::string pickle;
+  ASSERT_TRUE(
+      absl::Base64Unescape(SglangNamedBytesPayload("nm", std::string("a\0\xff", 3)), &pickle));
+  const std::string want =
+      absl::StrCat(std::string("\x80\x02](X\x02\x00\x00\x00nm", 11), "ctorch\nByteTensor\n](",
+                   std::string("Ka"
+                               "K\0"
+                               "K\xff",
+                               6),
+                   "e\x85R\x86"
+                   "e.");
+  EXPECT_EQ(absl::BytesToHexString(pickle), absl::BytesToHexString(want));
+  // Nothing to send: an empty list of bytes still makes a tensor.
+  ASSERT_TRUE(absl::Base64Unescape(SglangNamedBytesPayload("n", ""), &pickle));
+  EXPECT_TRUE(
+      pickle.ends_with("](e\x85R\x86"
+                       "e."));
+}
+
 // The stock adapter stages on the sidecar's side with the delta codec.
 TEST_F(SglangEngineTest, StockEngineMaterializesDeltasIntoTheLocalCheckpoint) {
   namespace fs = std::filesystem;
@@ -449,6 +472,15 @@ TEST_F(SglangEngineTest, StockEngineMaterializesDeltasIntoTheLocalCheckpoint) {
   }
 
   ASSERT_TRUE(Await((*engine)->Commit(VersionRef{"r1", 2}, Engine::CommitOptions{})).ok());
+  // Unrelated checkpoints: no patch, a reload with its reason counted, and
+  // no weight-update session opened in the engine.
+  const std::vector<Engine::CommitPath> paths = (*engine)->CommitPaths();
+  ASSERT_EQ(paths.size(), 1u);
+  EXPECT_EQ(paths[0].path, "reload");
+  EXPECT_NE(paths[0].reason, "");
+  EXPECT_NE(paths[0].reason, "off");
+  EXPECT_TRUE(fake_.RequestsTo("/begin_weight_update").empty());
+  EXPECT_TRUE(fake_.RequestsTo("/update_weights_from_tensor").empty());
   auto loads = fake_.RequestsTo("/update_weights_from_disk");
   ASSERT_EQ(loads.size(), 1u);
   EXPECT_EQ(ParseObject(loads[0].body).at("model_path").as_string(), (tmp_ / "local").string());

@@ -79,72 +79,18 @@ awaitable<void> VllmEngine::DiscardPatch() {
                             options_.control_timeout);
 }
 
-VllmEngine::ReloadReason VllmEngine::FindPatchBlocker(
-    const StagePlan& plan, std::vector<std::filesystem::path>& deltas) const {
-  const bool failed_before = patch_failed_.has_value() && *patch_failed_ == plan.target;
-  const PatchBlocker before = PatchBlockerBefore(true, live_, plan.target, failed_before);
-  switch (before) {
-    case PatchBlocker::kNone:
-      break;
-    case PatchBlocker::kUnknownBase:
-      return {before, "what the engine holds is not known"};
-    case PatchBlocker::kOtherRun:
-      return {before, "the engine holds another run"};
-    case PatchBlocker::kNotAfter:
-      return {before, "the target is not after what the engine holds"};
-    case PatchBlocker::kPatchFailed:
-      return {before, "its patch failed and was undone"};
-    default:
-      return {before, std::string(PatchBlockerName(before))};
-  }
-  std::vector<PatchChainLink> links;
-  for (const StagedVersion& v : plan.chain) {
-    links.push_back({v.version, v.manifest.kind});
-    if (v.version > live_->version) deltas.push_back(v.dir);
-  }
-  switch (PatchBlockerOfChain(links, *live_, plan.target)) {
-    case PatchBlocker::kNone:
-      return {};
-    case PatchBlocker::kFullVersion:
-      return {PatchBlocker::kFullVersion,
-              "a FULL version lies between what the engine holds and "
-              "the target"};
-    default:
-      return {PatchBlocker::kChainGap,
-              absl::StrCat("the chain does not hold every DELTA since ", live_->ToString())};
-  }
-}
-
-awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
-  std::vector<std::filesystem::path> deltas;
-  if (ReloadReason blocker = FindPatchBlocker(plan, deltas);
+awaitable<ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
+  LocalPatchRequest request;
+  request.live = live_;
+  request.failed_before = patch_failed_.has_value() && *patch_failed_ == plan.target;
+  request.local = options_.local_checkpoint_dir;
+  request.patch_file = patch_file_;
+  request.max_density = options_.patch_max_density;
+  request.report_timeout = options_.control_timeout;
+  WeightPatchStats written;
+  if (ReloadReason blocker = co_await WriteLocalPatch(pool_, *this, plan, request, written);
       blocker.blocker != PatchBlocker::kNone) {
     co_return blocker;
-  }
-  // A patch is exact only on the weights it was made from: the engine must
-  // still say it holds them (a restarted vLLM holds its boot weights, a
-  // sidecar that restarted beside a running vLLM starts from the boot
-  // version).
-  auto report = co_await Report(options_.control_timeout);
-  if (!report.ok() || report->held != live_) {
-    co_return ReloadReason{
-        PatchBlocker::kEngineLabel,
-        absl::StrCat("the engine reports ",
-                     report.ok() ? absl::StrCat("\"", report->label, "\"")
-                                 : std::string(report.status().message()),
-                     ", not ", live_->ToString(), ", the weights the patch starts from")};
-  }
-  WeightPatchOptions patch;
-  patch.from = *live_;
-  patch.to = plan.target;
-  patch.max_density = options_.patch_max_density;
-  auto written = co_await RunBlocking(pool_, [&] {
-    return WriteWeightPatch(deltas, options_.local_checkpoint_dir, patch_file_, patch);
-  });
-  if (!written.ok()) {
-    const bool dense = written.status().code() == absl::StatusCode::kFailedPrecondition;
-    co_return ReloadReason{dense ? PatchBlocker::kDense : PatchBlocker::kPatchError,
-                           std::string(written.status().message())};
   }
   json::object rpc;
   rpc["method"] = "stitch_patch_stage";
@@ -160,8 +106,8 @@ awaitable<VllmEngine::ReloadReason> VllmEngine::StagePatch(const StagePlan& plan
   }
   engine_holds_patch_ = true;
   spdlog::info("staged the in-place patch {} -> {}: {} of {} values ({:.4f}%) in {} tensors",
-               live_->ToString(), plan.target.ToString(), written->values_changed,
-               written->values_total, written->density() * 100, written->tensors);
+               live_->ToString(), plan.target.ToString(), written.values_changed,
+               written.values_total, written.density() * 100, written.tensors);
   co_return ReloadReason{};
 }
 

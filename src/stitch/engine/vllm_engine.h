@@ -60,6 +60,7 @@
 #include "stitch/delta/patch_rules.h"
 #include "stitch/engine/engine.h"
 #include "stitch/engine/engine_http.h"
+#include "stitch/engine/local_checkpoint.h"
 #include "stitch/net/worker_pool.h"
 
 namespace stitch {
@@ -149,17 +150,6 @@ class VllmEngine final : public Engine {
   boost::asio::awaitable<absl::Status> Reload(const std::filesystem::path& dir,
                                               const VersionRef& version, bool flush_cache);
 
-  // Why a commit reloads the whole checkpoint instead of patching: a short
-  // code (a /metrics label) and the details (for the log); empty code: it
-  // patches.
-  struct ReloadReason {
-    PatchBlocker blocker = PatchBlocker::kNone;  // delta/patch_rules.h
-    std::string detail;
-  };
-  // Why `plan` cannot be committed as a patch from what the engine holds,
-  // or nothing with the DELTA directories after it in `deltas`.
-  ReloadReason FindPatchBlocker(const StagePlan& plan,
-                                std::vector<std::filesystem::path>& deltas) const;
   // Writes and stages the patch to `plan.target`: nothing once the engine
   // holds it, else why the commit will reload instead.
   boost::asio::awaitable<ReloadReason> StagePatch(const StagePlan& plan);
