@@ -29,6 +29,7 @@ def checkpoint(path, seed):
         "model.layers.0.self_attn.v_proj.weight": rand(KV, HIDDEN),
         "model.layers.0.mlp.gate_proj.weight": rand(INTER, HIDDEN),
         "model.layers.0.mlp.up_proj.weight": rand(INTER, HIDDEN),
+        "model.layers.0.mlp.down_proj.weight": rand(HIDDEN, INTER),
         "model.layers.0.input_layernorm.weight": rand(HIDDEN),
     }
     os.makedirs(path)
@@ -47,14 +48,37 @@ def nudged(tensors, fraction, seed):
     return out
 
 
-class Model(torch.nn.Module):
-    """An engine's parameter layout for the checkpoint above: q/k/v rows fused
-    in `qkv_proj`, gate/up rows in `gate_up_proj`, the vocabulary padded. The
-    engine names the fusion its own way: vLLM's `packed_modules_mapping` or
-    SGLang's `stacked_params_mapping`."""
+def layout(ckpt, inter=INTER):
+    """The checkpoint's tensors as an engine holds them: q/k/v rows fused in
+    `qkv_proj`, gate/up rows in `gate_up_proj`, the vocabulary padded, and
+    the MLP's width padded to `inter` (SGLang's CPU path pads it) with zeros
+    after each part."""
+    pre = "model.layers.0."
+    embed = torch.zeros(PADDED, HIDDEN, dtype=torch.bfloat16)
+    embed[:VOCAB] = ckpt["model.embed_tokens.weight"]
+    gate_up = torch.zeros(2 * inter, HIDDEN, dtype=torch.bfloat16)
+    gate_up[:INTER] = ckpt[pre + "mlp.gate_proj.weight"]
+    gate_up[inter:inter + INTER] = ckpt[pre + "mlp.up_proj.weight"]
+    down = torch.zeros(HIDDEN, inter, dtype=torch.bfloat16)
+    down[:, :INTER] = ckpt[pre + "mlp.down_proj.weight"]
+    return {
+        "model.embed_tokens.weight": embed,
+        pre + "self_attn.qkv_proj.weight": torch.cat(
+            [ckpt[pre + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
+        pre + "mlp.gate_up_proj.weight": gate_up,
+        pre + "mlp.down_proj.weight": down,
+        pre + "input_layernorm.weight": ckpt[pre + "input_layernorm.weight"].clone(),
+    }
 
-    def __init__(self, ckpt, engine="vllm"):
+
+class Model(torch.nn.Module):
+    """A stand-in engine model holding `layout(ckpt, inter)`. The engine names
+    the fusion its own way: vLLM's `packed_modules_mapping` or SGLang's
+    `stacked_params_mapping`."""
+
+    def __init__(self, ckpt, engine="vllm", inter=INTER):
         super().__init__()
+        self.inter = inter
         if engine == "vllm":
             self.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
                                            "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -63,20 +87,8 @@ class Model(torch.nn.Module):
                 (".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
                 (".qkv_proj", ".v_proj", "v"), (".gate_up_proj", ".gate_proj", 0),
                 (".gate_up_proj", ".up_proj", 1)]
-
-        def param(t):
-            return torch.nn.Parameter(t.clone(), requires_grad=False)
-        pre = "model.layers.0."
-        embed = torch.zeros(PADDED, HIDDEN, dtype=torch.bfloat16)
-        embed[:VOCAB] = ckpt["model.embed_tokens.weight"]
-        self.params = {
-            "model.embed_tokens.weight": param(embed),
-            pre + "self_attn.qkv_proj.weight": param(torch.cat(
-                [ckpt[pre + f"self_attn.{p}_proj.weight"] for p in "qkv"])),
-            pre + "mlp.gate_up_proj.weight": param(torch.cat(
-                [ckpt[pre + "mlp.gate_proj.weight"], ckpt[pre + "mlp.up_proj.weight"]])),
-            pre + "input_layernorm.weight": param(ckpt[pre + "input_layernorm.weight"]),
-        }
+        self.params = {name: torch.nn.Parameter(t.clone(), requires_grad=False)
+                       for name, t in layout(ckpt, inter).items()}
         for i, p in enumerate(self.params.values()):
             self.register_parameter(f"p{i}", p)
 
@@ -85,16 +97,9 @@ class Model(torch.nn.Module):
 
     def holds(self, ckpt):
         """Whether the parameters are `ckpt`'s tensors, padding untouched."""
-        pre = "model.layers.0."
-        p = self.params
-        return (torch.equal(p["model.embed_tokens.weight"][:VOCAB], ckpt["model.embed_tokens.weight"])
-                and torch.equal(p["model.embed_tokens.weight"][VOCAB:],
-                                torch.zeros(PADDED - VOCAB, HIDDEN, dtype=torch.bfloat16))
-                and torch.equal(p[pre + "self_attn.qkv_proj.weight"], torch.cat(
-                    [ckpt[pre + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
-                and torch.equal(p[pre + "mlp.gate_up_proj.weight"], torch.cat(
-                    [ckpt[pre + "mlp.gate_proj.weight"], ckpt[pre + "mlp.up_proj.weight"]]))
-                and torch.equal(p[pre + "input_layernorm.weight"], ckpt[pre + "input_layernorm.weight"]))
+        want = layout(ckpt, self.inter)
+        return (set(want) == set(self.params)
+                and all(torch.equal(want[k], p.data) for k, p in self.params.items()))
 
 
 @pytest.fixture

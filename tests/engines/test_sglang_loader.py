@@ -53,6 +53,29 @@ def test_the_loader_patches_sglangs_fused_parameters_exactly(versions, tmp_path)
     assert model.holds(v1)
 
 
+def test_the_padded_mlp_of_sglangs_cpu_path_is_patched_and_its_padding_left_alone(
+        versions, tmp_path):
+    """On CPU, SGLang pads the MLP's width (here 48 to 64): gate and up each
+    take half of `gate_up_proj`'s rows, `down_proj` has more columns than the
+    checkpoint's tensor."""
+    v0, v1, path = versions
+    model = Model(v0, engine="sglang", inter=64)
+    answer = patch(model, tmp_path, path)
+    assert answer["applied"] is True, answer
+    assert model.holds(v1)
+    call(stitch_sglang.arm_fault, model, {"after_tensors": 4})
+    failing = Model(v0, engine="sglang", inter=64)
+    answer = patch(failing, tmp_path, path)
+    assert answer["applied"] is False and "after 4 tensors" in answer["error"], answer
+    assert failing.holds(v0)
+    # Parts of unequal sizes cannot be told apart once padded: refused.
+    odd = Model(v0, engine="sglang", inter=64)
+    odd.params["model.layers.0.self_attn.qkv_proj.weight"] = torch.nn.Parameter(
+        torch.zeros(80, 32, dtype=torch.bfloat16), requires_grad=False)
+    answer = patch(odd, tmp_path, path)
+    assert answer["applied"] is False and "cannot tell where" in answer["error"], answer
+
+
 @pytest.mark.parametrize("after", [0, 3])
 def test_a_failure_part_way_is_undone(versions, tmp_path, after):
     v0, _, path = versions

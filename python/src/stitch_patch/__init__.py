@@ -11,7 +11,9 @@ weight loader) hand this module the engine's model:
     Reads the patch into the parameters' device, places every checkpoint
     tensor it changes inside the engine's parameters (q/k/v rows fused in
     ``qkv_proj``, gate/up rows in ``gate_up_proj``, as the model's own
-    mapping says) and checks that the values there are the old version's.
+    mapping says; rows or columns the engine pads, such as a padded
+    vocabulary or SGLang's padded MLP width on CPU, left alone) and checks
+    that the values there are the old version's.
     Raises PatchError, touching nothing, when the patch does not fit.
 ``apply(staged, verify)``
     Checks again that the values to change are the old version's, writes the
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -58,10 +60,12 @@ def check_verify(verify: Any) -> None:
 class _Slot:
     """One checkpoint tensor's patch, placed inside an engine parameter."""
 
-    def __init__(self, name: str, flat: torch.Tensor, idx, xor, new, checksum: str):
+    def __init__(self, name: str, flat: torch.Tensor, region: torch.Tensor, idx, xor, new,
+                 checksum: str):
         self.name = name
-        self.flat = flat  # the integer view of the parameter's slice, flattened
-        self.idx = idx
+        self.flat = flat  # the integer view of the whole parameter, flattened
+        self.region = region  # the part of the parameter that is the checkpoint tensor
+        self.idx = idx  # into `flat`
         self.new = new
         self.old = torch.bitwise_xor(new, xor)
         self.checksum = checksum
@@ -94,8 +98,12 @@ def fused_parts(model) -> Dict[str, List[str]]:
 
 
 def _place(fused: Dict[str, List[str]], params: Dict[str, torch.nn.Parameter], name: str,
-           shape: List[int], shapes: Dict[str, List[int]]) -> torch.Tensor:
-    """The slice of the engine's parameters that holds checkpoint tensor `name`."""
+           shape: List[int], shapes: Dict[str, List[int]]) -> Tuple[torch.Tensor, int]:
+    """The engine parameter that holds checkpoint tensor `name` and the row
+    where it starts there. A fused parameter holds its parts one after the
+    other, each padded to the same number of rows when the engine pads
+    them (SGLang's CPU path pads the MLP's intermediate size); any
+    dimension may be padded at its end."""
     pname, offset = name, 0
     for whole, parts in fused.items():
         for i, part in enumerate(parts):
@@ -103,11 +111,21 @@ def _place(fused: Dict[str, List[str]], params: Dict[str, torch.nn.Parameter], n
             if needle not in name:
                 continue
             pname = name.replace(needle, "." + whole + ".")
-            for earlier in parts[:i]:
-                sibling = name.replace(needle, "." + earlier + ".")
+            rows = []
+            for sibling_part in parts:
+                sibling = name.replace(needle, "." + sibling_part + ".")
                 if sibling not in shapes:
-                    raise PatchError(f"{name}: the checkpoint has no {sibling} to place it after")
-                offset += shapes[sibling][0]
+                    raise PatchError(f"{name}: the checkpoint has no {sibling} to place it beside")
+                rows.append(shapes[sibling][0])
+            param = params.get(pname)
+            if param is not None and param.data.dim() > 0 and sum(rows) != param.data.shape[0]:
+                # Padded parts: equal ones, each to an equal share of the rows.
+                if len(set(rows)) != 1 or param.data.shape[0] % len(parts) != 0:
+                    raise PatchError(f"{name}: cannot tell where {pname} "
+                                     f"{list(param.data.shape)} holds parts of rows {rows}")
+                offset = i * (param.data.shape[0] // len(parts))
+            else:
+                offset = sum(rows[:i])
             break
         if pname != name:
             break
@@ -115,12 +133,55 @@ def _place(fused: Dict[str, List[str]], params: Dict[str, torch.nn.Parameter], n
     if param is None:
         raise PatchError(f"{name}: the engine has no parameter {pname} to patch")
     data = param.data
-    if list(data.shape[1:]) != list(shape[1:]) or offset + shape[0] > data.shape[0]:
+    if not shape:
+        if data.dim() != 0:
+            raise PatchError(f"{name} is a scalar, {pname} {list(data.shape)} is not")
+        return data, 0
+    if (data.dim() != len(shape) or offset + shape[0] > data.shape[0]
+            or any(c > p for c, p in zip(shape[1:], data.shape[1:]))):
         raise PatchError(
             f"{name} {shape} does not fit {pname} {list(data.shape)} at row {offset}")
     if not data.is_contiguous():
         raise PatchError(f"{pname} is not contiguous")
-    return data.narrow(0, offset, shape[0]) if shape else data
+    return data, offset
+
+
+def _region(data: torch.Tensor, shape: List[int], offset: int) -> torch.Tensor:
+    """The part of `data` that holds a checkpoint tensor of `shape` from row
+    `offset` (a view: not contiguous where columns are padded)."""
+    if not shape:
+        return data
+    region = data.narrow(0, offset, shape[0])
+    for dim, size in enumerate(shape[1:], start=1):
+        region = region.narrow(dim, 0, size)
+    return region
+
+
+def _param_indices(idx: torch.Tensor, shape: List[int], pshape: List[int],
+                   offset: int) -> torch.Tensor:
+    """Flat indices into a checkpoint tensor of `shape`, as flat indices into
+    the parameter of `pshape` that holds it from row `offset`."""
+    idx = idx.to(torch.int64)
+    if not shape:
+        return idx
+    if list(shape[1:]) == list(pshape[1:]):
+        row = 1
+        for d in pshape[1:]:
+            row *= d
+        return idx + offset * row
+    out = torch.zeros_like(idx)
+    rest = idx
+    for dim in range(len(shape)):
+        inner = 1
+        for d in shape[dim + 1:]:
+            inner *= d
+        pinner = 1
+        for d in pshape[dim + 1:]:
+            pinner *= d
+        coord = torch.div(rest, inner, rounding_mode="floor")
+        rest = rest - coord * inner
+        out += (coord + (offset if dim == 0 else 0)) * pinner
+    return out
 
 
 def _xxh3_128_hex(view: torch.Tensor) -> str:
@@ -148,14 +209,17 @@ def stage(model, path: str) -> Staged:
             raise PatchError(f"{path}: unknown patch format {meta.get('format')!r}")
         shapes = meta["shapes"]
         for name, info in sorted(meta["tensors"].items()):
-            region = _place(fused, params, name, info["shape"], shapes)
-            width = region.element_size()
-            if str(region.dtype).replace("torch.", "") != _torch_dtype_name(info["dtype"]):
+            data, offset = _place(fused, params, name, info["shape"], shapes)
+            width = data.element_size()
+            if str(data.dtype).replace("torch.", "") != _torch_dtype_name(info["dtype"]):
                 raise PatchError(
-                    f"{name}: the engine holds {region.dtype}, the patch {info['dtype']}")
-            flat = region.view(_BITS[width]).reshape(-1)
-            slot = _Slot(name, flat, f.get_tensor(name + "::idx"), f.get_tensor(name + "::xor"),
-                         f.get_tensor(name + "::new"), info["checksum"])
+                    f"{name}: the engine holds {data.dtype}, the patch {info['dtype']}")
+            flat = data.view(_BITS[width]).reshape(-1)
+            idx = _param_indices(f.get_tensor(name + "::idx"), info["shape"], list(data.shape),
+                                 offset)
+            slot = _Slot(name, flat, _region(data, info["shape"], offset), idx,
+                         f.get_tensor(name + "::xor"), f.get_tensor(name + "::new"),
+                         info["checksum"])
             if not torch.equal(torch.take(flat, slot.idx), slot.old):
                 raise PatchError(f"{name}: the engine does not hold {meta['from']}'s values there")
             slots.append(slot)
@@ -177,7 +241,7 @@ def apply(staged: Staged, verify: str, fail_after: Optional[int] = None) -> Dict
             slot.flat.put_(slot.idx, slot.new)
         if verify == "checksums":
             for slot in staged.slots:
-                got = _xxh3_128_hex(slot.flat)
+                got = _xxh3_128_hex(slot.region)
                 if got != slot.checksum:
                     raise PatchError(f"{slot.name}: xxh3-128 {got} after patching, "
                                      f"the version records {slot.checksum}")
