@@ -502,6 +502,45 @@ class Env:
                 wrong.append((start, end, tokens))
         return wrong
 
+    def assert_patch_undone_under_load(self, arm_fault, send, stamps, prompt):
+        """Publishes a sparse DELTA whose in-place patch fails part-way
+        (`arm_fault()` arms the engine's fault) while `send()` sends request
+        after request, and checks what follows: the patch undone and counted,
+        the old version served on, then the version committed by a full
+        reload, and every answer (`stamps(body)`: start and end versions,
+        tokens) made by the weights its stamps name."""
+        old = max(self.fleet.published)
+        [target] = sparse_versions(self, 1)
+        before = commit_paths(self)
+        undone = sidecar_counter(self, "commits_undone_total")
+        arm_fault()
+        answers, stop = [], threading.Event()
+
+        def load():
+            while not stop.is_set():
+                answers.append(send())
+
+        thread = threading.Thread(target=load, daemon=True)
+        thread.start()
+        self.fleet.publish_delta(old + 1, target)
+        self.fleet.wait_serving(old + 1)
+        wait_until(lambda: any(stamps(b)[0] == old + 1 for s, b, _ in answers if s == 200), 60,
+                   "an answer of the new version")
+        stop.set()
+        thread.join(60)
+
+        after = commit_paths(self)
+        assert after.get(("patch-undone", ""), 0) == before.get(("patch-undone", ""), 0) + 1, after
+        assert (after.get(("reload", "patch-failed"), 0)
+                == before.get(("reload", "patch-failed"), 0) + 1), after
+        assert sidecar_counter(self, "commits_undone_total") == undone + 1
+        assert "undone" in self.fleet.sidecar.tail(400)
+        assert all(s in (200, 503) for s, _, _ in answers), [
+            a for a in answers if a[0] not in (200, 503)]
+        served = [stamps(b) for s, b, _ in answers if s == 200]
+        assert any(start == old for start, _, _ in served)
+        assert not self.wrong_answers(prompt, served)
+
     def _assert_switched_inside(self, old, prompt, output, seen, stamped):
         new = old + 1
         assert stamped["weight_version_start"] == old, stamped

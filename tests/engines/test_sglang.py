@@ -6,7 +6,6 @@ serves the module; the tests run in order.
 import contextlib
 import json
 import socket
-import threading
 
 import pytest
 
@@ -260,38 +259,13 @@ def test_a_patch_that_fails_part_way_is_undone_and_the_old_version_serves_on(f):
     the loader restores them, the sidecar resumes SGLang on the old version
     with its label, and the version is then committed by a full reload.
     Every answer served meanwhile is made by the weights its stamps name."""
-    old, prompt = max(f.fleet.published), prompt_ids(PROMPT)
-    [target] = harness.sparse_versions(f, 1)
-    before, undone = harness.commit_paths(f), harness.sidecar_counter(f, "commits_undone_total")
-    arm_fault(f, 5)
-    answers, stop = [], threading.Event()
-
-    def load():
-        while not stop.is_set():
-            answers.append(generate(f, max_new_tokens=8))
-
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
-    f.fleet.publish_delta(old + 1, target)
-    f.fleet.wait_serving(old + 1)
-    harness.wait_until(lambda: any(b["meta_info"].get("weight_version_start") == old + 1
-                                   for s, b, _ in answers if s == 200), 60,
-                       "an answer of the new version")
-    stop.set()
-    thread.join(60)
-
-    after = harness.commit_paths(f)
-    assert after.get(("patch-undone", ""), 0) == before.get(("patch-undone", ""), 0) + 1, after
-    assert after.get(("reload", "patch-failed"), 0) == before.get(("reload", "patch-failed"), 0) + 1
-    assert harness.sidecar_counter(f, "commits_undone_total") == undone + 1
+    f.assert_patch_undone_under_load(
+        lambda: arm_fault(f, 5), lambda: generate(f, max_new_tokens=8),
+        lambda b: (b["meta_info"]["weight_version_start"], b["meta_info"]["weight_version_end"],
+                   b["output_ids"]),
+        prompt_ids(PROMPT))
     assert "after 5 tensors" in f.fleet.sidecar.tail(400)
-    assert engine_label(f) == f"{harness.RUN}/weight_v{old + 1:06d}"
-    assert all(s in (200, 503) for s, _, _ in answers), [a for a in answers if a[0] not in (200, 503)]
-    served = [b for s, b, _ in answers if s == 200]
-    assert any(b["meta_info"]["weight_version_start"] == old for b in served)
-    assert not f.wrong_answers(prompt, [(b["meta_info"]["weight_version_start"],
-                                         b["meta_info"]["weight_version_end"], b["output_ids"])
-                                        for b in served])
+    assert engine_label(f) == f"{harness.RUN}/weight_v{max(f.fleet.published):06d}"
 
 
 def test_a_client_that_leaves_is_aborted_in_sglang_and_no_other(f):

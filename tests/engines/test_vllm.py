@@ -7,7 +7,6 @@ each states what the fleet holds when it ends.
 import contextlib
 import os
 import socket
-import threading
 
 import pytest
 
@@ -338,38 +337,16 @@ def test_a_patch_that_fails_part_way_is_undone_and_the_old_version_serves_on(f):
     the old version with its label, and the version is then committed by a
     full reload. Every answer served meanwhile is made by the weights its
     label names."""
-    old, prompt = max(f.fleet.published), prompt_ids(PROMPT)
-    [target] = harness.sparse_versions(f, 1)
-    before, undone = harness.commit_paths(f), harness.sidecar_counter(f, "commits_undone_total")
-    status, body, _ = f.engine.http("POST", "/collective_rpc", {
-        "method": "stitch_patch_arm_fault", "kwargs": {"after_tensors": 5}})
-    assert status == 200, body
-    answers, stop = [], threading.Event()
+    def arm_fault():
+        status, body, _ = f.engine.http("POST", "/collective_rpc", {
+            "method": "stitch_patch_arm_fault", "kwargs": {"after_tensors": 5}})
+        assert status == 200, body
 
-    def load():
-        while not stop.is_set():
-            answers.append(completion(f, max_tokens=8))
-
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
-    f.fleet.publish_delta(old + 1, target)
-    f.fleet.wait_serving(old + 1)
-    harness.wait_until(lambda: any(b.get("weight_version_start") == old + 1
-                                   for s, b, _ in answers if s == 200), 60, "an answer of the new version")
-    stop.set()
-    thread.join(60)
-
-    after = harness.commit_paths(f)
-    assert after.get(("patch-undone", ""), 0) == before.get(("patch-undone", ""), 0) + 1, after
-    assert after.get(("reload", "patch-failed"), 0) == before.get(("reload", "patch-failed"), 0) + 1
-    assert harness.sidecar_counter(f, "commits_undone_total") == undone + 1
-    assert "undone" in f.fleet.sidecar.tail(400)
-    served = [b for s, b, _ in answers if s == 200]
-    assert all(s in (200, 503) for s, _, _ in answers), [a for a in answers if a[0] not in (200, 503)]
-    wrong = f.wrong_answers(prompt, [(b["weight_version_start"], b["weight_version_end"],
-                                      b["choices"][0]["token_ids"]) for b in served])
-    assert any(b["weight_version_start"] == old for b in served)
-    assert not wrong, wrong
+    f.assert_patch_undone_under_load(
+        arm_fault, lambda: completion(f, max_tokens=8),
+        lambda b: (b["weight_version_start"], b["weight_version_end"],
+                   b["choices"][0]["token_ids"]),
+        prompt_ids(PROMPT))
 
 
 def test_a_client_that_leaves_is_aborted_in_vllm_and_no_other(f):

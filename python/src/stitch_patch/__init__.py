@@ -74,10 +74,11 @@ class _Slot:
 class Staged:
     """A patch read and placed, ready to apply."""
 
-    def __init__(self, source: str, target: str, slots: List[_Slot]):
+    def __init__(self, source: str, target: str, slots: List[_Slot], checked: bool):
         self.source = source
         self.target = target
         self.slots = slots
+        self.checked = checked  # the old values were checked at staging
 
     def values(self) -> int:
         return int(sum(s.idx.numel() for s in self.slots))
@@ -193,7 +194,9 @@ def _xxh3_128_hex(view: torch.Tensor) -> str:
     return xxhash.xxh3_128_hexdigest(host.view(torch.uint8).numpy())
 
 
-def stage(model, path: str) -> Staged:
+def stage(model, path: str, check: bool = True) -> Staged:
+    """`check=False` leaves the old values' check to apply(), for a patch
+    applied at once (apply checks them again anyway)."""
     from safetensors import safe_open
 
     params = dict(model.named_parameters())
@@ -220,10 +223,10 @@ def stage(model, path: str) -> Staged:
             slot = _Slot(name, flat, _region(data, info["shape"], offset), idx,
                          f.get_tensor(name + "::xor"), f.get_tensor(name + "::new"),
                          info["checksum"])
-            if not torch.equal(torch.take(flat, slot.idx), slot.old):
+            if check and not torch.equal(torch.take(flat, slot.idx), slot.old):
                 raise PatchError(f"{name}: the engine does not hold {meta['from']}'s values there")
             slots.append(slot)
-    return Staged(meta["from"], meta["to"], slots)
+    return Staged(meta["from"], meta["to"], slots, check)
 
 
 def apply(staged: Staged, verify: str, fail_after: Optional[int] = None) -> Dict[str, Any]:
@@ -236,7 +239,9 @@ def apply(staged: Staged, verify: str, fail_after: Optional[int] = None) -> Dict
             if fail_after is not None and len(done) >= fail_after:
                 raise PatchError(f"a fault armed to fail after {fail_after} tensors")
             if not torch.equal(torch.take(slot.flat, slot.idx), slot.old):
-                raise PatchError(f"{slot.name}: the values to patch changed since staging")
+                raise PatchError(
+                    f"{slot.name}: the values to patch changed since staging" if staged.checked
+                    else f"{slot.name}: the engine does not hold {staged.source}'s values there")
             done.append(slot)
             slot.flat.put_(slot.idx, slot.new)
         if verify == "checksums":

@@ -1,9 +1,11 @@
 #include "stitch/engine/local_checkpoint.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "stitch/core/errors.h"
 #include "stitch/delta/delta_apply.h"
 #include "stitch/io/fileio.h"
@@ -104,12 +106,11 @@ awaitable<absl::Status> CheckLocalCheckpointHolds(WorkerPool& pool,
 
 namespace {
 
-// Why `plan` cannot be a patch from `request.live`, or nothing with the
-// DELTA directories after it in `deltas`.
-ReloadReason FindPatchBlocker(const StagePlan& plan, const LocalPatchRequest& request,
-                              std::vector<std::filesystem::path>& deltas) {
-  const PatchBlocker before =
-      PatchBlockerBefore(true, request.live, plan.target, request.failed_before);
+// Why `plan` cannot be a patch from `live`, or nothing with the DELTA
+// directories after it in `deltas`.
+ReloadReason FindPatchBlocker(const StagePlan& plan, const std::optional<VersionRef>& live,
+                              bool failed_before, std::vector<std::filesystem::path>& deltas) {
+  const PatchBlocker before = PatchBlockerBefore(true, live, plan.target, failed_before);
   switch (before) {
     case PatchBlocker::kNone:
       break;
@@ -124,13 +125,12 @@ ReloadReason FindPatchBlocker(const StagePlan& plan, const LocalPatchRequest& re
     default:
       return {before, std::string(PatchBlockerName(before))};
   }
-  const VersionRef& live = *request.live;
   std::vector<PatchChainLink> links;
   for (const StagedVersion& v : plan.chain) {
     links.push_back({v.version, v.manifest.kind});
-    if (v.version > live.version) deltas.push_back(v.dir);
+    if (v.version > live->version) deltas.push_back(v.dir);
   }
-  switch (PatchBlockerOfChain(links, live, plan.target)) {
+  switch (PatchBlockerOfChain(links, *live, plan.target)) {
     case PatchBlocker::kNone:
       return {};
     case PatchBlocker::kFullVersion:
@@ -138,34 +138,44 @@ ReloadReason FindPatchBlocker(const StagePlan& plan, const LocalPatchRequest& re
               "a FULL version lies between what the engine holds and the target"};
     default:
       return {PatchBlocker::kChainGap,
-              absl::StrCat("the chain does not hold every DELTA since ", live.ToString())};
+              absl::StrCat("the chain does not hold every DELTA since ", live->ToString())};
   }
 }
 
 }  // namespace
 
-awaitable<ReloadReason> WriteLocalPatch(WorkerPool& pool, Engine& engine, const StagePlan& plan,
-                                        const LocalPatchRequest& request, WeightPatchStats& stats) {
+LocalPatcher::LocalPatcher(WorkerPool& pool, Options options)
+    : pool_(pool), options_(std::move(options)) {}
+
+void LocalPatcher::Reset(std::optional<VersionRef> version) {
+  live_ = std::move(version);
+  ready_.reset();
+}
+
+awaitable<ReloadReason> LocalPatcher::Write(Engine& engine, const StagePlan& plan,
+                                            WeightPatchStats& stats) {
+  Unready();
   std::vector<std::filesystem::path> deltas;
-  if (ReloadReason blocker = FindPatchBlocker(plan, request, deltas);
+  const bool failed_before = failed_.has_value() && *failed_ == plan.target;
+  if (ReloadReason blocker = FindPatchBlocker(plan, live_, failed_before, deltas);
       blocker.blocker != PatchBlocker::kNone) {
     co_return blocker;
   }
-  auto report = co_await engine.Report(request.report_timeout);
-  if (!report.ok() || report->held != request.live) {
+  auto report = co_await engine.Report(options_.report_timeout);
+  if (!report.ok() || report->held != live_) {
     co_return ReloadReason{
         PatchBlocker::kEngineLabel,
         absl::StrCat("the engine reports ",
                      report.ok() ? absl::StrCat("\"", report->label, "\"")
                                  : std::string(report.status().message()),
-                     ", not ", request.live->ToString(), ", the weights the patch starts from")};
+                     ", not ", live_->ToString(), ", the weights the patch starts from")};
   }
   WeightPatchOptions patch;
-  patch.from = *request.live;
+  patch.from = *live_;
   patch.to = plan.target;
-  patch.max_density = request.max_density;
+  patch.max_density = options_.max_density;
   auto written = co_await RunBlocking(
-      pool, [&] { return WriteWeightPatch(deltas, request.local, request.patch_file, patch); });
+      pool_, [&] { return WriteWeightPatch(deltas, options_.local, options_.patch_file, patch); });
   if (!written.ok()) {
     const bool dense = written.status().code() == absl::StatusCode::kFailedPrecondition;
     co_return ReloadReason{dense ? PatchBlocker::kDense : PatchBlocker::kPatchError,
@@ -173,6 +183,47 @@ awaitable<ReloadReason> WriteLocalPatch(WorkerPool& pool, Engine& engine, const 
   }
   stats = *written;
   co_return ReloadReason{};
+}
+
+void LocalPatcher::Ready(const VersionRef& target) {
+  ready_ = target;
+  reason_ = {};
+}
+
+void LocalPatcher::WillReload(const VersionRef& target, ReloadReason reason) {
+  ready_.reset();
+  spdlog::info("{} will be committed by a full reload ({}): {}", target.ToString(),
+               PatchBlockerName(reason.blocker), reason.detail);
+  reason_ = std::move(reason);
+}
+
+void LocalPatcher::Undone(const VersionRef& target, CommitPathCounter& paths) {
+  failed_ = target;
+  paths.Count("patch-undone", "");
+}
+
+awaitable<absl::Status> LocalPatcher::Commit(
+    const VersionRef& target, CommitPathCounter& paths,
+    const std::function<awaitable<absl::Status>()>& apply,
+    const std::function<awaitable<absl::Status>()>& reload) {
+  absl::Status committed;
+  if (ready_.has_value() && *ready_ == target) {
+    ready_.reset();
+    committed = co_await apply();
+    if (committed.ok()) paths.Count("patch", "");
+  } else {
+    if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, options_.local, target);
+        !held.ok()) {
+      co_return held;
+    }
+    committed = co_await reload();
+    if (committed.ok()) {
+      paths.Count("reload", std::string(PatchBlockerName(options_.enabled ? reason_.blocker
+                                                                          : PatchBlocker::kOff)));
+    }
+  }
+  if (committed.ok()) live_ = target;
+  co_return committed;
 }
 
 }  // namespace stitch

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -53,28 +54,65 @@ struct ReloadReason {
   std::string detail;
 };
 
-// What a patch is made from and where it goes.
-struct LocalPatchRequest {
-  // What the engine holds by the adapter's last commit or reset (nullopt:
-  // unknown), and whether a patch to this target was undone before.
-  std::optional<VersionRef> live;
-  bool failed_before = false;
-  // The local checkpoint StageLocalCheckpoint brought to the target.
-  std::filesystem::path local;
-  std::filesystem::path patch_file;
-  double max_density = 0.3;
-  std::chrono::milliseconds report_timeout = std::chrono::seconds(60);
-};
+// The in-place patches of an adapter whose sidecar writes them: what the
+// engine holds, the target whose patch is ready, why a target reloads
+// instead, and the commit that takes one path or the other, counted.
+// Threading: used only from its adapter's event loop.
+class LocalPatcher {
+ public:
+  struct Options {
+    bool enabled = false;
+    // The local checkpoint StageLocalCheckpoint brings to each target.
+    std::filesystem::path local;
+    std::filesystem::path patch_file;
+    double max_density = 0.3;
+    std::chrono::milliseconds report_timeout = std::chrono::seconds(60);
+  };
+  // `pool` must outlive the patcher.
+  LocalPatcher(WorkerPool& pool, Options options);
 
-// Writes the patch from `request.live` to `plan.target` into
-// `request.patch_file` (delta/weight_patch.h), after the rules of
-// delta/patch_rules.h and a check that `engine` still reports holding
-// `live` (a patch is exact only on the weights it was made from: a
-// restarted engine holds its boot weights). Kind kNone with `stats` filled
-// when it was written, else why the commit must reload.
-boost::asio::awaitable<ReloadReason> WriteLocalPatch(WorkerPool& pool, Engine& engine,
-                                                     const StagePlan& plan,
-                                                     const LocalPatchRequest& request,
-                                                     WeightPatchStats& stats);
+  bool enabled() const { return options_.enabled; }
+  const std::filesystem::path& patch_file() const { return options_.patch_file; }
+  // What the engine holds by the adapter's last commit or reset (nullopt:
+  // not known).
+  const std::optional<VersionRef>& live() const { return live_; }
+  // The engine now holds `version` (seeded at boot) or weights not known
+  // (nullopt: a reset under way); nothing is ready.
+  void Reset(std::optional<VersionRef> version);
+
+  // A new staging begins: no patch is ready until Ready.
+  void Unready() { ready_.reset(); }
+  // After StageLocalCheckpoint brought the local checkpoint to
+  // `plan.target`: writes the patch from live() to it, after the rules of
+  // delta/patch_rules.h and a check that `engine` still reports holding
+  // live() (a patch is exact only on the weights it was made from: a
+  // restarted engine holds its boot weights). Kind kNone with `stats`
+  // filled when it was written, else why the commit must reload.
+  boost::asio::awaitable<ReloadReason> Write(Engine& engine, const StagePlan& plan,
+                                             WeightPatchStats& stats);
+  // The adapter's verdict after Write: `target`'s patch is ready, or
+  // `reason` makes it reload (logged, and counted at the commit).
+  void Ready(const VersionRef& target);
+  void WillReload(const VersionRef& target, ReloadReason reason);
+  // `target`'s patch was undone by the engine: counted, and the target
+  // reloads from now on.
+  void Undone(const VersionRef& target, CommitPathCounter& paths);
+
+  // Commits `target`: `apply()` when its patch is ready; else, once the
+  // local checkpoint is checked to hold the target, `reload()`. Either is
+  // counted in `paths` when it succeeds, and live() moves with it.
+  boost::asio::awaitable<absl::Status> Commit(
+      const VersionRef& target, CommitPathCounter& paths,
+      const std::function<boost::asio::awaitable<absl::Status>()>& apply,
+      const std::function<boost::asio::awaitable<absl::Status>()>& reload);
+
+ private:
+  WorkerPool& pool_;
+  const Options options_;
+  std::optional<VersionRef> live_;
+  std::optional<VersionRef> ready_;
+  ReloadReason reason_{PatchBlocker::kNoPatchStaged, "no patch was staged"};
+  std::optional<VersionRef> failed_;
+};
 
 }  // namespace stitch

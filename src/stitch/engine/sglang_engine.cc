@@ -304,8 +304,12 @@ StockSglangEngine::StockSglangEngine(boost::asio::any_io_executor executor,
                                      SglangEngineOptions options, HttpUrl url, WorkerPool& pool)
     : SglangHttpEngine(std::move(executor), std::move(options), std::move(url)),
       pool_(pool),
-      patch_file_(BesideLocal(options_, ".patch.safetensors")),
-      answer_file_(BesideLocal(options_, ".patch-answer.json")) {}
+      answer_file_(BesideLocal(options_, ".patch-answer.json")),
+      patches_(pool, {.enabled = options_.patch,
+                      .local = options_.local_checkpoint_dir,
+                      .patch_file = BesideLocal(options_, ".patch.safetensors"),
+                      .max_density = options_.patch_max_density,
+                      .report_timeout = options_.control_timeout}) {}
 
 absl::StatusOr<std::unique_ptr<StockSglangEngine>> StockSglangEngine::Make(
     boost::asio::any_io_executor executor, SglangEngineOptions options, WorkerPool& pool) {
@@ -331,87 +335,68 @@ absl::StatusOr<std::unique_ptr<StockSglangEngine>> StockSglangEngine::Make(
 awaitable<absl::Status> StockSglangEngine::InitializeDestination(const VersionRef& boot) {
   absl::Status s = co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
                                                 options_.local_checkpoint_dir, boot);
-  if (s.ok()) live_ = boot;
+  if (s.ok()) patches_.Reset(boot);
   co_return s;
 }
 
 awaitable<absl::Status> StockSglangEngine::Stage(const StagePlan& plan) {
-  patch_staged_.reset();
+  patches_.Unready();
   absl::Status s = co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
-  if (!s.ok() || !options_.patch) co_return s;
-  LocalPatchRequest request;
-  request.live = live_;
-  request.failed_before = patch_failed_.has_value() && *patch_failed_ == plan.target;
-  request.local = options_.local_checkpoint_dir;
-  request.patch_file = patch_file_;
-  request.max_density = options_.patch_max_density;
-  request.report_timeout = options_.control_timeout;
+  if (!s.ok() || !patches_.enabled()) co_return s;
   WeightPatchStats written;
-  reload_reason_ = co_await WriteLocalPatch(pool_, *this, plan, request, written);
-  if (reload_reason_.blocker == PatchBlocker::kNone && !has_patch_loader_) {
-    // Reported by WriteLocalPatch's look at the engine, just now.
-    reload_reason_ = {PatchBlocker::kEngineRefused,
-                      absl::StrCat("SGLang was not started with --custom-weight-loader ",
-                                   AbslView(kSglangPatchLoader))};
+  ReloadReason reason = co_await patches_.Write(*this, plan, written);
+  if (reason.blocker == PatchBlocker::kNone && !has_patch_loader_) {
+    // Reported by Write's look at the engine, just now.
+    reason = {PatchBlocker::kEngineRefused,
+              absl::StrCat("SGLang was not started with --custom-weight-loader ",
+                           AbslView(kSglangPatchLoader))};
   }
-  if (reload_reason_.blocker != PatchBlocker::kNone) {
-    spdlog::info("{} will be committed by a full reload ({}): {}", plan.target.ToString(),
-                 PatchBlockerName(reload_reason_.blocker), reload_reason_.detail);
+  if (reason.blocker != PatchBlocker::kNone) {
+    patches_.WillReload(plan.target, std::move(reason));
     co_return absl::OkStatus();
   }
-  patch_staged_ = plan.target;
+  patches_.Ready(plan.target);
   spdlog::info("wrote the in-place patch {} -> {}: {} of {} values ({:.4f}%) in {} tensors",
-               live_->ToString(), plan.target.ToString(), written.values_changed,
+               patches_.live()->ToString(), plan.target.ToString(), written.values_changed,
                written.values_total, written.density() * 100, written.tensors);
   co_return absl::OkStatus();
 }
 
 awaitable<absl::Status> StockSglangEngine::Commit(const VersionRef& target, CommitOptions options) {
-  absl::Status committed;
-  if (patch_staged_.has_value() && *patch_staged_ == target) {
-    patch_staged_.reset();
-    committed = co_await ApplyPatch(target, options.flush_cache);
-    if (committed.ok()) commit_paths_.Count("patch", "");
-  } else {
-    const std::filesystem::path local = options_.local_checkpoint_dir;
-    if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
-      co_return held;
-    }
-    committed = co_await LoadFromDisk(local, target, options.flush_cache);
-    if (committed.ok()) {
-      commit_paths_.Count("reload",
-                          std::string(PatchBlockerName(options_.patch ? reload_reason_.blocker
-                                                                      : PatchBlocker::kOff)));
-    }
-  }
-  if (committed.ok()) live_ = target;
-  co_return committed;
+  co_return co_await patches_.Commit(
+      target, commit_paths_,
+      [&]() -> awaitable<absl::Status> {
+        co_return co_await ApplyPatch(target, options.flush_cache);
+      },
+      [&]() -> awaitable<absl::Status> {
+        co_return co_await LoadFromDisk(options_.local_checkpoint_dir, target, options.flush_cache);
+      });
 }
 
 awaitable<absl::Status> StockSglangEngine::ApplyPatch(const VersionRef& target, bool flush_cache) {
-  const std::string what = absl::StrCat("patching ", live_->ToString(), " to ", target.ToString());
+  const VersionRef& live = *patches_.live();
+  const std::string what = absl::StrCat("patching ", live.ToString(), " to ", target.ToString());
   std::error_code ec;
   std::filesystem::remove(answer_file_, ec);
   json::object request;
-  request["patch"] = PathString(patch_file_);
+  request["patch"] = PathString(patches_.patch_file());
   request["answer"] = PathString(answer_file_);
   request["verify"] = options_.patch_verify;
-  request["from"] = live_->ToString();
+  request["from"] = live.ToString();
   request["to"] = target.ToString();
   json::object body;
   body["serialized_named_tensors"] = json::array{
       json::value(SglangNamedBytesPayload(kSglangPatchRequestName, json::serialize(request)))};
   body["load_format"] = std::string(kSglangPatchLoader);
-  // The cache is flushed after the label check below, as for a reload; the
-  // label moves by itself once the loader says the weights did.
+  // No flush and no label with the call: SGLang would do both whatever the
+  // loader did. They follow the loader's answer.
   body["flush_cache"] = false;
   if (absl::Status begun = co_await Call("/begin_weight_update", "{}", options_.control_timeout);
       !begun.ok()) {
     // Nothing was called in the engine's model: the old weights serve on.
-    patch_failed_ = target;
-    commit_paths_.Count("patch-undone", "");
+    patches_.Undone(target, commit_paths_);
     co_return absl::AbortedError(absl::StrCat(what, ": the engine opened no weight update (",
-                                              begun.message(), "): it serves ", live_->ToString(),
+                                              begun.message(), "): it serves ", live.ToString(),
                                               " as before"));
   }
   const absl::Status loaded =
@@ -452,17 +437,15 @@ absl::Status StockSglangEngine::LoaderAnswer(const VersionRef& target, const std
                                             *text));
   }
   const json::value* error = o->if_contains("error");
-  patch_failed_ = target;
-  commit_paths_.Count("patch-undone", "");
+  patches_.Undone(target, commit_paths_);
   return absl::AbortedError(absl::StrCat(
       what, " failed and was undone (",
       error != nullptr && error->is_string() ? std::string(error->get_string()) : *text,
-      "): the engine serves ", live_->ToString(), " as before"));
+      "): the engine serves ", patches_.live()->ToString(), " as before"));
 }
 
 awaitable<absl::Status> StockSglangEngine::ResetToBoot(const VersionRef& boot) {
-  live_.reset();
-  patch_staged_.reset();
+  patches_.Reset(std::nullopt);
   absl::Status s = co_await LoadFromDisk(options_.base_checkpoint_dir, boot, false);
   if (!s.ok()) co_return s;
   co_return co_await InitializeDestination(boot);

@@ -244,18 +244,10 @@ class StockSglangEngine final : public SglangHttpEngine {
   absl::Status LoaderAnswer(const VersionRef& target, const std::string& what);
 
   WorkerPool& pool_;
-  // Beside the local checkpoint: the patch the sidecar writes, and the
-  // loader's answer.
-  const std::filesystem::path patch_file_;
+  // Beside the local checkpoint: the loader's answer (the patch is beside
+  // it too).
   const std::filesystem::path answer_file_;
-  // What the engine holds by this adapter's last commit or reset.
-  std::optional<VersionRef> live_;
-  // The target whose patch is written, and why the last staged target
-  // reloads instead when none is.
-  std::optional<VersionRef> patch_staged_;
-  ReloadReason reload_reason_{PatchBlocker::kNoPatchStaged, "no patch was staged"};
-  // A target whose patch was undone: it reloads.
-  std::optional<VersionRef> patch_failed_;
+  LocalPatcher patches_;
 };
 
 }  // namespace stitch

@@ -45,29 +45,32 @@ VllmEngine::VllmEngine(boost::asio::any_io_executor executor, VllmEngineOptions 
     : options_(std::move(options)),
       http_(std::move(executor), std::move(url), options_.api_key),
       pool_(pool),
-      patch_file_(options_.local_checkpoint_dir.parent_path() /
-                  absl::StrCat(".", options_.local_checkpoint_dir.filename().string(),
-                               ".patch.safetensors")) {}
+      patches_(pool,
+               {.enabled = options_.patch,
+                .local = options_.local_checkpoint_dir,
+                .patch_file = options_.local_checkpoint_dir.parent_path() /
+                              absl::StrCat(".", options_.local_checkpoint_dir.filename().string(),
+                                           ".patch.safetensors"),
+                .max_density = options_.patch_max_density,
+                .report_timeout = options_.control_timeout}) {}
 
 awaitable<absl::Status> VllmEngine::InitializeDestination(const VersionRef& boot) {
   absl::Status s = co_await SeedLocalCheckpoint(pool_, options_.base_checkpoint_dir,
                                                 options_.local_checkpoint_dir, boot);
-  if (s.ok()) live_ = boot;
+  if (s.ok()) patches_.Reset(boot);
   co_return s;
 }
 
 awaitable<absl::Status> VllmEngine::Stage(const StagePlan& plan) {
-  patch_staged_.reset();
+  patches_.Unready();
   absl::Status s = co_await StageLocalCheckpoint(pool_, plan, options_.local_checkpoint_dir);
-  if (!s.ok() || !options_.patch) co_return s;
-  reload_reason_ = co_await StagePatch(plan);
-  if (reload_reason_.blocker == PatchBlocker::kNone) {
-    patch_staged_ = plan.target;
-  } else {
-    spdlog::info("{} will be committed by a full reload ({}): {}", plan.target.ToString(),
-                 PatchBlockerName(reload_reason_.blocker), reload_reason_.detail);
+  if (!s.ok() || !patches_.enabled()) co_return s;
+  if (ReloadReason reason = co_await StagePatch(plan); reason.blocker != PatchBlocker::kNone) {
+    patches_.WillReload(plan.target, std::move(reason));
     // An earlier target's patch will not be applied: free it while serving.
     co_await DiscardPatch();
+  } else {
+    patches_.Ready(plan.target);
   }
   co_return absl::OkStatus();
 }
@@ -80,21 +83,14 @@ awaitable<void> VllmEngine::DiscardPatch() {
 }
 
 awaitable<ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
-  LocalPatchRequest request;
-  request.live = live_;
-  request.failed_before = patch_failed_.has_value() && *patch_failed_ == plan.target;
-  request.local = options_.local_checkpoint_dir;
-  request.patch_file = patch_file_;
-  request.max_density = options_.patch_max_density;
-  request.report_timeout = options_.control_timeout;
   WeightPatchStats written;
-  if (ReloadReason blocker = co_await WriteLocalPatch(pool_, *this, plan, request, written);
+  if (ReloadReason blocker = co_await patches_.Write(*this, plan, written);
       blocker.blocker != PatchBlocker::kNone) {
     co_return blocker;
   }
   json::object rpc;
   rpc["method"] = "stitch_patch_stage";
-  rpc["args"] = json::array{json::value(patch_file_.string())};
+  rpc["args"] = json::array{json::value(patches_.patch_file().string())};
   std::string body = json::serialize(rpc);
   // The engine replaces whatever it staged before, or drops it on failure.
   engine_holds_patch_ = false;
@@ -106,7 +102,7 @@ awaitable<ReloadReason> VllmEngine::StagePatch(const StagePlan& plan) {
   }
   engine_holds_patch_ = true;
   spdlog::info("staged the in-place patch {} -> {}: {} of {} values ({:.4f}%) in {} tensors",
-               live_->ToString(), plan.target.ToString(), written.values_changed,
+               patches_.live()->ToString(), plan.target.ToString(), written.values_changed,
                written.values_total, written.density() * 100, written.tensors);
   co_return ReloadReason{};
 }
@@ -141,26 +137,15 @@ awaitable<absl::Status> VllmEngine::Label(const VersionRef& version, bool flush_
 }
 
 awaitable<absl::Status> VllmEngine::Commit(const VersionRef& target, CommitOptions options) {
-  absl::Status committed;
-  if (patch_staged_.has_value() && *patch_staged_ == target) {
-    patch_staged_.reset();
-    engine_holds_patch_ = false;  // applied or undone, the engine drops it
-    committed = co_await ApplyPatch(target, options.flush_cache);
-    if (committed.ok()) commit_paths_.Count("patch", "");
-  } else {
-    const std::filesystem::path local = options_.local_checkpoint_dir;
-    if (absl::Status held = co_await CheckLocalCheckpointHolds(pool_, local, target); !held.ok()) {
-      co_return held;
-    }
-    committed = co_await Reload(local, target, options.flush_cache);
-    if (committed.ok()) {
-      commit_paths_.Count("reload",
-                          std::string(PatchBlockerName(options_.patch ? reload_reason_.blocker
-                                                                      : PatchBlocker::kOff)));
-    }
-  }
-  if (committed.ok()) live_ = target;
-  co_return committed;
+  co_return co_await patches_.Commit(
+      target, commit_paths_,
+      [&]() -> awaitable<absl::Status> {
+        engine_holds_patch_ = false;  // applied or undone, the engine drops it
+        co_return co_await ApplyPatch(target, options.flush_cache);
+      },
+      [&]() -> awaitable<absl::Status> {
+        co_return co_await Reload(options_.local_checkpoint_dir, target, options.flush_cache);
+      });
 }
 
 awaitable<absl::Status> VllmEngine::ApplyPatch(const VersionRef& target, bool flush_cache) {
@@ -170,7 +155,8 @@ awaitable<absl::Status> VllmEngine::ApplyPatch(const VersionRef& target, bool fl
   rpc["method"] = "stitch_patch_apply";
   rpc["kwargs"] = std::move(kwargs);
   std::string body = json::serialize(rpc);
-  const std::string what = absl::StrCat("patching ", live_->ToString(), " to ", target.ToString());
+  const std::string what =
+      absl::StrCat("patching ", patches_.live()->ToString(), " to ", target.ToString());
   auto answer =
       co_await http_.PostForAnswer("/collective_rpc", std::move(body), options_.commit_timeout);
   if (!answer.ok()) co_return Annotate(answer.status(), what);
@@ -195,11 +181,10 @@ awaitable<absl::Status> VllmEngine::ApplyPatch(const VersionRef& target, bool fl
                                 ? std::string(error->get_string())
                                 : json::serialize(r);
     if (undone != nullptr && undone->is_bool() && undone->get_bool()) {
-      patch_failed_ = target;
-      commit_paths_.Count("patch-undone", "");
+      patches_.Undone(target, commit_paths_);
       co_return absl::AbortedError(absl::StrCat(what, " failed and was undone (", why,
-                                                "): the engine serves ", live_->ToString(),
-                                                " as before"));
+                                                "): the engine serves ",
+                                                patches_.live()->ToString(), " as before"));
     }
     co_return absl::InternalError(absl::StrCat(what, ": ", why));
   }
@@ -221,8 +206,7 @@ awaitable<absl::Status> VllmEngine::FlushCache() {
 }
 
 awaitable<absl::Status> VllmEngine::ResetToBoot(const VersionRef& boot) {
-  live_.reset();
-  patch_staged_.reset();
+  patches_.Reset(std::nullopt);
   absl::Status s = co_await Reload(options_.base_checkpoint_dir, boot, false);
   if (!s.ok()) co_return s;
   co_return co_await InitializeDestination(boot);

@@ -162,18 +162,10 @@ class VllmEngine final : public Engine {
   const VllmEngineOptions options_;
   EngineHttp http_;
   WorkerPool& pool_;
-  const std::filesystem::path patch_file_;
-  // What the engine holds by this adapter's last commit or reset.
-  std::optional<VersionRef> live_;
-  // The target whose patch the engine has staged, and why the last staged
-  // target will reload instead when it has none.
-  std::optional<VersionRef> patch_staged_;
+  LocalPatcher patches_;
   // Whether the engine holds a staged patch not yet applied or discarded
   // (its memory is freed by stitch_patch_discard).
   bool engine_holds_patch_ = false;
-  ReloadReason reload_reason_{PatchBlocker::kNoPatchStaged, "no patch was staged"};
-  // A target whose patch failed: it reloads.
-  std::optional<VersionRef> patch_failed_;
   CommitPathCounter commit_paths_;
 };
 
