@@ -57,6 +57,21 @@ def check_verify(verify: Any) -> None:
                          f"not {verify!r}: nothing was patched")
 
 
+def require_unsharded(distributed_module: str) -> None:
+    """Patches place unsharded tensors: refused unless the engine's tensor
+    parallelism (get_tensor_model_parallel_world_size in
+    `distributed_module`, the engine's) is 1. Outside the engine, or in one
+    without a parallel group, there is one process."""
+    import importlib
+
+    try:
+        size = importlib.import_module(distributed_module).get_tensor_model_parallel_world_size()
+    except (ImportError, AttributeError, AssertionError):
+        return
+    if size != 1:
+        raise PatchError("patches place unsharded tensors: tensor parallelism must be 1")
+
+
 class _Slot:
     """One checkpoint tensor's patch, placed inside an engine parameter."""
 

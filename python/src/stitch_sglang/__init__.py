@@ -69,22 +69,9 @@ def _write_answer(path: str, answer: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _tensor_parallel_size() -> int:
-    try:
-        from sglang.srt.distributed import get_tensor_model_parallel_world_size
-
-        return get_tensor_model_parallel_world_size()
-    except ImportError:  # not in SGLang
-        return 1
-    except AssertionError:  # SGLang without a parallel group: one process
-        return 1
-
-
 def _patch(model, request: Dict[str, Any]) -> Dict[str, Any]:
     stitch_patch.check_verify(request.get("verify"))
-    if _tensor_parallel_size() != 1:
-        raise stitch_patch.PatchError(
-            "patches place unsharded tensors: tensor parallelism must be 1")
+    stitch_patch.require_unsharded("sglang.srt.distributed")
     start = time.monotonic()
     # Applied at once: apply() checks the old values, once.
     staged = stitch_patch.stage(model, request["patch"], check=False)

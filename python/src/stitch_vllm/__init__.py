@@ -81,8 +81,7 @@ class WeightPatchExtension:
         start = time.monotonic()
         state = self._stitch_state()
         state["staged"] = None
-        if _tensor_parallel_size() != 1:
-            raise PatchError("patches place unsharded tensors: tensor parallelism must be 1")
+        stitch_patch.require_unsharded("vllm.distributed")
         staged = stitch_patch.stage(self.model_runner.model, path)
         state["staged"] = staged
         return {"staged": staged.target, "tensors": len(staged.slots), "values": staged.values(),
@@ -129,14 +128,3 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     _keep_cpu_weights_patchable()
     return extension
-
-
-def _tensor_parallel_size() -> int:
-    try:
-        from vllm.distributed import get_tensor_model_parallel_world_size
-
-        return get_tensor_model_parallel_world_size()
-    except ImportError:  # not in vLLM
-        return 1
-    except AssertionError:  # vLLM without a parallel group: one process
-        return 1
