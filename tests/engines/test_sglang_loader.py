@@ -124,7 +124,14 @@ def test_a_request_that_is_not_the_sidecars_changes_nothing_and_never_raises(ver
     stitch_sglang.apply_patch(model, [("model.embed_tokens.weight", torch.zeros(3))])
     stitch_sglang.apply_patch(model, [(stitch_sglang.REQUEST_NAME,
                                        torch.tensor(list(b"not json"), dtype=torch.uint8))])
-    assert model.holds(v0)
+    for request in [[1, 2], {"patch": path, "verify": "values"}]:
+        call(stitch_sglang.apply_patch, model, request)
+    # An answer that cannot be written is logged: the sidecar, finding none,
+    # takes the weights as not known.
+    call(stitch_sglang.apply_patch, model, {"patch": path, "answer": "/nonexistent/dir/answer",
+                                            "verify": "values", "from": "r/weight_v000000",
+                                            "to": "r/weight_v000001"})
+    assert not os.path.exists("/nonexistent/dir/answer")
 
 
 def test_sglang_finds_the_loaders_by_the_names_given_at_its_start():

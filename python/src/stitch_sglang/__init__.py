@@ -54,12 +54,16 @@ REQUEST_NAME = "stitch_sglang.request"
 _fault: Dict[str, Optional[int]] = {"after_tensors": None}
 
 
-def _request(named_tensors: List[Tuple[str, Any]]) -> Dict[str, Any]:
+def _request(named_tensors: List[Tuple[str, Any]], needs: str) -> Dict[str, Any]:
+    """The JSON object the one tensor holds, with the field `needs`."""
     if len(named_tensors) != 1 or named_tensors[0][0] != REQUEST_NAME:
         names = [name for name, _ in named_tensors]
         raise stitch_patch.PatchError(f"expected one tensor named {REQUEST_NAME}, got {names}")
     data = named_tensors[0][1]
-    return json.loads(bytes(data.cpu().tolist()).decode("utf-8"))
+    request = json.loads(bytes(data.cpu().tolist()).decode("utf-8"))
+    if not isinstance(request, dict) or needs not in request:
+        raise stitch_patch.PatchError(f"the request has no {needs!r}")
+    return request
 
 
 def _write_answer(path: str, answer: Dict[str, Any]) -> None:
@@ -89,7 +93,9 @@ def _patch(model, request: Dict[str, Any]) -> Dict[str, Any]:
 def apply_patch(model, named_tensors) -> None:
     """SGLang's custom weight loader signature: (model, [(name, tensor)])."""
     try:
-        request = _request(named_tensors)
+        request = _request(named_tensors, "answer")
+        if not isinstance(request["answer"], str):
+            raise stitch_patch.PatchError("the request's answer is not a path")
     except Exception as e:  # noqa: BLE001: no answer file to write to; SGLang logs this
         print(f"stitch_sglang: not a patch request: {e}", flush=True)
         return
@@ -99,9 +105,12 @@ def apply_patch(model, named_tensors) -> None:
         raise
     except Exception as e:  # noqa: BLE001: refused before any write
         answer = {"applied": False, "undone": True, "error": f"{type(e).__name__}: {e}"}
-    _write_answer(request["answer"], answer)
+    try:
+        _write_answer(request["answer"], answer)
+    except OSError as e:  # the sidecar finds no answer: to it, the weights are not known
+        print(f"stitch_sglang: cannot write the answer {request['answer']}: {e}", flush=True)
 
 
 def arm_fault(model, named_tensors) -> None:  # noqa: ARG001: SGLang's loader signature
     """Tests only: the next patch fails after {"after_tensors": n} tensors."""
-    _fault["after_tensors"] = int(_request(named_tensors)["after_tensors"])
+    _fault["after_tensors"] = int(_request(named_tensors, "after_tensors")["after_tensors"])
