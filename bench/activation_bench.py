@@ -27,6 +27,10 @@ the median taken:
            the loader, /end_weight_update, the loader reading the patch
            inside the pause), with verify=checksums (every patched tensor
            hashed in the engine, the default) and verify=values;
+  native   vLLM only: the same pause around vLLM 0.32's own sparse patches
+           (load_checkpoint_weight_patches, through the bench-only extension
+           bench/vllm_native_patch.py) of the same changed values, read
+           outside the pause; checked afterwards to have written them;
   floor    in this process, the same changed values XORed into tensors of the
            model's shapes in memory (torch index ops, no engine, no HTTP).
 
@@ -119,8 +123,12 @@ class Vllm(Engine):
             sys.executable, os.path.join(REPO, "scripts", "vllm_serve.py"), "serve", model,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "policy",
             "--dtype", "bfloat16", "--max-model-len", "256", "--enforce-eager",
-            "--max-num-seqs", "4", "--worker-extension-cls", harness.PATCH_EXTENSION],
-            {"PYTHONPATH": harness.PATCH_EXTENSION_PATH}, work)
+            "--max-num-seqs", "4", "--worker-extension-cls",
+            "vllm_native_patch.NativePatchBenchExtension"],
+            {"PYTHONPATH": os.pathsep.join([harness.PATCH_EXTENSION_PATH, HERE])}, work)
+        cpus = self.rpc("worker_cpus")["results"][0]
+        print(f"vLLM's worker may run on cores {cpus['cpus']} with {cpus['threads']} torch "
+              f"thread(s)", flush=True)
 
     def rpc(self, method, **kwargs):
         return self.post("/collective_rpc", {"method": method, "kwargs": kwargs})
@@ -146,6 +154,16 @@ class Vllm(Engine):
             raise SystemExit(f"the patch failed: {answer}")
         staged = staged["results"][0]
         return s, staged["seconds"], result["seconds"], staged["threads"]
+
+    def native(self, patch, label):
+        """vLLM's own sparse patches of the same values: (pause seconds, its
+        load's seconds)."""
+        self.rpc("native_patch_stage", path=patch)
+        s, answer = self.pause_around(lambda: self.rpc("native_patch_apply"), label)
+        check = self.rpc("native_patch_check", path=patch)["results"][0]
+        if check["wrong_tensors"]:
+            raise SystemExit(f"vLLM's own patch left old values in {check['wrong_tensors']}")
+        return s, answer["results"][0]["seconds"]
 
 
 class Sglang(Engine):
@@ -201,12 +219,21 @@ class Sglang(Engine):
 ENGINES = {"vllm": Vllm, "sglang": Sglang}
 
 
-def floor_seconds(patch_path, reps):
+def floor_seconds(patch_path, reps, threads=None):
     """The same changed values XORed into in-memory tensors of the model's
-    shapes: the least any in-place apply can take."""
+    shapes: the least any in-place apply can take (on `threads` torch
+    threads; by default torch's own choice, every core)."""
     import json
 
     import torch
+
+    if threads is not None:
+        default = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return floor_seconds(patch_path, reps)
+        finally:
+            torch.set_num_threads(default)
     from safetensors import safe_open
 
     with safe_open(patch_path, framework="pt") as f:
@@ -255,6 +282,7 @@ def measure_size(args, hidden, layers, work):
                           "--from", "0", "--max-density", "1", delta)
                 changed = int(out.split(": ", 1)[1].split(" of ")[0])
             reload_s, patch_s, values_s, stage_s, apply_s = [], [], [], [], []
+            native_s, native_apply_s = [], []
             label = "bench/weight_v000001"
             for _ in range(args.reps):
                 s, _ = engine.pause_around(lambda: engine.load(local), label)
@@ -269,6 +297,11 @@ def measure_size(args, hidden, layers, work):
                     if verify == "values":
                         apply_s.append(applied)
                     engine.load(base)
+                if hasattr(engine, "native"):
+                    s, applied = engine.native(patch, label)
+                    native_s.append(s)
+                    native_apply_s.append(applied)
+                    engine.load(base)
             row = {"size": f"{hidden}x{layers}", "gib": model_bytes / 2**30, "fraction": fraction,
                    "reload": statistics.median(reload_s)}
             if not dense:
@@ -276,6 +309,9 @@ def measure_size(args, hidden, layers, work):
                            values=statistics.median(values_s),
                            stage=statistics.median(stage_s), apply=statistics.median(apply_s),
                            threads=threads, patch_file=patch)
+                if native_s:
+                    row.update(native=statistics.median(native_s),
+                               native_apply=statistics.median(native_apply_s))
             rows.append(row)
             shutil.rmtree(delta)
             shutil.rmtree(local)
@@ -286,6 +322,9 @@ def measure_size(args, hidden, layers, work):
     for row in rows:
         if "patch" in row:
             row["floor"] = floor_seconds(row["patch_file"], max(args.reps, 3))
+            if row["threads"]:
+                row["floor_threads"] = floor_seconds(row["patch_file"], max(args.reps, 3),
+                                                     row["threads"])
             os.remove(row.pop("patch_file"))
         print_row(row, flush=True)
     return rows
@@ -346,6 +385,22 @@ def main():
     print("|" + " --- |" * HEADER.count(" |"))
     for row in rows:
         print_row(row)
+    native = [r for r in rows if "native" in r]
+    if native:
+        print("\nvLLM's own sparse patches (load_checkpoint_weight_patches) against Stitch's "
+              "extension (values), the same patch in the same pause; the floor also on the "
+              "worker's torch threads:\n")
+        print("| model | changed | pause, vLLM's own | of which its load | pause, Stitch's | "
+              "of which the apply | vLLM's own / Stitch's | vLLM's own / reload | "
+              "floor on the worker's threads | Stitch's apply / that floor |")
+        print("|" + " --- |" * 10)
+        for r in native:
+            print(f"| {r['size']} ({r['gib']:.2f} GiB) | {r['fraction'] * 100:g}% | "
+                  f"{r['native'] * 1e3:.1f} ms | {r['native_apply'] * 1e3:.1f} ms | "
+                  f"{r['values'] * 1e3:.1f} ms | {r['apply'] * 1e3:.1f} ms | "
+                  f"{r['native'] / r['values']:.2f} | {r['native'] / r['reload']:.2f} | "
+                  f"{r['floor_threads'] * 1e3:.1f} ms ({r['threads']}) | "
+                  f"{r['apply'] / r['floor_threads']:.2f} |")
     per_value = [(r["size"], r["fraction"], r["values"] / r["changed"] * 1e9)
                  for r in rows if "patch" in r]
     print("\npatch pause (values) per changed value: " + ", ".join(

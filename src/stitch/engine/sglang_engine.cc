@@ -14,6 +14,7 @@
 #include "stitch/core/errors.h"
 #include "stitch/engine/local_checkpoint.h"
 #include "stitch/io/fileio.h"
+#include "stitch/net/worker_pool.h"
 
 namespace stitch {
 
@@ -376,8 +377,11 @@ awaitable<absl::Status> StockSglangEngine::Commit(const VersionRef& target, Comm
 awaitable<absl::Status> StockSglangEngine::ApplyPatch(const VersionRef& target, bool flush_cache) {
   const VersionRef& live = *patches_.live();
   const std::string what = absl::StrCat("patching ", live.ToString(), " to ", target.ToString());
-  std::error_code ec;
-  std::filesystem::remove(answer_file_, ec);
+  // Off the event loop, as every file access of the sidecar is.
+  co_await RunBlocking(pool_, [this] {
+    std::error_code ec;
+    std::filesystem::remove(answer_file_, ec);
+  });
   json::object request;
   request["patch"] = PathString(patches_.patch_file());
   request["answer"] = PathString(answer_file_);
@@ -404,7 +408,9 @@ awaitable<absl::Status> StockSglangEngine::ApplyPatch(const VersionRef& target, 
   const absl::Status ended = co_await Call("/end_weight_update", "{}", options_.control_timeout);
   if (!loaded.ok()) co_return Annotate(loaded, what);
   if (!ended.ok()) co_return Annotate(ended, what);
-  if (absl::Status answer = LoaderAnswer(target, what); !answer.ok()) co_return answer;
+  auto text =
+      co_await RunBlocking(pool_, [this] { return ReadFileToString(answer_file_, 1 << 20); });
+  if (absl::Status answer = LoaderAnswer(text, target, what); !answer.ok()) co_return answer;
   if (flush_cache) {
     if (absl::Status s = co_await FlushCache(); !s.ok()) co_return s;
   }
@@ -415,8 +421,8 @@ awaitable<absl::Status> StockSglangEngine::ApplyPatch(const VersionRef& target, 
                           options_.control_timeout);
 }
 
-absl::Status StockSglangEngine::LoaderAnswer(const VersionRef& target, const std::string& what) {
-  auto text = ReadFileToString(answer_file_, 1 << 20);
+absl::Status StockSglangEngine::LoaderAnswer(const absl::StatusOr<std::string>& text,
+                                             const VersionRef& target, const std::string& what) {
   if (!text.ok()) {
     // The weights may have changed or not: nobody can say.
     return absl::InternalError(

@@ -240,8 +240,10 @@ class StockSglangEngine final : public SglangHttpEngine {
   // Has the loader apply the staged patch, flushes when asked, and labels
   // the weights `target`.
   boost::asio::awaitable<absl::Status> ApplyPatch(const VersionRef& target, bool flush_cache);
-  // Reads what the loader wrote to answer_file_ for `what`.
-  absl::Status LoaderAnswer(const VersionRef& target, const std::string& what);
+  // Judges `text`, what the loader wrote to answer_file_ for `what` (or why
+  // it could not be read).
+  absl::Status LoaderAnswer(const absl::StatusOr<std::string>& text, const VersionRef& target,
+                            const std::string& what);
 
   WorkerPool& pool_;
   // Beside the local checkpoint: the loader's answer (the patch is beside
