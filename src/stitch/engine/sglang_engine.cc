@@ -377,7 +377,7 @@ awaitable<absl::Status> StockSglangEngine::Commit(const VersionRef& target, Comm
 awaitable<absl::Status> StockSglangEngine::ApplyPatch(const VersionRef& target, bool flush_cache) {
   const VersionRef& live = *patches_.live();
   const std::string what = absl::StrCat("patching ", live.ToString(), " to ", target.ToString());
-  // Off the event loop, as every file access of the sidecar is.
+  // On the worker pool, off the event loop.
   co_await RunBlocking(pool_, [this] {
     std::error_code ec;
     std::filesystem::remove(answer_file_, ec);
