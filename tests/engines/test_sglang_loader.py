@@ -118,7 +118,7 @@ def test_a_patch_that_is_not_the_one_asked_for_is_refused_before_any_write(versi
 
 
 def test_a_request_that_is_not_the_sidecars_changes_nothing_and_never_raises(versions):
-    v0, _, path = versions
+    v0, v1, path = versions
     model = Model(v0, engine="sglang")
     # An exception here would end SGLang's scheduler: a wrong call is logged, not raised.
     stitch_sglang.apply_patch(model, [("model.embed_tokens.weight", torch.zeros(3))])
@@ -126,12 +126,14 @@ def test_a_request_that_is_not_the_sidecars_changes_nothing_and_never_raises(ver
                                        torch.tensor(list(b"not json"), dtype=torch.uint8))])
     for request in [[1, 2], {"patch": path, "verify": "values"}]:
         call(stitch_sglang.apply_patch, model, request)
+    assert model.holds(v0)
     # An answer that cannot be written is logged: the sidecar, finding none,
     # takes the weights as not known.
     call(stitch_sglang.apply_patch, model, {"patch": path, "answer": "/nonexistent/dir/answer",
                                             "verify": "values", "from": "r/weight_v000000",
                                             "to": "r/weight_v000001"})
     assert not os.path.exists("/nonexistent/dir/answer")
+    assert model.holds(v1)
 
 
 def test_sglang_finds_the_loaders_by_the_names_given_at_its_start():
