@@ -161,18 +161,21 @@ def rewrite_tensors(source, path, edit):
 
 def make_sparse_variant(source, path, fraction, seed):
     """A copy of checkpoint `source` in which `fraction` of every tensor's
-    values are replaced by random ones of the tensor's scale: the kind of
-    version a trainer's step makes, that a weight patch carries."""
+    values change sign: the kind of sparse version a trainer's step makes,
+    that a weight patch carries. A flip keeps every value's magnitude, so a
+    chain of any length keeps the model's scale. (Values drawn at random
+    compound: with three times the tensor's spread, the weights doubled
+    every ten versions, the norms' gains went negative, and near ties
+    between the engine's bf16 logits and transformers' grew with them.)"""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
 
-    def replace(_, tensor):
+    def flip(_, tensor):
         flat = tensor.view(-1)
         picked = torch.randperm(flat.numel(), generator=gen)[:max(1, int(flat.numel() * fraction))]
-        scale = flat.float().std().item() or 1.0
-        flat[picked] = (torch.randn(picked.numel(), generator=gen) * scale * 3).to(flat.dtype)
-    return rewrite_tensors(source, path, replace)
+        flat[picked] = -flat[picked]
+    return rewrite_tensors(source, path, flip)
 
 
 class EngineServer:
@@ -582,7 +585,7 @@ def commit_paths(env):
     return paths
 
 
-def sparse_versions(env, count, fraction=0.02):
+def sparse_versions(env, count, fraction=0.05):
     """`count` checkpoints, each changing `fraction` of the values of the one
     before, from the weights of the latest version published."""
     latest = max(env.fleet.published)

@@ -206,7 +206,7 @@ def engine_label(f):
 
 
 def test_sparse_deltas_are_committed_in_place_by_stitchs_weight_loader(f):
-    """DELTAs that change 2% of the values become in-place patches applied
+    """DELTAs that flip 5% of the values become in-place patches applied
     by Stitch's custom weight loader inside SGLang: SGLang's label moves to
     each version with its weights, and transformers agrees with the answers.
     The DELTAs between unrelated models earlier in this module were too
